@@ -1,0 +1,124 @@
+//! How the PEs of a job find each other at start-up.
+//!
+//! A bootstrap only carries the few small messages of `init` (host names,
+//! process ids, the name of the shared heap or NVSHMEM's unique id); every
+//! operation after `init` goes through the backend itself.
+//!
+//! Three ways in, chosen from the environment:
+//! - `shmemrun` (or [`crate::launch`]) sets `SHMEM_RANK`, `SHMEM_WORLD_SIZE`,
+//!   `SHMEM_LOCAL_RANK`, `SHMEM_LOCAL_SIZE` and `SHMEM_RENDEZVOUS`
+//!   (`127.0.0.1:port` of the launcher's rendezvous server): [`tcp`];
+//! - `mpirun`/`srun` (feature `mpi`): rank and size from MPI;
+//! - neither: a world of one PE.
+
+use crate::error::{Error, Result};
+use std::time::Duration;
+
+#[cfg(feature = "mpi")]
+pub(crate) mod mpi;
+pub(crate) mod tcp;
+
+/// Environment variables set by the launcher for each PE.
+pub mod env {
+    /// This PE's rank in the world.
+    pub const RANK: &str = "SHMEM_RANK";
+    /// Number of PEs in the world.
+    pub const WORLD_SIZE: &str = "SHMEM_WORLD_SIZE";
+    /// This PE's rank among the PEs of its node.
+    pub const LOCAL_RANK: &str = "SHMEM_LOCAL_RANK";
+    /// Number of PEs on this node.
+    pub const LOCAL_SIZE: &str = "SHMEM_LOCAL_SIZE";
+    /// `host:port` of the launcher's rendezvous server.
+    pub const RENDEZVOUS: &str = "SHMEM_RENDEZVOUS";
+}
+
+/// The start-up channel between the PEs of one job.
+pub(crate) enum Bootstrap {
+    /// No launcher: a world of one PE.
+    Single,
+    /// Started by `shmemrun`: the launcher's rendezvous server.
+    Tcp(tcp::Client),
+    /// Started by `mpirun`/`srun`.
+    #[cfg(feature = "mpi")]
+    Mpi(mpi::MpiBootstrap),
+}
+
+/// Whether this process looks like one rank of an MPI job.
+pub(crate) fn started_by_mpi() -> bool {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS", "SLURM_STEP_NUM_TASKS"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some())
+}
+
+/// Whether this process was started as one PE of a job (by any launcher).
+pub fn started_by_launcher() -> bool {
+    std::env::var_os(env::RANK).is_some() || started_by_mpi()
+}
+
+impl Bootstrap {
+    /// Joins the job this process was started in; waits at most `timeout`
+    /// for the other PEs.
+    pub(crate) fn from_env(timeout: Duration) -> Result<Bootstrap> {
+        if std::env::var_os(env::RANK).is_some() {
+            return tcp::Client::connect_from_env(timeout).map(Bootstrap::Tcp);
+        }
+        if started_by_mpi() {
+            #[cfg(feature = "mpi")]
+            return mpi::MpiBootstrap::init().map(Bootstrap::Mpi);
+            #[cfg(not(feature = "mpi"))]
+            {
+                let size = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"]
+                    .iter()
+                    .find_map(|v| std::env::var(v).ok()?.parse::<usize>().ok())
+                    .unwrap_or(1);
+                if size > 1 {
+                    return Err(Error::bootstrap(format!(
+                        "started by an MPI launcher with {size} ranks, but shmem was built without \
+                         the `mpi` feature (rebuild with `--features mpi`, or launch with shmemrun)"
+                    )));
+                }
+            }
+        }
+        Ok(Bootstrap::Single)
+    }
+
+    /// This PE's rank in the world.
+    pub(crate) fn rank(&self) -> usize {
+        match self {
+            Bootstrap::Single => 0,
+            Bootstrap::Tcp(c) => c.rank(),
+            #[cfg(feature = "mpi")]
+            Bootstrap::Mpi(m) => m.rank(),
+        }
+    }
+
+    /// Number of PEs in the world.
+    pub(crate) fn size(&self) -> usize {
+        match self {
+            Bootstrap::Single => 1,
+            Bootstrap::Tcp(c) => c.size(),
+            #[cfg(feature = "mpi")]
+            Bootstrap::Mpi(m) => m.size(),
+        }
+    }
+
+    /// Gathers `data` from every PE (lengths may differ), in rank order.
+    ///
+    /// # Collective
+    /// Every PE calls it the same number of times.
+    pub(crate) fn allgather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
+        match self {
+            Bootstrap::Single => Ok(vec![data.to_vec()]),
+            Bootstrap::Tcp(c) => c.allgather(data),
+            #[cfg(feature = "mpi")]
+            Bootstrap::Mpi(m) => m.allgather(data),
+        }
+    }
+
+    /// Ends the bootstrap's part in the job. Called once `init` is done with it.
+    pub(crate) fn close(&mut self) {
+        if let Bootstrap::Tcp(c) = self {
+            c.close();
+        }
+    }
+}

@@ -1,0 +1,412 @@
+//! Collectives over a team, on the host backend.
+//!
+//! The algorithms are the device kernels' (one-shot and two-shot
+//! all-reduce, direct all-gather and all-to-all), run by each PE over the
+//! peers' mapped heaps and parallelised with rayon. Reductions combine the
+//! PEs' values in team order, so every PE gets bit-identical results.
+
+use crate::buffer::{Region, SymSlice};
+use crate::context::{Context, Stream};
+use crate::dtype::{Element, ReduceOp};
+use crate::error::{Error, Result};
+use crate::team::{Desc, OpKind, Team};
+use rayon::prelude::*;
+
+/// Elements per rayon task.
+const CHUNK: usize = 1 << 15;
+/// Up to this many bytes per PE, all-reduce is one-shot (each PE reduces
+/// everything); above, two-shot (reduce-scatter, then all-gather).
+const ONE_SHOT_MAX_BYTES: usize = 256 << 10;
+
+/// An address that may cross into rayon tasks.
+#[derive(Clone, Copy)]
+struct Addr(usize);
+
+impl Addr {
+    fn of<T>(p: *const T) -> Addr {
+        Addr(p as usize)
+    }
+    fn ptr<T>(self) -> *mut T {
+        self.0 as *mut T
+    }
+}
+
+fn overlap(a: Region, b: Region, elem: usize) -> bool {
+    a.offset < b.offset + b.len * elem && b.offset < a.offset + a.len * elem && a.len > 0 && b.len > 0
+}
+
+/// What a collective needs checked before the exchange.
+struct Call<'a, 'b, T: Element> {
+    kind: OpKind,
+    dst: SymSlice<'a, T>,
+    src: SymSlice<'b, T>,
+    op: Option<ReduceOp>,
+    root: usize,
+}
+
+impl Team {
+    fn pe_ptr<T>(&self, member: usize, offset: usize) -> *mut T {
+        self.ctx.host.heap_ptr(self.state.members[member], offset).cast()
+    }
+
+    /// Checks the call locally, exchanges descriptors with the team, and
+    /// returns (dst, src) once every PE agreed.
+    fn begin<T: Element>(&self, call: Call<'_, '_, T>, shape: impl Fn(Region, Region) -> Result<()>) -> Result<(Region, Region)> {
+        self.check()?;
+        let local = (|| {
+            let d = call.dst.region(&self.ctx)?;
+            let s = call.src.region(&self.ctx)?;
+            if let Some(op) = call.op {
+                if !op.supports(T::DTYPE) {
+                    return Err(Error::UnsupportedOp { op: op.name(), dtype: T::DTYPE.name() });
+                }
+            }
+            if call.root >= self.n_pes() {
+                return Err(Error::PeOutOfRange { pe: call.root, n_pes: self.n_pes() });
+            }
+            shape(s, d).map_err(|e| match e {
+                Error::LengthMismatch(m) => Error::LengthMismatch(format!("{}: {m}", call.kind.name())),
+                Error::Invalid(m) => Error::Invalid(format!("{}: {m}", call.kind.name())),
+                e => e,
+            })?;
+            Ok((d, s))
+        })();
+        let mut desc = Desc::new(call.kind);
+        desc.dtype = Some(T::DTYPE);
+        desc.op = call.op;
+        if let Ok((d, s)) = &local {
+            desc.args = [s.offset as u64, s.len as u64, d.offset as u64, d.len as u64, call.root as u64];
+        }
+        let rows = self.exchange(&desc, local.as_ref().err())?;
+        let regions = local?;
+        self.agree(&rows)?;
+        Ok(regions)
+    }
+
+    /// Copies `root`'s `src` into every PE's `dst`.
+    ///
+    /// # Collective
+    pub fn broadcast<'a, 'b, T: Element>(
+        &self,
+        dst: impl Into<SymSlice<'a, T>>,
+        src: impl Into<SymSlice<'b, T>>,
+        root: usize,
+        _stream: &Stream,
+    ) -> Result<()> {
+        let call = Call { kind: OpKind::Broadcast, dst: dst.into(), src: src.into(), op: None, root };
+        let (d, s) = self.begin(call, |s, d| {
+            if s.len != d.len {
+                return Err(Error::LengthMismatch(format!("src has {} elements, dst {}", s.len, d.len)));
+            }
+            Ok(())
+        })?;
+        if d != s || self.my_pe() != root {
+            let from: *const T = self.pe_ptr(root, s.offset);
+            let to: *mut T = self.pe_ptr(self.my_pe(), d.offset);
+            // SAFETY: checked regions; root's src is stable until the closing
+            // barrier; `copy` tolerates the root's own overlapping src/dst.
+            unsafe { std::ptr::copy(from, to, d.len) };
+        }
+        self.raw_barrier()
+    }
+
+    /// Gathers every PE's `src` into `dst` (`n_pes × src.len()`
+    /// elements, PE order). `src` may be this PE's own block of `dst`.
+    ///
+    /// # Collective
+    pub fn all_gather<'a, 'b, T: Element>(
+        &self,
+        dst: impl Into<SymSlice<'a, T>>,
+        src: impl Into<SymSlice<'b, T>>,
+        _stream: &Stream,
+    ) -> Result<()> {
+        let n = self.n_pes();
+        let me = self.my_pe();
+        let call = Call { kind: OpKind::AllGather, dst: dst.into(), src: src.into(), op: None, root: 0 };
+        let elem = size_of::<T>();
+        let mine = |d: Region, s: Region| Region { offset: d.offset + me * s.len * elem, len: s.len };
+        let (d, s) = self.begin(call, |s, d| {
+            if d.len != s.len * n {
+                return Err(Error::LengthMismatch(format!("dst has {} elements, expected {n} × {}", d.len, s.len)));
+            }
+            if overlap(d, s, elem) && s != mine(d, s) {
+                return Err(Error::Invalid("src overlaps dst but is not this PE's block of it".into()));
+            }
+            Ok(())
+        })?;
+        let in_place = s == mine(d, s);
+        let dst_addr = Addr::of(self.pe_ptr::<T>(me, d.offset));
+        let blocks: Vec<usize> = (0..n).filter(|&j| !(in_place && j == me)).collect();
+        self.ctx.pool.install(|| {
+            blocks.par_iter().for_each(|&j| {
+                let from: *const T = self.pe_ptr(j, s.offset);
+                // SAFETY: block j of this PE's dst and member j's src are
+                // checked regions; nobody writes either until the closing barrier.
+                unsafe { std::ptr::copy_nonoverlapping(from, dst_addr.ptr::<T>().add(j * s.len), s.len) };
+            })
+        });
+        self.raw_barrier()
+    }
+
+    /// Reduces every PE's `src` element-wise into every PE's `dst`.
+    /// `dst` and `src` may be the same slice (in place).
+    ///
+    /// # Collective
+    pub fn all_reduce<'a, 'b, T: Element>(
+        &self,
+        dst: impl Into<SymSlice<'a, T>>,
+        src: impl Into<SymSlice<'b, T>>,
+        op: ReduceOp,
+        _stream: &Stream,
+    ) -> Result<()> {
+        let call = Call { kind: OpKind::AllReduce, dst: dst.into(), src: src.into(), op: Some(op), root: 0 };
+        let elem = size_of::<T>();
+        let (d, s) = self.begin(call, |s, d| {
+            if s.len != d.len {
+                return Err(Error::LengthMismatch(format!("src has {} elements, dst {}", s.len, d.len)));
+            }
+            if overlap(d, s, elem) && d != s {
+                return Err(Error::Invalid("src and dst overlap without being the same slice".into()));
+            }
+            Ok(())
+        })?;
+        let in_place = d == s;
+        let n = self.n_pes();
+        if d.len * elem <= ONE_SHOT_MAX_BYTES || d.len < n {
+            // One-shot: every PE reduces the whole vector.
+            if in_place {
+                let mut tmp = vec_for::<T>(d.len);
+                self.reduce_into::<T>(tmp.as_mut_ptr(), s.offset, 0, d.len, op);
+                self.raw_barrier()?; // everyone has read every src
+                self.write_local(d.offset, &tmp);
+            } else {
+                self.reduce_into::<T>(self.pe_ptr(self.my_pe(), d.offset), s.offset, 0, d.len, op);
+            }
+            return self.raw_barrier();
+        }
+        // Two-shot: PE i reduces block i, then every PE gathers the blocks.
+        let block = |i: usize| (i * d.len / n, (i + 1) * d.len / n);
+        let (lo, hi) = block(self.my_pe());
+        if in_place {
+            let mut tmp = vec_for::<T>(hi - lo);
+            self.reduce_into::<T>(tmp.as_mut_ptr(), s.offset, lo, hi - lo, op);
+            self.raw_barrier()?; // everyone has read block i of every src
+            self.write_local(d.offset + lo * elem, &tmp);
+        } else {
+            self.reduce_into::<T>(self.pe_ptr::<T>(self.my_pe(), d.offset + lo * elem), s.offset, lo, hi - lo, op);
+        }
+        self.raw_barrier()?; // every block is reduced
+        let dst_addr = Addr::of(self.pe_ptr::<T>(self.my_pe(), d.offset));
+        let others: Vec<usize> = (0..n).filter(|&j| j != self.my_pe()).collect();
+        self.ctx.pool.install(|| {
+            others.par_iter().for_each(|&j| {
+                let (lo, hi) = block(j);
+                let from: *const T = self.pe_ptr(j, d.offset + lo * elem);
+                // SAFETY: block j of member j's dst is final until the closing
+                // barrier; block j of this PE's dst is written only here.
+                unsafe { std::ptr::copy_nonoverlapping(from, dst_addr.ptr::<T>().add(lo), hi - lo) };
+            })
+        });
+        self.raw_barrier()
+    }
+
+    /// Reduces every PE's `src` (`n_pes × dst.len()` elements) and leaves
+    /// block `i` of the result in PE `i`'s `dst`.
+    ///
+    /// # Collective
+    pub fn reduce_scatter<'a, 'b, T: Element>(
+        &self,
+        dst: impl Into<SymSlice<'a, T>>,
+        src: impl Into<SymSlice<'b, T>>,
+        op: ReduceOp,
+        _stream: &Stream,
+    ) -> Result<()> {
+        let n = self.n_pes();
+        let call = Call { kind: OpKind::ReduceScatter, dst: dst.into(), src: src.into(), op: Some(op), root: 0 };
+        let (d, s) = self.begin(call, |s, d| {
+            if s.len != d.len * n {
+                return Err(Error::LengthMismatch(format!("src has {} elements, expected {n} × {}", s.len, d.len)));
+            }
+            Ok(())
+        })?;
+        let elem = size_of::<T>();
+        let lo = self.my_pe() * d.len;
+        if overlap(d, s, elem) {
+            let mut tmp = vec_for::<T>(d.len);
+            self.reduce_into::<T>(tmp.as_mut_ptr(), s.offset, lo, d.len, op);
+            self.raw_barrier()?;
+            self.write_local(d.offset, &tmp);
+        } else {
+            self.reduce_into::<T>(self.pe_ptr(self.my_pe(), d.offset), s.offset, lo, d.len, op);
+        }
+        self.raw_barrier()
+    }
+
+    /// Sends block `j` of this PE's `src` to PE `j`, which stores it as
+    /// block `i` (this PE's index) of its `dst`. Both hold `n_pes` equal
+    /// blocks; `dst` may be `src` (in place).
+    ///
+    /// # Collective
+    pub fn all_to_all<'a, 'b, T: Element>(
+        &self,
+        dst: impl Into<SymSlice<'a, T>>,
+        src: impl Into<SymSlice<'b, T>>,
+        _stream: &Stream,
+    ) -> Result<()> {
+        let n = self.n_pes();
+        let call = Call { kind: OpKind::AllToAll, dst: dst.into(), src: src.into(), op: None, root: 0 };
+        let (d, s) = self.begin(call, |s, d| {
+            if s.len != d.len || s.len % n != 0 {
+                return Err(Error::LengthMismatch(format!(
+                    "src ({}) and dst ({}) must have the same length, a multiple of {n}",
+                    s.len, d.len
+                )));
+            }
+            Ok(())
+        })?;
+        let elem = size_of::<T>();
+        let c = d.len / n;
+        let me = self.my_pe();
+        let in_place = overlap(d, s, elem);
+        let mut tmp = if in_place { vec_for::<T>(d.len) } else { Vec::new() };
+        let out = Addr::of(if in_place { tmp.as_mut_ptr() } else { self.pe_ptr::<T>(me, d.offset) });
+        self.ctx.pool.install(|| {
+            (0..n).into_par_iter().for_each(|j| {
+                let from: *const T = self.pe_ptr(j, s.offset + me * c * elem);
+                // SAFETY: block `me` of member j's src and block j of this
+                // PE's output are checked, disjoint, and stable until the barrier.
+                unsafe { std::ptr::copy_nonoverlapping(from, out.ptr::<T>().add(j * c), c) };
+            })
+        });
+        if in_place {
+            self.raw_barrier()?;
+            self.write_local(d.offset, &tmp);
+        }
+        self.raw_barrier()
+    }
+
+    /// `out[i] = op over members m of src_m[lo + i]`, for `i < len`, in team order.
+    fn reduce_into<T: Element>(&self, out: *mut T, src_offset: usize, lo: usize, len: usize, op: ReduceOp) {
+        let elem = size_of::<T>();
+        let inputs: Vec<Addr> =
+            (0..self.n_pes()).map(|m| Addr::of(self.pe_ptr::<T>(m, src_offset + lo * elem))).collect();
+        let out = Addr::of(out);
+        let tasks = len.div_ceil(CHUNK);
+        let body = |t: usize| {
+            let start = t * CHUNK;
+            let end = (start + CHUNK).min(len);
+            for i in start..end {
+                // SAFETY: every input holds `len` elements of a checked source
+                // region that no PE writes before the next barrier; `out` holds
+                // `len` elements that only this task writes at these indices.
+                unsafe {
+                    let mut acc = (*inputs[0].ptr::<T>().add(i)).to_acc();
+                    for x in &inputs[1..] {
+                        acc = T::combine(op, acc, (*x.ptr::<T>().add(i)).to_acc());
+                    }
+                    out.ptr::<T>().add(i).write(T::from_acc(acc));
+                }
+            }
+        };
+        if tasks <= 1 {
+            (0..tasks).for_each(body);
+        } else {
+            self.ctx.pool.install(|| (0..tasks).into_par_iter().for_each(body));
+        }
+    }
+
+    fn write_local<T: Element>(&self, offset: usize, data: &[T]) {
+        // SAFETY: `offset` begins a checked region of `data.len()` elements in
+        // this PE's heap, which no peer reads until the next barrier.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.pe_ptr::<T>(self.my_pe(), offset), data.len()) };
+    }
+}
+
+fn vec_for<T: Element>(len: usize) -> Vec<T> {
+    let mut v = Vec::with_capacity(len);
+    // SAFETY: T is plain data (Element) and every element is written by the
+    // caller before it is read.
+    unsafe { v.set_len(len) };
+    v
+}
+
+/// The world team's collectives.
+impl Context {
+    /// Blocks until every PE has arrived (NVSHMEM's `barrier_all`).
+    ///
+    /// # Collective
+    pub fn barrier_all(&self, stream: &Stream) -> Result<()> {
+        self.world().barrier(stream)
+    }
+
+    /// [`Team::broadcast`] over the world.
+    ///
+    /// # Collective
+    pub fn broadcast<'a, 'b, T: Element>(
+        &self,
+        dst: impl Into<SymSlice<'a, T>>,
+        src: impl Into<SymSlice<'b, T>>,
+        root: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.world().broadcast(dst, src, root, stream)
+    }
+
+    /// [`Team::all_gather`] over the world.
+    ///
+    /// # Collective
+    pub fn all_gather<'a, 'b, T: Element>(
+        &self,
+        dst: impl Into<SymSlice<'a, T>>,
+        src: impl Into<SymSlice<'b, T>>,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.world().all_gather(dst, src, stream)
+    }
+
+    /// [`Team::all_reduce`] over the world.
+    ///
+    /// # Collective
+    pub fn all_reduce<'a, 'b, T: Element>(
+        &self,
+        dst: impl Into<SymSlice<'a, T>>,
+        src: impl Into<SymSlice<'b, T>>,
+        op: ReduceOp,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.world().all_reduce(dst, src, op, stream)
+    }
+
+    /// [`Team::reduce_scatter`] over the world.
+    ///
+    /// # Collective
+    pub fn reduce_scatter<'a, 'b, T: Element>(
+        &self,
+        dst: impl Into<SymSlice<'a, T>>,
+        src: impl Into<SymSlice<'b, T>>,
+        op: ReduceOp,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.world().reduce_scatter(dst, src, op, stream)
+    }
+
+    /// [`Team::all_to_all`] over the world.
+    ///
+    /// # Collective
+    pub fn all_to_all<'a, 'b, T: Element>(
+        &self,
+        dst: impl Into<SymSlice<'a, T>>,
+        src: impl Into<SymSlice<'b, T>>,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.world().all_to_all(dst, src, stream)
+    }
+
+    /// A team of world PEs `start, start + stride, …` (`size` of them);
+    /// `None` on PEs outside it.
+    ///
+    /// # Collective
+    pub fn team_split_strided(&self, start: usize, stride: usize, size: usize) -> Result<Option<Team>> {
+        self.world().split_strided(start, stride, size)
+    }
+}

@@ -1,0 +1,318 @@
+//! The context: one per process, the owner of the backend, the heap and the teams.
+
+use crate::bootstrap::Bootstrap;
+use crate::config::{BackendKind, Config};
+use crate::error::{Error, Result};
+use crate::heap::Allocator;
+use crate::host::{self, shm, HostWorld, PeState};
+use crate::team::{Team, TeamState};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Set while a context is alive in this process (`init` twice is an error).
+static LIVE: AtomicBool = AtomicBool::new(false);
+/// Distinguishes contexts of one process, so a buffer of an old context is
+/// recognised as foreign by a new one.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// What every buffer, team and the context itself share.
+pub(crate) struct Inner {
+    pub(crate) id: u64,
+    pub(crate) me: usize,
+    pub(crate) n: usize,
+    pub(crate) local_rank: usize,
+    pub(crate) local_size: usize,
+    pub(crate) host: HostWorld,
+    pub(crate) heap: Mutex<Allocator>,
+    pub(crate) heap_size: usize,
+    pub(crate) finalized: AtomicBool,
+    /// Team slots free on this PE (bit i: slot i).
+    pub(crate) free_team_slots: Mutex<u64>,
+    pub(crate) world: Arc<TeamState>,
+    pub(crate) node: Arc<TeamState>,
+    pub(crate) pool: rayon::ThreadPool,
+    /// Kept alive for the context's life: under MPI, dropping it finalizes MPI.
+    _bootstrap: Mutex<Bootstrap>,
+}
+
+impl Inner {
+    /// Fails if the context was finalized; `what` names the object used.
+    pub(crate) fn check_live(&self, what: &'static str) -> Result<()> {
+        if self.finalized.load(Ordering::Acquire) {
+            Err(Error::Finalized(what))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if !self.finalized.load(Ordering::Acquire) {
+            self.host.set_state(PeState::Exited);
+        }
+        LIVE.store(false, Ordering::Release);
+    }
+}
+
+/// The handle to shmem in this process (one PE).
+///
+/// Created by [`crate::init`] or [`Config::init`]. Buffers and teams keep
+/// the runtime alive after the context is dropped, but refuse to be used
+/// once it was finalized.
+pub struct Context {
+    pub(crate) inner: Arc<Inner>,
+}
+
+/// An ordering of work. On the GPU backend it is a CUDA stream; on the host
+/// backend every operation completes before it returns, so a stream only
+/// keeps the API the same.
+#[derive(Debug, Default)]
+pub struct Stream {
+    _private: (),
+}
+
+impl Stream {
+    /// Waits for everything issued on the stream.
+    pub fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Host identity, exchanged at start-up.
+struct Hello {
+    host: String,
+    pid: u32,
+    heap_size: u64,
+}
+
+impl Hello {
+    fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::new();
+        v.extend_from_slice(&self.pid.to_le_bytes());
+        v.extend_from_slice(&self.heap_size.to_le_bytes());
+        v.extend_from_slice(self.host.as_bytes());
+        v
+    }
+
+    fn decode(b: &[u8]) -> Result<Hello> {
+        if b.len() < 12 {
+            return Err(Error::bootstrap("malformed hello from a peer"));
+        }
+        Ok(Hello {
+            pid: u32::from_le_bytes(b[0..4].try_into().unwrap()),
+            heap_size: u64::from_le_bytes(b[4..12].try_into().unwrap()),
+            host: String::from_utf8_lossy(&b[12..]).into_owned(),
+        })
+    }
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most `len` bytes into `buf`.
+    let r = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if r != 0 {
+        return "localhost".into();
+    }
+    let end = buf.iter().position(|&c| c == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// Exchanges "ok" or an error message; fails on every PE if any PE failed.
+fn agree_ok(boot: &mut Bootstrap, mine: Result<()>, step: &str) -> Result<()> {
+    let msg = match &mine {
+        Ok(()) => Vec::new(),
+        Err(e) => format!("{e}").into_bytes(),
+    };
+    let all = boot.allgather(&msg)?;
+    mine?;
+    for (pe, m) in all.iter().enumerate() {
+        if !m.is_empty() {
+            return Err(Error::bootstrap(format!("{step} failed on PE {pe}: {}", String::from_utf8_lossy(m))));
+        }
+    }
+    Ok(())
+}
+
+impl Context {
+    pub(crate) fn start(config: Config) -> Result<Context> {
+        if LIVE.swap(true, Ordering::AcqRel) {
+            return Err(Error::AlreadyInitialized);
+        }
+        let result = Self::start_inner(config);
+        if result.is_err() {
+            LIVE.store(false, Ordering::Release);
+        }
+        result
+    }
+
+    fn start_inner(config: Config) -> Result<Context> {
+        if let Some(e) = &config.env_error {
+            return Err(Error::Config(e.clone()));
+        }
+        match config.backend {
+            BackendKind::Host | BackendKind::Auto => {}
+            BackendKind::Gpu => {
+                return Err(Error::BackendUnavailable(
+                    "the gpu backend is not part of this build yet; use SHMEM_BACKEND=host".into(),
+                ))
+            }
+        }
+        let heap_size = config.heap_size.next_multiple_of(4096);
+        let mut boot = Bootstrap::from_env(config.peer_timeout)?;
+        let (me, n) = (boot.rank(), boot.size());
+
+        let hello = Hello { host: hostname(), pid: std::process::id(), heap_size: heap_size as u64 };
+        let hellos: Vec<Hello> =
+            boot.allgather(&hello.encode())?.iter().map(|b| Hello::decode(b)).collect::<Result<_>>()?;
+        // Every PE sees the same hellos, so every PE reaches the same verdicts.
+        if let Some((pe, h)) = hellos.iter().enumerate().find(|(_, h)| h.heap_size != hellos[0].heap_size) {
+            return Err(Error::config(format!(
+                "heap size differs across PEs: PE 0 asked for {} bytes, PE {pe} for {} bytes",
+                hellos[0].heap_size, h.heap_size
+            )));
+        }
+        if let Some((pe, h)) = hellos.iter().enumerate().find(|(_, h)| h.host != hellos[0].host) {
+            return Err(Error::BackendUnavailable(format!(
+                "the host backend needs every PE on one node, but PE 0 runs on {} and PE {pe} on {}",
+                hellos[0].host, h.host
+            )));
+        }
+        let local_rank = hellos[..me].iter().filter(|h| h.host == hello.host).count();
+        let local_size = hellos.iter().filter(|h| h.host == hello.host).count();
+
+        let total = host::object_size(n, heap_size)
+            .ok_or_else(|| Error::config(format!("{n} heaps of {heap_size} bytes overflow the address space")))?;
+        let name = format!("/shmem-{}-{:x}", hellos[0].pid, NEXT_ID.load(Ordering::Relaxed) ^ nanos());
+        let created = if me == 0 {
+            match shm::shm_space_available() {
+                Some(free) if (free as u128) < total as u128 => Err(Error::config(format!(
+                    "{n} PEs × {heap_size}-byte heaps need {total} bytes of /dev/shm, only {free} are free \
+                     (lower SHMEM_HEAP_SIZE)"
+                ))),
+                _ => shm::Mapping::create(&name, total).map(Some),
+            }
+        } else {
+            Ok(None)
+        };
+        let (mine, created) = match created {
+            Ok(m) => (Ok(()), m),
+            Err(e) => (Err(e), None),
+        };
+        agree_ok(&mut boot, mine, "creating the shared heap")?;
+        let map = match created {
+            Some(m) => Ok(m),
+            None => shm::Mapping::open(&name, total),
+        };
+        let world = map.and_then(|m| HostWorld::new(m, me, n, heap_size, me == 0, config.wait_timeout));
+        let (mine, world) = match world {
+            Ok(w) => (Ok(()), Some(w)),
+            Err(e) => (Err(e), None),
+        };
+        let outcome = agree_ok(&mut boot, mine, "mapping the shared heap");
+        if me == 0 {
+            // Everyone has mapped it (or failed): the name is no longer needed.
+            shm::Mapping::unlink(&name);
+        }
+        outcome?;
+        let host = world.expect("agree_ok passed, so this PE mapped the heap");
+        boot.close();
+
+        let members: Vec<usize> = (0..n).collect();
+        let node_members: Vec<usize> =
+            (0..n).filter(|&pe| hellos[pe].host == hello.host).collect();
+        let threads = std::thread::available_parallelism().map_or(1, |c| c.get()).div_ceil(local_size).max(1);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(move |i| format!("shmem-pe{me}-{i}"))
+            .build()
+            .map_err(|e| Error::config(format!("starting the rayon pool: {e}")))?;
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let inner = Inner {
+            id,
+            me,
+            n,
+            local_rank,
+            local_size,
+            host,
+            heap: Mutex::new(Allocator::new(heap_size)),
+            heap_size,
+            finalized: AtomicBool::new(false),
+            free_team_slots: Mutex::new(!0b11),
+            world: Arc::new(TeamState::new(id, 0, members, me, None)),
+            node: Arc::new(TeamState::new(id, 1, node_members, me, None)),
+            pool,
+            _bootstrap: Mutex::new(boot),
+        };
+        Ok(Context { inner: Arc::new(inner) })
+    }
+
+    /// This PE's number in the world, `0..n_pes()`.
+    pub fn my_pe(&self) -> usize {
+        self.inner.me
+    }
+
+    /// Number of PEs in the world.
+    pub fn n_pes(&self) -> usize {
+        self.inner.n
+    }
+
+    /// This PE's rank among the PEs of its node (its GPU on the GPU backend).
+    pub fn local_rank(&self) -> usize {
+        self.inner.local_rank
+    }
+
+    /// Number of PEs on this node.
+    pub fn local_size(&self) -> usize {
+        self.inner.local_size
+    }
+
+    /// The backend in use.
+    pub fn backend(&self) -> BackendKind {
+        BackendKind::Host
+    }
+
+    /// Bytes of symmetric heap per PE.
+    pub fn heap_size(&self) -> usize {
+        self.inner.heap_size
+    }
+
+    /// Bytes of this PE's heap in use by live buffers.
+    pub fn heap_used(&self) -> usize {
+        self.inner.heap.lock().unwrap_or_else(|e| e.into_inner()).used()
+    }
+
+    /// A stream to order operations on (see [`Stream`]).
+    pub fn stream(&self) -> Stream {
+        Stream::default()
+    }
+
+    /// The team of all PEs.
+    pub fn world(&self) -> Team {
+        Team::from_state(self.inner.clone(), self.inner.world.clone())
+    }
+
+    /// The team of the PEs on this node.
+    pub fn node(&self) -> Team {
+        Team::from_state(self.inner.clone(), self.inner.node.clone())
+    }
+
+    /// Ends this PE's part in shmem after a barrier with every PE.
+    ///
+    /// # Collective
+    /// Every PE calls it. Buffers and teams still alive afterwards refuse
+    /// to be used.
+    pub fn finalize(self) -> Result<()> {
+        self.inner.check_live("context")?;
+        let result = self.world().barrier(&self.stream());
+        self.inner.finalized.store(true, Ordering::Release);
+        self.inner.host.set_state(PeState::Finalized);
+        result
+    }
+}
+
+fn nanos() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}

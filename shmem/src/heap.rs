@@ -1,0 +1,126 @@
+//! The symmetric heap's allocator.
+//!
+//! Every PE runs the same deterministic allocator over its own heap; since
+//! allocation and free are collective and ordered, the PEs' allocators stay
+//! in the same state and every buffer lies at the same offset on every PE.
+//! The history (allocation count, frees and their order) is compared across
+//! PEs at each allocation, so a PE that allocated or freed differently is
+//! caught there rather than corrupting the heap.
+
+use crate::error::{Error, Result};
+use std::collections::BTreeMap;
+
+/// Alignment of every allocation: enough for 16-byte vector accesses and
+/// for the GPU's 256-byte transaction granularity.
+pub(crate) const ALIGN: usize = 256;
+
+pub(crate) struct Allocator {
+    size: usize,
+    /// Free blocks: offset → length, coalesced.
+    free: BTreeMap<usize, usize>,
+    /// Live blocks: offset → length.
+    live: BTreeMap<usize, usize>,
+    /// Allocations so far (the next buffer's serial number).
+    pub(crate) allocs: u64,
+    /// Frees so far, and a running hash of their order.
+    pub(crate) frees: u64,
+    pub(crate) free_hash: u64,
+}
+
+impl Allocator {
+    pub(crate) fn new(size: usize) -> Allocator {
+        let mut free = BTreeMap::new();
+        if size > 0 {
+            free.insert(0, size);
+        }
+        Allocator { size, free, live: BTreeMap::new(), allocs: 0, frees: 0, free_hash: 0 }
+    }
+
+    /// First-fit allocation of `bytes` (at least one aligned unit, so every
+    /// buffer has its own address). Returns the offset.
+    pub(crate) fn alloc(&mut self, bytes: usize) -> Result<usize> {
+        let need = bytes.max(1).checked_next_multiple_of(ALIGN).unwrap_or(usize::MAX);
+        let found = self.free.iter().find(|(_, &len)| len >= need).map(|(&o, &l)| (o, l));
+        let Some((offset, len)) = found else {
+            return Err(Error::HeapExhausted {
+                requested: bytes,
+                largest_free: self.free.values().copied().max().unwrap_or(0),
+                heap_size: self.size,
+            });
+        };
+        self.free.remove(&offset);
+        if len > need {
+            self.free.insert(offset + need, len - need);
+        }
+        self.live.insert(offset, need);
+        self.allocs += 1;
+        Ok(offset)
+    }
+
+    /// Returns the block at `offset` (allocated with serial `serial`).
+    pub(crate) fn free(&mut self, offset: usize, serial: u64) {
+        let Some(mut len) = self.live.remove(&offset) else {
+            debug_assert!(false, "free of an unknown offset {offset}");
+            return;
+        };
+        self.frees += 1;
+        // FNV-1a style mix of the serials in free order.
+        self.free_hash = (self.free_hash ^ serial.wrapping_add(1)).wrapping_mul(0x100_0000_01b3);
+        let mut start = offset;
+        if let Some((&prev, &plen)) = self.free.range(..offset).next_back() {
+            if prev + plen == offset {
+                self.free.remove(&prev);
+                start = prev;
+                len += plen;
+            }
+        }
+        let next = start + len;
+        if let Some(nlen) = self.free.remove(&next) {
+            len += nlen;
+        }
+        self.free.insert(start, len);
+    }
+
+    /// Bytes in use.
+    pub(crate) fn used(&self) -> usize {
+        self.live.values().sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_fit_reuses_and_coalesces() {
+        let mut a = Allocator::new(4 * ALIGN);
+        let x = a.alloc(1).unwrap();
+        let y = a.alloc(ALIGN + 1).unwrap();
+        let z = a.alloc(ALIGN).unwrap();
+        assert_eq!((x, y, z), (0, ALIGN, 3 * ALIGN));
+        assert!(matches!(a.alloc(1), Err(Error::HeapExhausted { .. })));
+        a.free(y, 1);
+        a.free(x, 0);
+        // x and y coalesced into one block of three units.
+        assert_eq!(a.alloc(3 * ALIGN).unwrap(), 0);
+        a.free(0, 3);
+        a.free(z, 2);
+        assert_eq!(a.free.len(), 1);
+        assert_eq!(a.used(), 0);
+        assert_eq!(a.alloc(4 * ALIGN).unwrap(), 0);
+    }
+
+    #[test]
+    fn free_order_changes_the_hash() {
+        let mut a = Allocator::new(8 * ALIGN);
+        let mut b = Allocator::new(8 * ALIGN);
+        let (a0, a1) = (a.alloc(8).unwrap(), a.alloc(8).unwrap());
+        let (b0, b1) = (b.alloc(8).unwrap(), b.alloc(8).unwrap());
+        a.free(a0, 0);
+        a.free(a1, 1);
+        b.free(b1, 1);
+        b.free(b0, 0);
+        assert_eq!(a.frees, b.frees);
+        assert_ne!(a.free_hash, b.free_hash);
+    }
+}

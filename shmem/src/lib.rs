@@ -1,0 +1,52 @@
+//! # shmem
+//!
+//! A PGAS runtime in the style of NVSHMEM and PyTorch Symmetric Memory.
+//! Every process (a *PE*) allocates the same *symmetric* buffers; any PE
+//! reads and writes any other PE's copy with one-sided puts, gets, signals
+//! and atomics, and teams of PEs run collectives over them.
+//!
+//! ```no_run
+//! # fn main() -> shmem::Result<()> {
+//! let ctx = shmem::init()?;
+//! let (me, n) = (ctx.my_pe(), ctx.n_pes());
+//! let s = ctx.stream();
+//! let x = ctx.alloc::<f32>(1024)?; // collective: same size on every PE
+//! x.fill(me as f32, &s)?;
+//! ctx.all_reduce(&x, &x, shmem::ReduceOp::Sum, &s)?;
+//! assert_eq!(x.copy_to_host(&s)?[0], (n * (n - 1) / 2) as f32);
+//! ctx.finalize()
+//! # }
+//! ```
+//!
+//! Programs run as `shmemrun -n 4 prog`, under `mpirun` (feature `mpi`),
+//! or alone as a world of one PE. See the README for the backends.
+
+pub mod bootstrap;
+mod buffer;
+mod coll;
+pub mod config;
+mod context;
+mod dtype;
+mod error;
+mod heap;
+mod host;
+pub mod launch;
+mod rma;
+mod team;
+
+pub use buffer::{SymSlice, SymmetricBuffer};
+pub use config::{BackendKind, Config};
+pub use context::{Context, Stream};
+pub use dtype::{AtomicElement, DType, Element, ReduceOp};
+pub use error::{Error, Result};
+pub use half::{bf16, f16};
+pub use rma::{Cmp, SignalOp};
+pub use team::Team;
+
+/// Starts shmem with [`Config::new`] (the environment's settings).
+///
+/// # Collective
+/// Every PE of the job calls it.
+pub fn init() -> Result<Context> {
+    Config::new().init()
+}

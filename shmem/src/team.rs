@@ -1,0 +1,361 @@
+//! Teams: ordered subsets of the world that collectives run over.
+//!
+//! Every collective starts with an *exchange*: each member publishes a
+//! descriptor of the call (operation, element type, buffer offsets and
+//! lengths, root, and whether its own arguments were valid), enters the
+//! team's barrier, and reads every member's descriptor. Only when all agree
+//! does data move, so bad or mismatched arguments fail on every PE with
+//! nothing written.
+
+use crate::context::{Inner, Stream};
+use crate::dtype::{DType, ReduceOp};
+use crate::error::{Error, Result};
+use crate::host::{DESC_WORDS, MAX_TEAMS};
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// What a descriptor describes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum OpKind {
+    Barrier = 1,
+    Broadcast,
+    AllGather,
+    AllReduce,
+    ReduceScatter,
+    AllToAll,
+    Alloc,
+    Split,
+    SplitBases,
+}
+
+impl OpKind {
+    fn from_u8(v: u8) -> Option<OpKind> {
+        use OpKind::*;
+        [Barrier, Broadcast, AllGather, AllReduce, ReduceScatter, AllToAll, Alloc, Split, SplitBases]
+            .into_iter()
+            .find(|k| *k as u8 == v)
+    }
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            OpKind::Barrier => "barrier",
+            OpKind::Broadcast => "broadcast",
+            OpKind::AllGather => "all_gather",
+            OpKind::AllReduce => "all_reduce",
+            OpKind::ReduceScatter => "reduce_scatter",
+            OpKind::AllToAll => "all_to_all",
+            OpKind::Alloc => "alloc",
+            OpKind::Split => "split_strided",
+            OpKind::SplitBases => "split_strided",
+        }
+    }
+}
+
+/// A collective call as the PEs compare it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Desc {
+    pub(crate) kind: OpKind,
+    pub(crate) dtype: Option<DType>,
+    pub(crate) op: Option<ReduceOp>,
+    /// Operation arguments that must be equal on every PE.
+    pub(crate) args: [u64; 5],
+    /// Per-PE data carried along, not compared.
+    pub(crate) private: u64,
+}
+
+impl Desc {
+    pub(crate) fn new(kind: OpKind) -> Desc {
+        Desc { kind, dtype: None, op: None, args: [0; 5], private: 0 }
+    }
+
+    fn words(&self, seq: u64, err: u8) -> [u64; DESC_WORDS] {
+        let head = self.kind as u64
+            | (self.dtype.map_or(0, |d| d as u64) << 8)
+            | (self.op.map_or(0, |o| o as u64) << 16)
+            | ((err as u64) << 24);
+        let a = self.args;
+        [seq, head, a[0], a[1], a[2], a[3], a[4], self.private]
+    }
+}
+
+/// One member's published row, decoded for messages.
+struct Row<'a>(&'a [u64; DESC_WORDS]);
+
+impl fmt::Display for Row<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let w = self.0;
+        let kind = OpKind::from_u8(w[1] as u8);
+        let name = kind.map_or("an unknown operation", |k| k.name());
+        write!(f, "{name}(")?;
+        if let Some(d) = DType::from_tag((w[1] >> 8) & 0xff) {
+            write!(f, "{d}, ")?;
+        }
+        if let Some(op) = ReduceOp::ALL.iter().find(|o| **o as u64 == (w[1] >> 16) & 0xff) {
+            write!(f, "{op}, ")?;
+        }
+        match kind {
+            Some(OpKind::Alloc) => write!(f, "{} bytes, allocation #{}, after {} frees", w[2], w[3], w[4])?,
+            Some(OpKind::Split) => write!(f, "start {}, stride {}, size {}", w[2], w[3], w[4])?,
+            Some(OpKind::Barrier) | Some(OpKind::SplitBases) | None => {}
+            Some(_) => write!(
+                f,
+                "src {} elements at heap offset {}, dst {} elements at heap offset {}, root {}",
+                w[3], w[2], w[5], w[4], w[6]
+            )?,
+        }
+        write!(f, ")")
+    }
+}
+
+/// The reason codes a PE publishes when its own arguments were bad.
+fn err_code(e: &Error) -> u8 {
+    match e {
+        Error::OutOfBounds { .. } | Error::IndexOutOfBounds { .. } => 1,
+        Error::LengthMismatch(_) => 2,
+        Error::UnsupportedOp { .. } => 3,
+        Error::Foreign(_) => 4,
+        Error::Finalized(_) => 5,
+        Error::PeOutOfRange { .. } => 6,
+        Error::HeapExhausted { .. } => 7,
+        _ => 8,
+    }
+}
+
+fn err_reason(code: u64) -> &'static str {
+    match code {
+        1 => "a range out of bounds",
+        2 => "a length mismatch",
+        3 => "an unsupported reduction",
+        4 => "a buffer of another context",
+        5 => "a buffer of a finalized context",
+        6 => "a PE out of range",
+        7 => "heap exhausted",
+        _ => "invalid arguments",
+    }
+}
+
+/// The per-process state of one team.
+pub(crate) struct TeamState {
+    pub(crate) ctx_id: u64,
+    pub(crate) slot: usize,
+    /// World PEs of the members, in team order.
+    pub(crate) members: Vec<usize>,
+    pub(crate) my_index: usize,
+    /// Each member's barrier counter on `slot` when the team was made.
+    bases: Vec<u64>,
+    /// Barriers this PE has entered on the team.
+    arrivals: AtomicU64,
+    /// Exchanges this PE has made on the team.
+    seq: AtomicU64,
+    /// For split teams: the context whose slot to free on drop.
+    owner: Option<Arc<Inner>>,
+}
+
+impl TeamState {
+    pub(crate) fn new(ctx_id: u64, slot: usize, members: Vec<usize>, me: usize, owner: Option<Arc<Inner>>) -> TeamState {
+        let my_index = members.iter().position(|&m| m == me).expect("a team state exists only on its members");
+        let bases = vec![0; members.len()];
+        TeamState { ctx_id, slot, members, my_index, bases, arrivals: AtomicU64::new(0), seq: AtomicU64::new(0), owner }
+    }
+}
+
+impl Drop for TeamState {
+    fn drop(&mut self) {
+        if let Some(inner) = &self.owner {
+            *inner.free_team_slots.lock().unwrap_or_else(|e| e.into_inner()) |= 1 << self.slot;
+        }
+    }
+}
+
+/// An ordered subset of the world's PEs. Cheap to clone.
+///
+/// Every collective runs over a team; [`crate::Context`]'s collectives use
+/// the world team.
+#[derive(Clone)]
+pub struct Team {
+    pub(crate) ctx: Arc<Inner>,
+    pub(crate) state: Arc<TeamState>,
+}
+
+impl fmt::Debug for Team {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Team").field("slot", &self.state.slot).field("members", &self.state.members).finish()
+    }
+}
+
+impl Team {
+    pub(crate) fn from_state(ctx: Arc<Inner>, state: Arc<TeamState>) -> Team {
+        Team { ctx, state }
+    }
+
+    /// This PE's index in the team.
+    pub fn my_pe(&self) -> usize {
+        self.state.my_index
+    }
+
+    /// Number of PEs in the team.
+    pub fn n_pes(&self) -> usize {
+        self.state.members.len()
+    }
+
+    /// The world PE of the team's PE `pe`.
+    pub fn world_pe(&self, pe: usize) -> Result<usize> {
+        self.state.members.get(pe).copied().ok_or(Error::PeOutOfRange { pe, n_pes: self.n_pes() })
+    }
+
+    /// The index in `other` of this team's PE `pe`, or `None` if it is not a member of `other`.
+    pub fn translate_pe(&self, pe: usize, other: &Team) -> Result<Option<usize>> {
+        let world = self.world_pe(pe)?;
+        Ok(other.state.members.iter().position(|&m| m == world))
+    }
+
+    /// Checks that the team is usable with this PE's context.
+    pub(crate) fn check(&self) -> Result<()> {
+        if self.state.ctx_id != self.ctx.id {
+            return Err(Error::Foreign("team"));
+        }
+        self.ctx.check_live("team")
+    }
+
+    /// A team of the PEs `start, start + stride, …` (`size` of them) of this team.
+    /// Returns `None` on PEs that are not members.
+    ///
+    /// # Collective
+    /// Every PE of this team calls it with the same arguments.
+    pub fn split_strided(&self, start: usize, stride: usize, size: usize) -> Result<Option<Team>> {
+        self.check()?;
+        let n = self.n_pes();
+        let valid = if size == 0 || stride == 0 {
+            Err(Error::Invalid(format!("split_strided: size ({size}) and stride ({stride}) must be at least 1")))
+        } else if start.checked_add(stride.saturating_mul(size - 1)).is_none_or(|last| last >= n) {
+            Err(Error::PeOutOfRange { pe: start.saturating_add(stride.saturating_mul(size - 1)), n_pes: n })
+        } else {
+            Ok(())
+        };
+        let free_mask = *self.ctx.free_team_slots.lock().unwrap_or_else(|e| e.into_inner());
+        let mut d = Desc::new(OpKind::Split);
+        d.args = [start as u64, stride as u64, size as u64, 0, 0];
+        d.private = free_mask;
+        let rows = self.exchange(&d, valid.as_ref().err())?;
+        valid?;
+        self.agree(&rows)?;
+        let common = rows.iter().fold(!0u64, |m, r| m & r[DESC_WORDS - 1]);
+        if common == 0 {
+            return Err(Error::TeamsExhausted { max: MAX_TEAMS });
+        }
+        let slot = common.trailing_zeros() as usize;
+        let members: Vec<usize> = (0..size).map(|i| self.state.members[start + i * stride]).collect();
+        let is_member = members.contains(&self.ctx.me);
+        if is_member {
+            *self.ctx.free_team_slots.lock().unwrap_or_else(|e| e.into_inner()) &= !(1 << slot);
+        }
+        // Second exchange: each member's barrier counter on the chosen slot,
+        // read before anyone can enter a barrier of the new team.
+        let mut d = Desc::new(OpKind::SplitBases);
+        d.private = self.ctx.host.cell(self.ctx.me).teams[slot].epoch.load(Ordering::SeqCst);
+        let rows = self.exchange(&d, None)?;
+        self.agree(&rows)?;
+        if !is_member {
+            return Ok(None);
+        }
+        let bases = members
+            .iter()
+            .map(|&w| rows[self.state.members.iter().position(|&m| m == w).unwrap()][DESC_WORDS - 1])
+            .collect();
+        let mut state = TeamState::new(self.ctx.id, slot, members, self.ctx.me, Some(self.ctx.clone()));
+        state.bases = bases;
+        Ok(Some(Team { ctx: self.ctx.clone(), state: Arc::new(state) }))
+    }
+
+    /// Blocks until every PE of the team has arrived.
+    ///
+    /// # Collective
+    pub fn barrier(&self, _stream: &Stream) -> Result<()> {
+        self.check()?;
+        let rows = self.exchange(&Desc::new(OpKind::Barrier), None)?;
+        self.agree(&rows)
+    }
+
+    /// Like [`Team::barrier`]; on the GPU backend it orders memory but does
+    /// not wait for outstanding puts (NVSHMEM's `team_sync`).
+    ///
+    /// # Collective
+    pub fn sync(&self, stream: &Stream) -> Result<()> {
+        self.barrier(stream)
+    }
+
+    /// Enters the team's barrier and waits for every member.
+    pub(crate) fn raw_barrier(&self) -> Result<()> {
+        let st = &*self.state;
+        let host = &self.ctx.host;
+        let target = st.arrivals.fetch_add(1, Ordering::Relaxed) + 1;
+        // SeqCst: publishes this PE's descriptor row and data writes before
+        // any member can see the arrival.
+        host.cell(self.ctx.me).teams[st.slot].epoch.fetch_add(1, Ordering::SeqCst);
+        let arrived = |i: usize| {
+            host.cell(st.members[i]).teams[st.slot].epoch.load(Ordering::SeqCst).wrapping_sub(st.bases[i]) >= target
+        };
+        let n = st.members.len();
+        host.wait_until(
+            || (0..n).all(arrived),
+            &mut (0..n).filter(|&i| !arrived(i)).map(|i| st.members[i]),
+            &|| format!("waiting in a barrier of a team of {n} PEs"),
+        )
+    }
+
+    /// Publishes `desc`, enters the barrier, and returns every member's row.
+    pub(crate) fn exchange(&self, desc: &Desc, my_error: Option<&Error>) -> Result<Vec<[u64; DESC_WORDS]>> {
+        let st = &*self.state;
+        let seq = st.seq.fetch_add(1, Ordering::Relaxed);
+        let words = desc.words(seq, my_error.map_or(0, err_code));
+        let row = &self.ctx.host.cell(self.ctx.me).teams[st.slot].desc[(seq & 1) as usize];
+        for (cell, w) in row.iter().zip(words) {
+            cell.store(w, Ordering::Relaxed);
+        }
+        self.raw_barrier()?;
+        Ok(st
+            .members
+            .iter()
+            .map(|&pe| {
+                let row = &self.ctx.host.cell(pe).teams[st.slot].desc[(seq & 1) as usize];
+                std::array::from_fn(|i| row[i].load(Ordering::Relaxed))
+            })
+            .collect())
+    }
+
+    /// Fails unless every member's row carries no error and the same call.
+    pub(crate) fn agree(&self, rows: &[[u64; DESC_WORDS]]) -> Result<()> {
+        let n = rows.len();
+        let me = self.state.my_index;
+        for (i, r) in rows.iter().enumerate() {
+            let code = (r[1] >> 24) & 0xff;
+            if code != 0 && i != me {
+                return Err(Error::CollectiveMismatch(format!(
+                    "{} on a team of {n} PEs: PE {} rejected its arguments ({})",
+                    Row(r),
+                    self.state.members[i],
+                    err_reason(code)
+                )));
+            }
+        }
+        let strip = |r: &[u64; DESC_WORDS]| {
+            let mut r = *r;
+            r[1] &= 0xff_ffff; // the error code
+            r[DESC_WORDS - 1] = 0; // private data
+            r
+        };
+        let mine = strip(&rows[me]);
+        if let Some(i) = rows.iter().position(|r| strip(r) != mine) {
+            return Err(Error::CollectiveMismatch(format!(
+                "on a team of {n} PEs, PE {} called {} but PE {} called {}",
+                self.ctx.me,
+                Row(&rows[me]),
+                self.state.members[i],
+                Row(&rows[i])
+            )));
+        }
+        Ok(())
+    }
+}
