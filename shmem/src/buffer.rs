@@ -198,10 +198,10 @@ impl<T: Element> SymmetricBuffer<T> {
 
 impl<T: Element> Drop for SymmetricBuffer<T> {
     fn drop(&mut self) {
-        // Freeing is local bookkeeping: every PE frees in the same order, so
-        // the allocators stay equal; the order is checked at the next
-        // allocation. Memory is reused only by an allocation, which waits
-        // for every PE, so no peer can still be using it.
+        // Freeing is local bookkeeping: every PE frees the same buffers
+        // before its next allocation, so the allocators stay equal; the live
+        // sets are compared at that allocation. Memory is reused only by an
+        // allocation, which waits for every PE, so no peer still uses it.
         let mut heap = self.ctx.heap.lock().unwrap_or_else(|e| e.into_inner());
         heap.free(self.offset, self.serial);
     }
@@ -211,8 +211,8 @@ impl Context {
     /// Allocates `len` elements of `T` on every PE; contents unspecified.
     ///
     /// # Collective
-    /// Every PE calls it with the same `len` and `T`, in the same order
-    /// relative to other allocations and frees; otherwise every PE gets
+    /// Every PE calls it with the same `len` and `T`, with the same buffers
+    /// alive (allocated and not yet dropped); otherwise every PE gets
     /// [`Error::CollectiveMismatch`] and nothing is allocated.
     pub fn alloc<T: Element>(&self, len: usize) -> Result<SymmetricBuffer<T>> {
         let world = self.world();
@@ -221,7 +221,7 @@ impl Context {
         let mut heap = self.inner.heap.lock().unwrap_or_else(|e| e.into_inner());
         let mut d = Desc::new(OpKind::Alloc);
         d.dtype = Some(T::DTYPE);
-        d.args = [bytes.map_or(u64::MAX, |b| b as u64), heap.allocs, heap.frees, heap.free_hash, len as u64];
+        d.args = [bytes.map_or(u64::MAX, |b| b as u64), heap.allocs, heap.live_count, heap.live_hash, len as u64];
         let too_big = bytes.is_none().then(|| Error::HeapExhausted {
             requested: usize::MAX,
             largest_free: 0,

@@ -9,8 +9,10 @@ use crate::team::{Team, TeamState};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// Set while a context is alive in this process (`init` twice is an error).
-static LIVE: AtomicBool = AtomicBool::new(false);
+/// The id of the context alive (not finalized) in this process, 0 for none,
+/// `STARTING` while one starts: `init` twice is an error.
+static LIVE: AtomicU64 = AtomicU64::new(0);
+const STARTING: u64 = u64::MAX;
 /// Distinguishes contexts of one process, so a buffer of an old context is
 /// recognised as foreign by a new one.
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -50,8 +52,8 @@ impl Drop for Inner {
     fn drop(&mut self) {
         if !self.finalized.load(Ordering::Acquire) {
             self.host.set_state(PeState::Exited);
+            let _ = LIVE.compare_exchange(self.id, 0, Ordering::AcqRel, Ordering::Relaxed);
         }
-        LIVE.store(false, Ordering::Release);
     }
 }
 
@@ -136,13 +138,11 @@ fn agree_ok(boot: &mut Bootstrap, mine: Result<()>, step: &str) -> Result<()> {
 
 impl Context {
     pub(crate) fn start(config: Config) -> Result<Context> {
-        if LIVE.swap(true, Ordering::AcqRel) {
+        if LIVE.compare_exchange(0, STARTING, Ordering::AcqRel, Ordering::Relaxed).is_err() {
             return Err(Error::AlreadyInitialized);
         }
         let result = Self::start_inner(config);
-        if result.is_err() {
-            LIVE.store(false, Ordering::Release);
-        }
+        LIVE.store(result.as_ref().map_or(0, |c| c.inner.id), Ordering::Release);
         result
     }
 
@@ -307,6 +307,7 @@ impl Context {
         let result = self.world().barrier(&self.stream());
         self.inner.finalized.store(true, Ordering::Release);
         self.inner.host.set_state(PeState::Finalized);
+        let _ = LIVE.compare_exchange(self.inner.id, 0, Ordering::AcqRel, Ordering::Relaxed);
         result
     }
 }

@@ -96,7 +96,7 @@ impl fmt::Display for Row<'_> {
             write!(f, "{op}, ")?;
         }
         match kind {
-            Some(OpKind::Alloc) => write!(f, "{} bytes, allocation #{}, after {} frees", w[2], w[3], w[4])?,
+            Some(OpKind::Alloc) => write!(f, "{} bytes, allocation #{}, with {} live buffers (set {:04x})", w[2], w[3], w[4], w[5] & 0xffff)?,
             Some(OpKind::Split) => write!(f, "start {}, stride {}, size {}", w[2], w[3], w[4])?,
             Some(OpKind::Barrier) | Some(OpKind::SplitBases) | None => {}
             Some(_) => write!(

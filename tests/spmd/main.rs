@@ -1,0 +1,128 @@
+//! The SPMD test suite: one list of tests that every PE runs in the same
+//! order, on whatever world it is given.
+//!
+//! - Started by `cargo test` (no launcher): relaunches itself with 1, 2, 3
+//!   and 4 PEs (`SHMEM_TEST_WORLDS=2,4` to choose) and sums the results.
+//! - Started by `shmemrun` or `mpirun`: runs on that world; only PE 0
+//!   prints the libtest report, and a test fails when it fails on any PE.
+//! - `SHMEM_TEST_SCENARIO=name`: one of the multi-process scenarios that
+//!   tests launch themselves (dead PEs, start-up errors, finalize).
+
+mod coll;
+mod errors;
+mod rma;
+mod scenarios;
+mod teams;
+mod util;
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use std::cell::RefCell;
+use std::process::ExitCode;
+use util::Env;
+
+/// A test body; every PE runs it. Errors and panics fail the test.
+pub type TestFn = fn(&Env) -> util::TestResult;
+
+fn all_tests() -> Vec<(&'static str, TestFn)> {
+    let mut t: Vec<(&'static str, TestFn)> = Vec::new();
+    t.extend(rma::TESTS);
+    t.extend(coll::TESTS);
+    t.extend(teams::TESTS);
+    t.extend(errors::TESTS);
+    t.extend(scenarios::TESTS);
+    t
+}
+
+thread_local! {
+    static ENV: RefCell<Option<Env>> = const { RefCell::new(None) };
+    static BROKEN: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+fn main() -> ExitCode {
+    if let Ok(name) = std::env::var("SHMEM_TEST_SCENARIO") {
+        return scenarios::run(&name);
+    }
+    let mut args = Arguments::from_args();
+    if args.list {
+        let trials = all_tests().into_iter().map(|(name, _)| Trial::test(name, || Ok(()))).collect();
+        libtest_mimic::run(&args, trials);
+        return ExitCode::SUCCESS;
+    }
+    if !shmem::bootstrap::started_by_launcher() {
+        return util::launch_worlds();
+    }
+    args.test_threads = Some(1); // every PE runs the tests in the same order
+    let ctx = match shmem::Config::new().wait_timeout(Some(util::suite_wait_timeout())).init() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("shmem init failed: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let me = ctx.my_pe();
+    if me != 0 {
+        util::silence_stdout();
+    }
+    let env = match Env::new(ctx) {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("[pe {me}] setting up the suite failed: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    ENV.with(|slot| *slot.borrow_mut() = Some(env));
+    let trials = all_tests()
+        .into_iter()
+        .map(|(name, body)| Trial::test(name, move || ENV.with(|e| run_one(name, body, e.borrow().as_ref().unwrap()))))
+        .collect();
+    let conclusion = libtest_mimic::run(&args, trials);
+    util::write_report(me, &conclusion);
+    let env = ENV.with(|slot| slot.borrow_mut().take()).unwrap();
+    let finalized = env.finish();
+    if let Err(e) = &finalized {
+        eprintln!("[pe {me}] finalize failed: {e}");
+    }
+    if conclusion.has_failed() || finalized.is_err() {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// Runs `body` on this PE, then agrees with every PE on the outcome.
+fn run_one(name: &str, body: TestFn, env: &Env) -> Result<(), Failed> {
+    if let Some(why) = BROKEN.with(|b| b.borrow().clone()) {
+        return Err(format!("not run: {why}").into());
+    }
+    let me = env.ctx.my_pe();
+    let outcome = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(env))) {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("error: {e}")),
+        Err(panic) => Err(panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .map_or("panicked".into(), |m| format!("panicked: {m}"))),
+    };
+    if let Err(msg) = &outcome {
+        eprintln!("[pe {me}] {name}: {msg}");
+    }
+    // Agree on the outcome over a team of its own, so the world team's
+    // state does not matter here.
+    let failed_on = match env.agree_failures(outcome.is_err()) {
+        Ok(list) => list,
+        Err(e) => {
+            let why = format!("the PEs could not agree on the outcome of {name}: {e}");
+            BROKEN.with(|b| *b.borrow_mut() = Some(why.clone()));
+            return Err(why.into());
+        }
+    };
+    if failed_on.is_empty() {
+        return Ok(());
+    }
+    // A test that failed part-way may have left the PEs at different points
+    // of a collective; the rest of the run would only report echoes.
+    BROKEN.with(|b| *b.borrow_mut() = Some(format!("{name} failed before it")));
+    let mine = outcome.err().map_or(String::new(), |m| format!("; on PE {me}: {m}"));
+    Err(format!("failed on PE(s) {failed_on:?}{mine}").into())
+}

@@ -1,0 +1,313 @@
+//! The suite's shared pieces: the per-PE environment, deterministic random
+//! payloads, dtype iteration and the self-launching driver.
+
+use shmem::{bf16, f16, Context, Element, ReduceOp, Stream, SymmetricBuffer, Team};
+use std::cell::Cell;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+pub type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// How long any single wait may take inside the suite before it fails
+/// (a hang becomes a failure): `SHMEM_TEST_WAIT_TIMEOUT` seconds, default 120.
+pub fn suite_wait_timeout() -> Duration {
+    let secs = std::env::var("SHMEM_TEST_WAIT_TIMEOUT").ok().and_then(|v| v.parse().ok()).unwrap_or(120.0);
+    Duration::from_secs_f64(secs)
+}
+
+/// What every test gets: the context, a stream, and fresh random seeds
+/// that all PEs agree on.
+pub struct Env {
+    pub ctx: Context,
+    pub s: Stream,
+    seed: u64,
+    counter: Cell<u64>,
+    harness: Team,
+    flag: SymmetricBuffer<u32>,
+    flags: SymmetricBuffer<u32>,
+}
+
+/// SplitMix64: a small, well-known mixer. Written here because the
+/// project's dependency list has no random-number crate.
+pub fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+impl Env {
+    pub fn new(ctx: Context) -> shmem::Result<Env> {
+        let s = ctx.stream();
+        let n = ctx.n_pes();
+        // A team of its own for the harness's agreement step.
+        let harness = ctx.world().split_strided(0, 1, n)?.expect("every PE is in the harness team");
+        let flag = ctx.alloc_zeroed::<u32>(1)?;
+        let flags = ctx.alloc_zeroed::<u32>(n)?;
+        let seed_buf = ctx.alloc_zeroed::<u64>(1)?;
+        if ctx.my_pe() == 0 {
+            let seed = std::env::var("SHMEM_TEST_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+            });
+            eprintln!("spmd suite on {n} PE(s): seed {seed} (SHMEM_TEST_SEED={seed} repeats it)");
+            seed_buf.copy_from_host(&[seed], &s)?;
+        }
+        ctx.barrier_all(&s)?;
+        let seed = ctx.g(&seed_buf, 0, 0, &s)?;
+        ctx.barrier_all(&s)?;
+        drop(seed_buf);
+        Ok(Env { ctx, s, seed, counter: Cell::new(0), harness, flag, flags })
+    }
+
+    /// A seed for one use, the same on every PE (tests run in the same order
+    /// everywhere), different for every call.
+    pub fn fresh_seed(&self) -> u64 {
+        let c = self.counter.get();
+        self.counter.set(c + 1);
+        mix(self.seed ^ mix(c))
+    }
+
+    pub fn me(&self) -> usize {
+        self.ctx.my_pe()
+    }
+
+    pub fn n(&self) -> usize {
+        self.ctx.n_pes()
+    }
+
+    /// The PEs whose test failed, as agreed by all.
+    pub fn agree_failures(&self, failed: bool) -> shmem::Result<Vec<usize>> {
+        self.flag.copy_from_host(&[failed as u32], &self.s)?;
+        self.harness.all_gather(&self.flags, &self.flag, &self.s)?;
+        let all = self.flags.copy_to_host(&self.s)?;
+        Ok(all.iter().enumerate().filter(|(_, &f)| f != 0).map(|(pe, _)| pe).collect())
+    }
+
+    /// Frees the harness's buffers and finalizes.
+    pub fn finish(self) -> shmem::Result<()> {
+        let Env { ctx, flag, flags, harness, .. } = self;
+        drop((flag, flags, harness));
+        ctx.finalize()
+    }
+}
+
+/// Element types with what the tests need: raw bits (to compare exactly,
+/// NaNs included), random payloads, and small exact values for reductions.
+pub trait TestElem: Element {
+    const OPS: &'static [ReduceOp];
+    fn from_bits(bits: u64) -> Self;
+    fn bits(self) -> u64;
+    /// A small value that keeps sums and products of four PEs exact.
+    fn small(r: u64, op: ReduceOp) -> Self;
+}
+
+const FLOAT_OPS: &[ReduceOp] = &[ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max, ReduceOp::Prod];
+const INT_OPS: &[ReduceOp] = &ReduceOp::ALL;
+
+fn small_int(r: u64, op: ReduceOp) -> i64 {
+    match op {
+        ReduceOp::Prod => (r % 4) as i64 + 1 - if r & 64 != 0 { 3 } else { 0 },
+        ReduceOp::And | ReduceOp::Or | ReduceOp::Xor => (r >> 8) as i64,
+        _ => (r % 64) as i64 - 32,
+    }
+}
+
+macro_rules! float_elem {
+    ($t:ty, $bits:ty, $from:expr, $to:expr) => {
+        impl TestElem for $t {
+            const OPS: &'static [ReduceOp] = FLOAT_OPS;
+            fn from_bits(bits: u64) -> Self {
+                $from(bits as $bits)
+            }
+            fn bits(self) -> u64 {
+                $to(self) as u64
+            }
+            fn small(r: u64, op: ReduceOp) -> Self {
+                <$t>::from_f64(small_int(r, op) as f64)
+            }
+        }
+    };
+}
+
+trait FromF64 {
+    fn from_f64(x: f64) -> Self;
+}
+impl FromF64 for f32 {
+    fn from_f64(x: f64) -> Self {
+        x as f32
+    }
+}
+impl FromF64 for f64 {
+    fn from_f64(x: f64) -> Self {
+        x
+    }
+}
+impl FromF64 for f16 {
+    fn from_f64(x: f64) -> Self {
+        f16::from_f64(x)
+    }
+}
+impl FromF64 for bf16 {
+    fn from_f64(x: f64) -> Self {
+        bf16::from_f64(x)
+    }
+}
+
+float_elem!(f32, u32, f32::from_bits, f32::to_bits);
+float_elem!(f64, u64, f64::from_bits, f64::to_bits);
+float_elem!(f16, u16, f16::from_bits, f16::to_bits);
+float_elem!(bf16, u16, bf16::from_bits, bf16::to_bits);
+
+macro_rules! int_elem {
+    ($t:ty) => {
+        impl TestElem for $t {
+            const OPS: &'static [ReduceOp] = INT_OPS;
+            fn from_bits(bits: u64) -> Self {
+                bits as $t
+            }
+            fn bits(self) -> u64 {
+                self as u64
+            }
+            fn small(r: u64, op: ReduceOp) -> Self {
+                small_int(r, op) as $t
+            }
+        }
+    };
+}
+int_elem!(i32);
+int_elem!(i64);
+int_elem!(u32);
+int_elem!(u64);
+
+/// The payload element `i` of PE `pe` for a given seed: random bits that
+/// differ by sender and index, so a wrong source or offset shows.
+pub fn payload<T: TestElem>(seed: u64, pe: usize, i: usize) -> T {
+    T::from_bits(mix(seed ^ mix((pe as u64) << 40 ^ i as u64)))
+}
+
+/// `len` payload elements of PE `pe`.
+pub fn payloads<T: TestElem>(seed: u64, pe: usize, len: usize) -> Vec<T> {
+    (0..len).map(|i| payload(seed, pe, i)).collect()
+}
+
+/// A value no test writes on purpose: what outputs are poisoned with.
+pub fn poison<T: TestElem>() -> T {
+    T::from_bits(0x5a5a_5a5a_5a5a_5a5a)
+}
+
+/// Asserts bitwise equality, naming the first differing index.
+pub fn assert_bits_eq<T: TestElem>(got: &[T], want: &[T], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    if let Some(i) = (0..got.len()).find(|&i| got[i].bits() != want[i].bits()) {
+        panic!("{what}: element {i} of {} is {:?}, expected {:?}", got.len(), got[i], want[i]);
+    }
+}
+
+/// Runs a generic test body for every element type.
+#[macro_export]
+macro_rules! each_dtype {
+    ($f:ident, $env:expr) => {{
+        $f::<f32>($env)?;
+        $f::<f64>($env)?;
+        $f::<shmem::f16>($env)?;
+        $f::<shmem::bf16>($env)?;
+        $f::<i32>($env)?;
+        $f::<i64>($env)?;
+        $f::<u32>($env)?;
+        $f::<u64>($env)?;
+        Ok(())
+    }};
+}
+
+/// Asserts that `r` failed with an error matching `pat`.
+#[macro_export]
+macro_rules! assert_err {
+    ($r:expr, $pat:pat) => {{
+        match $r {
+            Err(e @ $pat) => e,
+            Err(e) => panic!("expected {}, got the error: {e}", stringify!($pat)),
+            Ok(_) => panic!("expected {}, but the call succeeded", stringify!($pat)),
+        }
+    }};
+}
+
+/// Points stdout at /dev/null (PEs other than 0 keep the report quiet).
+pub fn silence_stdout() {
+    use std::os::fd::AsRawFd;
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        // SAFETY: both descriptors are valid; dup2 replaces fd 1 atomically.
+        unsafe { libc::dup2(null.as_raw_fd(), 1) };
+    }
+}
+
+/// PE 0 writes the counts for the driver that launched it.
+pub fn write_report(me: usize, c: &libtest_mimic::Conclusion) {
+    if me != 0 {
+        return;
+    }
+    if let Ok(path) = std::env::var("SHMEM_TEST_REPORT") {
+        let line = format!("{} {} {} {}\n", c.num_passed, c.num_failed, c.num_ignored, c.num_filtered_out);
+        let _ = std::fs::write(path, line);
+    }
+}
+
+/// Runs this test binary on worlds of 1–4 PEs (or `SHMEM_TEST_WORLDS`) and
+/// prints one libtest-style summary of them all.
+pub fn launch_worlds() -> ExitCode {
+    let worlds: Vec<usize> = std::env::var("SHMEM_TEST_WORLDS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 2, 3, 4]);
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let start = Instant::now();
+    let dir = std::env::temp_dir().join(format!("shmem-spmd-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    let (mut passed, mut failed, mut ignored, mut filtered) = (0u64, 0u64, 0u64, 0u64);
+    let mut bad_worlds = Vec::new();
+    for &n in &worlds {
+        println!("\n==== SPMD suite on {n} PE(s) ====");
+        let report = dir.join(format!("report-{n}"));
+        let _ = std::fs::remove_file(&report);
+        let outcome = shmem::launch::Launch::new(n, &exe)
+            .args(&args)
+            .env("SHMEM_TEST_REPORT", &report)
+            .run();
+        let counts = std::fs::read_to_string(&report).ok().and_then(|s| {
+            let v: Vec<u64> = s.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+            (v.len() == 4).then_some(v)
+        });
+        match (&outcome, counts) {
+            (Ok(o), Some(v)) => {
+                passed += v[0];
+                failed += v[1];
+                ignored += v[2];
+                filtered += v[3];
+                if o.exit_code() != 0 {
+                    bad_worlds.push(format!("{n} PEs: exit code {}", o.exit_code()));
+                }
+            }
+            (Ok(o), None) => bad_worlds.push(format!("{n} PEs: no report (exit code {})", o.exit_code())),
+            (Err(e), _) => bad_worlds.push(format!("{n} PEs: could not launch: {e}")),
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let ok = failed == 0 && bad_worlds.is_empty();
+    println!("\n==== SPMD suite over worlds {worlds:?} ====");
+    for b in &bad_worlds {
+        println!("world failed: {b}");
+    }
+    if !ok && failed == 0 {
+        failed = bad_worlds.len() as u64;
+    }
+    println!(
+        "test result: {}. {passed} passed; {failed} failed; {ignored} ignored; 0 measured; {filtered} filtered out; finished in {:.2}s",
+        if ok { "ok" } else { "FAILED" },
+        start.elapsed().as_secs_f64()
+    );
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
