@@ -50,8 +50,11 @@ impl Team {
     }
 
     /// Checks the call locally, exchanges descriptors with the team, and
-    /// returns (dst, src) once every PE agreed.
-    fn begin<T: Element>(&self, call: Call<'_, '_, T>, shape: impl Fn(Region, Region) -> Result<()>) -> Result<(Region, Region)> {
+    /// returns (dst, src) once every PE agreed. `shape` checks the regions
+    /// and says whether this PE's side is its own block of the other buffer
+    /// (in-place all-gather and reduce-scatter), which differs by PE and is
+    /// so left out of the comparison.
+    fn begin<T: Element>(&self, call: Call<'_, '_, T>, shape: impl Fn(Region, Region) -> Result<bool>) -> Result<(Region, Region)> {
         self.check()?;
         let local = (|| {
             let d = call.dst.region(&self.ctx)?;
@@ -64,23 +67,27 @@ impl Team {
             if call.root >= self.n_pes() {
                 return Err(Error::PeOutOfRange { pe: call.root, n_pes: self.n_pes() });
             }
-            shape(s, d).map_err(|e| match e {
+            let own_block = shape(s, d).map_err(|e| match e {
                 Error::LengthMismatch(m) => Error::LengthMismatch(format!("{}: {m}", call.kind.name())),
                 Error::Invalid(m) => Error::Invalid(format!("{}: {m}", call.kind.name())),
                 e => e,
             })?;
-            Ok((d, s))
+            Ok((d, s, own_block))
         })();
         let mut desc = Desc::new(call.kind);
         desc.dtype = Some(T::DTYPE);
         desc.op = call.op;
-        if let Ok((d, s)) = &local {
+        if let Ok((d, s, own_block)) = &local {
             desc.args = [s.offset as u64, s.len as u64, d.offset as u64, d.len as u64, call.root as u64];
+            if *own_block {
+                let per_pe = if call.kind == OpKind::ReduceScatter { 2 } else { 0 };
+                desc.args[per_pe] = u64::MAX;
+            }
         }
         let rows = self.exchange(&desc, local.as_ref().err())?;
-        let regions = local?;
+        let (d, s, _) = local?;
         self.agree(&rows)?;
-        Ok(regions)
+        Ok((d, s))
     }
 
     /// Copies `root`'s `src` into every PE's `dst`.
@@ -98,7 +105,7 @@ impl Team {
             if s.len != d.len {
                 return Err(Error::LengthMismatch(format!("src has {} elements, dst {}", s.len, d.len)));
             }
-            Ok(())
+            Ok(false)
         })?;
         if d != s || self.my_pe() != root {
             let from: *const T = self.pe_ptr(root, s.offset);
@@ -132,14 +139,16 @@ impl Team {
             if overlap(d, s, elem) && s != mine(d, s) {
                 return Err(Error::Invalid("src overlaps dst but is not this PE's block of it".into()));
             }
-            Ok(())
+            Ok(s == mine(d, s) && n > 1)
         })?;
         let in_place = s == mine(d, s);
         let dst_addr = Addr::of(self.pe_ptr::<T>(me, d.offset));
         let blocks: Vec<usize> = (0..n).filter(|&j| !(in_place && j == me)).collect();
         self.ctx.pool.install(|| {
             blocks.par_iter().for_each(|&j| {
-                let from: *const T = self.pe_ptr(j, s.offset);
+                // In place, member j's src is its own block j of dst.
+                let src_offset = if in_place { d.offset + j * s.len * elem } else { s.offset };
+                let from: *const T = self.pe_ptr(j, src_offset);
                 // SAFETY: block j of this PE's dst and member j's src are
                 // checked regions; nobody writes either until the closing barrier.
                 unsafe { std::ptr::copy_nonoverlapping(from, dst_addr.ptr::<T>().add(j * s.len), s.len) };
@@ -168,7 +177,7 @@ impl Team {
             if overlap(d, s, elem) && d != s {
                 return Err(Error::Invalid("src and dst overlap without being the same slice".into()));
             }
-            Ok(())
+            Ok(false)
         })?;
         let in_place = d == s;
         let n = self.n_pes();
@@ -222,15 +231,20 @@ impl Team {
         _stream: &Stream,
     ) -> Result<()> {
         let n = self.n_pes();
+        let me = self.my_pe();
+        let elem = size_of::<T>();
         let call = Call { kind: OpKind::ReduceScatter, dst: dst.into(), src: src.into(), op: Some(op), root: 0 };
         let (d, s) = self.begin(call, |s, d| {
             if s.len != d.len * n {
                 return Err(Error::LengthMismatch(format!("src has {} elements, expected {n} × {}", s.len, d.len)));
             }
-            Ok(())
+            let mine = Region { offset: s.offset + me * d.len * elem, len: d.len };
+            if overlap(d, s, elem) && d != mine {
+                return Err(Error::Invalid("dst overlaps src but is not this PE's block of it".into()));
+            }
+            Ok(d == mine && n > 1)
         })?;
-        let elem = size_of::<T>();
-        let lo = self.my_pe() * d.len;
+        let lo = me * d.len;
         if overlap(d, s, elem) {
             let mut tmp = vec_for::<T>(d.len);
             self.reduce_into::<T>(tmp.as_mut_ptr(), s.offset, lo, d.len, op);
@@ -254,6 +268,7 @@ impl Team {
         _stream: &Stream,
     ) -> Result<()> {
         let n = self.n_pes();
+        let elem = size_of::<T>();
         let call = Call { kind: OpKind::AllToAll, dst: dst.into(), src: src.into(), op: None, root: 0 };
         let (d, s) = self.begin(call, |s, d| {
             if s.len != d.len || s.len % n != 0 {
@@ -262,9 +277,11 @@ impl Team {
                     s.len, d.len
                 )));
             }
-            Ok(())
+            if overlap(d, s, elem) && d != s {
+                return Err(Error::Invalid("src and dst overlap without being the same slice".into()));
+            }
+            Ok(false)
         })?;
-        let elem = size_of::<T>();
         let c = d.len / n;
         let me = self.my_pe();
         let in_place = overlap(d, s, elem);

@@ -120,20 +120,24 @@ fn hostname() -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
-/// Exchanges "ok" or an error message; fails on every PE if any PE failed.
-fn agree_ok(boot: &mut Bootstrap, mine: Result<()>, step: &str) -> Result<()> {
+/// Exchanges "ok" with a payload, or an error message; fails on every PE
+/// if any PE failed, else returns every PE's payload.
+fn agree_ok(boot: &mut Bootstrap, mine: Result<Vec<u8>>, step: &str) -> Result<Vec<Vec<u8>>> {
     let msg = match &mine {
-        Ok(()) => Vec::new(),
-        Err(e) => format!("{e}").into_bytes(),
+        Ok(payload) => [&[0u8][..], payload].concat(),
+        Err(e) => [&[1u8][..], e.to_string().as_bytes()].concat(),
     };
     let all = boot.allgather(&msg)?;
     mine?;
     for (pe, m) in all.iter().enumerate() {
-        if !m.is_empty() {
-            return Err(Error::bootstrap(format!("{step} failed on PE {pe}: {}", String::from_utf8_lossy(m))));
+        if m.first() != Some(&0) {
+            return Err(Error::bootstrap(format!(
+                "{step} failed on PE {pe}: {}",
+                String::from_utf8_lossy(m.get(1..).unwrap_or_default())
+            )));
         }
     }
-    Ok(())
+    Ok(all.into_iter().map(|m| m[1..].to_vec()).collect())
 }
 
 impl Context {
@@ -183,6 +187,7 @@ impl Context {
 
         let total = host::object_size(n, heap_size)
             .ok_or_else(|| Error::config(format!("{n} heaps of {heap_size} bytes overflow the address space")))?;
+        // PE 0 names and creates the object; the name travels with its "ok".
         let name = format!("/shmem-{}-{:x}", hellos[0].pid, NEXT_ID.load(Ordering::Relaxed) ^ nanos());
         let created = if me == 0 {
             match shm::shm_space_available() {
@@ -190,23 +195,27 @@ impl Context {
                     "{n} PEs × {heap_size}-byte heaps need {total} bytes of /dev/shm, only {free} are free \
                      (lower SHMEM_HEAP_SIZE)"
                 ))),
-                _ => shm::Mapping::create(&name, total).map(Some),
+                _ => shm::Mapping::create(&name, total).map(|m| {
+                    HostWorld::init_header(&m, n, heap_size);
+                    Some(m)
+                }),
             }
         } else {
             Ok(None)
         };
         let (mine, created) = match created {
-            Ok(m) => (Ok(()), m),
+            Ok(m) => (Ok(name.clone().into_bytes()), m),
             Err(e) => (Err(e), None),
         };
-        agree_ok(&mut boot, mine, "creating the shared heap")?;
+        let names = agree_ok(&mut boot, mine, "creating the shared heap")?;
+        let name = String::from_utf8_lossy(&names[0]).into_owned();
         let map = match created {
             Some(m) => Ok(m),
             None => shm::Mapping::open(&name, total),
         };
-        let world = map.and_then(|m| HostWorld::new(m, me, n, heap_size, me == 0, config.wait_timeout));
+        let world = map.and_then(|m| HostWorld::new(m, me, n, heap_size, config.wait_timeout));
         let (mine, world) = match world {
-            Ok(w) => (Ok(()), Some(w)),
+            Ok(w) => (Ok(Vec::new()), Some(w)),
             Err(e) => (Err(e), None),
         };
         let outcome = agree_ok(&mut boot, mine, "mapping the shared heap");

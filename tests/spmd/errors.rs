@@ -220,8 +220,8 @@ fn collective_bad_on_one_pe(env: &Env) -> TestResult {
 
 fn collective_bad_everywhere(env: &Env) -> TestResult {
     let (n, s) = (env.n(), &env.s);
-    let f = env.ctx.alloc::<f32>(8 * n)?;
-    let g = env.ctx.alloc::<f32>(8 * n)?;
+    let f = env.ctx.alloc::<f32>(16 * n)?;
+    let g = env.ctx.alloc::<f32>(16 * n)?;
     f.fill(poison(), s)?;
     g.fill(poison(), s)?;
     assert_err!(env.ctx.all_reduce(&f, &g, ReduceOp::Xor, s), Error::UnsupportedOp { op: "xor", dtype: "f32" });
@@ -229,7 +229,10 @@ fn collective_bad_everywhere(env: &Env) -> TestResult {
     assert_err!(env.ctx.all_reduce(f.slice(..8), f.slice(4..12), ReduceOp::Sum, s), Error::Invalid(_));
     assert_err!(env.ctx.all_gather(&f, f.slice(..9), s), Error::LengthMismatch(_));
     assert_err!(env.ctx.reduce_scatter(f.slice(..7), &g, ReduceOp::Sum, s), Error::LengthMismatch(_));
-    assert_err!(env.ctx.all_to_all(f.slice(..8 * n - 1), g.slice(..8 * n - 1), s), Error::LengthMismatch(_));
+    assert_err!(env.ctx.all_to_all(f.slice(..8 * n), g.slice(..16 * n), s), Error::LengthMismatch(_));
+    if n > 1 {
+        assert_err!(env.ctx.all_to_all(f.slice(..8 * n - 1), g.slice(..8 * n - 1), s), Error::LengthMismatch(_));
+    }
     assert!(f.copy_to_host(s)?.iter().chain(&g.copy_to_host(s)?).all(|x| x.to_bits() == poison::<f32>().to_bits()));
     still_usable(env)
 }

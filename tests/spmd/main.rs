@@ -45,7 +45,7 @@ fn main() -> ExitCode {
     let mut args = Arguments::from_args();
     if args.list {
         let trials = all_tests().into_iter().map(|(name, _)| Trial::test(name, || Ok(()))).collect();
-        libtest_mimic::run(&args, trials);
+        let _ = libtest_mimic::run(&args, trials);
         return ExitCode::SUCCESS;
     }
     if !shmem::bootstrap::started_by_launcher() {

@@ -162,17 +162,19 @@ fn put_signal_set_and_add(env: &Env) -> TestResult {
     let seed = env.fresh_seed();
     let len = 10_000;
     let src = env.ctx.alloc::<f32>(len)?;
-    let dst = env.ctx.alloc::<f32>(len * n)?;
+    // Blocks 0..n for the all-to-all phase, block n for the ring.
+    let dst = env.ctx.alloc::<f32>(len * (n + 1))?;
+    let ring = dst.slice(n * len..);
     let sig = env.ctx.alloc_zeroed::<u64>(2)?;
     src.copy_from_host(&payloads::<f32>(seed, me, len), s)?;
     env.ctx.barrier_all(s)?;
     // Ring with Set: the receiver waits for the signal, not a barrier.
     let to = (me + 1) % n;
     let from = (me + n - 1) % n;
-    env.ctx.put_signal(dst.slice(..len), &src, &sig, 0, 1000 + me as u64, SignalOp::Set, to, s)?;
+    env.ctx.put_signal(ring, &src, &sig, 0, 1000 + me as u64, SignalOp::Set, to, s)?;
     let v = env.ctx.signal_wait_until(&sig, 0, Cmp::Eq, 1000 + from as u64, s)?;
     assert_eq!(v, 1000 + from as u64);
-    assert_bits_eq(&dst.slice(..len).copy_to_host(s)?, &payloads::<f32>(seed, from, len), "put_signal data");
+    assert_bits_eq(&ring.copy_to_host(s)?, &payloads::<f32>(seed, from, len), "put_signal data");
     // All to all with Add: every PE counts n arrivals.
     for pe in 0..n {
         env.ctx.put_signal_nbi(dst.slice(me * len..(me + 1) * len), &src, &sig, 1, 1, SignalOp::Add, pe, s)?;

@@ -36,6 +36,11 @@ fn launch(name: &str, n: usize, kill_on_failure: bool, env: &[(&str, &str)]) -> 
     (outcome, start.elapsed())
 }
 
+/// Each PE's exit code (-1 for a PE killed by a signal).
+fn exit_codes(o: &shmem::launch::Outcome) -> Vec<i32> {
+    o.statuses.iter().map(|s| s.code().unwrap_or(-1)).collect()
+}
+
 fn only_in_one_pe_world(env: &Env) -> bool {
     env.n() == 1
 }
@@ -46,7 +51,7 @@ fn dead_pe_fails_barrier_waiters(env: &Env) -> TestResult {
     }
     let (o, took) = launch("die_then_barrier", 3, false, &[]);
     assert!(took < Duration::from_secs(30), "took {took:?}");
-    let codes = o.exit_codes();
+    let codes = exit_codes(&o);
     assert_eq!(codes, vec![SAW_IT as i32, SAW_IT as i32, DIES], "PE exit codes");
     Ok(())
 }
@@ -57,7 +62,7 @@ fn dead_pe_fails_signal_waiters(env: &Env) -> TestResult {
     }
     let (o, took) = launch("die_then_signal_wait", 2, false, &[]);
     assert!(took < Duration::from_secs(30), "took {took:?}");
-    assert_eq!(o.exit_codes(), vec![SAW_IT as i32, DIES]);
+    assert_eq!(exit_codes(&o), vec![SAW_IT as i32, DIES]);
     Ok(())
 }
 
@@ -67,7 +72,7 @@ fn pe_that_never_starts(env: &Env) -> TestResult {
     }
     let (o, took) = launch("never_start", 3, false, &[("SHMEM_PEER_TIMEOUT", "2")]);
     assert!(took < Duration::from_secs(20), "took {took:?}");
-    assert_eq!(o.exit_codes(), vec![SAW_IT as i32, DIES, SAW_IT as i32]);
+    assert_eq!(exit_codes(&o), vec![SAW_IT as i32, DIES, SAW_IT as i32]);
     Ok(())
 }
 
@@ -88,7 +93,7 @@ fn heap_size_differs(env: &Env) -> TestResult {
         return Ok(());
     }
     let (o, _) = launch("heap_size_differs", 2, false, &[]);
-    assert_eq!(o.exit_codes(), vec![SAW_IT as i32; 2]);
+    assert_eq!(exit_codes(&o), vec![SAW_IT as i32; 2]);
     Ok(())
 }
 

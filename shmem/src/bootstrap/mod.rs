@@ -11,7 +11,9 @@
 //! - `mpirun`/`srun` (feature `mpi`): rank and size from MPI;
 //! - neither: a world of one PE.
 
-use crate::error::{Error, Result};
+#[cfg(not(feature = "mpi"))]
+use crate::error::Error;
+use crate::error::Result;
 use std::time::Duration;
 
 #[cfg(feature = "mpi")]

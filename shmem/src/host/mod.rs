@@ -83,24 +83,30 @@ pub(crate) struct HostWorld {
 }
 
 impl HostWorld {
-    /// Wraps a mapping of `object_size(n, heap_size)` bytes. PE 0 has
-    /// `init_header` set and writes the header; others check it.
+    /// Writes the header of a freshly created object (PE 0, before any
+    /// other PE opens it).
+    pub(crate) fn init_header(map: &shm::Mapping, n: usize, heap_size: usize) {
+        // SAFETY: the header lies at the start of the page-aligned mapping;
+        // its fields are atomics.
+        let h = unsafe { &*map.base().cast::<Header>() };
+        h.n_pes.store(n as u64, Ordering::Relaxed);
+        h.heap_size.store(heap_size as u64, Ordering::Relaxed);
+        h.magic.store(MAGIC, Ordering::Release);
+    }
+
+    /// Wraps a mapping of `object_size(n, heap_size)` bytes whose header PE
+    /// 0 wrote, and publishes this PE's pid.
     pub(crate) fn new(
         map: shm::Mapping,
         me: usize,
         n: usize,
         heap_size: usize,
-        init_header: bool,
         wait_timeout: Option<Duration>,
     ) -> Result<HostWorld> {
         assert_eq!(Some(map.len()), object_size(n, heap_size));
         let w = HostWorld { map, me, n, heap_size, wait_timeout };
         let h = w.header();
-        if init_header {
-            h.n_pes.store(n as u64, Ordering::Relaxed);
-            h.heap_size.store(heap_size as u64, Ordering::Relaxed);
-            h.magic.store(MAGIC, Ordering::Release);
-        } else if h.magic.load(Ordering::Acquire) != MAGIC
+        if h.magic.load(Ordering::Acquire) != MAGIC
             || h.n_pes.load(Ordering::Relaxed) != n as u64
             || h.heap_size.load(Ordering::Relaxed) != heap_size as u64
         {
@@ -163,12 +169,13 @@ impl HostWorld {
     ) -> Result<()> {
         let awaited: Vec<usize> = awaited.filter(|&pe| pe != self.me).collect();
         self.wait_loop(&mut done, &mut |w: &HostWorld| {
-            for &pe in &awaited {
-                if let Some(problem) = w.peer_problem(pe) {
-                    return Err(Error::PeerLost { pe, what: format!("{problem} while {}", what()) });
-                }
+            // A dead PE is the news; peers that left after seeing it are echoes.
+            let problems: Vec<(usize, String)> =
+                awaited.iter().filter_map(|&pe| w.peer_problem(pe).map(|p| (pe, p))).collect();
+            match problems.iter().find(|(_, p)| p.starts_with("died")).or(problems.first()) {
+                Some((pe, p)) => Err(Error::PeerLost { pe: *pe, what: format!("{p} while {}", what()) }),
+                None => Ok(()),
             }
-            Ok(())
         }, what)
     }
 

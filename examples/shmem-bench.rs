@@ -1,0 +1,426 @@
+//! shmem-bench: put bandwidth, barrier latency and all-reduce time per
+//! message size, next to a plain `memcpy` of the same size.
+//!
+//! Run alone it starts itself as `--pes` PEs (2 by default); under
+//! `shmemrun`/`mpirun` it runs on the world it is given. PE 0 prints a
+//! table and, with `--json PATH`, writes one JSON object per row.
+//!
+//! Every time is the median over `--iters` timed iterations after
+//! `--warmup` untimed ones, taken on PE 0 with `std::time::Instant`. Each
+//! result is checked once per size, outside the timed region.
+
+use clap::{Parser, ValueEnum};
+use shmem::launch::Launch;
+use shmem::{BackendKind, Config, Context, ReduceOp, Stream};
+use std::fmt::Write as _;
+use std::hint::black_box;
+use std::path::PathBuf;
+use std::time::Instant;
+
+type Res<T = ()> = Result<T, Box<dyn std::error::Error>>;
+
+#[derive(Parser, Debug)]
+#[command(about = "Measure shmem put, barrier and all-reduce against memcpy")]
+struct Args {
+    /// Backend to measure
+    #[arg(long, value_enum, default_value_t = Backend::Auto)]
+    backend: Backend,
+    /// Operation to measure
+    #[arg(long, value_enum, default_value_t = Op::All)]
+    op: Op,
+    /// Smallest message: bytes, a multiple of 4 (K, M, G suffixes allowed)
+    #[arg(long, default_value = "8", value_parser = parse_bytes)]
+    min_bytes: usize,
+    /// Largest message; sizes double from --min-bytes up to it
+    #[arg(long, default_value = "64M", value_parser = parse_bytes)]
+    max_bytes: usize,
+    /// Timed iterations per size [default: enough to move 256 MiB, within 10..=1000]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    iters: Option<u64>,
+    /// Untimed iterations before timing each size
+    #[arg(long, default_value_t = 5)]
+    warmup: usize,
+    /// Also write the rows here, one JSON object per line
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// PEs to start when run on its own
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
+    pes: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Backend {
+    Host,
+    Gpu,
+    Auto,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Op {
+    Put,
+    Barrier,
+    #[value(name = "all_reduce")]
+    AllReduce,
+    All,
+}
+
+fn parse_bytes(s: &str) -> Result<usize, String> {
+    match shmem::config::parse_size(s) {
+        Some(n) if n > 0 => Ok(n),
+        _ => Err(format!(
+            "{s:?} is not a positive size such as 8, 64K or 256M"
+        )),
+    }
+}
+
+/// One line of the table and of the JSON output.
+struct Row {
+    op: &'static str,
+    imp: &'static str,
+    /// `None` for the barrier, which moves no data.
+    dtype: Option<&'static str>,
+    bytes: usize,
+    time_us: f64,
+    /// Bus bandwidth over algorithm bandwidth: 2(n-1)/n for all-reduce.
+    bus_factor: f64,
+    /// The memcpy time for the same bytes, for the ratio.
+    memcpy_us: Option<f64>,
+}
+
+impl Row {
+    fn algbw_gbps(&self) -> Option<f64> {
+        self.dtype.map(|_| self.bytes as f64 / (self.time_us * 1e3))
+    }
+    fn busbw_gbps(&self) -> Option<f64> {
+        self.algbw_gbps().map(|a| a * self.bus_factor)
+    }
+    /// How many times faster than memcpy (below 1: slower).
+    fn vs_memcpy(&self) -> Option<f64> {
+        self.memcpy_us.map(|m| m / self.time_us)
+    }
+}
+
+/// A JSON number, or null where there is none (or it is not finite).
+fn num(x: Option<f64>) -> String {
+    match x {
+        Some(v) if v.is_finite() => format!("{v:.4}"),
+        _ => "null".into(),
+    }
+}
+
+fn cell(x: Option<f64>, width: usize) -> String {
+    match x {
+        Some(v) if v.is_finite() => format!("{v:>width$.2}"),
+        _ => format!("{:>width$}", "-"),
+    }
+}
+
+fn main() {
+    let args = Args::parse();
+    if args.min_bytes > args.max_bytes || args.min_bytes % 4 != 0 {
+        // Sizes double from the minimum, so all are whole u32 and f32 counts.
+        eprintln!(
+            "shmem-bench: --min-bytes ({}) must be a multiple of 4 and at most --max-bytes ({})",
+            args.min_bytes, args.max_bytes
+        );
+        std::process::exit(2);
+    }
+    if !shmem::bootstrap::started_by_launcher() {
+        std::process::exit(relaunch(args.pes as usize));
+    }
+    if let Err(e) = run(&args) {
+        eprintln!("shmem-bench failed: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// Runs this program again, with the same arguments, as `pes` PEs.
+fn relaunch(pes: usize) -> i32 {
+    let exe = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("shmem-bench: cannot find my own executable: {e}");
+            return 1;
+        }
+    };
+    // Untagged: only PE 0 prints, and the table should stay copy-pastable.
+    let launch = Launch::new(pes, exe)
+        .args(std::env::args_os().skip(1))
+        .tag_output(false)
+        .kill_on_failure(true);
+    match launch.run() {
+        Ok(outcome) => outcome.exit_code(),
+        Err(e) => {
+            eprintln!("shmem-bench: launching {pes} PEs failed: {e}");
+            1
+        }
+    }
+}
+
+struct Bench<'a> {
+    ctx: &'a Context,
+    s: Stream,
+    args: &'a Args,
+    sizes: Vec<usize>,
+}
+
+impl Bench<'_> {
+    fn iters(&self, bytes: usize) -> usize {
+        match self.args.iters {
+            Some(n) => n as usize,
+            None => ((256usize << 20) / bytes.max(1)).clamp(10, 1000),
+        }
+    }
+
+    /// Median in µs of `iters` runs of `op`, each after an untimed `setup`.
+    fn time(
+        &self,
+        bytes: usize,
+        mut setup: impl FnMut() -> Res,
+        mut op: impl FnMut() -> Res,
+    ) -> Res<f64> {
+        for _ in 0..self.args.warmup {
+            setup()?;
+            op()?;
+        }
+        let mut t = Vec::with_capacity(self.iters(bytes));
+        for _ in 0..self.iters(bytes) {
+            setup()?;
+            let start = Instant::now();
+            op()?;
+            self.s.synchronize()?;
+            t.push(start.elapsed().as_secs_f64() * 1e6);
+        }
+        t.sort_by(f64::total_cmp);
+        Ok(t[t.len() / 2])
+    }
+
+    /// memcpy between two vectors of this process, on PE 0 alone.
+    fn memcpy(&self) -> Res<Vec<f64>> {
+        let mut times = Vec::new();
+        if self.ctx.my_pe() == 0 {
+            let max = *self.sizes.last().unwrap();
+            // Non-zero contents: a zeroed vector may read from the kernel's
+            // shared zero page, which would flatter the baseline.
+            let src: Vec<u8> = (0..max).map(|i| i as u8 | 1).collect();
+            let mut dst = vec![0u8; max];
+            for &b in &self.sizes {
+                // copy_from_slice is copy_nonoverlapping, i.e. memcpy; black_box
+                // keeps the compiler from dropping copies nobody reads.
+                let copy = || {
+                    black_box(&mut dst[..b]).copy_from_slice(&src[..b]);
+                    Ok(())
+                };
+                times.push(self.time(b, || Ok(()), copy)?);
+            }
+        }
+        self.ctx.barrier_all(&self.s)?;
+        Ok(times)
+    }
+
+    /// PE 0 puts `bytes / 4` u32 to PE 1 (to itself in a world of one);
+    /// PE 1 checks the data. (shmem has no byte element type.)
+    fn put(&self, memcpy_us: &[f64]) -> Res<Vec<Row>> {
+        let (me, n) = (self.ctx.my_pe(), self.ctx.n_pes());
+        let peer = 1 % n;
+        let max = *self.sizes.last().unwrap() / 4;
+        let src = self.ctx.alloc::<u32>(max)?;
+        let dst = self.ctx.alloc::<u32>(max)?;
+        let mut rows = Vec::new();
+        for (k, &b) in self.sizes.iter().enumerate() {
+            let len = b / 4;
+            // Different for every element and size, so a short, misplaced
+            // or stale put shows.
+            let pattern: Vec<u32> = (0..len as u32)
+                .map(|i| i ^ (len as u32).rotate_right(8))
+                .collect();
+            if me == 0 {
+                src.slice(..len).copy_from_host(&pattern, &self.s)?;
+                let put = || {
+                    Ok(self
+                        .ctx
+                        .put(dst.slice(..len), src.slice(..len), peer, &self.s)?)
+                };
+                rows.push(Row {
+                    op: "put",
+                    imp: "shmem",
+                    dtype: Some("u32"),
+                    bytes: b,
+                    time_us: self.time(b, || Ok(()), put)?,
+                    bus_factor: 1.0,
+                    memcpy_us: memcpy_us.get(k).copied(),
+                });
+            }
+            self.ctx.barrier_all(&self.s)?; // the puts are complete and visible
+            if me == peer && dst.slice(..len).copy_to_host(&self.s)? != pattern {
+                return Err(format!("put of {len} u32: PE {peer} received wrong data").into());
+            }
+            self.ctx.barrier_all(&self.s)?; // checked before the next size overwrites it
+        }
+        Ok(rows)
+    }
+
+    /// Back-to-back barriers on every PE: each one lasts until the last PE arrives.
+    fn barrier(&self) -> Res<Row> {
+        let time_us = self.time(0, || Ok(()), || Ok(self.ctx.barrier_all(&self.s)?))?;
+        Ok(Row {
+            op: "barrier",
+            imp: "shmem",
+            dtype: None,
+            bytes: 0,
+            time_us,
+            bus_factor: 0.0,
+            memcpy_us: None,
+        })
+    }
+
+    /// f32 sum of `bytes / 4` elements into a separate output, so the
+    /// inputs stay the same and every iteration computes the same result.
+    fn all_reduce(&self, memcpy_us: &[f64]) -> Res<Vec<Row>> {
+        let (me, n) = (self.ctx.my_pe(), self.ctx.n_pes());
+        let max = *self.sizes.last().unwrap() / 4;
+        let src = self.ctx.alloc::<f32>(max)?;
+        let dst = self.ctx.alloc::<f32>(max)?;
+        src.fill((me + 1) as f32, &self.s)?;
+        let want = (n * (n + 1) / 2) as f32; // exact: a small integer
+        let mut rows = Vec::new();
+        for (k, &b) in self.sizes.iter().enumerate() {
+            let len = b / 4;
+            // The barrier before each iteration starts every PE together.
+            let time_us = self.time(
+                b,
+                || Ok(self.ctx.barrier_all(&self.s)?),
+                || {
+                    Ok(self.ctx.all_reduce(
+                        dst.slice(..len),
+                        src.slice(..len),
+                        ReduceOp::Sum,
+                        &self.s,
+                    )?)
+                },
+            )?;
+            if dst
+                .slice(..len)
+                .copy_to_host(&self.s)?
+                .iter()
+                .any(|&x| x != want)
+            {
+                return Err(format!("all_reduce of {len} f32: PE {me} got a wrong sum").into());
+            }
+            rows.push(Row {
+                op: "all_reduce",
+                imp: "shmem",
+                dtype: Some("f32"),
+                bytes: b,
+                time_us,
+                bus_factor: 2.0 * (n - 1) as f64 / n as f64,
+                memcpy_us: memcpy_us.get(k).copied(),
+            });
+        }
+        Ok(rows)
+    }
+}
+
+fn run(args: &Args) -> Res {
+    let backend = match args.backend {
+        Backend::Host => BackendKind::Host,
+        Backend::Gpu => BackendKind::Gpu,
+        Backend::Auto => BackendKind::Auto,
+    };
+    // Room for the two largest buffers, plus alignment slack.
+    let ctx = Config::new()
+        .backend(backend)
+        .heap_size(2 * args.max_bytes + (1 << 20))
+        .init()?;
+    let (me, n) = (ctx.my_pe(), ctx.n_pes());
+    let sizes: Vec<usize> = std::iter::successors(Some(args.min_bytes), |&b| b.checked_mul(2))
+        .take_while(|&b| b <= args.max_bytes)
+        .collect();
+    let bench = Bench {
+        ctx: &ctx,
+        s: ctx.stream(),
+        args,
+        sizes,
+    };
+    let sized = matches!(args.op, Op::Put | Op::AllReduce | Op::All);
+
+    let memcpy_us = if sized { bench.memcpy()? } else { Vec::new() };
+    let mut rows: Vec<Row> = bench
+        .sizes
+        .iter()
+        .zip(&memcpy_us)
+        .map(|(&bytes, &time_us)| Row {
+            op: "memcpy",
+            imp: "memcpy",
+            dtype: Some("u8"),
+            bytes,
+            time_us,
+            bus_factor: 1.0,
+            memcpy_us: Some(time_us),
+        })
+        .collect();
+    if matches!(args.op, Op::Put | Op::All) {
+        rows.extend(bench.put(&memcpy_us)?);
+    }
+    if matches!(args.op, Op::Barrier | Op::All) {
+        rows.push(bench.barrier()?);
+    }
+    if matches!(args.op, Op::AllReduce | Op::All) {
+        rows.extend(bench.all_reduce(&memcpy_us)?);
+    }
+    let backend = format!("{:?}", ctx.backend()).to_lowercase();
+    ctx.finalize()?;
+
+    if me == 0 {
+        print_table(&rows, n, &backend, args);
+        if let Some(path) = &args.json {
+            let mut out = String::new();
+            for r in &rows {
+                let dtype = r.dtype.map_or("null".into(), |d| format!("\"{d}\""));
+                writeln!(
+                    out,
+                    "{{\"op\":\"{}\",\"impl\":\"{}\",\"backend\":\"{backend}\",\"dtype\":{dtype},\"bytes\":{},\"pes\":{n},\
+                     \"graph\":false,\"time_us\":{},\"algbw_gbps\":{},\"busbw_gbps\":{},\"vs_memcpy\":{}}}",
+                    r.op,
+                    r.imp,
+                    r.bytes,
+                    num(Some(r.time_us)),
+                    num(r.algbw_gbps()),
+                    num(r.busbw_gbps()),
+                    num(r.vs_memcpy()),
+                )?;
+            }
+            std::fs::write(path, out).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
+fn print_table(rows: &[Row], n: usize, backend: &str, args: &Args) {
+    let iters = args
+        .iters
+        .map_or("auto (10..=1000)".into(), |i| i.to_string());
+    println!(
+        "# shmem-bench: {n} PEs, {backend} backend; median of {iters} iterations after {} warm-up",
+        args.warmup
+    );
+    println!(
+        "# put: PE 0 -> PE {}; all_reduce: f32 sum; vs_memcpy: memcpy time / time",
+        1 % n
+    );
+    println!(
+        "{:<11}{:>11}{:>12}{:>12}{:>12}{:>11}",
+        "op", "bytes", "time_us", "algbw_GBps", "busbw_GBps", "vs_memcpy"
+    );
+    for r in rows {
+        println!(
+            "{:<11}{:>11}{:>12.2}{}{}{}",
+            r.op,
+            r.bytes,
+            r.time_us,
+            cell(r.algbw_gbps(), 12),
+            cell(r.busbw_gbps(), 12),
+            cell(r.vs_memcpy(), 11)
+        );
+    }
+}
