@@ -56,7 +56,11 @@ pub struct SymSlice<'a, T: Element> {
 
 impl<'a, T: Element> From<&'a SymmetricBuffer<T>> for SymSlice<'a, T> {
     fn from(buf: &'a SymmetricBuffer<T>) -> Self {
-        SymSlice { buf, start: 0, end: buf.len }
+        SymSlice {
+            buf,
+            start: 0,
+            end: buf.len,
+        }
     }
 }
 
@@ -84,9 +88,16 @@ impl<'a, T: Element> SymSlice<'a, T> {
     pub(crate) fn region(&self, ctx: &Inner) -> Result<Region> {
         self.buf.check(ctx)?;
         if self.start > self.end || self.end > self.buf.len {
-            return Err(Error::OutOfBounds { start: self.start, end: self.end, len: self.buf.len });
+            return Err(Error::OutOfBounds {
+                start: self.start,
+                end: self.end,
+                len: self.buf.len,
+            });
         }
-        Ok(Region { offset: self.buf.offset + self.start * size_of::<T>(), len: self.end - self.start })
+        Ok(Region {
+            offset: self.buf.offset + self.start * size_of::<T>(),
+            len: self.end - self.start,
+        })
     }
 
     /// Copies `data` into this PE's copy of the slice.
@@ -99,7 +110,12 @@ impl<'a, T: Element> SymSlice<'a, T> {
                 r.len
             )));
         }
-        let dst = self.buf.ctx.host.heap_ptr(self.buf.ctx.me, r.offset).cast::<T>();
+        let dst = self
+            .buf
+            .ctx
+            .host
+            .heap_ptr(self.buf.ctx.me, r.offset)
+            .cast::<T>();
         // SAFETY: `dst` is `r.len` elements inside this PE's heap (checked by
         // `region`), aligned for T (allocations are 256-aligned, slices start
         // at element boundaries); it cannot overlap a Rust slice.
@@ -117,7 +133,12 @@ impl<'a, T: Element> SymSlice<'a, T> {
                 out.len()
             )));
         }
-        let src = self.buf.ctx.host.heap_ptr(self.buf.ctx.me, r.offset).cast::<T>();
+        let src = self
+            .buf
+            .ctx
+            .host
+            .heap_ptr(self.buf.ctx.me, r.offset)
+            .cast::<T>();
         // SAFETY: as in `copy_from_host`, reading instead of writing.
         unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), r.len) };
         Ok(())
@@ -126,10 +147,7 @@ impl<'a, T: Element> SymSlice<'a, T> {
     /// This PE's copy of the slice, as a new vector.
     pub fn copy_to_host(&self, stream: &Stream) -> Result<Vec<T>> {
         let n = self.region(&self.buf.ctx)?.len;
-        let mut v = Vec::with_capacity(n);
-        // SAFETY: `copy_to_host_into` writes every element before `v` is read;
-        // T is plain data (Element), so the uninitialised values are never observed.
-        unsafe { v.set_len(n) };
+        let mut v = crate::dtype::zeroed_vec::<T>(n);
         self.copy_to_host_into(&mut v, stream)?;
         Ok(v)
     }
@@ -158,7 +176,11 @@ impl<T: Element> SymmetricBuffer<T> {
             Bound::Excluded(&e) => e,
             Bound::Unbounded => self.len,
         };
-        SymSlice { buf: self, start, end }
+        SymSlice {
+            buf: self,
+            start,
+            end,
+        }
     }
 
     pub(crate) fn check(&self, ctx: &Inner) -> Result<()> {
@@ -221,7 +243,13 @@ impl Context {
         let mut heap = self.inner.heap.lock().unwrap_or_else(|e| e.into_inner());
         let mut d = Desc::new(OpKind::Alloc);
         d.dtype = Some(T::DTYPE);
-        d.args = [bytes.map_or(u64::MAX, |b| b as u64), heap.allocs, heap.live_count, heap.live_hash, len as u64];
+        d.args = [
+            bytes.map_or(u64::MAX, |b| b as u64),
+            heap.allocs,
+            heap.live_count,
+            heap.live_hash,
+            len as u64,
+        ];
         let too_big = bytes.is_none().then(|| Error::HeapExhausted {
             requested: usize::MAX,
             largest_free: 0,
@@ -237,7 +265,13 @@ impl Context {
         let serial = heap.allocs;
         let offset = heap.alloc(bytes.unwrap_or(usize::MAX))?;
         drop(heap);
-        Ok(SymmetricBuffer { ctx: self.inner.clone(), offset, len, serial, _t: PhantomData })
+        Ok(SymmetricBuffer {
+            ctx: self.inner.clone(),
+            offset,
+            len,
+            serial,
+            _t: PhantomData,
+        })
     }
 
     /// Allocates `len` zeroed elements of `T` on every PE.

@@ -32,7 +32,10 @@ impl Addr {
 }
 
 fn overlap(a: Region, b: Region, elem: usize) -> bool {
-    a.offset < b.offset + b.len * elem && b.offset < a.offset + a.len * elem && a.len > 0 && b.len > 0
+    a.offset < b.offset + b.len * elem
+        && b.offset < a.offset + a.len * elem
+        && a.len > 0
+        && b.len > 0
 }
 
 /// What a collective needs checked before the exchange.
@@ -46,7 +49,10 @@ struct Call<'a, 'b, T: Element> {
 
 impl Team {
     fn pe_ptr<T>(&self, member: usize, offset: usize) -> *mut T {
-        self.ctx.host.heap_ptr(self.state.members[member], offset).cast()
+        self.ctx
+            .host
+            .heap_ptr(self.state.members[member], offset)
+            .cast()
     }
 
     /// Checks the call locally, exchanges descriptors with the team, and
@@ -54,21 +60,33 @@ impl Team {
     /// and says whether this PE's side is its own block of the other buffer
     /// (in-place all-gather and reduce-scatter), which differs by PE and is
     /// so left out of the comparison.
-    fn begin<T: Element>(&self, call: Call<'_, '_, T>, shape: impl Fn(Region, Region) -> Result<bool>) -> Result<(Region, Region)> {
+    fn begin<T: Element>(
+        &self,
+        call: Call<'_, '_, T>,
+        shape: impl Fn(Region, Region) -> Result<bool>,
+    ) -> Result<(Region, Region)> {
         self.check()?;
         let local = (|| {
             let d = call.dst.region(&self.ctx)?;
             let s = call.src.region(&self.ctx)?;
             if let Some(op) = call.op {
                 if !op.supports(T::DTYPE) {
-                    return Err(Error::UnsupportedOp { op: op.name(), dtype: T::DTYPE.name() });
+                    return Err(Error::UnsupportedOp {
+                        op: op.name(),
+                        dtype: T::DTYPE.name(),
+                    });
                 }
             }
             if call.root >= self.n_pes() {
-                return Err(Error::PeOutOfRange { pe: call.root, n_pes: self.n_pes() });
+                return Err(Error::PeOutOfRange {
+                    pe: call.root,
+                    n_pes: self.n_pes(),
+                });
             }
             let own_block = shape(s, d).map_err(|e| match e {
-                Error::LengthMismatch(m) => Error::LengthMismatch(format!("{}: {m}", call.kind.name())),
+                Error::LengthMismatch(m) => {
+                    Error::LengthMismatch(format!("{}: {m}", call.kind.name()))
+                }
                 Error::Invalid(m) => Error::Invalid(format!("{}: {m}", call.kind.name())),
                 e => e,
             })?;
@@ -78,9 +96,19 @@ impl Team {
         desc.dtype = Some(T::DTYPE);
         desc.op = call.op;
         if let Ok((d, s, own_block)) = &local {
-            desc.args = [s.offset as u64, s.len as u64, d.offset as u64, d.len as u64, call.root as u64];
+            desc.args = [
+                s.offset as u64,
+                s.len as u64,
+                d.offset as u64,
+                d.len as u64,
+                call.root as u64,
+            ];
             if *own_block {
-                let per_pe = if call.kind == OpKind::ReduceScatter { 2 } else { 0 };
+                let per_pe = if call.kind == OpKind::ReduceScatter {
+                    2
+                } else {
+                    0
+                };
                 desc.args[per_pe] = u64::MAX;
             }
         }
@@ -100,10 +128,19 @@ impl Team {
         root: usize,
         _stream: &Stream,
     ) -> Result<()> {
-        let call = Call { kind: OpKind::Broadcast, dst: dst.into(), src: src.into(), op: None, root };
+        let call = Call {
+            kind: OpKind::Broadcast,
+            dst: dst.into(),
+            src: src.into(),
+            op: None,
+            root,
+        };
         let (d, s) = self.begin(call, |s, d| {
             if s.len != d.len {
-                return Err(Error::LengthMismatch(format!("src has {} elements, dst {}", s.len, d.len)));
+                return Err(Error::LengthMismatch(format!(
+                    "src has {} elements, dst {}",
+                    s.len, d.len
+                )));
             }
             Ok(false)
         })?;
@@ -129,15 +166,29 @@ impl Team {
     ) -> Result<()> {
         let n = self.n_pes();
         let me = self.my_pe();
-        let call = Call { kind: OpKind::AllGather, dst: dst.into(), src: src.into(), op: None, root: 0 };
+        let call = Call {
+            kind: OpKind::AllGather,
+            dst: dst.into(),
+            src: src.into(),
+            op: None,
+            root: 0,
+        };
         let elem = size_of::<T>();
-        let mine = |d: Region, s: Region| Region { offset: d.offset + me * s.len * elem, len: s.len };
+        let mine = |d: Region, s: Region| Region {
+            offset: d.offset + me * s.len * elem,
+            len: s.len,
+        };
         let (d, s) = self.begin(call, |s, d| {
             if d.len != s.len * n {
-                return Err(Error::LengthMismatch(format!("dst has {} elements, expected {n} × {}", d.len, s.len)));
+                return Err(Error::LengthMismatch(format!(
+                    "dst has {} elements, expected {n} × {}",
+                    d.len, s.len
+                )));
             }
             if overlap(d, s, elem) && s != mine(d, s) {
-                return Err(Error::Invalid("src overlaps dst but is not this PE's block of it".into()));
+                return Err(Error::Invalid(
+                    "src overlaps dst but is not this PE's block of it".into(),
+                ));
             }
             Ok(s == mine(d, s) && n > 1)
         })?;
@@ -147,11 +198,17 @@ impl Team {
         self.ctx.pool.install(|| {
             blocks.par_iter().for_each(|&j| {
                 // In place, member j's src is its own block j of dst.
-                let src_offset = if in_place { d.offset + j * s.len * elem } else { s.offset };
+                let src_offset = if in_place {
+                    d.offset + j * s.len * elem
+                } else {
+                    s.offset
+                };
                 let from: *const T = self.pe_ptr(j, src_offset);
                 // SAFETY: block j of this PE's dst and member j's src are
                 // checked regions; nobody writes either until the closing barrier.
-                unsafe { std::ptr::copy_nonoverlapping(from, dst_addr.ptr::<T>().add(j * s.len), s.len) };
+                unsafe {
+                    std::ptr::copy_nonoverlapping(from, dst_addr.ptr::<T>().add(j * s.len), s.len)
+                };
             })
         });
         self.raw_barrier()
@@ -168,14 +225,25 @@ impl Team {
         op: ReduceOp,
         _stream: &Stream,
     ) -> Result<()> {
-        let call = Call { kind: OpKind::AllReduce, dst: dst.into(), src: src.into(), op: Some(op), root: 0 };
+        let call = Call {
+            kind: OpKind::AllReduce,
+            dst: dst.into(),
+            src: src.into(),
+            op: Some(op),
+            root: 0,
+        };
         let elem = size_of::<T>();
         let (d, s) = self.begin(call, |s, d| {
             if s.len != d.len {
-                return Err(Error::LengthMismatch(format!("src has {} elements, dst {}", s.len, d.len)));
+                return Err(Error::LengthMismatch(format!(
+                    "src has {} elements, dst {}",
+                    s.len, d.len
+                )));
             }
             if overlap(d, s, elem) && d != s {
-                return Err(Error::Invalid("src and dst overlap without being the same slice".into()));
+                return Err(Error::Invalid(
+                    "src and dst overlap without being the same slice".into(),
+                ));
             }
             Ok(false)
         })?;
@@ -202,7 +270,13 @@ impl Team {
             self.raw_barrier()?; // everyone has read block i of every src
             self.write_local(d.offset + lo * elem, &tmp);
         } else {
-            self.reduce_into::<T>(self.pe_ptr::<T>(self.my_pe(), d.offset + lo * elem), s.offset, lo, hi - lo, op);
+            self.reduce_into::<T>(
+                self.pe_ptr::<T>(self.my_pe(), d.offset + lo * elem),
+                s.offset,
+                lo,
+                hi - lo,
+                op,
+            );
         }
         self.raw_barrier()?; // every block is reduced
         let dst_addr = Addr::of(self.pe_ptr::<T>(self.my_pe(), d.offset));
@@ -213,7 +287,9 @@ impl Team {
                 let from: *const T = self.pe_ptr(j, d.offset + lo * elem);
                 // SAFETY: block j of member j's dst is final until the closing
                 // barrier; block j of this PE's dst is written only here.
-                unsafe { std::ptr::copy_nonoverlapping(from, dst_addr.ptr::<T>().add(lo), hi - lo) };
+                unsafe {
+                    std::ptr::copy_nonoverlapping(from, dst_addr.ptr::<T>().add(lo), hi - lo)
+                };
             })
         });
         self.raw_barrier()
@@ -233,14 +309,28 @@ impl Team {
         let n = self.n_pes();
         let me = self.my_pe();
         let elem = size_of::<T>();
-        let call = Call { kind: OpKind::ReduceScatter, dst: dst.into(), src: src.into(), op: Some(op), root: 0 };
+        let call = Call {
+            kind: OpKind::ReduceScatter,
+            dst: dst.into(),
+            src: src.into(),
+            op: Some(op),
+            root: 0,
+        };
         let (d, s) = self.begin(call, |s, d| {
             if s.len != d.len * n {
-                return Err(Error::LengthMismatch(format!("src has {} elements, expected {n} × {}", s.len, d.len)));
+                return Err(Error::LengthMismatch(format!(
+                    "src has {} elements, expected {n} × {}",
+                    s.len, d.len
+                )));
             }
-            let mine = Region { offset: s.offset + me * d.len * elem, len: d.len };
+            let mine = Region {
+                offset: s.offset + me * d.len * elem,
+                len: d.len,
+            };
             if overlap(d, s, elem) && d != mine {
-                return Err(Error::Invalid("dst overlaps src but is not this PE's block of it".into()));
+                return Err(Error::Invalid(
+                    "dst overlaps src but is not this PE's block of it".into(),
+                ));
             }
             Ok(d == mine && n > 1)
         })?;
@@ -269,7 +359,13 @@ impl Team {
     ) -> Result<()> {
         let n = self.n_pes();
         let elem = size_of::<T>();
-        let call = Call { kind: OpKind::AllToAll, dst: dst.into(), src: src.into(), op: None, root: 0 };
+        let call = Call {
+            kind: OpKind::AllToAll,
+            dst: dst.into(),
+            src: src.into(),
+            op: None,
+            root: 0,
+        };
         let (d, s) = self.begin(call, |s, d| {
             if s.len != d.len || s.len % n != 0 {
                 return Err(Error::LengthMismatch(format!(
@@ -278,15 +374,25 @@ impl Team {
                 )));
             }
             if overlap(d, s, elem) && d != s {
-                return Err(Error::Invalid("src and dst overlap without being the same slice".into()));
+                return Err(Error::Invalid(
+                    "src and dst overlap without being the same slice".into(),
+                ));
             }
             Ok(false)
         })?;
         let c = d.len / n;
         let me = self.my_pe();
         let in_place = overlap(d, s, elem);
-        let mut tmp = if in_place { vec_for::<T>(d.len) } else { Vec::new() };
-        let out = Addr::of(if in_place { tmp.as_mut_ptr() } else { self.pe_ptr::<T>(me, d.offset) });
+        let mut tmp = if in_place {
+            vec_for::<T>(d.len)
+        } else {
+            Vec::new()
+        };
+        let out = Addr::of(if in_place {
+            tmp.as_mut_ptr()
+        } else {
+            self.pe_ptr::<T>(me, d.offset)
+        });
         self.ctx.pool.install(|| {
             (0..n).into_par_iter().for_each(|j| {
                 let from: *const T = self.pe_ptr(j, s.offset + me * c * elem);
@@ -303,10 +409,18 @@ impl Team {
     }
 
     /// `out[i] = op over members m of src_m[lo + i]`, for `i < len`, in team order.
-    fn reduce_into<T: Element>(&self, out: *mut T, src_offset: usize, lo: usize, len: usize, op: ReduceOp) {
+    fn reduce_into<T: Element>(
+        &self,
+        out: *mut T,
+        src_offset: usize,
+        lo: usize,
+        len: usize,
+        op: ReduceOp,
+    ) {
         let elem = size_of::<T>();
-        let inputs: Vec<Addr> =
-            (0..self.n_pes()).map(|m| Addr::of(self.pe_ptr::<T>(m, src_offset + lo * elem))).collect();
+        let inputs: Vec<Addr> = (0..self.n_pes())
+            .map(|m| Addr::of(self.pe_ptr::<T>(m, src_offset + lo * elem)))
+            .collect();
         let out = Addr::of(out);
         let tasks = len.div_ceil(CHUNK);
         let body = |t: usize| {
@@ -328,23 +442,27 @@ impl Team {
         if tasks <= 1 {
             (0..tasks).for_each(body);
         } else {
-            self.ctx.pool.install(|| (0..tasks).into_par_iter().for_each(body));
+            self.ctx
+                .pool
+                .install(|| (0..tasks).into_par_iter().for_each(body));
         }
     }
 
     fn write_local<T: Element>(&self, offset: usize, data: &[T]) {
         // SAFETY: `offset` begins a checked region of `data.len()` elements in
         // this PE's heap, which no peer reads until the next barrier.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.pe_ptr::<T>(self.my_pe(), offset), data.len()) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                self.pe_ptr::<T>(self.my_pe(), offset),
+                data.len(),
+            )
+        };
     }
 }
 
 fn vec_for<T: Element>(len: usize) -> Vec<T> {
-    let mut v = Vec::with_capacity(len);
-    // SAFETY: T is plain data (Element) and every element is written by the
-    // caller before it is read.
-    unsafe { v.set_len(len) };
-    v
+    crate::dtype::zeroed_vec(len)
 }
 
 /// The world team's collectives.
@@ -423,7 +541,12 @@ impl Context {
     /// `None` on PEs outside it.
     ///
     /// # Collective
-    pub fn team_split_strided(&self, start: usize, stride: usize, size: usize) -> Result<Option<Team>> {
+    pub fn team_split_strided(
+        &self,
+        start: usize,
+        stride: usize,
+        size: usize,
+    ) -> Result<Option<Team>> {
         self.world().split_strided(start, stride, size)
     }
 }

@@ -142,7 +142,10 @@ fn agree_ok(boot: &mut Bootstrap, mine: Result<Vec<u8>>, step: &str) -> Result<V
 
 impl Context {
     pub(crate) fn start(config: Config) -> Result<Context> {
-        if LIVE.compare_exchange(0, STARTING, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+        if LIVE
+            .compare_exchange(0, STARTING, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
             return Err(Error::AlreadyInitialized);
         }
         let result = Self::start_inner(config);
@@ -166,17 +169,32 @@ impl Context {
         let mut boot = Bootstrap::from_env(config.peer_timeout)?;
         let (me, n) = (boot.rank(), boot.size());
 
-        let hello = Hello { host: hostname(), pid: std::process::id(), heap_size: heap_size as u64 };
-        let hellos: Vec<Hello> =
-            boot.allgather(&hello.encode())?.iter().map(|b| Hello::decode(b)).collect::<Result<_>>()?;
+        let hello = Hello {
+            host: hostname(),
+            pid: std::process::id(),
+            heap_size: heap_size as u64,
+        };
+        let hellos: Vec<Hello> = boot
+            .allgather(&hello.encode())?
+            .iter()
+            .map(|b| Hello::decode(b))
+            .collect::<Result<_>>()?;
         // Every PE sees the same hellos, so every PE reaches the same verdicts.
-        if let Some((pe, h)) = hellos.iter().enumerate().find(|(_, h)| h.heap_size != hellos[0].heap_size) {
+        if let Some((pe, h)) = hellos
+            .iter()
+            .enumerate()
+            .find(|(_, h)| h.heap_size != hellos[0].heap_size)
+        {
             return Err(Error::config(format!(
                 "heap size differs across PEs: PE 0 asked for {} bytes, PE {pe} for {} bytes",
                 hellos[0].heap_size, h.heap_size
             )));
         }
-        if let Some((pe, h)) = hellos.iter().enumerate().find(|(_, h)| h.host != hellos[0].host) {
+        if let Some((pe, h)) = hellos
+            .iter()
+            .enumerate()
+            .find(|(_, h)| h.host != hellos[0].host)
+        {
             return Err(Error::BackendUnavailable(format!(
                 "the host backend needs every PE on one node, but PE 0 runs on {} and PE {pe} on {}",
                 hellos[0].host, h.host
@@ -185,10 +203,17 @@ impl Context {
         let local_rank = hellos[..me].iter().filter(|h| h.host == hello.host).count();
         let local_size = hellos.iter().filter(|h| h.host == hello.host).count();
 
-        let total = host::object_size(n, heap_size)
-            .ok_or_else(|| Error::config(format!("{n} heaps of {heap_size} bytes overflow the address space")))?;
+        let total = host::object_size(n, heap_size).ok_or_else(|| {
+            Error::config(format!(
+                "{n} heaps of {heap_size} bytes overflow the address space"
+            ))
+        })?;
         // PE 0 names and creates the object; the name travels with its "ok".
-        let name = format!("/shmem-{}-{:x}", hellos[0].pid, NEXT_ID.load(Ordering::Relaxed) ^ nanos());
+        let name = format!(
+            "/shmem-{}-{:x}",
+            hellos[0].pid,
+            NEXT_ID.load(Ordering::Relaxed) ^ nanos()
+        );
         let created = if me == 0 {
             match shm::shm_space_available() {
                 Some(free) if (free as u128) < total as u128 => Err(Error::config(format!(
@@ -228,9 +253,11 @@ impl Context {
         boot.close();
 
         let members: Vec<usize> = (0..n).collect();
-        let node_members: Vec<usize> =
-            (0..n).filter(|&pe| hellos[pe].host == hello.host).collect();
-        let threads = std::thread::available_parallelism().map_or(1, |c| c.get()).div_ceil(local_size).max(1);
+        let node_members: Vec<usize> = (0..n).filter(|&pe| hellos[pe].host == hello.host).collect();
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |c| c.get())
+            .div_ceil(local_size)
+            .max(1);
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(move |i| format!("shmem-pe{me}-{i}"))
@@ -253,7 +280,9 @@ impl Context {
             pool,
             _bootstrap: Mutex::new(boot),
         };
-        Ok(Context { inner: Arc::new(inner) })
+        Ok(Context {
+            inner: Arc::new(inner),
+        })
     }
 
     /// This PE's number in the world, `0..n_pes()`.
@@ -288,7 +317,11 @@ impl Context {
 
     /// Bytes of this PE's heap in use by live buffers.
     pub fn heap_used(&self) -> usize {
-        self.inner.heap.lock().unwrap_or_else(|e| e.into_inner()).used()
+        self.inner
+            .heap
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .used()
     }
 
     /// A stream to order operations on (see [`Stream`]).

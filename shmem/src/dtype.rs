@@ -134,7 +134,9 @@ mod sealed {
 /// Implementors are plain data: `Copy`, no padding, every bit pattern a valid
 /// value, and `DTYPE.size() == size_of::<Self>()`. The trait is sealed; the
 /// crate implements it for the eight element types of [`DType`].
-pub unsafe trait Element: sealed::Sealed + Copy + Send + Sync + PartialEq + fmt::Debug + 'static {
+pub unsafe trait Element:
+    sealed::Sealed + Copy + Send + Sync + PartialEq + fmt::Debug + 'static
+{
     /// The runtime tag of this type.
     const DTYPE: DType;
     /// The type reductions accumulate in (`f32` for the 16-bit floats).
@@ -217,6 +219,13 @@ int_element!(i32, DType::I32);
 int_element!(i64, DType::I64);
 int_element!(u32, DType::U32);
 int_element!(u64, DType::U64);
+
+/// `len` zero elements.
+pub(crate) fn zeroed_vec<T: Element>(len: usize) -> Vec<T> {
+    // SAFETY: all-zero bits are a valid value of every Element type (plain
+    // data; see the trait's contract).
+    vec![unsafe { std::mem::zeroed::<T>() }; len]
+}
 
 /// Integer element types that symmetric atomics operate on.
 ///

@@ -53,7 +53,8 @@ impl Cmp {
 /// done as one `memmove`.
 unsafe fn copy_bytes(pool: &rayon::ThreadPool, dst: *mut u8, src: *const u8, bytes: usize) {
     const CHUNK: usize = 1 << 20;
-    let overlap = (dst as usize) < (src as usize + bytes) && (src as usize) < (dst as usize + bytes);
+    let overlap =
+        (dst as usize) < (src as usize + bytes) && (src as usize) < (dst as usize + bytes);
     if bytes < 4 * CHUNK || overlap || pool.current_num_threads() == 1 {
         // SAFETY: the caller's contract; `copy` tolerates overlap.
         unsafe { std::ptr::copy(src, dst, bytes) };
@@ -65,7 +66,9 @@ unsafe fn copy_bytes(pool: &rayon::ThreadPool, dst: *mut u8, src: *const u8, byt
             let off = i * CHUNK;
             let n = CHUNK.min(bytes - off);
             // SAFETY: disjoint chunks of non-overlapping ranges valid for `bytes`.
-            unsafe { std::ptr::copy_nonoverlapping((s + off) as *const u8, (d + off) as *mut u8, n) };
+            unsafe {
+                std::ptr::copy_nonoverlapping((s + off) as *const u8, (d + off) as *mut u8, n)
+            };
         })
     });
 }
@@ -73,18 +76,33 @@ unsafe fn copy_bytes(pool: &rayon::ThreadPool, dst: *mut u8, src: *const u8, byt
 impl Context {
     fn check_pe(&self, pe: usize) -> Result<()> {
         if pe >= self.inner.n {
-            return Err(Error::PeOutOfRange { pe, n_pes: self.inner.n });
+            return Err(Error::PeOutOfRange {
+                pe,
+                n_pes: self.inner.n,
+            });
         }
         Ok(())
     }
 
-    fn element_ptr<T: Element>(&self, buf: &SymmetricBuffer<T>, index: usize, pe: usize) -> Result<*mut T> {
+    fn element_ptr<T: Element>(
+        &self,
+        buf: &SymmetricBuffer<T>,
+        index: usize,
+        pe: usize,
+    ) -> Result<*mut T> {
         self.check_pe(pe)?;
         buf.check(&self.inner)?;
         if index >= buf.len {
-            return Err(Error::IndexOutOfBounds { index, len: buf.len });
+            return Err(Error::IndexOutOfBounds {
+                index,
+                len: buf.len,
+            });
         }
-        Ok(self.inner.host.heap_ptr(pe, buf.offset + index * size_of::<T>()).cast())
+        Ok(self
+            .inner
+            .host
+            .heap_ptr(pe, buf.offset + index * size_of::<T>())
+            .cast())
     }
 
     /// Copies this PE's `src` into `pe`'s copy of `dst`; returns when done.
@@ -131,7 +149,13 @@ impl Context {
         self.get(dst, src, pe, stream)
     }
 
-    fn transfer<T: Element>(&self, dst: SymSlice<'_, T>, src: SymSlice<'_, T>, pe: usize, put: bool) -> Result<()> {
+    fn transfer<T: Element>(
+        &self,
+        dst: SymSlice<'_, T>,
+        src: SymSlice<'_, T>,
+        pe: usize,
+        put: bool,
+    ) -> Result<()> {
         self.check_pe(pe)?;
         let d = dst.region(&self.inner)?;
         let s = src.region(&self.inner)?;
@@ -144,7 +168,11 @@ impl Context {
             )));
         }
         let host = &self.inner.host;
-        let (dst_pe, src_pe) = if put { (pe, self.inner.me) } else { (self.inner.me, pe) };
+        let (dst_pe, src_pe) = if put {
+            (pe, self.inner.me)
+        } else {
+            (self.inner.me, pe)
+        };
         // SAFETY: both regions were checked to lie inside their heaps; the
         // program orders this access against others to the same memory.
         unsafe {
@@ -159,7 +187,14 @@ impl Context {
     }
 
     /// Writes one element into `pe`'s copy of `dst` (NVSHMEM's `p`).
-    pub fn p<T: Element>(&self, dst: &SymmetricBuffer<T>, index: usize, value: T, pe: usize, _stream: &Stream) -> Result<()> {
+    pub fn p<T: Element>(
+        &self,
+        dst: &SymmetricBuffer<T>,
+        index: usize,
+        value: T,
+        pe: usize,
+        _stream: &Stream,
+    ) -> Result<()> {
         let p = self.element_ptr(dst, index, pe)?;
         // SAFETY: an aligned element inside `pe`'s heap (checked); volatile
         // because other processes read it.
@@ -168,7 +203,13 @@ impl Context {
     }
 
     /// Reads one element of `pe`'s copy of `src` (NVSHMEM's `g`).
-    pub fn g<T: Element>(&self, src: &SymmetricBuffer<T>, index: usize, pe: usize, _stream: &Stream) -> Result<T> {
+    pub fn g<T: Element>(
+        &self,
+        src: &SymmetricBuffer<T>,
+        index: usize,
+        pe: usize,
+        _stream: &Stream,
+    ) -> Result<T> {
         let p = self.element_ptr(src, index, pe)?;
         // SAFETY: as in `p`.
         Ok(unsafe { p.read_volatile() })
@@ -187,7 +228,12 @@ impl Context {
         Ok(())
     }
 
-    fn signal_cell<'s>(&self, signal: &'s SymmetricBuffer<u64>, index: usize, pe: usize) -> Result<&'s AtomicU64> {
+    fn signal_cell<'s>(
+        &self,
+        signal: &'s SymmetricBuffer<u64>,
+        index: usize,
+        pe: usize,
+    ) -> Result<&'s AtomicU64> {
         let p = self.element_ptr(signal, index, pe)?;
         // SAFETY: an aligned u64 inside a mapping that lives as long as the
         // buffer (it holds the context); AtomicU64 has u64's layout.
@@ -238,7 +284,15 @@ impl Context {
     }
 
     /// Updates `pe`'s `signal[sig_index]` with no data.
-    pub fn signal_op(&self, signal: &SymmetricBuffer<u64>, sig_index: usize, value: u64, op: SignalOp, pe: usize, _stream: &Stream) -> Result<()> {
+    pub fn signal_op(
+        &self,
+        signal: &SymmetricBuffer<u64>,
+        sig_index: usize,
+        value: u64,
+        op: SignalOp,
+        pe: usize,
+        _stream: &Stream,
+    ) -> Result<()> {
         let cell = self.signal_cell(signal, sig_index, pe)?;
         match op {
             SignalOp::Set => cell.store(value, Ordering::SeqCst),
@@ -250,7 +304,12 @@ impl Context {
     }
 
     /// This PE's `signal[index]`.
-    pub fn signal_fetch(&self, signal: &SymmetricBuffer<u64>, index: usize, _stream: &Stream) -> Result<u64> {
+    pub fn signal_fetch(
+        &self,
+        signal: &SymmetricBuffer<u64>,
+        index: usize,
+        _stream: &Stream,
+    ) -> Result<u64> {
         let me = self.inner.me;
         // Acquire: data put before the signal is visible after this load.
         Ok(self.signal_cell(signal, index, me)?.load(Ordering::Acquire))
@@ -259,7 +318,14 @@ impl Context {
     /// Waits until this PE's `signal[index] cmp value` holds; returns the
     /// signal's value then. Fails if a peer dies, or every peer leaves,
     /// while waiting.
-    pub fn signal_wait_until(&self, signal: &SymmetricBuffer<u64>, index: usize, cmp: Cmp, value: u64, _stream: &Stream) -> Result<u64> {
+    pub fn signal_wait_until(
+        &self,
+        signal: &SymmetricBuffer<u64>,
+        index: usize,
+        cmp: Cmp,
+        value: u64,
+        _stream: &Stream,
+    ) -> Result<u64> {
         let me = self.inner.me;
         let cell = self.signal_cell(signal, index, me)?;
         let mut seen = 0;
@@ -274,7 +340,13 @@ impl Context {
         Ok(seen)
     }
 
-    fn atomic<T: AtomicElement>(&self, buf: &SymmetricBuffer<T>, index: usize, pe: usize, op: AtomicOp<T>) -> Result<T> {
+    fn atomic<T: AtomicElement>(
+        &self,
+        buf: &SymmetricBuffer<T>,
+        index: usize,
+        pe: usize,
+        op: AtomicOp<T>,
+    ) -> Result<T> {
         let p = self.element_ptr(buf, index, pe)?;
         // SAFETY: an aligned element inside the mapping, which outlives the
         // borrow of `buf`; `T::Atomic` has T's layout.
@@ -283,17 +355,37 @@ impl Context {
     }
 
     /// Reads `pe`'s `buf[index]` atomically.
-    pub fn atomic_fetch<T: AtomicElement>(&self, buf: &SymmetricBuffer<T>, index: usize, pe: usize, _s: &Stream) -> Result<T> {
+    pub fn atomic_fetch<T: AtomicElement>(
+        &self,
+        buf: &SymmetricBuffer<T>,
+        index: usize,
+        pe: usize,
+        _s: &Stream,
+    ) -> Result<T> {
         self.atomic(buf, index, pe, AtomicOp::Fetch)
     }
 
     /// Writes `pe`'s `buf[index]` atomically.
-    pub fn atomic_set<T: AtomicElement>(&self, buf: &SymmetricBuffer<T>, index: usize, value: T, pe: usize, _s: &Stream) -> Result<()> {
+    pub fn atomic_set<T: AtomicElement>(
+        &self,
+        buf: &SymmetricBuffer<T>,
+        index: usize,
+        value: T,
+        pe: usize,
+        _s: &Stream,
+    ) -> Result<()> {
         self.atomic(buf, index, pe, AtomicOp::Set(value)).map(drop)
     }
 
     /// Swaps in `value`; returns the old value.
-    pub fn atomic_swap<T: AtomicElement>(&self, buf: &SymmetricBuffer<T>, index: usize, value: T, pe: usize, _s: &Stream) -> Result<T> {
+    pub fn atomic_swap<T: AtomicElement>(
+        &self,
+        buf: &SymmetricBuffer<T>,
+        index: usize,
+        value: T,
+        pe: usize,
+        _s: &Stream,
+    ) -> Result<T> {
         self.atomic(buf, index, pe, AtomicOp::Swap(value))
     }
 
@@ -311,27 +403,63 @@ impl Context {
     }
 
     /// Adds `value` (wrapping); returns the old value.
-    pub fn atomic_fetch_add<T: AtomicElement>(&self, buf: &SymmetricBuffer<T>, index: usize, value: T, pe: usize, _s: &Stream) -> Result<T> {
+    pub fn atomic_fetch_add<T: AtomicElement>(
+        &self,
+        buf: &SymmetricBuffer<T>,
+        index: usize,
+        value: T,
+        pe: usize,
+        _s: &Stream,
+    ) -> Result<T> {
         self.atomic(buf, index, pe, AtomicOp::FetchAdd(value))
     }
 
     /// Adds `value` (wrapping).
-    pub fn atomic_add<T: AtomicElement>(&self, buf: &SymmetricBuffer<T>, index: usize, value: T, pe: usize, _s: &Stream) -> Result<()> {
-        self.atomic(buf, index, pe, AtomicOp::FetchAdd(value)).map(drop)
+    pub fn atomic_add<T: AtomicElement>(
+        &self,
+        buf: &SymmetricBuffer<T>,
+        index: usize,
+        value: T,
+        pe: usize,
+        _s: &Stream,
+    ) -> Result<()> {
+        self.atomic(buf, index, pe, AtomicOp::FetchAdd(value))
+            .map(drop)
     }
 
     /// Bitwise and; returns the old value.
-    pub fn atomic_fetch_and<T: AtomicElement>(&self, buf: &SymmetricBuffer<T>, index: usize, value: T, pe: usize, _s: &Stream) -> Result<T> {
+    pub fn atomic_fetch_and<T: AtomicElement>(
+        &self,
+        buf: &SymmetricBuffer<T>,
+        index: usize,
+        value: T,
+        pe: usize,
+        _s: &Stream,
+    ) -> Result<T> {
         self.atomic(buf, index, pe, AtomicOp::FetchAnd(value))
     }
 
     /// Bitwise or; returns the old value.
-    pub fn atomic_fetch_or<T: AtomicElement>(&self, buf: &SymmetricBuffer<T>, index: usize, value: T, pe: usize, _s: &Stream) -> Result<T> {
+    pub fn atomic_fetch_or<T: AtomicElement>(
+        &self,
+        buf: &SymmetricBuffer<T>,
+        index: usize,
+        value: T,
+        pe: usize,
+        _s: &Stream,
+    ) -> Result<T> {
         self.atomic(buf, index, pe, AtomicOp::FetchOr(value))
     }
 
     /// Bitwise xor; returns the old value.
-    pub fn atomic_fetch_xor<T: AtomicElement>(&self, buf: &SymmetricBuffer<T>, index: usize, value: T, pe: usize, _s: &Stream) -> Result<T> {
+    pub fn atomic_fetch_xor<T: AtomicElement>(
+        &self,
+        buf: &SymmetricBuffer<T>,
+        index: usize,
+        value: T,
+        pe: usize,
+        _s: &Stream,
+    ) -> Result<T> {
         self.atomic(buf, index, pe, AtomicOp::FetchXor(value))
     }
 }

@@ -7,7 +7,7 @@
 //! Three ways in, chosen from the environment:
 //! - `shmemrun` (or [`crate::launch`]) sets `SHMEM_RANK`, `SHMEM_WORLD_SIZE`,
 //!   `SHMEM_LOCAL_RANK`, `SHMEM_LOCAL_SIZE` and `SHMEM_RENDEZVOUS`
-//!   (`127.0.0.1:port` of the launcher's rendezvous server): [`tcp`];
+//!   (`127.0.0.1:port` of the launcher's rendezvous server);
 //! - `mpirun`/`srun` (feature `mpi`): rank and size from MPI;
 //! - neither: a world of one PE.
 
@@ -47,9 +47,15 @@ pub(crate) enum Bootstrap {
 
 /// Whether this process looks like one rank of an MPI job.
 pub(crate) fn started_by_mpi() -> bool {
-    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS", "SLURM_STEP_NUM_TASKS"]
-        .iter()
-        .any(|v| std::env::var_os(v).is_some())
+    [
+        "OMPI_COMM_WORLD_SIZE",
+        "PMI_SIZE",
+        "PMIX_RANK",
+        "MPI_LOCALNRANKS",
+        "SLURM_STEP_NUM_TASKS",
+    ]
+    .iter()
+    .any(|v| std::env::var_os(v).is_some())
 }
 
 /// Whether this process was started as one PE of a job (by any launcher).

@@ -20,7 +20,8 @@ unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
 fn c_name(name: &str) -> Result<CString> {
-    CString::new(name).map_err(|_| Error::config(format!("shared-memory name {name:?} contains a NUL")))
+    CString::new(name)
+        .map_err(|_| Error::config(format!("shared-memory name {name:?} contains a NUL")))
 }
 
 impl Mapping {
@@ -29,14 +30,22 @@ impl Mapping {
         let cname = c_name(name)?;
         // SAFETY: `cname` is a valid C string; the flags ask for a new object.
         let fd = unsafe {
-            libc::shm_open(cname.as_ptr(), libc::O_CREAT | libc::O_EXCL | libc::O_RDWR, 0o600)
+            libc::shm_open(
+                cname.as_ptr(),
+                libc::O_CREAT | libc::O_EXCL | libc::O_RDWR,
+                0o600,
+            )
         };
         if fd < 0 {
             return Err(Error::os("shm_open(create)"));
         }
         // SAFETY: `fd` is the descriptor just opened.
         let sized = unsafe { libc::ftruncate(fd, len as libc::off_t) };
-        let result = if sized != 0 { Err(Error::os("ftruncate")) } else { Self::map(fd, len) };
+        let result = if sized != 0 {
+            Err(Error::os("ftruncate"))
+        } else {
+            Self::map(fd, len)
+        };
         // SAFETY: `fd` is ours; the mapping (if any) keeps the object alive.
         unsafe { libc::close(fd) };
         if result.is_err() {
@@ -128,6 +137,6 @@ pub(crate) fn shm_space_available() -> Option<u64> {
     ok.then(|| {
         // SAFETY: statvfs succeeded and filled `st`.
         let st = unsafe { st.assume_init() };
-        st.f_bavail as u64 * st.f_frsize as u64
+        (st.f_bavail as u128 * st.f_frsize as u128).min(u64::MAX as u128) as u64
     })
 }
