@@ -29,7 +29,7 @@ struct Cli {
     #[arg(short = 'n', long = "np", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     n_pes: u32,
 
-    /// Prefix every output line with the rank of the PE that wrote it ("[2] ...").
+    /// Prefix every output line with the rank of the PE that wrote it (`[2] ...`).
     #[arg(short = 'l', long)]
     tag_output: bool,
 
