@@ -425,19 +425,21 @@ impl Team {
         let tasks = len.div_ceil(CHUNK);
         let body = |t: usize| {
             let start = t * CHUNK;
-            let end = (start + CHUNK).min(len);
-            for i in start..end {
-                // SAFETY: every input holds `len` elements of a checked source
-                // region that no PE writes before the next barrier; `out` holds
-                // `len` elements that only this task writes at these indices.
-                unsafe {
-                    let mut acc = (*inputs[0].ptr::<T>().add(i)).to_acc();
-                    for x in &inputs[1..] {
-                        acc = T::combine(op, acc, (*x.ptr::<T>().add(i)).to_acc());
-                    }
-                    out.ptr::<T>().add(i).write(T::from_acc(acc));
-                }
-            }
+            let n = CHUNK.min(len - start);
+            // SAFETY: every input holds `len` elements of a checked source
+            // region that no PE writes before the next barrier; `out` holds
+            // `len` elements of which only this task writes `start..start+n`.
+            let (ins, out) = unsafe {
+                let ins: Vec<&[T]> = inputs
+                    .iter()
+                    .map(|a| std::slice::from_raw_parts(a.ptr::<T>().add(start).cast_const(), n))
+                    .collect();
+                (
+                    ins,
+                    std::slice::from_raw_parts_mut(out.ptr::<T>().add(start), n),
+                )
+            };
+            reduce_chunk(op, out, &ins);
         };
         if tasks <= 1 {
             (0..tasks).for_each(body);
@@ -458,6 +460,31 @@ impl Team {
                 data.len(),
             )
         };
+    }
+}
+
+/// `out = ins[0] op ins[1] op …`, element-wise. The operator is chosen
+/// once, outside the loops, so each loop is a straight vectorisable pass.
+fn reduce_chunk<T: Element>(op: ReduceOp, out: &mut [T], ins: &[&[T]]) {
+    fn fold<T: Element>(out: &mut [T], ins: &[&[T]], f: impl Fn(T::Acc, T::Acc) -> T::Acc) {
+        let mut acc: Vec<T::Acc> = ins[0].iter().map(|x| x.to_acc()).collect();
+        for input in &ins[1..] {
+            for (a, x) in acc.iter_mut().zip(input.iter()) {
+                *a = f(*a, x.to_acc());
+            }
+        }
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = T::from_acc(a);
+        }
+    }
+    match op {
+        ReduceOp::Sum => fold(out, ins, |a, b| T::combine(ReduceOp::Sum, a, b)),
+        ReduceOp::Min => fold(out, ins, |a, b| T::combine(ReduceOp::Min, a, b)),
+        ReduceOp::Max => fold(out, ins, |a, b| T::combine(ReduceOp::Max, a, b)),
+        ReduceOp::Prod => fold(out, ins, |a, b| T::combine(ReduceOp::Prod, a, b)),
+        ReduceOp::And => fold(out, ins, |a, b| T::combine(ReduceOp::And, a, b)),
+        ReduceOp::Or => fold(out, ins, |a, b| T::combine(ReduceOp::Or, a, b)),
+        ReduceOp::Xor => fold(out, ins, |a, b| T::combine(ReduceOp::Xor, a, b)),
     }
 }
 
