@@ -46,37 +46,13 @@ fn run() -> Res {
     let s = ctx.stream();
     let me = ctx.my_pe();
     if me == 0 {
-        println!(
-            "all_reduce on {} PEs, every element checked exactly:",
-            ctx.n_pes()
-        );
+        println!("all_reduce on {} PEs, every element checked exactly:", ctx.n_pes());
     }
     for len in LENS {
-        check(
-            &ctx,
-            &s,
-            ReduceOp::Sum,
-            len,
-            |pe, i| small(pe, i) as f32,
-            |a, b| a + b,
-        )?;
-        check(
-            &ctx,
-            &s,
-            ReduceOp::Sum,
-            len,
-            |pe, i| bf16::from_f32(small(pe, i) as f32),
-            |a, b| a + b,
-        )?;
+        check(&ctx, &s, ReduceOp::Sum, len, |pe, i| small(pe, i) as f32, |a, b| a + b)?;
+        check(&ctx, &s, ReduceOp::Sum, len, |pe, i| bf16::from_f32(small(pe, i) as f32), |a, b| a + b)?;
         // Full-range values: max is exact whatever they are.
-        check(
-            &ctx,
-            &s,
-            ReduceOp::Max,
-            len,
-            |pe, i| noise(pe, i) as i64,
-            i64::max,
-        )?;
+        check(&ctx, &s, ReduceOp::Max, len, |pe, i| noise(pe, i) as i64, i64::max)?;
     }
     // finalize is a barrier: it fails here if a check failed on another PE.
     ctx.finalize()?;
@@ -111,20 +87,13 @@ fn check<T: Element>(
     let want = |i: usize| (1..n).fold(input(0, i), |acc, pe| combine(acc, input(pe, i)));
     if let Some(i) = (0..len).find(|&i| got[i] != want(i)) {
         let dtype = T::DTYPE;
-        return Err(format!(
-            "PE {me}: {dtype} {op} of {len}: element {i} is {:?}, expected {:?}",
-            got[i],
-            want(i)
-        )
-        .into());
+        return Err(
+            format!("PE {me}: {dtype} {op} of {len}: element {i} is {:?}, expected {:?}", got[i], want(i)).into()
+        );
     }
     if me == 0 {
         let dtype = T::DTYPE.name();
-        println!(
-            "  {dtype:>4} {:<4} {len:>8} elements {:>10.1} µs",
-            op.name(),
-            took.as_secs_f64() * 1e6
-        );
+        println!("  {dtype:>4} {:<4} {len:>8} elements {:>10.1} µs", op.name(), took.as_secs_f64() * 1e6);
     }
     Ok(())
 }

@@ -41,11 +41,7 @@ fn relaunch() -> i32 {
         }
     };
     // kill_on_failure: a PE that fails a check must not leave the others waiting.
-    match Launch::new(PES, exe)
-        .tag_output(true)
-        .kill_on_failure(true)
-        .run()
-    {
+    match Launch::new(PES, exe).tag_output(true).kill_on_failure(true).run() {
         Ok(outcome) => outcome.exit_code(),
         Err(e) => {
             eprintln!("quickstart: launching {PES} PEs failed: {e}");
@@ -58,11 +54,7 @@ fn run() -> Res {
     let ctx = shmem::init()?;
     let s = ctx.stream();
     if ctx.my_pe() == 0 {
-        println!(
-            "shmem quickstart: {} PEs on the {:?} backend",
-            ctx.n_pes(),
-            ctx.backend()
-        );
+        println!("shmem quickstart: {} PEs on the {:?} backend", ctx.n_pes(), ctx.backend());
     }
     ring(&ctx, &s)?;
     all_reduce(&ctx, &s)?;
@@ -81,22 +73,11 @@ fn report(ctx: &Context, what: &str, took: Duration) {
 
 /// Compares this PE's result with `want`, then agrees with the other PEs,
 /// so that PE 0's "ok" speaks for every PE.
-fn verify<T: PartialEq + Debug>(
-    ctx: &Context,
-    s: &Stream,
-    what: &str,
-    got: &[T],
-    want: impl Fn(usize) -> T,
-) -> Res {
+fn verify<T: PartialEq + Debug>(ctx: &Context, s: &Stream, what: &str, got: &[T], want: impl Fn(usize) -> T) -> Res {
     let me = ctx.my_pe();
     let mine: Res = match (0..got.len()).find(|&i| got[i] != want(i)) {
         None => Ok(()),
-        Some(i) => Err(format!(
-            "PE {me}: {what} element {i} is {:?}, expected {:?}",
-            got[i],
-            want(i)
-        )
-        .into()),
+        Some(i) => Err(format!("PE {me}: {what} element {i} is {:?}, expected {:?}", got[i], want(i)).into()),
     };
     let failed = ctx.alloc::<u32>(1)?;
     failed.copy_from_host(&[mine.is_err() as u32], s)?;
@@ -131,11 +112,7 @@ fn ring(ctx: &Context, s: &Stream) -> Res {
     let left = (me + n - 1) % n;
     let got = dst.copy_to_host(s)?;
     verify(ctx, s, "ring", &got, |i| tag(left, i))?;
-    report(
-        ctx,
-        &format!("ring put_signal: {RING_LEN} u64 from the left neighbour"),
-        took,
-    );
+    report(ctx, &format!("ring put_signal: {RING_LEN} u64 from the left neighbour"), took);
     Ok(())
 }
 
@@ -148,39 +125,25 @@ fn all_reduce(ctx: &Context, s: &Stream) -> Res {
     let (me, n) = (ctx.my_pe(), ctx.n_pes());
     let src = ctx.alloc::<f32>(REDUCE_LEN)?;
     let dst = ctx.alloc::<f32>(REDUCE_LEN)?;
-    src.copy_from_host(
-        &(0..REDUCE_LEN)
-            .map(|i| reduce_input(me, i))
-            .collect::<Vec<_>>(),
-        s,
-    )?;
+    src.copy_from_host(&(0..REDUCE_LEN).map(|i| reduce_input(me, i)).collect::<Vec<_>>(), s)?;
 
     ctx.barrier_all(s)?;
     let start = Instant::now();
     ctx.all_reduce(&dst, &src, ReduceOp::Sum, s)?;
     let took = start.elapsed();
     let got = dst.copy_to_host(s)?;
-    verify(ctx, s, "all_reduce", &got, |i| {
-        (0..n).map(|pe| reduce_input(pe, i)).sum::<f32>()
-    })?;
-    report(
-        ctx,
-        &format!("all_reduce sum: {REDUCE_LEN} f32, exact"),
-        took,
-    );
+    verify(ctx, s, "all_reduce", &got, |i| (0..n).map(|pe| reduce_input(pe, i)).sum::<f32>())?;
+    report(ctx, &format!("all_reduce sum: {REDUCE_LEN} f32, exact"), took);
     Ok(())
 }
 
 /// Block `j` of PE `me`'s source goes to PE `j`; element `k` names both ends.
 fn all_to_all(ctx: &Context, s: &Stream) -> Res {
     let (me, n) = (ctx.my_pe(), ctx.n_pes());
-    let a2a =
-        |from: usize, to: usize, k: usize| ((from as u64) << 40) | ((to as u64) << 20) | k as u64;
+    let a2a = |from: usize, to: usize, k: usize| ((from as u64) << 40) | ((to as u64) << 20) | k as u64;
     let src = ctx.alloc::<u64>(n * A2A_BLOCK)?;
     let dst = ctx.alloc::<u64>(n * A2A_BLOCK)?;
-    let mine: Vec<u64> = (0..n)
-        .flat_map(|to| (0..A2A_BLOCK).map(move |k| a2a(me, to, k)))
-        .collect();
+    let mine: Vec<u64> = (0..n).flat_map(|to| (0..A2A_BLOCK).map(move |k| a2a(me, to, k))).collect();
     src.copy_from_host(&mine, s)?;
 
     ctx.barrier_all(s)?;
@@ -189,13 +152,7 @@ fn all_to_all(ctx: &Context, s: &Stream) -> Res {
     let took = start.elapsed();
     let got = dst.copy_to_host(s)?;
     // Block `from` of the result is what PE `from` addressed to this PE.
-    verify(ctx, s, "all_to_all", &got, |i| {
-        a2a(i / A2A_BLOCK, me, i % A2A_BLOCK)
-    })?;
-    report(
-        ctx,
-        &format!("all_to_all: {A2A_BLOCK} u64 from each of {n} PEs"),
-        took,
-    );
+    verify(ctx, s, "all_to_all", &got, |i| a2a(i / A2A_BLOCK, me, i % A2A_BLOCK))?;
+    report(ctx, &format!("all_to_all: {A2A_BLOCK} u64 from each of {n} PEs"), took);
     Ok(())
 }

@@ -57,11 +57,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         let got = inbox.copy_to_host(&s)?;
         if let Some(i) = (0..BLOCK).find(|&i| got[i] != tag(left, round, i)) {
             let want = tag(left, round, i);
-            return Err(format!(
-                "PE {me}, round {round}: element {i} is {:#x}, expected {want:#x}",
-                got[i]
-            )
-            .into());
+            return Err(format!("PE {me}, round {round}: element {i} is {:#x}, expected {want:#x}", got[i]).into());
         }
         ctx.signal_op(&signals, CREDIT, 1, SignalOp::Add, left, &s)?;
     }

@@ -67,9 +67,7 @@ enum Op {
 fn parse_bytes(s: &str) -> Result<usize, String> {
     match shmem::config::parse_size(s) {
         Some(n) if n > 0 => Ok(n),
-        _ => Err(format!(
-            "{s:?} is not a positive size such as 8, 64K or 256M"
-        )),
+        _ => Err(format!("{s:?} is not a positive size such as 8, 64K or 256M")),
     }
 }
 
@@ -144,10 +142,7 @@ fn relaunch(pes: usize) -> i32 {
         }
     };
     // Untagged: only PE 0 prints, and the table should stay copy-pastable.
-    let launch = Launch::new(pes, exe)
-        .args(std::env::args_os().skip(1))
-        .tag_output(false)
-        .kill_on_failure(true);
+    let launch = Launch::new(pes, exe).args(std::env::args_os().skip(1)).tag_output(false).kill_on_failure(true);
     match launch.run() {
         Ok(outcome) => outcome.exit_code(),
         Err(e) => {
@@ -173,12 +168,7 @@ impl Bench<'_> {
     }
 
     /// Median in µs of `iters` runs of `op`, each after an untimed `setup`.
-    fn time(
-        &self,
-        bytes: usize,
-        mut setup: impl FnMut() -> Res,
-        mut op: impl FnMut() -> Res,
-    ) -> Res<f64> {
+    fn time(&self, bytes: usize, mut setup: impl FnMut() -> Res, mut op: impl FnMut() -> Res) -> Res<f64> {
         for _ in 0..self.args.warmup {
             setup()?;
             op()?;
@@ -231,16 +221,10 @@ impl Bench<'_> {
             let len = b / 4;
             // Different for every element and size, so a short, misplaced
             // or stale put shows.
-            let pattern: Vec<u32> = (0..len as u32)
-                .map(|i| i ^ (len as u32).rotate_right(8))
-                .collect();
+            let pattern: Vec<u32> = (0..len as u32).map(|i| i ^ (len as u32).rotate_right(8)).collect();
             if me == 0 {
                 src.slice(..len).copy_from_host(&pattern, &self.s)?;
-                let put = || {
-                    Ok(self
-                        .ctx
-                        .put(dst.slice(..len), src.slice(..len), peer, &self.s)?)
-                };
+                let put = || Ok(self.ctx.put(dst.slice(..len), src.slice(..len), peer, &self.s)?);
                 rows.push(Row {
                     op: "put",
                     imp: "shmem",
@@ -263,15 +247,7 @@ impl Bench<'_> {
     /// Back-to-back barriers on every PE: each one lasts until the last PE arrives.
     fn barrier(&self) -> Res<Row> {
         let time_us = self.time(0, || Ok(()), || Ok(self.ctx.barrier_all(&self.s)?))?;
-        Ok(Row {
-            op: "barrier",
-            imp: "shmem",
-            dtype: None,
-            bytes: 0,
-            time_us,
-            bus_factor: 0.0,
-            memcpy_us: None,
-        })
+        Ok(Row { op: "barrier", imp: "shmem", dtype: None, bytes: 0, time_us, bus_factor: 0.0, memcpy_us: None })
     }
 
     /// f32 sum of `bytes / 4` elements into a separate output, so the
@@ -290,21 +266,9 @@ impl Bench<'_> {
             let time_us = self.time(
                 b,
                 || Ok(self.ctx.barrier_all(&self.s)?),
-                || {
-                    Ok(self.ctx.all_reduce(
-                        dst.slice(..len),
-                        src.slice(..len),
-                        ReduceOp::Sum,
-                        &self.s,
-                    )?)
-                },
+                || Ok(self.ctx.all_reduce(dst.slice(..len), src.slice(..len), ReduceOp::Sum, &self.s)?),
             )?;
-            if dst
-                .slice(..len)
-                .copy_to_host(&self.s)?
-                .iter()
-                .any(|&x| x != want)
-            {
+            if dst.slice(..len).copy_to_host(&self.s)?.iter().any(|&x| x != want) {
                 return Err(format!("all_reduce of {len} f32: PE {me} got a wrong sum").into());
             }
             rows.push(Row {
@@ -328,20 +292,12 @@ fn run(args: &Args) -> Res {
         Backend::Auto => BackendKind::Auto,
     };
     // Room for the two largest buffers, plus alignment slack.
-    let ctx = Config::new()
-        .backend(backend)
-        .heap_size(2 * args.max_bytes + (1 << 20))
-        .init()?;
+    let ctx = Config::new().backend(backend).heap_size(2 * args.max_bytes + (1 << 20)).init()?;
     let (me, n) = (ctx.my_pe(), ctx.n_pes());
     let sizes: Vec<usize> = std::iter::successors(Some(args.min_bytes), |&b| b.checked_mul(2))
         .take_while(|&b| b <= args.max_bytes)
         .collect();
-    let bench = Bench {
-        ctx: &ctx,
-        s: ctx.stream(),
-        args,
-        sizes,
-    };
+    let bench = Bench { ctx: &ctx, s: ctx.stream(), args, sizes };
     let sized = matches!(args.op, Op::Put | Op::AllReduce | Op::All);
 
     let memcpy_us = if sized { bench.memcpy()? } else { Vec::new() };
@@ -397,21 +353,10 @@ fn run(args: &Args) -> Res {
 }
 
 fn print_table(rows: &[Row], n: usize, backend: &str, args: &Args) {
-    let iters = args
-        .iters
-        .map_or("auto (10..=1000)".into(), |i| i.to_string());
-    println!(
-        "# shmem-bench: {n} PEs, {backend} backend; median of {iters} iterations after {} warm-up",
-        args.warmup
-    );
-    println!(
-        "# put: PE 0 -> PE {}; all_reduce: f32 sum; vs_memcpy: memcpy time / time",
-        1 % n
-    );
-    println!(
-        "{:<11}{:>11}{:>12}{:>12}{:>12}{:>11}",
-        "op", "bytes", "time_us", "algbw_GBps", "busbw_GBps", "vs_memcpy"
-    );
+    let iters = args.iters.map_or("auto (10..=1000)".into(), |i| i.to_string());
+    println!("# shmem-bench: {n} PEs, {backend} backend; median of {iters} iterations after {} warm-up", args.warmup);
+    println!("# put: PE 0 -> PE {}; all_reduce: f32 sum; vs_memcpy: memcpy time / time", 1 % n);
+    println!("{:<11}{:>11}{:>12}{:>12}{:>12}{:>11}", "op", "bytes", "time_us", "algbw_GBps", "busbw_GBps", "vs_memcpy");
     for r in rows {
         println!(
             "{:<11}{:>11}{:>12.2}{}{}{}",

@@ -56,11 +56,7 @@ pub struct SymSlice<'a, T: Element> {
 
 impl<'a, T: Element> From<&'a SymmetricBuffer<T>> for SymSlice<'a, T> {
     fn from(buf: &'a SymmetricBuffer<T>) -> Self {
-        SymSlice {
-            buf,
-            start: 0,
-            end: buf.len,
-        }
+        SymSlice { buf, start: 0, end: buf.len }
     }
 }
 
@@ -88,20 +84,13 @@ impl<'a, T: Element> SymSlice<'a, T> {
     pub(crate) fn region(&self, ctx: &Inner) -> Result<Region> {
         self.buf.check(ctx)?;
         if self.start > self.end || self.end > self.buf.len {
-            return Err(Error::OutOfBounds {
-                start: self.start,
-                end: self.end,
-                len: self.buf.len,
-            });
+            return Err(Error::OutOfBounds { start: self.start, end: self.end, len: self.buf.len });
         }
-        Ok(Region {
-            offset: self.buf.offset + self.start * size_of::<T>(),
-            len: self.end - self.start,
-        })
+        Ok(Region { offset: self.buf.offset + self.start * size_of::<T>(), len: self.end - self.start })
     }
 
     /// Copies `data` into this PE's copy of the slice.
-    pub fn copy_from_host(&self, data: &[T], _stream: &Stream) -> Result<()> {
+    pub fn copy_from_host(&self, data: &[T], stream: &Stream) -> Result<()> {
         let r = self.region(&self.buf.ctx)?;
         if data.len() != r.len {
             return Err(Error::LengthMismatch(format!(
@@ -110,12 +99,10 @@ impl<'a, T: Element> SymSlice<'a, T> {
                 r.len
             )));
         }
-        let dst = self
-            .buf
-            .ctx
-            .host
-            .heap_ptr(self.buf.ctx.me, r.offset)
-            .cast::<T>();
+        if let Some(g) = &self.buf.ctx.gpu {
+            return g.htod(g.addr(r.offset), data, g.stream(stream));
+        }
+        let dst = self.buf.ctx.host.heap_ptr(self.buf.ctx.me, r.offset).cast::<T>();
         // SAFETY: `dst` is `r.len` elements inside this PE's heap (checked by
         // `region`), aligned for T (allocations are 256-aligned, slices start
         // at element boundaries); it cannot overlap a Rust slice.
@@ -124,7 +111,7 @@ impl<'a, T: Element> SymSlice<'a, T> {
     }
 
     /// Copies this PE's copy of the slice into `out`.
-    pub fn copy_to_host_into(&self, out: &mut [T], _stream: &Stream) -> Result<()> {
+    pub fn copy_to_host_into(&self, out: &mut [T], stream: &Stream) -> Result<()> {
         let r = self.region(&self.buf.ctx)?;
         if out.len() != r.len {
             return Err(Error::LengthMismatch(format!(
@@ -133,12 +120,10 @@ impl<'a, T: Element> SymSlice<'a, T> {
                 out.len()
             )));
         }
-        let src = self
-            .buf
-            .ctx
-            .host
-            .heap_ptr(self.buf.ctx.me, r.offset)
-            .cast::<T>();
+        if let Some(g) = &self.buf.ctx.gpu {
+            return g.dtoh(out, g.addr(r.offset), g.stream(stream));
+        }
+        let src = self.buf.ctx.host.heap_ptr(self.buf.ctx.me, r.offset).cast::<T>();
         // SAFETY: as in `copy_from_host`, reading instead of writing.
         unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), r.len) };
         Ok(())
@@ -176,11 +161,7 @@ impl<T: Element> SymmetricBuffer<T> {
             Bound::Excluded(&e) => e,
             Bound::Unbounded => self.len,
         };
-        SymSlice {
-            buf: self,
-            start,
-            end,
-        }
+        SymSlice { buf: self, start, end }
     }
 
     pub(crate) fn check(&self, ctx: &Inner) -> Result<()> {
@@ -208,13 +189,22 @@ impl<T: Element> SymmetricBuffer<T> {
     /// This PE's copy: a host pointer on the host backend, a device pointer
     /// on the GPU backend.
     pub fn local_ptr(&self) -> *mut T {
-        self.ctx.host.heap_ptr(self.ctx.me, self.offset).cast()
+        match &self.ctx.gpu {
+            Some(g) => g.addr(self.offset) as *mut T,
+            None => self.ctx.host.heap_ptr(self.ctx.me, self.offset).cast(),
+        }
     }
 
     /// `pe`'s copy, when this PE can load and store it directly (always on
     /// the host backend; over NVLink on the GPU backend).
     pub fn peer_ptr(&self, pe: usize) -> Option<*mut T> {
-        (pe < self.ctx.n).then(|| self.ctx.host.heap_ptr(pe, self.offset).cast())
+        if pe >= self.ctx.n {
+            return None;
+        }
+        match &self.ctx.gpu {
+            Some(g) => g.peer_base[pe].map(|base| (base + self.offset as u64) as *mut T),
+            None => Some(self.ctx.host.heap_ptr(pe, self.offset).cast()),
+        }
     }
 }
 
@@ -226,6 +216,31 @@ impl<T: Element> Drop for SymmetricBuffer<T> {
         // allocation, which waits for every PE, so no peer still uses it.
         let mut heap = self.ctx.heap.lock().unwrap_or_else(|e| e.into_inner());
         heap.free(self.offset, self.serial);
+    }
+}
+
+/// Heap space a collective uses internally, freed on drop.
+///
+/// Every PE takes and frees it at the same point of the same collective, so
+/// the allocators stay equal without an exchange.
+pub(crate) struct Scratch<'a> {
+    ctx: &'a Inner,
+    pub(crate) offset: usize,
+    serial: u64,
+}
+
+impl Inner {
+    pub(crate) fn scratch(&self, bytes: usize) -> Result<Scratch<'_>> {
+        let mut heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
+        let serial = heap.allocs;
+        let offset = heap.alloc(bytes)?;
+        Ok(Scratch { ctx: self, offset, serial })
+    }
+}
+
+impl Drop for Scratch<'_> {
+    fn drop(&mut self) {
+        self.ctx.heap.lock().unwrap_or_else(|e| e.into_inner()).free(self.offset, self.serial);
     }
 }
 
@@ -243,13 +258,7 @@ impl Context {
         let mut heap = self.inner.heap.lock().unwrap_or_else(|e| e.into_inner());
         let mut d = Desc::new(OpKind::Alloc);
         d.dtype = Some(T::DTYPE);
-        d.args = [
-            bytes.map_or(u64::MAX, |b| b as u64),
-            heap.allocs,
-            heap.live_count,
-            heap.live_hash,
-            len as u64,
-        ];
+        d.args = [bytes.map_or(u64::MAX, |b| b as u64), heap.allocs, heap.live_count, heap.live_hash, len as u64];
         let too_big = bytes.is_none().then(|| Error::HeapExhausted {
             requested: usize::MAX,
             largest_free: 0,
@@ -265,13 +274,7 @@ impl Context {
         let serial = heap.allocs;
         let offset = heap.alloc(bytes.unwrap_or(usize::MAX))?;
         drop(heap);
-        Ok(SymmetricBuffer {
-            ctx: self.inner.clone(),
-            offset,
-            len,
-            serial,
-            _t: PhantomData,
-        })
+        Ok(SymmetricBuffer { ctx: self.inner.clone(), offset, len, serial, _t: PhantomData })
     }
 
     /// Allocates `len` zeroed elements of `T` on every PE.
@@ -280,9 +283,13 @@ impl Context {
     /// As [`Context::alloc`]; returns after every PE has zeroed its copy.
     pub fn alloc_zeroed<T: Element>(&self, len: usize) -> Result<SymmetricBuffer<T>> {
         let buf = self.alloc::<T>(len)?;
-        // SAFETY: the buffer's bytes lie inside this PE's heap; all-zero bytes
-        // are a valid value of every Element type.
-        unsafe { std::ptr::write_bytes(buf.local_ptr(), 0, len) };
+        if let Some(g) = &self.inner.gpu {
+            g.zero(g.addr(buf.offset), len * size_of::<T>(), g.stream(&Stream::default()))?;
+        } else {
+            // SAFETY: the buffer's bytes lie inside this PE's heap; all-zero
+            // bytes are a valid value of every Element type.
+            unsafe { std::ptr::write_bytes(buf.local_ptr(), 0, len) };
+        }
         // No peer may write into the buffer before this PE has zeroed it.
         self.world().raw_barrier()?;
         Ok(buf)

@@ -9,6 +9,7 @@ use crate::buffer::{Region, SymSlice};
 use crate::context::{Context, Stream};
 use crate::dtype::{Element, ReduceOp};
 use crate::error::{Error, Result};
+use crate::gpu::{dispatch, GpuWorld};
 use crate::team::{Desc, OpKind, Team};
 use rayon::prelude::*;
 
@@ -32,10 +33,7 @@ impl Addr {
 }
 
 fn overlap(a: Region, b: Region, elem: usize) -> bool {
-    a.offset < b.offset + b.len * elem
-        && b.offset < a.offset + a.len * elem
-        && a.len > 0
-        && b.len > 0
+    a.offset < b.offset + b.len * elem && b.offset < a.offset + a.len * elem && a.len > 0 && b.len > 0
 }
 
 /// What a collective needs checked before the exchange.
@@ -49,10 +47,7 @@ struct Call<'a, 'b, T: Element> {
 
 impl Team {
     fn pe_ptr<T>(&self, member: usize, offset: usize) -> *mut T {
-        self.ctx
-            .host
-            .heap_ptr(self.state.members[member], offset)
-            .cast()
+        self.ctx.host.heap_ptr(self.state.members[member], offset).cast()
     }
 
     /// Checks the call locally, exchanges descriptors with the team, and
@@ -71,22 +66,14 @@ impl Team {
             let s = call.src.region(&self.ctx)?;
             if let Some(op) = call.op {
                 if !op.supports(T::DTYPE) {
-                    return Err(Error::UnsupportedOp {
-                        op: op.name(),
-                        dtype: T::DTYPE.name(),
-                    });
+                    return Err(Error::UnsupportedOp { op: op.name(), dtype: T::DTYPE.name() });
                 }
             }
             if call.root >= self.n_pes() {
-                return Err(Error::PeOutOfRange {
-                    pe: call.root,
-                    n_pes: self.n_pes(),
-                });
+                return Err(Error::PeOutOfRange { pe: call.root, n_pes: self.n_pes() });
             }
             let own_block = shape(s, d).map_err(|e| match e {
-                Error::LengthMismatch(m) => {
-                    Error::LengthMismatch(format!("{}: {m}", call.kind.name()))
-                }
+                Error::LengthMismatch(m) => Error::LengthMismatch(format!("{}: {m}", call.kind.name())),
                 Error::Invalid(m) => Error::Invalid(format!("{}: {m}", call.kind.name())),
                 e => e,
             })?;
@@ -96,19 +83,9 @@ impl Team {
         desc.dtype = Some(T::DTYPE);
         desc.op = call.op;
         if let Ok((d, s, own_block)) = &local {
-            desc.args = [
-                s.offset as u64,
-                s.len as u64,
-                d.offset as u64,
-                d.len as u64,
-                call.root as u64,
-            ];
+            desc.args = [s.offset as u64, s.len as u64, d.offset as u64, d.len as u64, call.root as u64];
             if *own_block {
-                let per_pe = if call.kind == OpKind::ReduceScatter {
-                    2
-                } else {
-                    0
-                };
+                let per_pe = if call.kind == OpKind::ReduceScatter { 2 } else { 0 };
                 desc.args[per_pe] = u64::MAX;
             }
         }
@@ -128,22 +105,16 @@ impl Team {
         root: usize,
         _stream: &Stream,
     ) -> Result<()> {
-        let call = Call {
-            kind: OpKind::Broadcast,
-            dst: dst.into(),
-            src: src.into(),
-            op: None,
-            root,
-        };
+        let call = Call { kind: OpKind::Broadcast, dst: dst.into(), src: src.into(), op: None, root };
         let (d, s) = self.begin(call, |s, d| {
             if s.len != d.len {
-                return Err(Error::LengthMismatch(format!(
-                    "src has {} elements, dst {}",
-                    s.len, d.len
-                )));
+                return Err(Error::LengthMismatch(format!("src has {} elements, dst {}", s.len, d.len)));
             }
             Ok(false)
         })?;
+        if let Some(g) = &self.ctx.gpu {
+            return self.gpu_collective::<T>(g, OpKind::Broadcast, d, s, None, root, _stream);
+        }
         if d != s || self.my_pe() != root {
             let from: *const T = self.pe_ptr(root, s.offset);
             let to: *mut T = self.pe_ptr(self.my_pe(), d.offset);
@@ -166,49 +137,32 @@ impl Team {
     ) -> Result<()> {
         let n = self.n_pes();
         let me = self.my_pe();
-        let call = Call {
-            kind: OpKind::AllGather,
-            dst: dst.into(),
-            src: src.into(),
-            op: None,
-            root: 0,
-        };
+        let call = Call { kind: OpKind::AllGather, dst: dst.into(), src: src.into(), op: None, root: 0 };
         let elem = size_of::<T>();
-        let mine = |d: Region, s: Region| Region {
-            offset: d.offset + me * s.len * elem,
-            len: s.len,
-        };
+        let mine = |d: Region, s: Region| Region { offset: d.offset + me * s.len * elem, len: s.len };
         let (d, s) = self.begin(call, |s, d| {
             if d.len != s.len * n {
-                return Err(Error::LengthMismatch(format!(
-                    "dst has {} elements, expected {n} × {}",
-                    d.len, s.len
-                )));
+                return Err(Error::LengthMismatch(format!("dst has {} elements, expected {n} × {}", d.len, s.len)));
             }
             if overlap(d, s, elem) && s != mine(d, s) {
-                return Err(Error::Invalid(
-                    "src overlaps dst but is not this PE's block of it".into(),
-                ));
+                return Err(Error::Invalid("src overlaps dst but is not this PE's block of it".into()));
             }
             Ok(s == mine(d, s) && n > 1)
         })?;
+        if let Some(g) = &self.ctx.gpu {
+            return self.gpu_collective::<T>(g, OpKind::AllGather, d, s, None, 0, _stream);
+        }
         let in_place = s == mine(d, s);
         let dst_addr = Addr::of(self.pe_ptr::<T>(me, d.offset));
         let blocks: Vec<usize> = (0..n).filter(|&j| !(in_place && j == me)).collect();
         self.ctx.pool.install(|| {
             blocks.par_iter().for_each(|&j| {
                 // In place, member j's src is its own block j of dst.
-                let src_offset = if in_place {
-                    d.offset + j * s.len * elem
-                } else {
-                    s.offset
-                };
+                let src_offset = if in_place { d.offset + j * s.len * elem } else { s.offset };
                 let from: *const T = self.pe_ptr(j, src_offset);
                 // SAFETY: block j of this PE's dst and member j's src are
                 // checked regions; nobody writes either until the closing barrier.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(from, dst_addr.ptr::<T>().add(j * s.len), s.len)
-                };
+                unsafe { std::ptr::copy_nonoverlapping(from, dst_addr.ptr::<T>().add(j * s.len), s.len) };
             })
         });
         self.raw_barrier()
@@ -225,28 +179,20 @@ impl Team {
         op: ReduceOp,
         _stream: &Stream,
     ) -> Result<()> {
-        let call = Call {
-            kind: OpKind::AllReduce,
-            dst: dst.into(),
-            src: src.into(),
-            op: Some(op),
-            root: 0,
-        };
+        let call = Call { kind: OpKind::AllReduce, dst: dst.into(), src: src.into(), op: Some(op), root: 0 };
         let elem = size_of::<T>();
         let (d, s) = self.begin(call, |s, d| {
             if s.len != d.len {
-                return Err(Error::LengthMismatch(format!(
-                    "src has {} elements, dst {}",
-                    s.len, d.len
-                )));
+                return Err(Error::LengthMismatch(format!("src has {} elements, dst {}", s.len, d.len)));
             }
             if overlap(d, s, elem) && d != s {
-                return Err(Error::Invalid(
-                    "src and dst overlap without being the same slice".into(),
-                ));
+                return Err(Error::Invalid("src and dst overlap without being the same slice".into()));
             }
             Ok(false)
         })?;
+        if let Some(g) = &self.ctx.gpu {
+            return self.gpu_collective::<T>(g, OpKind::AllReduce, d, s, Some(op), 0, _stream);
+        }
         let in_place = d == s;
         let n = self.n_pes();
         if d.len * elem <= ONE_SHOT_MAX_BYTES || d.len < n {
@@ -270,13 +216,7 @@ impl Team {
             self.raw_barrier()?; // everyone has read block i of every src
             self.write_local(d.offset + lo * elem, &tmp);
         } else {
-            self.reduce_into::<T>(
-                self.pe_ptr::<T>(self.my_pe(), d.offset + lo * elem),
-                s.offset,
-                lo,
-                hi - lo,
-                op,
-            );
+            self.reduce_into::<T>(self.pe_ptr::<T>(self.my_pe(), d.offset + lo * elem), s.offset, lo, hi - lo, op);
         }
         self.raw_barrier()?; // every block is reduced
         let dst_addr = Addr::of(self.pe_ptr::<T>(self.my_pe(), d.offset));
@@ -287,9 +227,7 @@ impl Team {
                 let from: *const T = self.pe_ptr(j, d.offset + lo * elem);
                 // SAFETY: block j of member j's dst is final until the closing
                 // barrier; block j of this PE's dst is written only here.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(from, dst_addr.ptr::<T>().add(lo), hi - lo)
-                };
+                unsafe { std::ptr::copy_nonoverlapping(from, dst_addr.ptr::<T>().add(lo), hi - lo) };
             })
         });
         self.raw_barrier()
@@ -309,31 +247,20 @@ impl Team {
         let n = self.n_pes();
         let me = self.my_pe();
         let elem = size_of::<T>();
-        let call = Call {
-            kind: OpKind::ReduceScatter,
-            dst: dst.into(),
-            src: src.into(),
-            op: Some(op),
-            root: 0,
-        };
+        let call = Call { kind: OpKind::ReduceScatter, dst: dst.into(), src: src.into(), op: Some(op), root: 0 };
         let (d, s) = self.begin(call, |s, d| {
             if s.len != d.len * n {
-                return Err(Error::LengthMismatch(format!(
-                    "src has {} elements, expected {n} × {}",
-                    s.len, d.len
-                )));
+                return Err(Error::LengthMismatch(format!("src has {} elements, expected {n} × {}", s.len, d.len)));
             }
-            let mine = Region {
-                offset: s.offset + me * d.len * elem,
-                len: d.len,
-            };
+            let mine = Region { offset: s.offset + me * d.len * elem, len: d.len };
             if overlap(d, s, elem) && d != mine {
-                return Err(Error::Invalid(
-                    "dst overlaps src but is not this PE's block of it".into(),
-                ));
+                return Err(Error::Invalid("dst overlaps src but is not this PE's block of it".into()));
             }
             Ok(d == mine && n > 1)
         })?;
+        if let Some(g) = &self.ctx.gpu {
+            return self.gpu_collective::<T>(g, OpKind::ReduceScatter, d, s, Some(op), 0, _stream);
+        }
         let lo = me * d.len;
         if overlap(d, s, elem) {
             let mut tmp = vec_for::<T>(d.len);
@@ -359,13 +286,7 @@ impl Team {
     ) -> Result<()> {
         let n = self.n_pes();
         let elem = size_of::<T>();
-        let call = Call {
-            kind: OpKind::AllToAll,
-            dst: dst.into(),
-            src: src.into(),
-            op: None,
-            root: 0,
-        };
+        let call = Call { kind: OpKind::AllToAll, dst: dst.into(), src: src.into(), op: None, root: 0 };
         let (d, s) = self.begin(call, |s, d| {
             if s.len != d.len || s.len % n != 0 {
                 return Err(Error::LengthMismatch(format!(
@@ -374,25 +295,18 @@ impl Team {
                 )));
             }
             if overlap(d, s, elem) && d != s {
-                return Err(Error::Invalid(
-                    "src and dst overlap without being the same slice".into(),
-                ));
+                return Err(Error::Invalid("src and dst overlap without being the same slice".into()));
             }
             Ok(false)
         })?;
+        if let Some(g) = &self.ctx.gpu {
+            return self.gpu_collective::<T>(g, OpKind::AllToAll, d, s, None, 0, _stream);
+        }
         let c = d.len / n;
         let me = self.my_pe();
         let in_place = overlap(d, s, elem);
-        let mut tmp = if in_place {
-            vec_for::<T>(d.len)
-        } else {
-            Vec::new()
-        };
-        let out = Addr::of(if in_place {
-            tmp.as_mut_ptr()
-        } else {
-            self.pe_ptr::<T>(me, d.offset)
-        });
+        let mut tmp = if in_place { vec_for::<T>(d.len) } else { Vec::new() };
+        let out = Addr::of(if in_place { tmp.as_mut_ptr() } else { self.pe_ptr::<T>(me, d.offset) });
         self.ctx.pool.install(|| {
             (0..n).into_par_iter().for_each(|j| {
                 let from: *const T = self.pe_ptr(j, s.offset + me * c * elem);
@@ -409,18 +323,10 @@ impl Team {
     }
 
     /// `out[i] = op over members m of src_m[lo + i]`, for `i < len`, in team order.
-    fn reduce_into<T: Element>(
-        &self,
-        out: *mut T,
-        src_offset: usize,
-        lo: usize,
-        len: usize,
-        op: ReduceOp,
-    ) {
+    fn reduce_into<T: Element>(&self, out: *mut T, src_offset: usize, lo: usize, len: usize, op: ReduceOp) {
         let elem = size_of::<T>();
-        let inputs: Vec<Addr> = (0..self.n_pes())
-            .map(|m| Addr::of(self.pe_ptr::<T>(m, src_offset + lo * elem)))
-            .collect();
+        let inputs: Vec<Addr> =
+            (0..self.n_pes()).map(|m| Addr::of(self.pe_ptr::<T>(m, src_offset + lo * elem))).collect();
         let out = Addr::of(out);
         let tasks = len.div_ceil(CHUNK);
         let body = |t: usize| {
@@ -434,32 +340,74 @@ impl Team {
                     .iter()
                     .map(|a| std::slice::from_raw_parts(a.ptr::<T>().add(start).cast_const(), n))
                     .collect();
-                (
-                    ins,
-                    std::slice::from_raw_parts_mut(out.ptr::<T>().add(start), n),
-                )
+                (ins, std::slice::from_raw_parts_mut(out.ptr::<T>().add(start), n))
             };
             reduce_chunk(op, out, &ins);
         };
         if tasks <= 1 {
             (0..tasks).for_each(body);
         } else {
-            self.ctx
-                .pool
-                .install(|| (0..tasks).into_par_iter().for_each(body));
+            self.ctx.pool.install(|| (0..tasks).into_par_iter().for_each(body));
         }
+    }
+
+    /// A collective through NVSHMEM's own team collective, on the stream.
+    #[allow(clippy::too_many_arguments)]
+    fn gpu_collective<T: Element>(
+        &self,
+        g: &GpuWorld,
+        kind: OpKind,
+        d: Region,
+        s: Region,
+        op: Option<ReduceOp>,
+        root: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let st = g.stream(stream);
+        let elem = size_of::<T>();
+        let (team, dt) = (self.state.nv_team, T::DTYPE);
+        // NVSHMEM wants source and destination apart (a reduction may be
+        // exactly in place): otherwise the source goes through a copy.
+        let apart = !overlap(d, s, elem) || (kind == OpKind::AllReduce && d == s);
+        let scratch = if apart { None } else { Some(self.ctx.scratch(s.len * elem)?) };
+        let src = match &scratch {
+            Some(sc) => {
+                g.copy(g.addr(sc.offset), g.addr(s.offset), s.len * elem, st)?;
+                g.addr(sc.offset)
+            }
+            None => g.addr(s.offset),
+        };
+        let (dst, cu) = (g.addr(d.offset), st.cu_stream());
+        // SAFETY: symmetric regions checked and agreed by every member; the
+        // element counts match the regions (checked by `begin`).
+        let rc = unsafe {
+            match kind {
+                OpKind::Broadcast => dispatch::broadcast(g.nv, dt, team, dst, src, d.len, root as i32, cu)?,
+                OpKind::AllGather => dispatch::fcollect(g.nv, dt, team, dst, src, s.len, cu)?,
+                OpKind::AllReduce => {
+                    dispatch::reduce(g.nv, dt, op.unwrap_or(ReduceOp::Sum), team, dst, src, d.len, cu)?
+                }
+                OpKind::ReduceScatter => {
+                    dispatch::reducescatter(g.nv, dt, op.unwrap_or(ReduceOp::Sum), team, dst, src, d.len, cu)?
+                }
+                OpKind::AllToAll => dispatch::alltoall(g.nv, dt, team, dst, src, d.len / self.n_pes(), cu)?,
+                other => unreachable!("{} is not a data collective", other.name()),
+            }
+        };
+        crate::gpu::check(kind.name(), rc)?;
+        if let Some(sc) = scratch {
+            // Peers may read this PE's copy until every PE is done with it.
+            st.synchronize()?;
+            self.raw_barrier()?;
+            drop(sc);
+        }
+        Ok(())
     }
 
     fn write_local<T: Element>(&self, offset: usize, data: &[T]) {
         // SAFETY: `offset` begins a checked region of `data.len()` elements in
         // this PE's heap, which no peer reads until the next barrier.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                data.as_ptr(),
-                self.pe_ptr::<T>(self.my_pe(), offset),
-                data.len(),
-            )
-        };
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.pe_ptr::<T>(self.my_pe(), offset), data.len()) };
     }
 }
 
@@ -568,12 +516,7 @@ impl Context {
     /// `None` on PEs outside it.
     ///
     /// # Collective
-    pub fn team_split_strided(
-        &self,
-        start: usize,
-        stride: usize,
-        size: usize,
-    ) -> Result<Option<Team>> {
+    pub fn team_split_strided(&self, start: usize, stride: usize, size: usize) -> Result<Option<Team>> {
         self.world().split_strided(start, stride, size)
     }
 }

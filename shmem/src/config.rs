@@ -20,9 +20,7 @@ impl BackendKind {
             "auto" | "" => Ok(BackendKind::Auto),
             "gpu" => Ok(BackendKind::Gpu),
             "host" => Ok(BackendKind::Host),
-            other => Err(Error::config(format!(
-                "SHMEM_BACKEND={other:?}: expected auto, gpu or host"
-            ))),
+            other => Err(Error::config(format!("SHMEM_BACKEND={other:?}: expected auto, gpu or host"))),
         }
     }
 }
@@ -102,9 +100,7 @@ impl Config {
         if let Ok(v) = std::env::var("SHMEM_HEAP_SIZE") {
             match parse_size(&v) {
                 Some(n) => c.heap_size = n,
-                None => errors.push(format!(
-                    "SHMEM_HEAP_SIZE={v:?}: expected bytes such as 268435456 or 256M"
-                )),
+                None => errors.push(format!("SHMEM_HEAP_SIZE={v:?}: expected bytes such as 268435456 or 256M")),
             }
         }
         match env_secs("SHMEM_PEER_TIMEOUT") {

@@ -3,6 +3,7 @@
 use crate::bootstrap::Bootstrap;
 use crate::config::{BackendKind, Config};
 use crate::error::{Error, Result};
+use crate::gpu::{self, GpuWorld};
 use crate::heap::Allocator;
 use crate::host::{self, shm, HostWorld, PeState};
 use crate::team::{Team, TeamState};
@@ -24,7 +25,10 @@ pub(crate) struct Inner {
     pub(crate) n: usize,
     pub(crate) local_rank: usize,
     pub(crate) local_size: usize,
+    /// The control area (and, on the host backend, the heaps).
     pub(crate) host: HostWorld,
+    /// The GPU backend, when in use.
+    pub(crate) gpu: Option<GpuWorld>,
     pub(crate) heap: Mutex<Allocator>,
     pub(crate) heap_size: usize,
     pub(crate) finalized: AtomicBool,
@@ -69,15 +73,23 @@ pub struct Context {
 /// An ordering of work. On the GPU backend it is a CUDA stream; on the host
 /// backend every operation completes before it returns, so a stream only
 /// keeps the API the same.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Stream {
-    _private: (),
+    pub(crate) cuda: Option<Arc<cudarc::driver::CudaStream>>,
 }
 
 impl Stream {
     /// Waits for everything issued on the stream.
     pub fn synchronize(&self) -> Result<()> {
+        if let Some(s) = &self.cuda {
+            s.synchronize()?;
+        }
         Ok(())
+    }
+
+    /// The CUDA stream, on the GPU backend (for users' own kernels).
+    pub fn cuda_stream(&self) -> Option<&Arc<cudarc::driver::CudaStream>> {
+        self.cuda.as_ref()
     }
 }
 
@@ -86,6 +98,8 @@ struct Hello {
     host: String,
     pid: u32,
     heap_size: u64,
+    /// 0: host backend, 1: gpu, 2: gpu asked for but unavailable here.
+    backend: u8,
 }
 
 impl Hello {
@@ -93,18 +107,20 @@ impl Hello {
         let mut v = Vec::new();
         v.extend_from_slice(&self.pid.to_le_bytes());
         v.extend_from_slice(&self.heap_size.to_le_bytes());
+        v.push(self.backend);
         v.extend_from_slice(self.host.as_bytes());
         v
     }
 
     fn decode(b: &[u8]) -> Result<Hello> {
-        if b.len() < 12 {
+        if b.len() < 13 {
             return Err(Error::bootstrap("malformed hello from a peer"));
         }
         Ok(Hello {
             pid: u32::from_le_bytes(b[0..4].try_into().unwrap()),
             heap_size: u64::from_le_bytes(b[4..12].try_into().unwrap()),
-            host: String::from_utf8_lossy(&b[12..]).into_owned(),
+            backend: b[12],
+            host: String::from_utf8_lossy(&b[13..]).into_owned(),
         })
     }
 }
@@ -122,7 +138,7 @@ fn hostname() -> String {
 
 /// Exchanges "ok" with a payload, or an error message; fails on every PE
 /// if any PE failed, else returns every PE's payload.
-fn agree_ok(boot: &mut Bootstrap, mine: Result<Vec<u8>>, step: &str) -> Result<Vec<Vec<u8>>> {
+pub(crate) fn agree_ok(boot: &mut Bootstrap, mine: Result<Vec<u8>>, step: &str) -> Result<Vec<Vec<u8>>> {
     let msg = match &mine {
         Ok(payload) => [&[0u8][..], payload].concat(),
         Err(e) => [&[1u8][..], e.to_string().as_bytes()].concat(),
@@ -142,10 +158,7 @@ fn agree_ok(boot: &mut Bootstrap, mine: Result<Vec<u8>>, step: &str) -> Result<V
 
 impl Context {
     pub(crate) fn start(config: Config) -> Result<Context> {
-        if LIVE
-            .compare_exchange(0, STARTING, Ordering::AcqRel, Ordering::Relaxed)
-            .is_err()
-        {
+        if LIVE.compare_exchange(0, STARTING, Ordering::AcqRel, Ordering::Relaxed).is_err() {
             return Err(Error::AlreadyInitialized);
         }
         let result = Self::start_inner(config);
@@ -157,63 +170,56 @@ impl Context {
         if let Some(e) = &config.env_error {
             return Err(Error::Config(e.clone()));
         }
-        match config.backend {
-            BackendKind::Host | BackendKind::Auto => {}
-            BackendKind::Gpu => {
-                return Err(Error::BackendUnavailable(
-                    "the gpu backend is not part of this build yet; use SHMEM_BACKEND=host".into(),
-                ))
-            }
-        }
+        let gpu_check = match config.backend {
+            BackendKind::Host => None,
+            BackendKind::Gpu | BackendKind::Auto => Some(gpu::available()),
+        };
+        let backend = match (&gpu_check, config.backend) {
+            (Some(Ok(())), _) => 1,
+            (Some(Err(_)), BackendKind::Gpu) => 2,
+            _ => 0,
+        };
         let heap_size = config.heap_size.next_multiple_of(4096);
         let mut boot = Bootstrap::from_env(config.peer_timeout)?;
         let (me, n) = (boot.rank(), boot.size());
 
-        let hello = Hello {
-            host: hostname(),
-            pid: std::process::id(),
-            heap_size: heap_size as u64,
-        };
-        let hellos: Vec<Hello> = boot
-            .allgather(&hello.encode())?
-            .iter()
-            .map(|b| Hello::decode(b))
-            .collect::<Result<_>>()?;
+        let hello = Hello { host: hostname(), pid: std::process::id(), heap_size: heap_size as u64, backend };
+        let hellos: Vec<Hello> =
+            boot.allgather(&hello.encode())?.iter().map(|b| Hello::decode(b)).collect::<Result<_>>()?;
         // Every PE sees the same hellos, so every PE reaches the same verdicts.
-        if let Some((pe, h)) = hellos
-            .iter()
-            .enumerate()
-            .find(|(_, h)| h.heap_size != hellos[0].heap_size)
-        {
+        if let Some((pe, h)) = hellos.iter().enumerate().find(|(_, h)| h.heap_size != hellos[0].heap_size) {
             return Err(Error::config(format!(
                 "heap size differs across PEs: PE 0 asked for {} bytes, PE {pe} for {} bytes",
                 hellos[0].heap_size, h.heap_size
             )));
         }
-        if let Some((pe, h)) = hellos
-            .iter()
-            .enumerate()
-            .find(|(_, h)| h.host != hellos[0].host)
-        {
+        if let Some((pe, h)) = hellos.iter().enumerate().find(|(_, h)| h.host != hellos[0].host) {
             return Err(Error::BackendUnavailable(format!(
                 "the host backend needs every PE on one node, but PE 0 runs on {} and PE {pe} on {}",
                 hellos[0].host, h.host
             )));
         }
+        if let Some(why) = gpu_check.as_ref().and_then(|c| c.as_ref().err()).filter(|_| backend == 2) {
+            return Err(Error::BackendUnavailable(format!("SHMEM_BACKEND=gpu, but on PE {me}: {why}")));
+        }
+        if let Some((pe, h)) = hellos.iter().enumerate().find(|(_, h)| h.backend != hellos[0].backend) {
+            let name = |b: u8| ["host", "gpu", "gpu (unavailable)"][b.min(2) as usize];
+            return Err(Error::BackendUnavailable(format!(
+                "PEs chose different backends: PE 0 {}, PE {pe} {} (set SHMEM_BACKEND to pick one)",
+                name(hellos[0].backend),
+                name(h.backend)
+            )));
+        }
+        let use_gpu = backend == 1;
         let local_rank = hellos[..me].iter().filter(|h| h.host == hello.host).count();
         let local_size = hellos.iter().filter(|h| h.host == hello.host).count();
 
-        let total = host::object_size(n, heap_size).ok_or_else(|| {
-            Error::config(format!(
-                "{n} heaps of {heap_size} bytes overflow the address space"
-            ))
-        })?;
+        // On the GPU backend the shared object holds only the control area.
+        let host_heap = if use_gpu { 0 } else { heap_size };
+        let total = host::object_size(n, host_heap)
+            .ok_or_else(|| Error::config(format!("{n} heaps of {heap_size} bytes overflow the address space")))?;
         // PE 0 names and creates the object; the name travels with its "ok".
-        let name = format!(
-            "/shmem-{}-{:x}",
-            hellos[0].pid,
-            NEXT_ID.load(Ordering::Relaxed) ^ nanos()
-        );
+        let name = format!("/shmem-{}-{:x}", hellos[0].pid, NEXT_ID.load(Ordering::Relaxed) ^ nanos());
         let created = if me == 0 {
             match shm::shm_space_available() {
                 Some(free) if (free as u128) < total as u128 => Err(Error::config(format!(
@@ -221,7 +227,7 @@ impl Context {
                      (lower SHMEM_HEAP_SIZE)"
                 ))),
                 _ => shm::Mapping::create(&name, total).map(|m| {
-                    HostWorld::init_header(&m, n, heap_size);
+                    HostWorld::init_header(&m, n, host_heap);
                     Some(m)
                 }),
             }
@@ -238,7 +244,7 @@ impl Context {
             Some(m) => Ok(m),
             None => shm::Mapping::open(&name, total),
         };
-        let world = map.and_then(|m| HostWorld::new(m, me, n, heap_size, config.wait_timeout));
+        let world = map.and_then(|m| HostWorld::new(m, me, n, host_heap, config.wait_timeout));
         let (mine, world) = match world {
             Ok(w) => (Ok(Vec::new()), Some(w)),
             Err(e) => (Err(e), None),
@@ -250,14 +256,13 @@ impl Context {
         }
         outcome?;
         let host = world.expect("agree_ok passed, so this PE mapped the heap");
+        let gpu =
+            if use_gpu { Some(GpuWorld::start(&mut boot, me, n, local_rank, &hello.host, heap_size)?) } else { None };
         boot.close();
 
         let members: Vec<usize> = (0..n).collect();
         let node_members: Vec<usize> = (0..n).filter(|&pe| hellos[pe].host == hello.host).collect();
-        let threads = std::thread::available_parallelism()
-            .map_or(1, |c| c.get())
-            .div_ceil(local_size)
-            .max(1);
+        let threads = std::thread::available_parallelism().map_or(1, |c| c.get()).div_ceil(local_size).max(1);
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(move |i| format!("shmem-pe{me}-{i}"))
@@ -271,18 +276,17 @@ impl Context {
             local_rank,
             local_size,
             host,
+            gpu,
             heap: Mutex::new(Allocator::new(heap_size)),
             heap_size,
             finalized: AtomicBool::new(false),
             free_team_slots: Mutex::new(!0b11),
-            world: Arc::new(TeamState::new(id, 0, members, me, None)),
-            node: Arc::new(TeamState::new(id, 1, node_members, me, None)),
+            world: Arc::new(TeamState::new(id, 0, members, me, None, gpu::TEAM_WORLD)),
+            node: Arc::new(TeamState::new(id, 1, node_members, me, None, gpu::TEAM_NODE)),
             pool,
             _bootstrap: Mutex::new(boot),
         };
-        Ok(Context {
-            inner: Arc::new(inner),
-        })
+        Ok(Context { inner: Arc::new(inner) })
     }
 
     /// This PE's number in the world, `0..n_pes()`.
@@ -305,9 +309,28 @@ impl Context {
         self.inner.local_size
     }
 
+    /// On the GPU backend: this PE's CUDA device ordinal.
+    pub fn device(&self) -> Option<usize> {
+        self.inner.gpu.as_ref().map(|g| g.device)
+    }
+
+    /// On the GPU backend: the NVSHMEM library's version (major, minor, patch).
+    pub fn nvshmem_version(&self) -> Option<(i32, i32, i32)> {
+        self.inner.gpu.as_ref().map(|g| g.version)
+    }
+
     /// The backend in use.
     pub fn backend(&self) -> BackendKind {
-        BackendKind::Host
+        if self.inner.gpu.is_some() {
+            BackendKind::Gpu
+        } else {
+            BackendKind::Host
+        }
+    }
+
+    /// On the GPU backend: this PE's CUDA context (for users' own kernels).
+    pub fn cuda_context(&self) -> Option<&Arc<cudarc::driver::CudaContext>> {
+        self.inner.gpu.as_ref().map(|g| &g.cuda)
     }
 
     /// Bytes of symmetric heap per PE.
@@ -317,16 +340,18 @@ impl Context {
 
     /// Bytes of this PE's heap in use by live buffers.
     pub fn heap_used(&self) -> usize {
-        self.inner
-            .heap
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .used()
+        self.inner.heap.lock().unwrap_or_else(|e| e.into_inner()).used()
     }
 
-    /// A stream to order operations on (see [`Stream`]).
+    /// A stream to order operations on (see [`Stream`]): on the GPU
+    /// backend a new CUDA stream of this PE's GPU.
     pub fn stream(&self) -> Stream {
-        Stream::default()
+        match &self.inner.gpu {
+            // A stream that cannot be made leaves operations on the
+            // context's own stream, which is as ordered.
+            Some(g) => Stream { cuda: g.new_stream().ok() },
+            None => Stream::default(),
+        }
     }
 
     /// The team of all PEs.
@@ -346,7 +371,11 @@ impl Context {
     /// to be used.
     pub fn finalize(self) -> Result<()> {
         self.inner.check_live("context")?;
-        let result = self.world().barrier(&self.stream());
+        let s = self.stream();
+        let mut result = self.world().barrier(&s).and_then(|_| s.synchronize());
+        if let Some(g) = &self.inner.gpu {
+            result = result.and_then(|_| g.finalize());
+        }
         self.inner.finalized.store(true, Ordering::Release);
         self.inner.host.set_state(PeState::Finalized);
         let _ = LIVE.compare_exchange(self.inner.id, 0, Ordering::AcqRel, Ordering::Relaxed);
@@ -355,7 +384,5 @@ impl Context {
 }
 
 fn nanos() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
 }

@@ -43,18 +43,9 @@ impl DType {
     }
 
     pub(crate) fn from_tag(tag: u64) -> Option<DType> {
-        [
-            DType::F32,
-            DType::F64,
-            DType::F16,
-            DType::BF16,
-            DType::I32,
-            DType::I64,
-            DType::U32,
-            DType::U64,
-        ]
-        .into_iter()
-        .find(|d| *d as u64 == tag)
+        [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::I64, DType::U32, DType::U64]
+            .into_iter()
+            .find(|d| *d as u64 == tag)
     }
 
     /// Whether bitwise reductions are defined.
@@ -86,15 +77,8 @@ pub enum ReduceOp {
 }
 
 impl ReduceOp {
-    pub const ALL: [ReduceOp; 7] = [
-        ReduceOp::Sum,
-        ReduceOp::Min,
-        ReduceOp::Max,
-        ReduceOp::Prod,
-        ReduceOp::And,
-        ReduceOp::Or,
-        ReduceOp::Xor,
-    ];
+    pub const ALL: [ReduceOp; 7] =
+        [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max, ReduceOp::Prod, ReduceOp::And, ReduceOp::Or, ReduceOp::Xor];
 
     pub const fn name(self) -> &'static str {
         match self {
@@ -134,9 +118,7 @@ mod sealed {
 /// Implementors are plain data: `Copy`, no padding, every bit pattern a valid
 /// value, and `DTYPE.size() == size_of::<Self>()`. The trait is sealed; the
 /// crate implements it for the eight element types of [`DType`].
-pub unsafe trait Element:
-    sealed::Sealed + Copy + Send + Sync + PartialEq + fmt::Debug + 'static
-{
+pub unsafe trait Element: sealed::Sealed + Copy + Send + Sync + PartialEq + fmt::Debug + 'static {
     /// The runtime tag of this type.
     const DTYPE: DType;
     /// The type reductions accumulate in (`f32` for the 16-bit floats).
@@ -271,11 +253,9 @@ macro_rules! atomic_element {
                         v
                     }
                     AtomicOp::Swap(v) => a.swap(v, o),
-                    AtomicOp::CompareSwap { current, new } => {
-                        match a.compare_exchange(current, new, o, o) {
-                            Ok(v) | Err(v) => v,
-                        }
-                    }
+                    AtomicOp::CompareSwap { current, new } => match a.compare_exchange(current, new, o, o) {
+                        Ok(v) | Err(v) => v,
+                    },
                     AtomicOp::FetchAdd(v) => a.fetch_add(v, o),
                     AtomicOp::FetchAnd(v) => a.fetch_and(v, o),
                     AtomicOp::FetchOr(v) => a.fetch_or(v, o),

@@ -26,11 +26,7 @@ pub enum Error {
     PeOutOfRange { pe: usize, n_pes: usize },
     /// An element range outside a buffer.
     #[error("range {start}..{end} is out of bounds for a symmetric buffer of {len} elements")]
-    OutOfBounds {
-        start: usize,
-        end: usize,
-        len: usize,
-    },
+    OutOfBounds { start: usize, end: usize, len: usize },
     /// Source and destination (or a count) do not agree.
     #[error("length mismatch: {0}")]
     LengthMismatch(String),
@@ -48,20 +44,13 @@ pub enum Error {
     Finalized(&'static str),
     /// The symmetric heap cannot satisfy an allocation.
     #[error("symmetric heap exhausted: {requested} bytes requested, largest free block is {largest_free} bytes of a {heap_size}-byte heap (raise Config::heap_size or SHMEM_HEAP_SIZE)")]
-    HeapExhausted {
-        requested: usize,
-        largest_free: usize,
-        heap_size: usize,
-    },
+    HeapExhausted { requested: usize, largest_free: usize, heap_size: usize },
     /// PEs disagree on the arguments of a collective operation.
     #[error("collective mismatch: {0}")]
     CollectiveMismatch(String),
     /// A reduction that the element type does not support.
     #[error("reduction {op} is not defined for {dtype}")]
-    UnsupportedOp {
-        op: &'static str,
-        dtype: &'static str,
-    },
+    UnsupportedOp { op: &'static str, dtype: &'static str },
     /// Too many teams are alive.
     #[error("no free team slot: at most {max} teams may exist at once")]
     TeamsExhausted { max: usize },
@@ -71,6 +60,12 @@ pub enum Error {
     /// A wait exceeded its time limit.
     #[error("timed out after {secs:.1} s {what}")]
     Timeout { secs: f64, what: String },
+    /// A CUDA driver call failed.
+    #[error("CUDA: {0}")]
+    Cuda(String),
+    /// An NVSHMEM call returned an error status.
+    #[error("NVSHMEM {call} returned {code}")]
+    Nvshmem { call: &'static str, code: i32 },
     /// An operating-system call failed.
     #[error("{call} failed: {source}")]
     Os {
@@ -85,10 +80,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     pub(crate) fn os(call: &'static str) -> Self {
-        Error::Os {
-            call,
-            source: std::io::Error::last_os_error(),
-        }
+        Error::Os { call, source: std::io::Error::last_os_error() }
     }
 
     pub(crate) fn config(msg: impl fmt::Display) -> Self {

@@ -44,28 +44,14 @@ impl Allocator {
         if size > 0 {
             free.insert(0, size);
         }
-        Allocator {
-            size,
-            free,
-            live: BTreeMap::new(),
-            allocs: 0,
-            live_count: 0,
-            live_hash: 0,
-        }
+        Allocator { size, free, live: BTreeMap::new(), allocs: 0, live_count: 0, live_hash: 0 }
     }
 
     /// First-fit allocation of `bytes` (at least one aligned unit, so every
     /// buffer has its own address). Returns the offset.
     pub(crate) fn alloc(&mut self, bytes: usize) -> Result<usize> {
-        let need = bytes
-            .max(1)
-            .checked_next_multiple_of(ALIGN)
-            .unwrap_or(usize::MAX);
-        let found = self
-            .free
-            .iter()
-            .find(|(_, &len)| len >= need)
-            .map(|(&o, &l)| (o, l));
+        let need = bytes.max(1).checked_next_multiple_of(ALIGN).unwrap_or(usize::MAX);
+        let found = self.free.iter().find(|(_, &len)| len >= need).map(|(&o, &l)| (o, l));
         let Some((offset, len)) = found else {
             return Err(Error::HeapExhausted {
                 requested: bytes,
@@ -140,16 +126,8 @@ mod tests {
     fn live_set_hash_ignores_free_order_but_not_content() {
         let mut a = Allocator::new(8 * ALIGN);
         let mut b = Allocator::new(8 * ALIGN);
-        let (a0, a1, a2) = (
-            a.alloc(8).unwrap(),
-            a.alloc(8).unwrap(),
-            a.alloc(8).unwrap(),
-        );
-        let (b0, b1, _b2) = (
-            b.alloc(8).unwrap(),
-            b.alloc(8).unwrap(),
-            b.alloc(8).unwrap(),
-        );
+        let (a0, a1, a2) = (a.alloc(8).unwrap(), a.alloc(8).unwrap(), a.alloc(8).unwrap());
+        let (b0, b1, _b2) = (b.alloc(8).unwrap(), b.alloc(8).unwrap(), b.alloc(8).unwrap());
         a.free(a0, 0);
         a.free(a1, 1);
         b.free(b1, 1);

@@ -97,16 +97,14 @@ impl Launch {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
-        self.args
-            .extend(args.into_iter().map(|a| a.as_ref().to_owned()));
+        self.args.extend(args.into_iter().map(|a| a.as_ref().to_owned()));
         self
     }
 
     /// Sets an environment variable for every PE. The launcher's own
     /// `SHMEM_*` variables take precedence.
     pub fn env(mut self, key: impl AsRef<OsStr>, val: impl AsRef<OsStr>) -> Launch {
-        self.envs
-            .push((key.as_ref().to_owned(), val.as_ref().to_owned()));
+        self.envs.push((key.as_ref().to_owned(), val.as_ref().to_owned()));
         self
     }
 
@@ -148,17 +146,10 @@ impl Launch {
     /// reaped before an error is returned.
     pub fn run(&self) -> io::Result<Outcome> {
         if self.n_pes == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "a job needs at least one PE",
-            ));
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "a job needs at least one PE"));
         }
         let server = RendezvousServer::start(self.n_pes)?;
-        let mut signals = if self.forward_signals {
-            Some(SignalForwarding::install()?)
-        } else {
-            None
-        };
+        let mut signals = if self.forward_signals { Some(SignalForwarding::install()?) } else { None };
         let (out_tx, out_rx) = mpsc::channel();
         let mut children = Vec::with_capacity(self.n_pes);
         let spawned = self.spawn_all(server.addr(), &mut children, &out_tx);
@@ -183,12 +174,7 @@ impl Launch {
 
     /// Spawns every PE (and, with tagged output, its forwarding threads),
     /// pushing each child onto `children` as soon as it exists.
-    fn spawn_all(
-        &self,
-        addr: SocketAddr,
-        children: &mut Vec<Child>,
-        out_done: &Sender<()>,
-    ) -> io::Result<()> {
+    fn spawn_all(&self, addr: SocketAddr, children: &mut Vec<Child>, out_done: &Sender<()>) -> io::Result<()> {
         // A PE in its own process group that reads the terminal would be
         // stopped, so PEs get the terminal's stdin never; piped or
         // redirected stdin goes to PE 0 (as with mpirun).
@@ -203,21 +189,14 @@ impl Launch {
                 .env(env::LOCAL_SIZE, self.n_pes.to_string())
                 .env(env::RENDEZVOUS, addr.to_string())
                 .process_group(0)
-                .stdin(if rank == 0 && !stdin_is_tty {
-                    Stdio::inherit()
-                } else {
-                    Stdio::null()
-                });
+                .stdin(if rank == 0 && !stdin_is_tty { Stdio::inherit() } else { Stdio::null() });
             if self.tag_output {
                 cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
             }
             die_with_parent(&mut cmd);
-            let mut child = cmd.spawn().map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!("cannot start {:?} for PE {rank}: {e}", self.program),
-                )
-            })?;
+            let mut child = cmd
+                .spawn()
+                .map_err(|e| io::Error::new(e.kind(), format!("cannot start {:?} for PE {rank}: {e}", self.program)))?;
             let pipes = (child.stdout.take(), child.stderr.take());
             children.push(child);
             if let (Some(stdout), Some(stderr)) = pipes {
@@ -266,12 +245,10 @@ impl Launch {
         for (rank, child) in children.iter().enumerate() {
             let pid = child.id();
             let tx = exit_tx.clone();
-            thread::Builder::new()
-                .name(format!("shmem-wait-{rank}"))
-                .spawn(move || {
-                    let _ = wait_exit_nowait(pid);
-                    let _ = tx.send(rank);
-                })?;
+            thread::Builder::new().name(format!("shmem-wait-{rank}")).spawn(move || {
+                let _ = wait_exit_nowait(pid);
+                let _ = tx.send(rank);
+            })?;
         }
         drop(exit_tx);
 
@@ -330,13 +307,7 @@ impl Launch {
                 }
             }
         }
-        Ok(Outcome {
-            statuses: statuses
-                .into_iter()
-                .map(|s| s.expect("every PE was reaped"))
-                .collect(),
-            first_failure,
-        })
+        Ok(Outcome { statuses: statuses.into_iter().map(|s| s.expect("every PE was reaped")).collect(), first_failure })
     }
 }
 
@@ -389,11 +360,7 @@ pub fn describe_status(status: ExitStatus) -> String {
         return format!("exited with status {code}");
     }
     if let Some(sig) = status.signal() {
-        let core = if status.core_dumped() {
-            ", core dumped"
-        } else {
-            ""
-        };
+        let core = if status.core_dumped() { ", core dumped" } else { "" };
         return match signal_name(sig) {
             Some(name) => format!("was killed by signal {sig} ({name}{core})"),
             None if core.is_empty() => format!("was killed by signal {sig}"),
@@ -467,14 +434,7 @@ fn wait_exit_nowait(pid: u32) -> io::Result<()> {
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
         // SAFETY: `info` is a valid, exclusively borrowed siginfo_t.
         // WNOWAIT leaves the child for Child::wait to reap.
-        let r = unsafe {
-            libc::waitid(
-                libc::P_PID,
-                pid as libc::id_t,
-                &mut info,
-                libc::WEXITED | libc::WNOWAIT,
-            )
-        };
+        let r = unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT) };
         if r == 0 {
             return Ok(());
         }
@@ -578,11 +538,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// The signals [`Launch::forward_signals`] passes on.
 const FORWARDED: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
 /// How often each of [`FORWARDED`] arrived since the process started.
-static RECEIVED: [AtomicUsize; 3] = [
-    AtomicUsize::new(0),
-    AtomicUsize::new(0),
-    AtomicUsize::new(0),
-];
+static RECEIVED: [AtomicUsize; 3] = [AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0)];
 /// Runs forwarding now, and the handlers they replaced.
 static INSTALLED: Mutex<(usize, Vec<(libc::c_int, libc::sigaction)>)> = Mutex::new((0, Vec::new()));
 
@@ -608,8 +564,7 @@ impl SignalForwarding {
                 // SAFETY: all-zero is a valid sigaction (no flags, and the
                 // mask is emptied below).
                 let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
-                action.sa_sigaction =
-                    note_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+                action.sa_sigaction = note_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
                 action.sa_flags = libc::SA_RESTART;
                 // SAFETY: both pointers refer to live sigaction values; the
                 // handler only touches atomics.
@@ -638,11 +593,7 @@ impl SignalForwarding {
         for (i, &sig) in FORWARDED.iter().enumerate() {
             let now = RECEIVED[i].load(Ordering::Relaxed);
             for _ in self.seen[i]..now {
-                out.push(if self.forwarded_any {
-                    libc::SIGKILL
-                } else {
-                    sig
-                });
+                out.push(if self.forwarded_any { libc::SIGKILL } else { sig });
                 self.forwarded_any = true;
             }
             self.seen[i] = now;
@@ -732,27 +683,17 @@ impl RendezvousServer {
     /// Starts a server for `n` PEs on `127.0.0.1`, on a port the OS picks.
     pub(crate) fn start(n: usize) -> io::Result<RendezvousServer> {
         if n == 0 || u32::try_from(n).is_err() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("a rendezvous cannot serve {n} PEs"),
-            ));
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("a rendezvous cannot serve {n} PEs")));
         }
         let listener = TcpListener::bind(("127.0.0.1", 0))?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared::default());
         let (events, inbox) = mpsc::channel();
-        let mut server = RendezvousServer {
-            addr,
-            shared: shared.clone(),
-            events: events.clone(),
-            threads: Vec::new(),
-        };
-        let accept = thread::Builder::new()
-            .name("shmem-rendezvous-accept".into())
-            .spawn({
-                let shared = shared.clone();
-                move || accept_loop(listener, &shared, &events)
-            })?;
+        let mut server = RendezvousServer { addr, shared: shared.clone(), events: events.clone(), threads: Vec::new() };
+        let accept = thread::Builder::new().name("shmem-rendezvous-accept".into()).spawn({
+            let shared = shared.clone();
+            move || accept_loop(listener, &shared, &events)
+        })?;
         server.threads.push(accept);
         // On failure, dropping `server` stops the accept thread.
         let coordinator = thread::Builder::new()
@@ -834,20 +775,13 @@ fn accept_loop(listener: TcpListener, shared: &Shared, events: &Sender<Event>) {
         }
         // Opened is sent before the reader exists, so the coordinator knows
         // the connection before any of its frames.
-        if events
-            .send(Event::Opened {
-                id,
-                stream: stream.clone(),
-            })
-            .is_err()
-        {
+        if events.send(Event::Opened { id, stream: stream.clone() }).is_err() {
             return;
         }
         let tx = events.clone();
         let reader = stream.clone();
-        let spawned = thread::Builder::new()
-            .name(format!("shmem-rendezvous-{id}"))
-            .spawn(move || read_loop(id, &reader, &tx));
+        let spawned =
+            thread::Builder::new().name(format!("shmem-rendezvous-{id}")).spawn(move || read_loop(id, &reader, &tx));
         match spawned {
             Ok(handle) => reg.readers.push(handle),
             Err(e) => {
@@ -862,11 +796,7 @@ fn accept_loop(listener: TcpListener, shared: &Shared, events: &Sender<Event>) {
 
 /// Waits up to `timeout` for a connection to accept.
 fn wait_readable(listener: &TcpListener, timeout: Duration) -> bool {
-    let mut pfd = libc::pollfd {
-        fd: listener.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
+    let mut pfd = libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 };
     let ms = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
     // SAFETY: `pfd` is one valid pollfd for the whole call, and the
     // borrowed listener keeps its descriptor open.
@@ -883,9 +813,7 @@ fn read_loop(id: u64, stream: &TcpStream, events: &Sender<Event>) {
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => break Close::Eof,
-            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
-                break Close::Protocol(e.to_string())
-            }
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => break Close::Protocol(e.to_string()),
             Err(e) => break Close::Io(e.to_string()),
         }
     };
@@ -974,10 +902,7 @@ impl Coordinator {
                 let status = self.status();
                 self.send(id, wire::STATUS, &status);
             }
-            _ => self.reject(
-                id,
-                format!("protocol error: unexpected message kind {kind}"),
-            ),
+            _ => self.reject(id, format!("protocol error: unexpected message kind {kind}")),
         }
     }
 
@@ -987,24 +912,14 @@ impl Coordinator {
             return self.reject(id, "protocol error: not a shmem bootstrap hello".into());
         };
         if size != n {
-            return self.reject(
-                id,
-                format!("PE {rank} was started for a world of {size} PEs, but this job has {n}"),
-            );
+            return self.reject(id, format!("PE {rank} was started for a world of {size} PEs, but this job has {n}"));
         }
         if rank >= n {
-            return self.reject(
-                id,
-                format!("rank {rank} is out of range for a world of {n} PEs"),
-            );
+            return self.reject(id, format!("rank {rank} is out of range for a world of {n} PEs"));
         }
         if self.pes[rank] != Pe::Absent {
-            return self.reject(
-                id,
-                format!(
-                    "PE {rank} connected twice (another process already has SHMEM_RANK={rank})"
-                ),
-            );
+            return self
+                .reject(id, format!("PE {rank} connected twice (another process already has SHMEM_RANK={rank})"));
         }
         if let Some(msg) = self.failed.clone() {
             self.pes[rank] = Pe::Left;
@@ -1028,10 +943,7 @@ impl Coordinator {
             return self.send(id, wire::ERROR, msg.as_bytes());
         }
         if self.contributions[rank].is_some() {
-            return self.reject(
-                id,
-                "protocol error: two contributions to one allgather".into(),
-            );
+            return self.reject(id, "protocol error: two contributions to one allgather".into());
         }
         if let Some(gone) = self.pes.iter().position(|&pe| pe == Pe::Left) {
             // Without a failure, a PE that left said goodbye.
@@ -1044,11 +956,7 @@ impl Coordinator {
         }
         self.contributions[rank] = Some(body);
         if self.contributions.iter().all(Option::is_some) {
-            let parts: Vec<Vec<u8>> = self
-                .contributions
-                .iter_mut()
-                .map(|c| c.take().unwrap_or_default())
-                .collect();
+            let parts: Vec<Vec<u8>> = self.contributions.iter_mut().map(|c| c.take().unwrap_or_default()).collect();
             let body_len: usize = parts.iter().map(|p| 8 + p.len()).sum();
             let mut frame = Vec::with_capacity(wire::HEADER_LEN + body_len);
             frame.push(wire::RESULT);
@@ -1071,10 +979,7 @@ impl Coordinator {
             return;
         }
         if !self.ready {
-            let msg = format!(
-                "PE {rank} gave up waiting; {} had not connected yet",
-                wire::list_pes(&self.absent())
-            );
+            let msg = format!("PE {rank} gave up waiting; {} had not connected yet", wire::list_pes(&self.absent()));
             self.fail(msg);
         } else if self.contributions[rank].is_some() {
             let msg = format!(
@@ -1116,19 +1021,11 @@ impl Coordinator {
         let context = if !self.ready {
             format!("; {} had not connected yet", wire::list_pes(&self.absent()))
         } else if self.contributions.iter().any(Option::is_some) {
-            let missing: Vec<usize> = self
-                .missing_contributions()
-                .into_iter()
-                .filter(|&r| r != rank)
-                .collect();
+            let missing: Vec<usize> = self.missing_contributions().into_iter().filter(|&r| r != rank).collect();
             if missing.is_empty() {
                 String::new()
             } else {
-                format!(
-                    "; allgather #{} was still waiting for {}",
-                    self.round + 1,
-                    wire::list_pes(&missing)
-                )
+                format!("; allgather #{} was still waiting for {}", self.round + 1, wire::list_pes(&missing))
             }
         } else {
             String::new()
@@ -1144,10 +1041,7 @@ impl Coordinator {
         }
         self.pes[rank] = Pe::Left;
         if self.failed.is_none() {
-            self.fail(format!(
-                "PE {rank} {} before connecting to the rendezvous",
-                describe_status(status)
-            ));
+            self.fail(format!("PE {rank} {} before connecting to the rendezvous", describe_status(status)));
         }
     }
 
@@ -1171,26 +1065,18 @@ impl Coordinator {
     /// The phase, round and missing PEs, for a [`wire::QUERY`].
     fn status(&self) -> Vec<u8> {
         if self.ready {
-            wire::status(
-                wire::PHASE_GATHER,
-                self.round,
-                &self.missing_contributions(),
-            )
+            wire::status(wire::PHASE_GATHER, self.round, &self.missing_contributions())
         } else {
             wire::status(wire::PHASE_CONNECT, 0, &self.absent())
         }
     }
 
     fn absent(&self) -> Vec<usize> {
-        (0..self.pes.len())
-            .filter(|&r| self.pes[r] == Pe::Absent)
-            .collect()
+        (0..self.pes.len()).filter(|&r| self.pes[r] == Pe::Absent).collect()
     }
 
     fn missing_contributions(&self) -> Vec<usize> {
-        (0..self.pes.len())
-            .filter(|&r| self.contributions[r].is_none())
-            .collect()
+        (0..self.pes.len()).filter(|&r| self.contributions[r].is_none()).collect()
     }
 
     /// Connections of PEs that said hello and have not left, by rank.
@@ -1228,10 +1114,7 @@ mod tests {
 
     fn captured(launch: Launch) -> (Launch, Arc<Mutex<Vec<u8>>>) {
         let buf = Arc::new(Mutex::new(Vec::new()));
-        let launch = Launch {
-            capture: Some(buf.clone()),
-            ..launch.tag_output(true)
-        };
+        let launch = Launch { capture: Some(buf.clone()), ..launch.tag_output(true) };
         (launch, buf)
     }
 
@@ -1241,10 +1124,7 @@ mod tests {
 
     #[test]
     fn exit_codes_and_first_failure() {
-        let out = sh(4, "sleep 0.$SHMEM_RANK; exit $SHMEM_RANK")
-            .kill_on_failure(false)
-            .run()
-            .unwrap();
+        let out = sh(4, "sleep 0.$SHMEM_RANK; exit $SHMEM_RANK").kill_on_failure(false).run().unwrap();
         let codes: Vec<_> = out.statuses.iter().map(|s| s.code()).collect();
         assert_eq!(codes, [Some(0), Some(1), Some(2), Some(3)]);
         let (rank, status) = out.first_failure.unwrap();
@@ -1263,14 +1143,8 @@ mod tests {
     fn first_failure_stops_the_others() {
         let start = Instant::now();
         // `sleep` runs as the shell's child: stopping the group ends it too.
-        let out = sh(4, r#"[ "$SHMEM_RANK" = 2 ] && exit 3; sleep 100"#)
-            .run()
-            .unwrap();
-        assert!(
-            start.elapsed() < Duration::from_secs(2),
-            "took {:?}",
-            start.elapsed()
-        );
+        let out = sh(4, r#"[ "$SHMEM_RANK" = 2 ] && exit 3; sleep 100"#).run().unwrap();
+        assert!(start.elapsed() < Duration::from_secs(2), "took {:?}", start.elapsed());
         let (rank, status) = out.first_failure.unwrap();
         assert_eq!((rank, status.code()), (2, Some(3)));
         assert_eq!(out.exit_code(), 3);
@@ -1285,24 +1159,15 @@ mod tests {
         let start = Instant::now();
         // PE 0 fails once PE 1 had time to ignore SIGTERM.
         let script = r#"[ "$SHMEM_RANK" = 0 ] && sleep 0.4 && exit 1; trap '' TERM; while :; do sleep 0.05; done"#;
-        let out = sh(2, script)
-            .kill_grace(Duration::from_millis(200))
-            .run()
-            .unwrap();
-        assert!(
-            start.elapsed() < Duration::from_secs(2),
-            "took {:?}",
-            start.elapsed()
-        );
+        let out = sh(2, script).kill_grace(Duration::from_millis(200)).run().unwrap();
+        assert!(start.elapsed() < Duration::from_secs(2), "took {:?}", start.elapsed());
         assert_eq!(out.statuses[1].signal(), Some(libc::SIGKILL));
         assert_eq!(out.exit_code(), 1);
     }
 
     #[test]
     fn killed_by_a_signal() {
-        let out = sh(2, r#"[ "$SHMEM_RANK" = 1 ] && kill -KILL $$; sleep 100"#)
-            .run()
-            .unwrap();
+        let out = sh(2, r#"[ "$SHMEM_RANK" = 1 ] && kill -KILL $$; sleep 100"#).run().unwrap();
         assert_eq!(out.first_failure.map(|(r, _)| r), Some(1));
         assert_eq!(out.exit_code(), 128 + 9);
         assert_eq!(out.to_string(), "PE 1 was killed by signal 9 (SIGKILL)");
@@ -1321,20 +1186,11 @@ mod tests {
         lines.sort();
         assert_eq!(lines.len(), 9, "{text}");
         for rank in 0..3 {
-            let env_line = lines
-                .iter()
-                .find(|l| l.starts_with(&format!("[{rank}] {rank} 3 {rank} 3 127.0.0.1:")));
-            let env_line =
-                env_line.unwrap_or_else(|| panic!("no environment line of PE {rank} in {text}"));
+            let env_line = lines.iter().find(|l| l.starts_with(&format!("[{rank}] {rank} 3 {rank} 3 127.0.0.1:")));
+            let env_line = env_line.unwrap_or_else(|| panic!("no environment line of PE {rank} in {text}"));
             assert!(env_line.ends_with(" bar -x"), "{env_line}");
-            assert!(
-                lines.contains(&format!("[{rank}] err {rank}").as_str()),
-                "{text}"
-            );
-            assert!(
-                lines.contains(&format!("[{rank}] no newline").as_str()),
-                "{text}"
-            );
+            assert!(lines.contains(&format!("[{rank}] err {rank}").as_str()), "{text}");
+            assert!(lines.contains(&format!("[{rank}] no newline").as_str()), "{text}");
         }
     }
 
@@ -1349,9 +1205,7 @@ mod tests {
     fn start_errors() {
         let e = Launch::new(0, "true").run().unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
-        let e = Launch::new(2, "/nonexistent/shmem-test-program")
-            .run()
-            .unwrap_err();
+        let e = Launch::new(2, "/nonexistent/shmem-test-program").run().unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::NotFound);
         assert!(e.to_string().contains("for PE 0"), "{e}");
     }
@@ -1370,10 +1224,7 @@ mod tests {
         // SAFETY: kill has no memory-safety preconditions.
         unsafe { libc::kill(libc::getpid(), libc::SIGHUP) };
         let out = waiter.join().unwrap().unwrap();
-        assert_eq!(
-            out.statuses.iter().map(|s| s.signal()).collect::<Vec<_>>(),
-            [Some(libc::SIGHUP); 2]
-        );
+        assert_eq!(out.statuses.iter().map(|s| s.signal()).collect::<Vec<_>>(), [Some(libc::SIGHUP); 2]);
         assert_eq!(out.exit_code(), 128 + libc::SIGHUP);
     }
 
@@ -1394,9 +1245,7 @@ mod tests {
                 let mut c = Client::connect_from_env(timeout).unwrap();
                 for round in 0..3 {
                     let all = c.allgather(format!("{rank}:{round}").as_bytes()).unwrap();
-                    let want: Vec<Vec<u8>> = (0..c.size())
-                        .map(|r| format!("{r}:{round}").into_bytes())
-                        .collect();
+                    let want: Vec<Vec<u8>> = (0..c.size()).map(|r| format!("{r}:{round}").into_bytes()).collect();
                     assert_eq!(all, want);
                 }
                 c.close();
@@ -1415,10 +1264,7 @@ mod tests {
                     std::process::exit(5);
                 }
                 let err = Client::connect_from_env(timeout).err().unwrap().to_string();
-                assert!(
-                    err.contains("PE 1 exited with status 5 before connecting"),
-                    "{err}"
-                );
+                assert!(err.contains("PE 1 exited with status 5 before connecting"), "{err}");
                 println!("saw: {err}");
             }
             other => panic!("unknown role {other}"),
@@ -1428,13 +1274,7 @@ mod tests {
     fn self_launch(n: usize, role: &str) -> (Outcome, String) {
         let exe = std::env::current_exe().unwrap();
         let launch = Launch::new(n, exe)
-            .args([
-                "--exact",
-                "launch::tests::child_pe",
-                "--nocapture",
-                "--test-threads=1",
-                "-q",
-            ])
+            .args(["--exact", "launch::tests::child_pe", "--nocapture", "--test-threads=1", "-q"])
             .env(ROLE, role)
             .kill_on_failure(false);
         let (launch, buf) = captured(launch);
@@ -1451,30 +1291,16 @@ mod tests {
     #[test]
     fn crashed_pe_fails_the_others_bootstrap() {
         let (out, text) = self_launch(3, "crash");
-        assert_eq!(
-            out.first_failure.map(|(r, s)| (r, s.code())),
-            Some((1, Some(7))),
-            "{text}"
-        );
-        assert!(
-            out.statuses[0].success() && out.statuses[2].success(),
-            "{text}"
-        );
+        assert_eq!(out.first_failure.map(|(r, s)| (r, s.code())), Some((1, Some(7))), "{text}");
+        assert!(out.statuses[0].success() && out.statuses[2].success(), "{text}");
         assert_eq!(text.matches("saw: ").count(), 2, "{text}");
     }
 
     #[test]
     fn pe_exiting_before_connecting_fails_the_others_bootstrap() {
         let (out, text) = self_launch(3, "early-exit");
-        assert_eq!(
-            out.first_failure.map(|(r, s)| (r, s.code())),
-            Some((1, Some(5))),
-            "{text}"
-        );
-        assert!(
-            out.statuses[0].success() && out.statuses[2].success(),
-            "{text}"
-        );
+        assert_eq!(out.first_failure.map(|(r, s)| (r, s.code())), Some((1, Some(5))), "{text}");
+        assert!(out.statuses[0].success() && out.statuses[2].success(), "{text}");
     }
 
     #[test]
@@ -1487,8 +1313,7 @@ mod tests {
             server.shutdown();
         }
         let server = RendezvousServer::start(1).unwrap();
-        let mut c =
-            Client::connect(&server.addr().to_string(), 0, 1, Duration::from_secs(2)).unwrap();
+        let mut c = Client::connect(&server.addr().to_string(), 0, 1, Duration::from_secs(2)).unwrap();
         assert_eq!(c.allgather(b"z").unwrap(), vec![b"z".to_vec()]);
         drop(server); // drop stops it too
         assert!(c.allgather(b"z").is_err());

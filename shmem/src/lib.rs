@@ -28,6 +28,8 @@ pub mod config;
 mod context;
 mod dtype;
 mod error;
+mod gpu;
+pub use gpu::interop::CudaView;
 mod heap;
 mod host;
 pub mod launch;

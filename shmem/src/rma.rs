@@ -53,8 +53,7 @@ impl Cmp {
 /// done as one `memmove`.
 unsafe fn copy_bytes(pool: &rayon::ThreadPool, dst: *mut u8, src: *const u8, bytes: usize) {
     const CHUNK: usize = 1 << 20;
-    let overlap =
-        (dst as usize) < (src as usize + bytes) && (src as usize) < (dst as usize + bytes);
+    let overlap = (dst as usize) < (src as usize + bytes) && (src as usize) < (dst as usize + bytes);
     if bytes < 4 * CHUNK || overlap || pool.current_num_threads() == 1 {
         // SAFETY: the caller's contract; `copy` tolerates overlap.
         unsafe { std::ptr::copy(src, dst, bytes) };
@@ -66,9 +65,7 @@ unsafe fn copy_bytes(pool: &rayon::ThreadPool, dst: *mut u8, src: *const u8, byt
             let off = i * CHUNK;
             let n = CHUNK.min(bytes - off);
             // SAFETY: disjoint chunks of non-overlapping ranges valid for `bytes`.
-            unsafe {
-                std::ptr::copy_nonoverlapping((s + off) as *const u8, (d + off) as *mut u8, n)
-            };
+            unsafe { std::ptr::copy_nonoverlapping((s + off) as *const u8, (d + off) as *mut u8, n) };
         })
     });
 }
@@ -76,33 +73,25 @@ unsafe fn copy_bytes(pool: &rayon::ThreadPool, dst: *mut u8, src: *const u8, byt
 impl Context {
     fn check_pe(&self, pe: usize) -> Result<()> {
         if pe >= self.inner.n {
-            return Err(Error::PeOutOfRange {
-                pe,
-                n_pes: self.inner.n,
-            });
+            return Err(Error::PeOutOfRange { pe, n_pes: self.inner.n });
         }
         Ok(())
     }
 
-    fn element_ptr<T: Element>(
-        &self,
-        buf: &SymmetricBuffer<T>,
-        index: usize,
-        pe: usize,
-    ) -> Result<*mut T> {
+    /// The checked heap offset of `buf[index]` (on any PE).
+    fn element_offset<T: Element>(&self, buf: &SymmetricBuffer<T>, index: usize, pe: usize) -> Result<usize> {
         self.check_pe(pe)?;
         buf.check(&self.inner)?;
         if index >= buf.len {
-            return Err(Error::IndexOutOfBounds {
-                index,
-                len: buf.len,
-            });
+            return Err(Error::IndexOutOfBounds { index, len: buf.len });
         }
-        Ok(self
-            .inner
-            .host
-            .heap_ptr(pe, buf.offset + index * size_of::<T>())
-            .cast())
+        Ok(buf.offset + index * size_of::<T>())
+    }
+
+    /// Host backend: the address of `pe`'s `buf[index]`.
+    fn element_ptr<T: Element>(&self, buf: &SymmetricBuffer<T>, index: usize, pe: usize) -> Result<*mut T> {
+        let off = self.element_offset(buf, index, pe)?;
+        Ok(self.inner.host.heap_ptr(pe, off).cast())
     }
 
     /// Copies this PE's `src` into `pe`'s copy of `dst`; returns when done.
@@ -111,9 +100,9 @@ impl Context {
         dst: impl Into<SymSlice<'a, T>>,
         src: impl Into<SymSlice<'b, T>>,
         pe: usize,
-        _stream: &Stream,
+        stream: &Stream,
     ) -> Result<()> {
-        self.transfer(dst.into(), src.into(), pe, true)
+        self.transfer(dst.into(), src.into(), pe, true, stream)
     }
 
     /// Starts a put; it is complete at the next [`Context::quiet`].
@@ -133,9 +122,9 @@ impl Context {
         dst: impl Into<SymSlice<'a, T>>,
         src: impl Into<SymSlice<'b, T>>,
         pe: usize,
-        _stream: &Stream,
+        stream: &Stream,
     ) -> Result<()> {
-        self.transfer(dst.into(), src.into(), pe, false)
+        self.transfer(dst.into(), src.into(), pe, false, stream)
     }
 
     /// Starts a get; it is complete at the next [`Context::quiet`].
@@ -155,6 +144,7 @@ impl Context {
         src: SymSlice<'_, T>,
         pe: usize,
         put: bool,
+        stream: &Stream,
     ) -> Result<()> {
         self.check_pe(pe)?;
         let d = dst.region(&self.inner)?;
@@ -167,12 +157,12 @@ impl Context {
                 d.len
             )));
         }
+        if let Some(g) = &self.inner.gpu {
+            let bytes = d.len * size_of::<T>();
+            return g.transfer(put, g.addr(d.offset), g.addr(s.offset), bytes, pe, g.stream(stream));
+        }
         let host = &self.inner.host;
-        let (dst_pe, src_pe) = if put {
-            (pe, self.inner.me)
-        } else {
-            (self.inner.me, pe)
-        };
+        let (dst_pe, src_pe) = if put { (pe, self.inner.me) } else { (self.inner.me, pe) };
         // SAFETY: both regions were checked to lie inside their heaps; the
         // program orders this access against others to the same memory.
         unsafe {
@@ -193,8 +183,15 @@ impl Context {
         index: usize,
         value: T,
         pe: usize,
-        _stream: &Stream,
+        stream: &Stream,
     ) -> Result<()> {
+        if let Some(g) = &self.inner.gpu {
+            let off = self.element_offset(dst, index, pe)?;
+            // SAFETY: a checked element of the symmetric heap.
+            return unsafe {
+                crate::gpu::dispatch::p(g.nv, g.addr(off), value, pe as i32, g.stream(stream).cu_stream())
+            };
+        }
         let p = self.element_ptr(dst, index, pe)?;
         // SAFETY: an aligned element inside `pe`'s heap (checked); volatile
         // because other processes read it.
@@ -203,37 +200,41 @@ impl Context {
     }
 
     /// Reads one element of `pe`'s copy of `src` (NVSHMEM's `g`).
-    pub fn g<T: Element>(
-        &self,
-        src: &SymmetricBuffer<T>,
-        index: usize,
-        pe: usize,
-        _stream: &Stream,
-    ) -> Result<T> {
+    pub fn g<T: Element>(&self, src: &SymmetricBuffer<T>, index: usize, pe: usize, stream: &Stream) -> Result<T> {
+        if let Some(g) = &self.inner.gpu {
+            let off = self.element_offset(src, index, pe)?;
+            let st = g.stream(stream);
+            // SAFETY: a checked element of the symmetric heap.
+            let v = unsafe { crate::gpu::dispatch::g(g.nv, g.addr(off), pe as i32, st.cu_stream())? };
+            st.synchronize()?;
+            return Ok(v);
+        }
         let p = self.element_ptr(src, index, pe)?;
         // SAFETY: as in `p`.
         Ok(unsafe { p.read_volatile() })
     }
 
     /// Completes every outstanding operation of this PE.
-    pub fn quiet(&self, _stream: &Stream) -> Result<()> {
+    pub fn quiet(&self, stream: &Stream) -> Result<()> {
+        if let Some(g) = &self.inner.gpu {
+            return g.quiet(g.stream(stream));
+        }
         fence(Ordering::SeqCst);
         Ok(())
     }
 
     /// Orders this PE's operations to each peer: those before the fence are
     /// delivered before those after it.
-    pub fn fence(&self, _stream: &Stream) -> Result<()> {
+    pub fn fence(&self, stream: &Stream) -> Result<()> {
+        if let Some(g) = &self.inner.gpu {
+            // Quiet is a fence and more: NVSHMEM has no fence on a stream.
+            return g.quiet(g.stream(stream));
+        }
         fence(Ordering::SeqCst);
         Ok(())
     }
 
-    fn signal_cell<'s>(
-        &self,
-        signal: &'s SymmetricBuffer<u64>,
-        index: usize,
-        pe: usize,
-    ) -> Result<&'s AtomicU64> {
+    fn signal_cell<'s>(&self, signal: &'s SymmetricBuffer<u64>, index: usize, pe: usize) -> Result<&'s AtomicU64> {
         let p = self.element_ptr(signal, index, pe)?;
         // SAFETY: an aligned u64 inside a mapping that lives as long as the
         // buffer (it holds the context); AtomicU64 has u64's layout.
@@ -254,6 +255,31 @@ impl Context {
         pe: usize,
         stream: &Stream,
     ) -> Result<()> {
+        if let Some(g) = &self.inner.gpu {
+            let sig = self.element_offset(signal, sig_index, pe)?;
+            let (dst, src) = (dst.into(), src.into());
+            let d = dst.region(&self.inner)?;
+            let s = src.region(&self.inner)?;
+            if d.len != s.len {
+                return Err(Error::LengthMismatch(format!(
+                    "put_signal: source has {} elements, destination {}",
+                    s.len, d.len
+                )));
+            }
+            self.check_pe(pe)?;
+            let bytes = d.len * size_of::<T>();
+            let add = op == SignalOp::Add;
+            return g.put_signal(
+                g.addr(d.offset),
+                g.addr(s.offset),
+                bytes,
+                g.addr(sig),
+                value,
+                add,
+                pe,
+                g.stream(stream),
+            );
+        }
         let cell = self.signal_cell(signal, sig_index, pe)?;
         self.put(dst, src, pe, stream)?;
         // SeqCst (a release at least): the data written above happens-before
@@ -291,8 +317,12 @@ impl Context {
         value: u64,
         op: SignalOp,
         pe: usize,
-        _stream: &Stream,
+        stream: &Stream,
     ) -> Result<()> {
+        if let Some(g) = &self.inner.gpu {
+            let sig = self.element_offset(signal, sig_index, pe)?;
+            return g.signal_op(g.addr(sig), value, op == SignalOp::Add, pe, g.stream(stream));
+        }
         let cell = self.signal_cell(signal, sig_index, pe)?;
         match op {
             SignalOp::Set => cell.store(value, Ordering::SeqCst),
@@ -304,13 +334,14 @@ impl Context {
     }
 
     /// This PE's `signal[index]`.
-    pub fn signal_fetch(
-        &self,
-        signal: &SymmetricBuffer<u64>,
-        index: usize,
-        _stream: &Stream,
-    ) -> Result<u64> {
+    pub fn signal_fetch(&self, signal: &SymmetricBuffer<u64>, index: usize, stream: &Stream) -> Result<u64> {
         let me = self.inner.me;
+        if let Some(g) = &self.inner.gpu {
+            let off = self.element_offset(signal, index, me)?;
+            let mut v = [0u64];
+            g.dtoh(&mut v, g.addr(off), g.stream(stream))?;
+            return Ok(v[0]);
+        }
         // Acquire: data put before the signal is visible after this load.
         Ok(self.signal_cell(signal, index, me)?.load(Ordering::Acquire))
     }
@@ -324,9 +355,32 @@ impl Context {
         index: usize,
         cmp: Cmp,
         value: u64,
-        _stream: &Stream,
+        stream: &Stream,
     ) -> Result<u64> {
         let me = self.inner.me;
+        let what = || format!("waiting for signal[{index}] {cmp:?} {value}");
+        if let Some(g) = &self.inner.gpu {
+            // Polled from the host, so that a dead peer ends the wait.
+            let off = self.element_offset(signal, index, me)?;
+            let st = g.stream(stream);
+            st.synchronize()?;
+            let (mut seen, mut failed) = (0, None);
+            let poll = || {
+                let mut v = [0u64];
+                match g.dtoh(&mut v, g.addr(off), st) {
+                    Ok(()) => {
+                        seen = v[0];
+                        cmp.holds(seen, value)
+                    }
+                    Err(e) => {
+                        failed = Some(e);
+                        true
+                    }
+                }
+            };
+            self.inner.host.wait_for_anyone(poll, &what)?;
+            return failed.map_or(Ok(seen), Err);
+        }
         let cell = self.signal_cell(signal, index, me)?;
         let mut seen = 0;
         self.inner.host.wait_for_anyone(
@@ -335,7 +389,7 @@ impl Context {
                 seen = cell.load(Ordering::Acquire);
                 cmp.holds(seen, value)
             },
-            &|| format!("waiting for signal[{index}] {cmp:?} {value}"),
+            &what,
         )?;
         Ok(seen)
     }
@@ -345,8 +399,17 @@ impl Context {
         buf: &SymmetricBuffer<T>,
         index: usize,
         pe: usize,
+        stream: &Stream,
         op: AtomicOp<T>,
     ) -> Result<T> {
+        if let Some(g) = &self.inner.gpu {
+            let off = self.element_offset(buf, index, pe)?;
+            // NVSHMEM's host atomics are blocking calls: order them after
+            // the work already on the stream.
+            g.stream(stream).synchronize()?;
+            // SAFETY: a checked, aligned element of the symmetric heap.
+            return unsafe { crate::gpu::dispatch::atomic(g.nv, g.addr(off), op, pe as i32) };
+        }
         let p = self.element_ptr(buf, index, pe)?;
         // SAFETY: an aligned element inside the mapping, which outlives the
         // borrow of `buf`; `T::Atomic` has T's layout.
@@ -360,9 +423,9 @@ impl Context {
         buf: &SymmetricBuffer<T>,
         index: usize,
         pe: usize,
-        _s: &Stream,
+        s: &Stream,
     ) -> Result<T> {
-        self.atomic(buf, index, pe, AtomicOp::Fetch)
+        self.atomic(buf, index, pe, s, AtomicOp::Fetch)
     }
 
     /// Writes `pe`'s `buf[index]` atomically.
@@ -372,9 +435,9 @@ impl Context {
         index: usize,
         value: T,
         pe: usize,
-        _s: &Stream,
+        s: &Stream,
     ) -> Result<()> {
-        self.atomic(buf, index, pe, AtomicOp::Set(value)).map(drop)
+        self.atomic(buf, index, pe, s, AtomicOp::Set(value)).map(drop)
     }
 
     /// Swaps in `value`; returns the old value.
@@ -384,9 +447,9 @@ impl Context {
         index: usize,
         value: T,
         pe: usize,
-        _s: &Stream,
+        s: &Stream,
     ) -> Result<T> {
-        self.atomic(buf, index, pe, AtomicOp::Swap(value))
+        self.atomic(buf, index, pe, s, AtomicOp::Swap(value))
     }
 
     /// Writes `new` if the element equals `current`; returns the old value.
@@ -397,9 +460,9 @@ impl Context {
         current: T,
         new: T,
         pe: usize,
-        _s: &Stream,
+        s: &Stream,
     ) -> Result<T> {
-        self.atomic(buf, index, pe, AtomicOp::CompareSwap { current, new })
+        self.atomic(buf, index, pe, s, AtomicOp::CompareSwap { current, new })
     }
 
     /// Adds `value` (wrapping); returns the old value.
@@ -409,9 +472,9 @@ impl Context {
         index: usize,
         value: T,
         pe: usize,
-        _s: &Stream,
+        s: &Stream,
     ) -> Result<T> {
-        self.atomic(buf, index, pe, AtomicOp::FetchAdd(value))
+        self.atomic(buf, index, pe, s, AtomicOp::FetchAdd(value))
     }
 
     /// Adds `value` (wrapping).
@@ -421,10 +484,9 @@ impl Context {
         index: usize,
         value: T,
         pe: usize,
-        _s: &Stream,
+        s: &Stream,
     ) -> Result<()> {
-        self.atomic(buf, index, pe, AtomicOp::FetchAdd(value))
-            .map(drop)
+        self.atomic(buf, index, pe, s, AtomicOp::FetchAdd(value)).map(drop)
     }
 
     /// Bitwise and; returns the old value.
@@ -434,9 +496,9 @@ impl Context {
         index: usize,
         value: T,
         pe: usize,
-        _s: &Stream,
+        s: &Stream,
     ) -> Result<T> {
-        self.atomic(buf, index, pe, AtomicOp::FetchAnd(value))
+        self.atomic(buf, index, pe, s, AtomicOp::FetchAnd(value))
     }
 
     /// Bitwise or; returns the old value.
@@ -446,9 +508,9 @@ impl Context {
         index: usize,
         value: T,
         pe: usize,
-        _s: &Stream,
+        s: &Stream,
     ) -> Result<T> {
-        self.atomic(buf, index, pe, AtomicOp::FetchOr(value))
+        self.atomic(buf, index, pe, s, AtomicOp::FetchOr(value))
     }
 
     /// Bitwise xor; returns the old value.
@@ -458,8 +520,8 @@ impl Context {
         index: usize,
         value: T,
         pe: usize,
-        _s: &Stream,
+        s: &Stream,
     ) -> Result<T> {
-        self.atomic(buf, index, pe, AtomicOp::FetchXor(value))
+        self.atomic(buf, index, pe, s, AtomicOp::FetchXor(value))
     }
 }

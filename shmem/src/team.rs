@@ -33,19 +33,9 @@ pub(crate) enum OpKind {
 impl OpKind {
     fn from_u8(v: u8) -> Option<OpKind> {
         use OpKind::*;
-        [
-            Barrier,
-            Broadcast,
-            AllGather,
-            AllReduce,
-            ReduceScatter,
-            AllToAll,
-            Alloc,
-            Split,
-            SplitBases,
-        ]
-        .into_iter()
-        .find(|k| *k as u8 == v)
+        [Barrier, Broadcast, AllGather, AllReduce, ReduceScatter, AllToAll, Alloc, Split, SplitBases]
+            .into_iter()
+            .find(|k| *k as u8 == v)
     }
 
     pub(crate) fn name(self) -> &'static str {
@@ -77,13 +67,7 @@ pub(crate) struct Desc {
 
 impl Desc {
     pub(crate) fn new(kind: OpKind) -> Desc {
-        Desc {
-            kind,
-            dtype: None,
-            op: None,
-            args: [0; 5],
-            private: 0,
-        }
+        Desc { kind, dtype: None, op: None, args: [0; 5], private: 0 }
     }
 
     fn words(&self, seq: u64, err: u8) -> [u64; DESC_WORDS] {
@@ -108,10 +92,7 @@ impl fmt::Display for Row<'_> {
         if let Some(d) = DType::from_tag((w[1] >> 8) & 0xff) {
             write!(f, "{d}, ")?;
         }
-        if let Some(op) = ReduceOp::ALL
-            .iter()
-            .find(|o| **o as u64 == (w[1] >> 16) & 0xff)
-        {
+        if let Some(op) = ReduceOp::ALL.iter().find(|o| **o as u64 == (w[1] >> 16) & 0xff) {
             write!(f, "{op}, ")?;
         }
         match kind {
@@ -177,6 +158,8 @@ pub(crate) struct TeamState {
     seq: AtomicU64,
     /// For split teams: the context whose slot to free on drop.
     owner: Option<Arc<Inner>>,
+    /// NVSHMEM's handle of the team, on the GPU backend.
+    pub(crate) nv_team: i32,
 }
 
 impl TeamState {
@@ -186,32 +169,23 @@ impl TeamState {
         members: Vec<usize>,
         me: usize,
         owner: Option<Arc<Inner>>,
+        nv_team: i32,
     ) -> TeamState {
-        let my_index = members
-            .iter()
-            .position(|&m| m == me)
-            .expect("a team state exists only on its members");
+        let my_index = members.iter().position(|&m| m == me).expect("a team state exists only on its members");
         let bases = vec![0; members.len()];
-        TeamState {
-            ctx_id,
-            slot,
-            members,
-            my_index,
-            bases,
-            arrivals: AtomicU64::new(0),
-            seq: AtomicU64::new(0),
-            owner,
-        }
+        let (arrivals, seq) = (AtomicU64::new(0), AtomicU64::new(0));
+        TeamState { ctx_id, slot, members, my_index, bases, arrivals, seq, owner, nv_team }
     }
 }
 
 impl Drop for TeamState {
     fn drop(&mut self) {
         if let Some(inner) = &self.owner {
-            *inner
-                .free_team_slots
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) |= 1 << self.slot;
+            if let Some(g) = inner.gpu.as_ref().filter(|_| !inner.finalized.load(Ordering::Acquire)) {
+                // Members drop their teams in the same order, as they made them.
+                let _ = g.destroy_team(self.nv_team);
+            }
+            *inner.free_team_slots.lock().unwrap_or_else(|e| e.into_inner()) |= 1 << self.slot;
         }
     }
 }
@@ -228,10 +202,7 @@ pub struct Team {
 
 impl fmt::Debug for Team {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Team")
-            .field("slot", &self.state.slot)
-            .field("members", &self.state.members)
-            .finish()
+        f.debug_struct("Team").field("slot", &self.state.slot).field("members", &self.state.members).finish()
     }
 }
 
@@ -252,14 +223,7 @@ impl Team {
 
     /// The world PE of the team's PE `pe`.
     pub fn world_pe(&self, pe: usize) -> Result<usize> {
-        self.state
-            .members
-            .get(pe)
-            .copied()
-            .ok_or(Error::PeOutOfRange {
-                pe,
-                n_pes: self.n_pes(),
-            })
+        self.state.members.get(pe).copied().ok_or(Error::PeOutOfRange { pe, n_pes: self.n_pes() })
     }
 
     /// The index in `other` of this team's PE `pe`, or `None` if it is not a member of `other`.
@@ -285,25 +249,13 @@ impl Team {
         self.check()?;
         let n = self.n_pes();
         let valid = if size == 0 || stride == 0 {
-            Err(Error::Invalid(format!(
-                "split_strided: size ({size}) and stride ({stride}) must be at least 1"
-            )))
-        } else if start
-            .checked_add(stride.saturating_mul(size - 1))
-            .is_none_or(|last| last >= n)
-        {
-            Err(Error::PeOutOfRange {
-                pe: start.saturating_add(stride.saturating_mul(size - 1)),
-                n_pes: n,
-            })
+            Err(Error::Invalid(format!("split_strided: size ({size}) and stride ({stride}) must be at least 1")))
+        } else if start.checked_add(stride.saturating_mul(size - 1)).is_none_or(|last| last >= n) {
+            Err(Error::PeOutOfRange { pe: start.saturating_add(stride.saturating_mul(size - 1)), n_pes: n })
         } else {
             Ok(())
         };
-        let free_mask = *self
-            .ctx
-            .free_team_slots
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let free_mask = *self.ctx.free_team_slots.lock().unwrap_or_else(|e| e.into_inner());
         let mut d = Desc::new(OpKind::Split);
         d.args = [start as u64, stride as u64, size as u64, 0, 0];
         d.private = free_mask;
@@ -315,55 +267,44 @@ impl Team {
             return Err(Error::TeamsExhausted { max: MAX_TEAMS });
         }
         let slot = common.trailing_zeros() as usize;
-        let members: Vec<usize> = (0..size)
-            .map(|i| self.state.members[start + i * stride])
-            .collect();
+        let members: Vec<usize> = (0..size).map(|i| self.state.members[start + i * stride]).collect();
         let is_member = members.contains(&self.ctx.me);
         if is_member {
-            *self
-                .ctx
-                .free_team_slots
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) &= !(1 << slot);
+            *self.ctx.free_team_slots.lock().unwrap_or_else(|e| e.into_inner()) &= !(1 << slot);
         }
         // Second exchange: each member's barrier counter on the chosen slot,
         // read before anyone can enter a barrier of the new team.
         let mut d = Desc::new(OpKind::SplitBases);
-        d.private = self.ctx.host.cell(self.ctx.me).teams[slot]
-            .epoch
-            .load(Ordering::SeqCst);
+        d.private = self.ctx.host.cell(self.ctx.me).teams[slot].epoch.load(Ordering::SeqCst);
         let rows = self.exchange(&d, None)?;
         self.agree(&rows)?;
+        let nv_team = match &self.ctx.gpu {
+            Some(g) => g.split_team(self.state.nv_team, start, stride, size)?,
+            None => crate::gpu::TEAM_INVALID,
+        };
         if !is_member {
             return Ok(None);
         }
         let bases = members
             .iter()
-            .map(|&w| {
-                rows[self.state.members.iter().position(|&m| m == w).unwrap()][DESC_WORDS - 1]
-            })
+            .map(|&w| rows[self.state.members.iter().position(|&m| m == w).unwrap()][DESC_WORDS - 1])
             .collect();
-        let mut state = TeamState::new(
-            self.ctx.id,
-            slot,
-            members,
-            self.ctx.me,
-            Some(self.ctx.clone()),
-        );
+        let mut state = TeamState::new(self.ctx.id, slot, members, self.ctx.me, Some(self.ctx.clone()), nv_team);
         state.bases = bases;
-        Ok(Some(Team {
-            ctx: self.ctx.clone(),
-            state: Arc::new(state),
-        }))
+        Ok(Some(Team { ctx: self.ctx.clone(), state: Arc::new(state) }))
     }
 
     /// Blocks until every PE of the team has arrived.
     ///
     /// # Collective
-    pub fn barrier(&self, _stream: &Stream) -> Result<()> {
+    pub fn barrier(&self, stream: &Stream) -> Result<()> {
         self.check()?;
         let rows = self.exchange(&Desc::new(OpKind::Barrier), None)?;
-        self.agree(&rows)
+        self.agree(&rows)?;
+        match &self.ctx.gpu {
+            Some(g) => g.barrier(self.state.nv_team, g.stream(stream)),
+            None => Ok(()),
+        }
     }
 
     /// Like [`Team::barrier`]; on the GPU backend it orders memory but does
@@ -381,30 +322,18 @@ impl Team {
         let target = st.arrivals.fetch_add(1, Ordering::Relaxed) + 1;
         // SeqCst: publishes this PE's descriptor row and data writes before
         // any member can see the arrival.
-        host.cell(self.ctx.me).teams[st.slot]
-            .epoch
-            .fetch_add(1, Ordering::SeqCst);
+        host.cell(self.ctx.me).teams[st.slot].epoch.fetch_add(1, Ordering::SeqCst);
         let arrived = |i: usize| {
-            host.cell(st.members[i]).teams[st.slot]
-                .epoch
-                .load(Ordering::SeqCst)
-                .wrapping_sub(st.bases[i])
-                >= target
+            host.cell(st.members[i]).teams[st.slot].epoch.load(Ordering::SeqCst).wrapping_sub(st.bases[i]) >= target
         };
         let n = st.members.len();
-        host.wait_until(
-            || (0..n).all(arrived),
-            &mut (0..n).filter(|&i| !arrived(i)).map(|i| st.members[i]),
-            &|| format!("waiting in a barrier of a team of {n} PEs"),
-        )
+        host.wait_until(|| (0..n).all(arrived), &mut (0..n).filter(|&i| !arrived(i)).map(|i| st.members[i]), &|| {
+            format!("waiting in a barrier of a team of {n} PEs")
+        })
     }
 
     /// Publishes `desc`, enters the barrier, and returns every member's row.
-    pub(crate) fn exchange(
-        &self,
-        desc: &Desc,
-        my_error: Option<&Error>,
-    ) -> Result<Vec<[u64; DESC_WORDS]>> {
+    pub(crate) fn exchange(&self, desc: &Desc, my_error: Option<&Error>) -> Result<Vec<[u64; DESC_WORDS]>> {
         let st = &*self.state;
         let seq = st.seq.fetch_add(1, Ordering::Relaxed);
         let words = desc.words(seq, my_error.map_or(0, err_code));

@@ -7,21 +7,11 @@ use shmem::ReduceOp;
 
 pub const TESTS: &[(&str, TestFn)] = &[
     ("coll::barrier_orders_writes", barrier_orders_writes),
-    ("coll::broadcast_every_dtype_every_root", |e| {
-        each_dtype!(broadcast, e)
-    }),
-    ("coll::all_gather_every_dtype", |e| {
-        each_dtype!(all_gather, e)
-    }),
-    ("coll::all_reduce_every_dtype_every_op", |e| {
-        each_dtype!(all_reduce, e)
-    }),
-    ("coll::reduce_scatter_every_dtype_every_op", |e| {
-        each_dtype!(reduce_scatter, e)
-    }),
-    ("coll::all_to_all_every_dtype", |e| {
-        each_dtype!(all_to_all, e)
-    }),
+    ("coll::broadcast_every_dtype_every_root", |e| each_dtype!(broadcast, e)),
+    ("coll::all_gather_every_dtype", |e| each_dtype!(all_gather, e)),
+    ("coll::all_reduce_every_dtype_every_op", |e| each_dtype!(all_reduce, e)),
+    ("coll::reduce_scatter_every_dtype_every_op", |e| each_dtype!(reduce_scatter, e)),
+    ("coll::all_to_all_every_dtype", |e| each_dtype!(all_to_all, e)),
 ];
 
 /// Sizes (elements per PE) that cover tiny, odd, one-shot and two-shot.
@@ -51,11 +41,7 @@ fn barrier_orders_writes(env: &Env) -> TestResult {
         env.ctx.barrier_all(s)?;
         let got = buf.copy_to_host(s)?;
         for (pe, v) in got.iter().enumerate() {
-            assert_eq!(
-                *v,
-                round * 100 + pe as u64,
-                "round {round}: PE {pe}'s write not visible after the barrier"
-            );
+            assert_eq!(*v, round * 100 + pe as u64, "round {round}: PE {pe}'s write not visible after the barrier");
         }
         env.ctx.barrier_all(s)?;
     }
@@ -79,11 +65,7 @@ fn broadcast<T: TestElem>(env: &Env) -> TestResult {
             );
             // In place: src is the destination too.
             env.ctx.broadcast(&src, &src, root, s)?;
-            assert_bits_eq(
-                &src.copy_to_host(s)?,
-                &payloads::<T>(seed, root, len),
-                "in-place broadcast",
-            );
+            assert_bits_eq(&src.copy_to_host(s)?, &payloads::<T>(seed, root, len), "in-place broadcast");
         }
     }
     Ok(())
@@ -99,17 +81,11 @@ fn all_gather<T: TestElem>(env: &Env) -> TestResult {
         dst.fill(poison(), s)?;
         env.ctx.all_gather(&dst, &src, s)?;
         let want: Vec<T> = (0..n).flat_map(|pe| payloads::<T>(seed, pe, len)).collect();
-        assert_bits_eq(
-            &dst.copy_to_host(s)?,
-            &want,
-            &format!("{} all_gather of {len}", T::DTYPE),
-        );
+        assert_bits_eq(&dst.copy_to_host(s)?, &want, &format!("{} all_gather of {len}", T::DTYPE));
         // In place: this PE's block of dst is the source.
         dst.fill(poison(), s)?;
-        dst.slice(me * len..(me + 1) * len)
-            .copy_from_host(&payloads::<T>(seed, me, len), s)?;
-        env.ctx
-            .all_gather(&dst, dst.slice(me * len..(me + 1) * len), s)?;
+        dst.slice(me * len..(me + 1) * len).copy_from_host(&payloads::<T>(seed, me, len), s)?;
+        env.ctx.all_gather(&dst, dst.slice(me * len..(me + 1) * len), s)?;
         assert_bits_eq(&dst.copy_to_host(s)?, &want, "in-place all_gather");
     }
     Ok(())
@@ -129,11 +105,7 @@ fn all_reduce<T: TestElem>(env: &Env) -> TestResult {
             env.ctx.all_reduce(&dst, &src, op, s)?;
             let what = format!("{} all_reduce {op} of {len}", T::DTYPE);
             assert_bits_eq(&dst.copy_to_host(s)?, &want, &what);
-            assert_bits_eq(
-                &src.copy_to_host(s)?,
-                &mine,
-                &format!("{what}: src changed"),
-            );
+            assert_bits_eq(&src.copy_to_host(s)?, &mine, &format!("{what}: src changed"));
             env.ctx.all_reduce(&src, &src, op, s)?;
             assert_bits_eq(&src.copy_to_host(s)?, &want, &format!("in-place {what}"));
         }
@@ -152,22 +124,11 @@ fn reduce_scatter<T: TestElem>(env: &Env) -> TestResult {
             src.copy_from_host(&mine, s)?;
             dst.fill(poison(), s)?;
             env.ctx.reduce_scatter(&dst, &src, op, s)?;
-            let want: Vec<T> = (me * len..(me + 1) * len)
-                .map(|i| reduced(seed, n, i, op))
-                .collect();
-            assert_bits_eq(
-                &dst.copy_to_host(s)?,
-                &want,
-                &format!("{} reduce_scatter {op} of {len}", T::DTYPE),
-            );
+            let want: Vec<T> = (me * len..(me + 1) * len).map(|i| reduced(seed, n, i, op)).collect();
+            assert_bits_eq(&dst.copy_to_host(s)?, &want, &format!("{} reduce_scatter {op} of {len}", T::DTYPE));
             // Into this PE's own block of src.
-            env.ctx
-                .reduce_scatter(src.slice(me * len..(me + 1) * len), &src, op, s)?;
-            assert_bits_eq(
-                &src.slice(me * len..(me + 1) * len).copy_to_host(s)?,
-                &want,
-                "in-place reduce_scatter",
-            );
+            env.ctx.reduce_scatter(src.slice(me * len..(me + 1) * len), &src, op, s)?;
+            assert_bits_eq(&src.slice(me * len..(me + 1) * len).copy_to_host(s)?, &want, "in-place reduce_scatter");
         }
     }
     Ok(())
@@ -183,14 +144,8 @@ fn all_to_all<T: TestElem>(env: &Env) -> TestResult {
         dst.fill(poison(), s)?;
         env.ctx.all_to_all(&dst, &src, s)?;
         // Block j of this PE's dst is block `me` of PE j's src.
-        let want: Vec<T> = (0..n)
-            .flat_map(|j| (me * c..(me + 1) * c).map(move |i| payload::<T>(seed, j, i)))
-            .collect();
-        assert_bits_eq(
-            &dst.copy_to_host(s)?,
-            &want,
-            &format!("{} all_to_all of {c} per PE", T::DTYPE),
-        );
+        let want: Vec<T> = (0..n).flat_map(|j| (me * c..(me + 1) * c).map(move |i| payload::<T>(seed, j, i))).collect();
+        assert_bits_eq(&dst.copy_to_host(s)?, &want, &format!("{} all_to_all of {c} per PE", T::DTYPE));
         env.ctx.all_to_all(&src, &src, s)?;
         assert_bits_eq(&src.copy_to_host(s)?, &want, "in-place all_to_all");
     }

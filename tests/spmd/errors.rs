@@ -12,25 +12,13 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("errors::freed_on_one_pe_only", freed_on_one_pe_only),
     ("errors::heap_exhausted", heap_exhausted),
     ("errors::rma_pe_range_length", rma_pe_range_length),
-    (
-        "errors::element_index_out_of_bounds",
-        element_index_out_of_bounds,
-    ),
+    ("errors::element_index_out_of_bounds", element_index_out_of_bounds),
     ("errors::host_copy_length", host_copy_length),
     ("errors::collective_count_differs", collective_count_differs),
-    (
-        "errors::collective_op_or_kind_differs",
-        collective_op_or_kind_differs,
-    ),
-    (
-        "errors::collective_buffer_differs",
-        collective_buffer_differs,
-    ),
+    ("errors::collective_op_or_kind_differs", collective_op_or_kind_differs),
+    ("errors::collective_buffer_differs", collective_buffer_differs),
     ("errors::collective_bad_on_one_pe", collective_bad_on_one_pe),
-    (
-        "errors::collective_bad_everywhere",
-        collective_bad_everywhere,
-    ),
+    ("errors::collective_bad_everywhere", collective_bad_everywhere),
     ("errors::split_bad_arguments", split_bad_arguments),
 ];
 
@@ -100,15 +88,9 @@ fn freed_on_one_pe_only(env: &Env) -> TestResult {
 
 fn heap_exhausted(env: &Env) -> TestResult {
     let size = env.ctx.heap_size();
-    let e = assert_err!(
-        env.ctx.alloc::<u32>(size / 4 + 1),
-        Error::HeapExhausted { .. }
-    );
+    let e = assert_err!(env.ctx.alloc::<u32>(size / 4 + 1), Error::HeapExhausted { .. });
     assert!(e.to_string().contains("SHMEM_HEAP_SIZE"), "{e}");
-    assert_err!(
-        env.ctx.alloc::<u64>(usize::MAX),
-        Error::HeapExhausted { .. }
-    );
+    assert_err!(env.ctx.alloc::<u64>(usize::MAX), Error::HeapExhausted { .. });
     still_usable(env)
 }
 
@@ -124,50 +106,21 @@ fn rma_pe_range_length(env: &Env) -> TestResult {
     ctx.barrier_all(s)?;
     let to = (me + 1) % n;
     let e = assert_err!(ctx.put(&dst, &src, n, s), Error::PeOutOfRange { .. });
-    assert_eq!(
-        e.to_string(),
-        format!("PE {n} is out of range for a team of {n} PEs")
-    );
+    assert_eq!(e.to_string(), format!("PE {n} is out of range for a team of {n} PEs"));
     assert_err!(ctx.get(&dst, &src, n + 5, s), Error::PeOutOfRange { .. });
-    assert_err!(
-        ctx.put(dst.slice(60..70), src.slice(..10), to, s),
-        Error::OutOfBounds {
-            start: 60,
-            end: 70,
-            len: 64
-        }
-    );
-    assert_err!(
-        ctx.put(dst.slice(reversed(10, 5)), src.slice(..0), to, s),
-        Error::OutOfBounds { .. }
-    );
-    assert_err!(
-        ctx.put(dst.slice(..10), src.slice(..11), to, s),
-        Error::LengthMismatch(_)
-    );
-    assert_err!(
-        ctx.get(dst.slice(..10), src.slice(..9), to, s),
-        Error::LengthMismatch(_)
-    );
+    assert_err!(ctx.put(dst.slice(60..70), src.slice(..10), to, s), Error::OutOfBounds { start: 60, end: 70, len: 64 });
+    assert_err!(ctx.put(dst.slice(reversed(10, 5)), src.slice(..0), to, s), Error::OutOfBounds { .. });
+    assert_err!(ctx.put(dst.slice(..10), src.slice(..11), to, s), Error::LengthMismatch(_));
+    assert_err!(ctx.get(dst.slice(..10), src.slice(..9), to, s), Error::LengthMismatch(_));
     assert_err!(
         ctx.put_signal(&dst, &src, &sig, 1, 1, SignalOp::Set, to, s),
         Error::IndexOutOfBounds { index: 1, len: 1 }
     );
-    assert_err!(
-        ctx.put_signal(dst.slice(..3), &src, &sig, 0, 1, SignalOp::Set, to, s),
-        Error::LengthMismatch(_)
-    );
+    assert_err!(ctx.put_signal(dst.slice(..3), &src, &sig, 0, 1, SignalOp::Set, to, s), Error::LengthMismatch(_));
     ctx.barrier_all(s)?;
     // Nothing was written anywhere: not the data, not the signal.
-    assert!(
-        dst.copy_to_host(s)?.iter().all(|&x| x == poison::<u32>()),
-        "a failed put wrote data"
-    );
-    assert_eq!(
-        ctx.signal_fetch(&sig, 0, s)?,
-        0,
-        "a failed put_signal signalled"
-    );
+    assert!(dst.copy_to_host(s)?.iter().all(|&x| x == poison::<u32>()), "a failed put wrote data");
+    assert_eq!(ctx.signal_fetch(&sig, 0, s)?, 0, "a failed put_signal signalled");
     ctx.barrier_all(s)?;
     still_usable(env)
 }
@@ -176,23 +129,11 @@ fn element_index_out_of_bounds(env: &Env) -> TestResult {
     let s = &env.s;
     let ctx = &env.ctx;
     let x = ctx.alloc_zeroed::<u64>(4)?;
-    assert_err!(
-        ctx.p(&x, 4, 1, 0, s),
-        Error::IndexOutOfBounds { index: 4, len: 4 }
-    );
+    assert_err!(ctx.p(&x, 4, 1, 0, s), Error::IndexOutOfBounds { index: 4, len: 4 });
     assert_err!(ctx.g(&x, 9, 0, s), Error::IndexOutOfBounds { .. });
-    assert_err!(
-        ctx.atomic_fetch_add(&x, 4, 1, 0, s),
-        Error::IndexOutOfBounds { .. }
-    );
-    assert_err!(
-        ctx.atomic_fetch_add(&x, 0, 1, env.n(), s),
-        Error::PeOutOfRange { .. }
-    );
-    assert_err!(
-        ctx.signal_wait_until(&x, 4, shmem::Cmp::Eq, 0, s),
-        Error::IndexOutOfBounds { .. }
-    );
+    assert_err!(ctx.atomic_fetch_add(&x, 4, 1, 0, s), Error::IndexOutOfBounds { .. });
+    assert_err!(ctx.atomic_fetch_add(&x, 0, 1, env.n(), s), Error::PeOutOfRange { .. });
+    assert_err!(ctx.signal_wait_until(&x, 4, shmem::Cmp::Eq, 0, s), Error::IndexOutOfBounds { .. });
     ctx.barrier_all(s)?;
     assert_eq!(x.copy_to_host(s)?, vec![0; 4]);
     still_usable(env)
@@ -203,16 +144,10 @@ fn host_copy_length(env: &Env) -> TestResult {
     let x = env.ctx.alloc::<f64>(8)?;
     x.fill(1.5, s)?;
     assert_err!(x.copy_from_host(&[0.0; 7], s), Error::LengthMismatch(_));
-    assert_err!(
-        x.slice(2..4).copy_from_host(&[0.0; 3], s),
-        Error::LengthMismatch(_)
-    );
+    assert_err!(x.slice(2..4).copy_from_host(&[0.0; 3], s), Error::LengthMismatch(_));
     assert_err!(x.slice(6..9).copy_to_host(s), Error::OutOfBounds { .. });
     let mut out = [0.0; 3];
-    assert_err!(
-        x.slice(..2).copy_to_host_into(&mut out, s),
-        Error::LengthMismatch(_)
-    );
+    assert_err!(x.slice(..2).copy_to_host_into(&mut out, s), Error::LengthMismatch(_));
     assert_eq!(x.copy_to_host(s)?, vec![1.5; 8]);
     Ok(())
 }
@@ -228,17 +163,11 @@ fn collective_count_differs(env: &Env) -> TestResult {
     dst.fill(poison(), s)?;
     let len = if env.me() == 1 { 11 } else { 10 };
     let e = assert_err!(
-        env.ctx
-            .all_reduce(dst.slice(..len), src.slice(..len), ReduceOp::Sum, s),
+        env.ctx.all_reduce(dst.slice(..len), src.slice(..len), ReduceOp::Sum, s),
         Error::CollectiveMismatch(_)
     );
     assert!(e.to_string().contains("all_reduce"), "{e}");
-    assert!(
-        dst.copy_to_host(s)?
-            .iter()
-            .all(|x| x.to_bits() == poison::<f32>().to_bits()),
-        "dst written"
-    );
+    assert!(dst.copy_to_host(s)?.iter().all(|x| x.to_bits() == poison::<f32>().to_bits()), "dst written");
     still_usable(env)
 }
 
@@ -251,31 +180,13 @@ fn collective_op_or_kind_differs(env: &Env) -> TestResult {
     let dst = env.ctx.alloc::<i32>(4 * n)?;
     src.fill(me as i32, s)?;
     dst.fill(poison(), s)?;
-    let op = if me == 0 {
-        ReduceOp::Max
-    } else {
-        ReduceOp::Min
-    };
-    assert_err!(
-        env.ctx.all_reduce(dst.slice(..4), &src, op, s),
-        Error::CollectiveMismatch(_)
-    );
-    let r = if me == 0 {
-        env.ctx.broadcast(dst.slice(..4), &src, 0, s)
-    } else {
-        env.ctx.all_gather(&dst, &src, s)
-    };
+    let op = if me == 0 { ReduceOp::Max } else { ReduceOp::Min };
+    assert_err!(env.ctx.all_reduce(dst.slice(..4), &src, op, s), Error::CollectiveMismatch(_));
+    let r = if me == 0 { env.ctx.broadcast(dst.slice(..4), &src, 0, s) } else { env.ctx.all_gather(&dst, &src, s) };
     assert_err!(r, Error::CollectiveMismatch(_));
-    let r = if me == 0 {
-        env.ctx.barrier_all(s)
-    } else {
-        env.ctx.all_to_all(dst.slice(..n), dst.slice(n..2 * n), s)
-    };
+    let r = if me == 0 { env.ctx.barrier_all(s) } else { env.ctx.all_to_all(dst.slice(..n), dst.slice(n..2 * n), s) };
     assert_err!(r, Error::CollectiveMismatch(_));
-    assert!(
-        dst.copy_to_host(s)?.iter().all(|&x| x == poison::<i32>()),
-        "dst written"
-    );
+    assert!(dst.copy_to_host(s)?.iter().all(|&x| x == poison::<i32>()), "dst written");
     still_usable(env)
 }
 
@@ -290,10 +201,7 @@ fn collective_buffer_differs(env: &Env) -> TestResult {
     b.fill(poison(), s)?;
     // Same shape, but PE 0 names another buffer than the others.
     let x = if env.me() == 0 { &a } else { &b };
-    assert_err!(
-        env.ctx.all_reduce(x, x, ReduceOp::Sum, s),
-        Error::CollectiveMismatch(_)
-    );
+    assert_err!(env.ctx.all_reduce(x, x, ReduceOp::Sum, s), Error::CollectiveMismatch(_));
     assert_eq!(a.copy_to_host(s)?, vec![poison::<u64>(); 8]);
     assert_eq!(b.copy_to_host(s)?, vec![poison::<u64>(); 8]);
     still_usable(env)
@@ -309,22 +217,12 @@ fn collective_bad_on_one_pe(env: &Env) -> TestResult {
     let range = if me == bad { 4..12 } else { 0..8 };
     let r = env.ctx.all_gather(&dst, src.slice(range), s);
     if me == bad {
-        assert_err!(
-            r,
-            Error::OutOfBounds {
-                start: 4,
-                end: 12,
-                len: 8
-            }
-        );
+        assert_err!(r, Error::OutOfBounds { start: 4, end: 12, len: 8 });
     } else {
         let e = assert_err!(r, Error::CollectiveMismatch(_));
         assert!(e.to_string().contains(&format!("PE {bad} rejected")), "{e}");
     }
-    assert!(
-        dst.copy_to_host(s)?.iter().all(|&x| x == poison::<u32>()),
-        "dst written"
-    );
+    assert!(dst.copy_to_host(s)?.iter().all(|&x| x == poison::<u32>()), "dst written");
     still_usable(env)
 }
 
@@ -334,43 +232,16 @@ fn collective_bad_everywhere(env: &Env) -> TestResult {
     let g = env.ctx.alloc::<f32>(16 * n)?;
     f.fill(poison(), s)?;
     g.fill(poison(), s)?;
-    assert_err!(
-        env.ctx.all_reduce(&f, &g, ReduceOp::Xor, s),
-        Error::UnsupportedOp {
-            op: "xor",
-            dtype: "f32"
-        }
-    );
+    assert_err!(env.ctx.all_reduce(&f, &g, ReduceOp::Xor, s), Error::UnsupportedOp { op: "xor", dtype: "f32" });
     assert_err!(env.ctx.broadcast(&f, &g, n, s), Error::PeOutOfRange { .. });
-    assert_err!(
-        env.ctx
-            .all_reduce(f.slice(..8), f.slice(4..12), ReduceOp::Sum, s),
-        Error::Invalid(_)
-    );
-    assert_err!(
-        env.ctx.all_gather(&f, f.slice(..9), s),
-        Error::LengthMismatch(_)
-    );
-    assert_err!(
-        env.ctx.reduce_scatter(f.slice(..7), &g, ReduceOp::Sum, s),
-        Error::LengthMismatch(_)
-    );
-    assert_err!(
-        env.ctx.all_to_all(f.slice(..8 * n), g.slice(..16 * n), s),
-        Error::LengthMismatch(_)
-    );
+    assert_err!(env.ctx.all_reduce(f.slice(..8), f.slice(4..12), ReduceOp::Sum, s), Error::Invalid(_));
+    assert_err!(env.ctx.all_gather(&f, f.slice(..9), s), Error::LengthMismatch(_));
+    assert_err!(env.ctx.reduce_scatter(f.slice(..7), &g, ReduceOp::Sum, s), Error::LengthMismatch(_));
+    assert_err!(env.ctx.all_to_all(f.slice(..8 * n), g.slice(..16 * n), s), Error::LengthMismatch(_));
     if n > 1 {
-        assert_err!(
-            env.ctx
-                .all_to_all(f.slice(..8 * n - 1), g.slice(..8 * n - 1), s),
-            Error::LengthMismatch(_)
-        );
+        assert_err!(env.ctx.all_to_all(f.slice(..8 * n - 1), g.slice(..8 * n - 1), s), Error::LengthMismatch(_));
     }
-    assert!(f
-        .copy_to_host(s)?
-        .iter()
-        .chain(&g.copy_to_host(s)?)
-        .all(|x| x.to_bits() == poison::<f32>().to_bits()));
+    assert!(f.copy_to_host(s)?.iter().chain(&g.copy_to_host(s)?).all(|x| x.to_bits() == poison::<f32>().to_bits()));
     still_usable(env)
 }
 

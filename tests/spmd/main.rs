@@ -44,10 +44,7 @@ fn main() -> ExitCode {
     }
     let mut args = Arguments::from_args();
     if args.list {
-        let trials = all_tests()
-            .into_iter()
-            .map(|(name, _)| Trial::test(name, || Ok(())))
-            .collect();
+        let trials = all_tests().into_iter().map(|(name, _)| Trial::test(name, || Ok(()))).collect();
         let _ = libtest_mimic::run(&args, trials);
         return ExitCode::SUCCESS;
     }
@@ -55,10 +52,7 @@ fn main() -> ExitCode {
         return util::launch_worlds();
     }
     args.test_threads = Some(1); // every PE runs the tests in the same order
-    let ctx = match shmem::Config::new()
-        .wait_timeout(Some(util::suite_wait_timeout()))
-        .init()
-    {
+    let ctx = match shmem::Config::new().wait_timeout(Some(util::suite_wait_timeout())).init() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("shmem init failed: {e}");
@@ -79,11 +73,7 @@ fn main() -> ExitCode {
     ENV.with(|slot| *slot.borrow_mut() = Some(env));
     let trials = all_tests()
         .into_iter()
-        .map(|(name, body)| {
-            Trial::test(name, move || {
-                ENV.with(|e| run_one(name, body, e.borrow().as_ref().unwrap()))
-            })
-        })
+        .map(|(name, body)| Trial::test(name, move || ENV.with(|e| run_one(name, body, e.borrow().as_ref().unwrap()))))
         .collect();
     let conclusion = libtest_mimic::run(&args, trials);
     util::write_report(me, &conclusion);
@@ -133,8 +123,6 @@ fn run_one(name: &str, body: TestFn, env: &Env) -> Result<(), Failed> {
     // A test that failed part-way may have left the PEs at different points
     // of a collective; the rest of the run would only report echoes.
     BROKEN.with(|b| *b.borrow_mut() = Some(format!("{name} failed before it")));
-    let mine = outcome
-        .err()
-        .map_or(String::new(), |m| format!("; on PE {me}: {m}"));
+    let mine = outcome.err().map_or(String::new(), |m| format!("; on PE {me}: {m}"));
     Err(format!("failed on PE(s) {failed_on:?}{mine}").into())
 }

@@ -6,16 +6,10 @@ use shmem::{Cmp, SignalOp};
 
 pub const TESTS: &[(&str, TestFn)] = &[
     ("rma::world_shape", world_shape),
-    (
-        "rma::alloc_zeroed_and_heap_accounting",
-        alloc_zeroed_and_heap_accounting,
-    ),
+    ("rma::alloc_zeroed_and_heap_accounting", alloc_zeroed_and_heap_accounting),
     ("rma::put_ring_every_dtype", |e| each_dtype!(put_ring, e)),
     ("rma::get_ring_every_dtype", |e| each_dtype!(get_ring, e)),
-    (
-        "rma::put_slices_into_every_peer",
-        put_slices_into_every_peer,
-    ),
+    ("rma::put_slices_into_every_peer", put_slices_into_every_peer),
     ("rma::put_nbi_quiet_large", put_nbi_quiet_large),
     ("rma::p_and_g", p_and_g),
     ("rma::put_signal_set_and_add", put_signal_set_and_add),
@@ -80,11 +74,7 @@ fn put_ring<T: TestElem>(env: &Env) -> TestResult {
         env.ctx.put(&dst, &src, (me + 1) % n, s)?;
         env.ctx.barrier_all(s)?;
         let from = (me + n - 1) % n;
-        assert_bits_eq(
-            &dst.copy_to_host(s)?,
-            &payloads::<T>(seed, from, len),
-            &format!("{} put of {len}", T::DTYPE),
-        );
+        assert_bits_eq(&dst.copy_to_host(s)?, &payloads::<T>(seed, from, len), &format!("{} put of {len}", T::DTYPE));
         env.ctx.barrier_all(s)?;
     }
     Ok(())
@@ -102,16 +92,8 @@ fn get_ring<T: TestElem>(env: &Env) -> TestResult {
     let from = (me + 1) % n;
     env.ctx.get(dst.slice(1..), src.slice(..len - 1), from, s)?;
     let got = dst.copy_to_host(s)?;
-    assert_eq!(
-        got[0].bits(),
-        poison::<T>().bits(),
-        "element before the slice was written"
-    );
-    assert_bits_eq(
-        &got[1..],
-        &payloads::<T>(seed, from, len - 1),
-        &format!("{} get", T::DTYPE),
-    );
+    assert_eq!(got[0].bits(), poison::<T>().bits(), "element before the slice was written");
+    assert_bits_eq(&got[1..], &payloads::<T>(seed, from, len - 1), &format!("{} get", T::DTYPE));
     env.ctx.barrier_all(s)?;
     Ok(())
 }
@@ -127,24 +109,15 @@ fn put_slices_into_every_peer(env: &Env) -> TestResult {
     dst.fill(poison(), s)?;
     env.ctx.barrier_all(s)?;
     for pe in 0..n {
-        env.ctx
-            .put_nbi(dst.slice(me * block..(me + 1) * block), &src, pe, s)?;
+        env.ctx.put_nbi(dst.slice(me * block..(me + 1) * block), &src, pe, s)?;
     }
     env.ctx.quiet(s)?;
     env.ctx.barrier_all(s)?;
     let got = dst.copy_to_host(s)?;
     for pe in 0..n {
-        assert_bits_eq(
-            &got[pe * block..(pe + 1) * block],
-            &payloads::<u32>(seed, pe, block),
-            &format!("block {pe}"),
-        );
+        assert_bits_eq(&got[pe * block..(pe + 1) * block], &payloads::<u32>(seed, pe, block), &format!("block {pe}"));
     }
-    assert_eq!(
-        got[n * block],
-        poison::<u32>(),
-        "the element past the blocks was written"
-    );
+    assert_eq!(got[n * block], poison::<u32>(), "the element past the blocks was written");
     env.ctx.barrier_all(s)?;
     Ok(())
 }
@@ -161,11 +134,7 @@ fn put_nbi_quiet_large(env: &Env) -> TestResult {
     env.ctx.put_nbi(&dst, &src, (me + 1) % n, s)?;
     env.ctx.quiet(s)?;
     env.ctx.barrier_all(s)?;
-    assert_bits_eq(
-        &dst.copy_to_host(s)?,
-        &payloads::<u64>(seed, (me + n - 1) % n, len),
-        "9 MiB put_nbi",
-    );
+    assert_bits_eq(&dst.copy_to_host(s)?, &payloads::<u64>(seed, (me + n - 1) % n, len), "9 MiB put_nbi");
     env.ctx.barrier_all(s)?;
     Ok(())
 }
@@ -202,34 +171,15 @@ fn put_signal_set_and_add(env: &Env) -> TestResult {
     // Ring with Set: the receiver waits for the signal, not a barrier.
     let to = (me + 1) % n;
     let from = (me + n - 1) % n;
-    env.ctx
-        .put_signal(ring, &src, &sig, 0, 1000 + me as u64, SignalOp::Set, to, s)?;
-    let v = env
-        .ctx
-        .signal_wait_until(&sig, 0, Cmp::Eq, 1000 + from as u64, s)?;
+    env.ctx.put_signal(ring, &src, &sig, 0, 1000 + me as u64, SignalOp::Set, to, s)?;
+    let v = env.ctx.signal_wait_until(&sig, 0, Cmp::Eq, 1000 + from as u64, s)?;
     assert_eq!(v, 1000 + from as u64);
-    assert_bits_eq(
-        &ring.copy_to_host(s)?,
-        &payloads::<f32>(seed, from, len),
-        "put_signal data",
-    );
+    assert_bits_eq(&ring.copy_to_host(s)?, &payloads::<f32>(seed, from, len), "put_signal data");
     // All to all with Add: every PE counts n arrivals.
     for pe in 0..n {
-        env.ctx.put_signal_nbi(
-            dst.slice(me * len..(me + 1) * len),
-            &src,
-            &sig,
-            1,
-            1,
-            SignalOp::Add,
-            pe,
-            s,
-        )?;
+        env.ctx.put_signal_nbi(dst.slice(me * len..(me + 1) * len), &src, &sig, 1, 1, SignalOp::Add, pe, s)?;
     }
-    assert_eq!(
-        env.ctx.signal_wait_until(&sig, 1, Cmp::Ge, n as u64, s)?,
-        n as u64
-    );
+    assert_eq!(env.ctx.signal_wait_until(&sig, 1, Cmp::Ge, n as u64, s)?, n as u64);
     for pe in 0..n {
         assert_bits_eq(
             &dst.slice(pe * len..(pe + 1) * len).copy_to_host(s)?,
@@ -248,14 +198,8 @@ fn signal_wait_every_cmp(env: &Env) -> TestResult {
     let to = (me + 1) % n;
     // (value set by the sender, comparison, target) — each holds only once
     // the sender's value arrived (the signal starts at 0, or at the last value).
-    let steps = [
-        (5, Cmp::Eq, 5),
-        (9, Cmp::Ne, 5),
-        (20, Cmp::Gt, 19),
-        (21, Cmp::Ge, 21),
-        (3, Cmp::Lt, 4),
-        (2, Cmp::Le, 2),
-    ];
+    let steps =
+        [(5, Cmp::Eq, 5), (9, Cmp::Ne, 5), (20, Cmp::Gt, 19), (21, Cmp::Ge, 21), (3, Cmp::Lt, 4), (2, Cmp::Le, 2)];
     for (value, cmp, target) in steps {
         env.ctx.barrier_all(s)?;
         env.ctx.signal_op(&sig, 0, value, SignalOp::Set, to, s)?;
@@ -289,11 +233,7 @@ fn atomics<T: shmem::AtomicElement + TestElem>(env: &Env) -> TestResult {
     ctx.barrier_all(s)?;
     // Each PE clears its own bit of element 4 with and.
     let old = ctx.atomic_fetch_and(&buf, 4, T::from_bits(!(1u64 << me)), 0, s)?;
-    assert_eq!(
-        old.bits() & (1 << me),
-        1 << me,
-        "bit {me} was already clear"
-    );
+    assert_eq!(old.bits() & (1 << me), 1 << me, "bit {me} was already clear");
     ctx.barrier_all(s)?;
     assert_eq!(ctx.atomic_fetch(&buf, 0, 0, s)?.bits(), (n * k) as u64);
     assert_eq!(ctx.atomic_fetch(&buf, 1, 0, s)?.bits(), (2 * n * k) as u64);
@@ -301,20 +241,14 @@ fn atomics<T: shmem::AtomicElement + TestElem>(env: &Env) -> TestResult {
     assert_eq!(ctx.atomic_fetch(&buf, 3, 0, s)?.bits(), all_bits);
     assert_eq!(ctx.atomic_fetch(&buf, 4, 0, s)?.bits(), 0);
     // fetch_add results seen by this PE are strictly increasing.
-    assert!(
-        seen.windows(2).all(|w| w[0] < w[1]),
-        "fetch_add results not increasing: {seen:?}"
-    );
+    assert!(seen.windows(2).all(|w| w[0] < w[1]), "fetch_add results not increasing: {seen:?}");
     // swap: each PE swaps its number into its right neighbour's element 5.
     ctx.barrier_all(s)?;
     let to = (me + 1) % n;
     let old = ctx.atomic_swap(&buf, 5, T::from_bits(me as u64 + 100), to, s)?;
     assert_eq!(old.bits(), 0);
     ctx.barrier_all(s)?;
-    assert_eq!(
-        ctx.atomic_fetch(&buf, 5, me, s)?.bits(),
-        ((me + n - 1) % n) as u64 + 100
-    );
+    assert_eq!(ctx.atomic_fetch(&buf, 5, me, s)?.bits(), ((me + n - 1) % n) as u64 + 100);
     ctx.barrier_all(s)?;
     Ok(())
 }
@@ -334,11 +268,7 @@ fn compare_swap_lock(env: &Env) -> TestResult {
         let c = ctx.g(&counter, 0, 0, s)?;
         ctx.p(&counter, 0, c + 1, 0, s)?;
         ctx.quiet(s)?;
-        assert_eq!(
-            ctx.atomic_swap(&lock, 0, 0, 0, s)?,
-            me as u64 + 1,
-            "someone else held the lock"
-        );
+        assert_eq!(ctx.atomic_swap(&lock, 0, 0, 0, s)?, me as u64 + 1, "someone else held the lock");
     }
     ctx.barrier_all(s)?;
     assert_eq!(ctx.g(&counter, 0, 0, s)?, (n * k) as u64);

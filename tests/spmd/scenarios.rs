@@ -11,24 +11,12 @@ use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 pub const TESTS: &[(&str, TestFn)] = &[
-    (
-        "scenario::dead_pe_fails_barrier_waiters",
-        dead_pe_fails_barrier_waiters,
-    ),
-    (
-        "scenario::dead_pe_fails_signal_waiters",
-        dead_pe_fails_signal_waiters,
-    ),
+    ("scenario::dead_pe_fails_barrier_waiters", dead_pe_fails_barrier_waiters),
+    ("scenario::dead_pe_fails_signal_waiters", dead_pe_fails_signal_waiters),
     ("scenario::pe_that_never_starts", pe_that_never_starts),
-    (
-        "scenario::launcher_ends_job_when_a_pe_fails",
-        launcher_ends_job_when_a_pe_fails,
-    ),
+    ("scenario::launcher_ends_job_when_a_pe_fails", launcher_ends_job_when_a_pe_fails),
     ("scenario::heap_size_differs", heap_size_differs),
-    (
-        "scenario::use_after_finalize_and_foreign",
-        use_after_finalize_and_foreign,
-    ),
+    ("scenario::use_after_finalize_and_foreign", use_after_finalize_and_foreign),
 ];
 
 /// Exit code of a scenario PE that saw what it should.
@@ -37,17 +25,9 @@ const SAW_IT: u8 = 0;
 const DIES: i32 = 3;
 
 /// The outcome of launching scenario `name` on `n` PEs.
-fn launch(
-    name: &str,
-    n: usize,
-    kill_on_failure: bool,
-    env: &[(&str, &str)],
-) -> (shmem::launch::Outcome, Duration) {
+fn launch(name: &str, n: usize, kill_on_failure: bool, env: &[(&str, &str)]) -> (shmem::launch::Outcome, Duration) {
     let exe = std::env::current_exe().unwrap();
-    let mut l = Launch::new(n, exe)
-        .env("SHMEM_TEST_SCENARIO", name)
-        .kill_on_failure(kill_on_failure)
-        .tag_output(true);
+    let mut l = Launch::new(n, exe).env("SHMEM_TEST_SCENARIO", name).kill_on_failure(kill_on_failure).tag_output(true);
     for (k, v) in env {
         l = l.env(k, v);
     }
@@ -72,11 +52,7 @@ fn dead_pe_fails_barrier_waiters(env: &Env) -> TestResult {
     let (o, took) = launch("die_then_barrier", 3, false, &[]);
     assert!(took < Duration::from_secs(30), "took {took:?}");
     let codes = exit_codes(&o);
-    assert_eq!(
-        codes,
-        vec![SAW_IT as i32, SAW_IT as i32, DIES],
-        "PE exit codes"
-    );
+    assert_eq!(codes, vec![SAW_IT as i32, SAW_IT as i32, DIES], "PE exit codes");
     Ok(())
 }
 
@@ -106,12 +82,7 @@ fn launcher_ends_job_when_a_pe_fails(env: &Env) -> TestResult {
     }
     // PE 2 fails at once; the others would wait for it for ever in init (no
     // peer timeout): the launcher must end them and report PE 2's status.
-    let (o, took) = launch(
-        "never_start_no_timeout",
-        4,
-        true,
-        &[("SHMEM_PEER_TIMEOUT", "3600")],
-    );
+    let (o, took) = launch("never_start_no_timeout", 4, true, &[("SHMEM_PEER_TIMEOUT", "3600")]);
     assert!(took < Duration::from_secs(30), "took {took:?}");
     assert_eq!(o.exit_code(), DIES);
     Ok(())
@@ -145,17 +116,13 @@ fn use_after_finalize_and_foreign(env: &Env) -> TestResult {
 
 /// Runs scenario `name` as this PE.
 pub fn run(name: &str) -> ExitCode {
-    let rank: usize = std::env::var("SHMEM_RANK")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(0);
+    let rank: usize = std::env::var("SHMEM_RANK").ok().and_then(|r| r.parse().ok()).unwrap_or(0);
     let result = match name {
         "die_then_barrier" => die_then(rank, 2, |ctx| ctx.barrier_all(&ctx.stream())),
         "die_then_signal_wait" => die_then(rank, 1, |ctx| {
             let sig = ctx.alloc_zeroed::<u64>(1)?;
             ctx.barrier_all(&ctx.stream())?;
-            ctx.signal_wait_until(&sig, 0, shmem::Cmp::Ge, 1, &ctx.stream())
-                .map(drop)
+            ctx.signal_wait_until(&sig, 0, shmem::Cmp::Ge, 1, &ctx.stream()).map(drop)
         }),
         "never_start" | "never_start_no_timeout" => never_start(rank),
         "heap_size_differs" => heap_size_differs_pe(rank),
@@ -173,11 +140,7 @@ pub fn run(name: &str) -> ExitCode {
 
 /// PE `victim` exits right after init; the others must get an error that
 /// names it from `then`.
-fn die_then(
-    rank: usize,
-    victim: usize,
-    then: impl Fn(&shmem::Context) -> shmem::Result<()>,
-) -> Result<(), String> {
+fn die_then(rank: usize, victim: usize, then: impl Fn(&shmem::Context) -> shmem::Result<()>) -> Result<(), String> {
     let ctx = shmem::init().map_err(|e| e.to_string())?;
     // Everyone is up before the victim goes.
     ctx.barrier_all(&ctx.stream()).map_err(|e| e.to_string())?;
@@ -212,10 +175,7 @@ fn never_start(rank: usize) -> Result<(), String> {
 }
 
 fn heap_size_differs_pe(rank: usize) -> Result<(), String> {
-    match shmem::Config::new()
-        .heap_size((1 << 20) + rank * (64 << 10))
-        .init()
-    {
+    match shmem::Config::new().heap_size((1 << 20) + rank * (64 << 10)).init() {
         Err(Error::Config(msg)) if msg.contains("heap size differs") => Ok(()),
         Err(e) => Err(format!("wrong error: {e}")),
         Ok(_) => Err("init succeeded with different heap sizes".into()),

@@ -5,10 +5,7 @@ use crate::TestFn;
 use shmem::ReduceOp;
 
 pub const TESTS: &[(&str, TestFn)] = &[
-    (
-        "teams::split_even_odd_and_translate",
-        split_even_odd_and_translate,
-    ),
+    ("teams::split_even_odd_and_translate", split_even_odd_and_translate),
     ("teams::collectives_on_a_team", collectives_on_a_team),
     ("teams::nested_split", nested_split),
     ("teams::slots_are_reused", slots_are_reused),
@@ -18,19 +15,12 @@ fn split_even_odd_and_translate(env: &Env) -> TestResult {
     let (me, n) = (env.me(), env.n());
     let world = env.ctx.world();
     let even = world.split_strided(0, 2, n.div_ceil(2))?;
-    let odd = if n >= 2 {
-        world.split_strided(1, 2, n / 2)?
-    } else {
-        None
-    };
+    let odd = if n >= 2 { world.split_strided(1, 2, n / 2)? } else { None };
     assert_eq!(even.is_some(), me % 2 == 0);
     assert_eq!(odd.is_some(), me % 2 == 1);
     let team = even.as_ref().or(odd.as_ref()).unwrap();
     assert_eq!(team.my_pe(), me / 2);
-    assert_eq!(
-        team.n_pes(),
-        if me % 2 == 0 { n.div_ceil(2) } else { n / 2 }
-    );
+    assert_eq!(team.n_pes(), if me % 2 == 0 { n.div_ceil(2) } else { n / 2 });
     for i in 0..team.n_pes() {
         let w = team.world_pe(i)?;
         assert_eq!(w, me % 2 + 2 * i);
@@ -40,11 +30,7 @@ fn split_even_odd_and_translate(env: &Env) -> TestResult {
     assert!(team.world_pe(team.n_pes()).is_err());
     if n >= 2 {
         // A PE of the other parity is not in my team.
-        let other = if me % 2 == 1 || me + 1 == n {
-            me - 1
-        } else {
-            me + 1
-        };
+        let other = if me % 2 == 1 || me + 1 == n { me - 1 } else { me + 1 };
         assert_eq!(world.translate_pe(other, team)?, None);
     }
     Ok(())
@@ -54,11 +40,7 @@ fn collectives_on_a_team(env: &Env) -> TestResult {
     let (me, n, s) = (env.me(), env.n(), &env.s);
     let world = env.ctx.world();
     let even = world.split_strided(0, 2, n.div_ceil(2))?;
-    let odd = if n >= 2 {
-        world.split_strided(1, 2, n / 2)?
-    } else {
-        None
-    };
+    let odd = if n >= 2 { world.split_strided(1, 2, n / 2)? } else { None };
     let team = even.as_ref().or(odd.as_ref()).unwrap();
     let tn = team.n_pes();
     let seed = env.fresh_seed();
@@ -69,9 +51,7 @@ fn collectives_on_a_team(env: &Env) -> TestResult {
     src.copy_from_host(&payloads::<u64>(seed, me, len), s)?;
     // all_gather over the team collects the team's world PEs, in team order.
     team.all_gather(dst.slice(..len * tn), &src, s)?;
-    let want: Vec<u64> = (0..tn)
-        .flat_map(|i| payloads::<u64>(seed, team.world_pe(i).unwrap(), len))
-        .collect();
+    let want: Vec<u64> = (0..tn).flat_map(|i| payloads::<u64>(seed, team.world_pe(i).unwrap(), len)).collect();
     assert_eq!(dst.slice(..len * tn).copy_to_host(s)?, want);
     // all_reduce of the world PE numbers over the team.
     let x = env.ctx.alloc::<i64>(3)?;
@@ -82,10 +62,7 @@ fn collectives_on_a_team(env: &Env) -> TestResult {
     // broadcast from the team's last PE.
     let root = tn - 1;
     team.broadcast(dst.slice(..len), &src, root, s)?;
-    assert_eq!(
-        dst.slice(..len).copy_to_host(s)?,
-        payloads::<u64>(seed, team.world_pe(root)?, len)
-    );
+    assert_eq!(dst.slice(..len).copy_to_host(s)?, payloads::<u64>(seed, team.world_pe(root)?, len));
     team.barrier(s)?;
     team.sync(s)?;
     env.ctx.barrier_all(s)?;

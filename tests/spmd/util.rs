@@ -11,10 +11,7 @@ pub type TestResult = Result<(), Box<dyn std::error::Error>>;
 /// How long any single wait may take inside the suite before it fails
 /// (a hang becomes a failure): `SHMEM_TEST_WAIT_TIMEOUT` seconds, default 120.
 pub fn suite_wait_timeout() -> Duration {
-    let secs = std::env::var("SHMEM_TEST_WAIT_TIMEOUT")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(120.0);
+    let secs = std::env::var("SHMEM_TEST_WAIT_TIMEOUT").ok().and_then(|v| v.parse().ok()).unwrap_or(120.0);
     Duration::from_secs_f64(secs)
 }
 
@@ -44,23 +41,14 @@ impl Env {
         let s = ctx.stream();
         let n = ctx.n_pes();
         // A team of its own for the harness's agreement step.
-        let harness = ctx
-            .world()
-            .split_strided(0, 1, n)?
-            .expect("every PE is in the harness team");
+        let harness = ctx.world().split_strided(0, 1, n)?.expect("every PE is in the harness team");
         let flag = ctx.alloc_zeroed::<u32>(1)?;
         let flags = ctx.alloc_zeroed::<u32>(n)?;
         let seed_buf = ctx.alloc_zeroed::<u64>(1)?;
         if ctx.my_pe() == 0 {
-            let seed = std::env::var("SHMEM_TEST_SEED")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| {
-                    std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .unwrap()
-                        .as_nanos() as u64
-                });
+            let seed = std::env::var("SHMEM_TEST_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+            });
             eprintln!("spmd suite on {n} PE(s): seed {seed} (SHMEM_TEST_SEED={seed} repeats it)");
             seed_buf.copy_from_host(&[seed], &s)?;
         }
@@ -68,15 +56,7 @@ impl Env {
         let seed = ctx.g(&seed_buf, 0, 0, &s)?;
         ctx.barrier_all(&s)?;
         drop(seed_buf);
-        Ok(Env {
-            ctx,
-            s,
-            seed,
-            counter: Cell::new(0),
-            harness,
-            flag,
-            flags,
-        })
+        Ok(Env { ctx, s, seed, counter: Cell::new(0), harness, flag, flags })
     }
 
     /// A seed for one use, the same on every PE (tests run in the same order
@@ -100,23 +80,12 @@ impl Env {
         self.flag.copy_from_host(&[failed as u32], &self.s)?;
         self.harness.all_gather(&self.flags, &self.flag, &self.s)?;
         let all = self.flags.copy_to_host(&self.s)?;
-        Ok(all
-            .iter()
-            .enumerate()
-            .filter(|(_, &f)| f != 0)
-            .map(|(pe, _)| pe)
-            .collect())
+        Ok(all.iter().enumerate().filter(|(_, &f)| f != 0).map(|(pe, _)| pe).collect())
     }
 
     /// Frees the harness's buffers and finalizes.
     pub fn finish(self) -> shmem::Result<()> {
-        let Env {
-            ctx,
-            flag,
-            flags,
-            harness,
-            ..
-        } = self;
+        let Env { ctx, flag, flags, harness, .. } = self;
         drop((flag, flags, harness));
         ctx.finalize()
     }
@@ -230,12 +199,7 @@ pub fn poison<T: TestElem>() -> T {
 pub fn assert_bits_eq<T: TestElem>(got: &[T], want: &[T], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     if let Some(i) = (0..got.len()).find(|&i| got[i].bits() != want[i].bits()) {
-        panic!(
-            "{what}: element {i} of {} is {:?}, expected {:?}",
-            got.len(),
-            got[i],
-            want[i]
-        );
+        panic!("{what}: element {i} of {} is {:?}, expected {:?}", got.len(), got[i], want[i]);
     }
 }
 
@@ -282,10 +246,7 @@ pub fn write_report(me: usize, c: &libtest_mimic::Conclusion) {
         return;
     }
     if let Ok(path) = std::env::var("SHMEM_TEST_REPORT") {
-        let line = format!(
-            "{} {} {} {}\n",
-            c.num_passed, c.num_failed, c.num_ignored, c.num_filtered_out
-        );
+        let line = format!("{} {} {} {}\n", c.num_passed, c.num_failed, c.num_ignored, c.num_filtered_out);
         let _ = std::fs::write(path, line);
     }
 }
@@ -308,15 +269,9 @@ pub fn launch_worlds() -> ExitCode {
         println!("\n==== SPMD suite on {n} PE(s) ====");
         let report = dir.join(format!("report-{n}"));
         let _ = std::fs::remove_file(&report);
-        let outcome = shmem::launch::Launch::new(n, &exe)
-            .args(&args)
-            .env("SHMEM_TEST_REPORT", &report)
-            .run();
+        let outcome = shmem::launch::Launch::new(n, &exe).args(&args).env("SHMEM_TEST_REPORT", &report).run();
         let counts = std::fs::read_to_string(&report).ok().and_then(|s| {
-            let v: Vec<u64> = s
-                .split_whitespace()
-                .filter_map(|x| x.parse().ok())
-                .collect();
+            let v: Vec<u64> = s.split_whitespace().filter_map(|x| x.parse().ok()).collect();
             (v.len() == 4).then_some(v)
         });
         match (&outcome, counts) {
@@ -329,9 +284,7 @@ pub fn launch_worlds() -> ExitCode {
                     bad_worlds.push(format!("{n} PEs: exit code {}", o.exit_code()));
                 }
             }
-            (Ok(o), None) => {
-                bad_worlds.push(format!("{n} PEs: no report (exit code {})", o.exit_code()))
-            }
+            (Ok(o), None) => bad_worlds.push(format!("{n} PEs: no report (exit code {})", o.exit_code())),
             (Err(e), _) => bad_worlds.push(format!("{n} PEs: could not launch: {e}")),
         }
     }

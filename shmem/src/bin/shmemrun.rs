@@ -19,11 +19,7 @@ use std::process::ExitCode;
 /// SHMEM_LOCAL_SIZE and SHMEM_RENDEZVOUS, the address of the launcher's
 /// rendezvous server through which the PEs find each other.
 #[derive(Parser, Debug)]
-#[command(
-    name = "shmemrun",
-    version,
-    override_usage = "shmemrun -n N [OPTIONS] [--] PROG [ARGS]..."
-)]
+#[command(name = "shmemrun", version, override_usage = "shmemrun -n N [OPTIONS] [--] PROG [ARGS]...")]
 struct Cli {
     /// Number of PEs to start.
     #[arg(short = 'n', long = "np", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]

@@ -47,15 +47,9 @@ pub(crate) enum Bootstrap {
 
 /// Whether this process looks like one rank of an MPI job.
 pub(crate) fn started_by_mpi() -> bool {
-    [
-        "OMPI_COMM_WORLD_SIZE",
-        "PMI_SIZE",
-        "PMIX_RANK",
-        "MPI_LOCALNRANKS",
-        "SLURM_STEP_NUM_TASKS",
-    ]
-    .iter()
-    .any(|v| std::env::var_os(v).is_some())
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS", "SLURM_STEP_NUM_TASKS"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some())
 }
 
 /// Whether this process was started as one PE of a job (by any launcher).

@@ -82,19 +82,12 @@ pub(crate) mod wire {
     }
 
     /// Reads one frame (blocking), refusing bodies over what `max_body` allows.
-    pub(crate) fn read_frame(
-        r: &mut impl Read,
-        max_body: impl Fn(u8) -> Option<usize>,
-    ) -> io::Result<(u8, Vec<u8>)> {
+    pub(crate) fn read_frame(r: &mut impl Read, max_body: impl Fn(u8) -> Option<usize>) -> io::Result<(u8, Vec<u8>)> {
         let mut header = [0u8; HEADER_LEN];
         r.read_exact(&mut header)?;
         let (kind, len) = parse_header(&header);
-        let max = max_body(kind).ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("unknown message kind {kind}"),
-            )
-        })?;
+        let max = max_body(kind)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("unknown message kind {kind}")))?;
         if len > max as u64 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -143,10 +136,7 @@ pub(crate) mod wire {
         if ranks.len() % 4 != 0 {
             return None;
         }
-        let missing = ranks
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize)
-            .collect();
+        let missing = ranks.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize).collect();
         Some((phase, round, missing))
     }
 
@@ -213,24 +203,15 @@ impl EnvConfig {
         };
         let number = |name: &str| -> Result<usize> {
             let value = text(name)?;
-            value.parse().map_err(|_| {
-                Error::bootstrap(format!("{name}={value:?} is not a non-negative integer"))
-            })
+            value.parse().map_err(|_| Error::bootstrap(format!("{name}={value:?} is not a non-negative integer")))
         };
         let rank = number(env::RANK)?;
         let size = number(env::WORLD_SIZE)?;
         if size == 0 {
-            return Err(Error::bootstrap(format!(
-                "{}=0: a job needs at least one PE",
-                env::WORLD_SIZE
-            )));
+            return Err(Error::bootstrap(format!("{}=0: a job needs at least one PE", env::WORLD_SIZE)));
         }
         if rank >= size {
-            return Err(Error::bootstrap(format!(
-                "{}={rank} is not below {}={size}",
-                env::RANK,
-                env::WORLD_SIZE
-            )));
+            return Err(Error::bootstrap(format!("{}={rank} is not below {}={size}", env::RANK, env::WORLD_SIZE)));
         }
         let addr = text(env::RENDEZVOUS)?;
         if addr.is_empty() {
@@ -293,16 +274,9 @@ impl Client {
     }
 
     /// Like [`Client::connect_from_env`], with the identity given directly.
-    pub(crate) fn connect(
-        addr: &str,
-        rank: usize,
-        size: usize,
-        timeout: Duration,
-    ) -> Result<Client> {
+    pub(crate) fn connect(addr: &str, rank: usize, size: usize, timeout: Duration) -> Result<Client> {
         if rank >= size || u32::try_from(size).is_err() {
-            return Err(Error::bootstrap(format!(
-                "rank {rank} is not valid in a world of {size} PEs"
-            )));
+            return Err(Error::bootstrap(format!("rank {rank} is not valid in a world of {size} PEs")));
         }
         let deadline = Instant::now() + timeout;
         let stream = connect_until(addr, deadline, timeout)?;
@@ -310,9 +284,7 @@ impl Client {
             s.set_nodelay(true)?;
             s.set_write_timeout(Some(timeout.max(Duration::from_millis(1))))
         };
-        prepare(&stream).map_err(|e| {
-            Error::bootstrap(format!("rendezvous {addr}: cannot set up the socket: {e}"))
-        })?;
+        prepare(&stream).map_err(|e| Error::bootstrap(format!("rendezvous {addr}: cannot set up the socket: {e}")))?;
         let mut client = Client {
             addr: addr.to_string(),
             rank,
@@ -376,15 +348,10 @@ impl Client {
     /// Fails if the connection is closed or an earlier call failed.
     fn usable(&self) -> Result<()> {
         if self.stream.is_none() {
-            return Err(Error::bootstrap(format!(
-                "rendezvous {}: the connection is already closed",
-                self.addr
-            )));
+            return Err(Error::bootstrap(format!("rendezvous {}: the connection is already closed", self.addr)));
         }
         if let Some(why) = &self.broken {
-            return Err(Error::bootstrap(format!(
-                "an earlier bootstrap operation failed: {why}"
-            )));
+            return Err(Error::bootstrap(format!("an earlier bootstrap operation failed: {why}")));
         }
         Ok(())
     }
@@ -444,10 +411,9 @@ impl Client {
                         let verb = if missing.len() == 1 { "has" } else { "have" };
                         format!("{who} {verb} not connected within {waited}")
                     }
-                    (_, wire::PHASE_GATHER) => format!(
-                        "allgather #{} timed out after {waited} waiting for {who}",
-                        round + 1
-                    ),
+                    (_, wire::PHASE_GATHER) => {
+                        format!("allgather #{} timed out after {waited} waiting for {who}", round + 1)
+                    }
                     _ => format!("timed out after {waited}"),
                 };
                 return Err(self.fail(msg));
@@ -476,19 +442,14 @@ impl Client {
         loop {
             let mut want = wire::HEADER_LEN;
             if self.inbox.len() >= wire::HEADER_LEN {
-                let header: [u8; wire::HEADER_LEN] = self.inbox[..wire::HEADER_LEN]
-                    .try_into()
-                    .expect("slice of header length");
+                let header: [u8; wire::HEADER_LEN] =
+                    self.inbox[..wire::HEADER_LEN].try_into().expect("slice of header length");
                 let (kind, len) = wire::parse_header(&header);
                 let max = match kind {
                     wire::READY => 0,
                     wire::RESULT => self.size.saturating_mul(8 + wire::MAX_PAYLOAD),
                     wire::ERROR | wire::STATUS => wire::MAX_TEXT,
-                    _ => {
-                        return Err(
-                            self.fail(format!("unknown message kind {kind:#x} from the server"))
-                        )
-                    }
+                    _ => return Err(self.fail(format!("unknown message kind {kind:#x} from the server"))),
                 };
                 if len > max as u64 {
                     return Err(self.fail(format!(
@@ -520,18 +481,12 @@ impl Client {
             let got = stream.read(&mut self.inbox[old..]);
             self.inbox.truncate(old + *got.as_ref().unwrap_or(&0));
             match got {
-                Ok(0) => {
-                    return Err(self.fail(
-                        "the rendezvous server closed the connection (has the launcher ended?)",
-                    ))
-                }
+                Ok(0) => return Err(self.fail("the rendezvous server closed the connection (has the launcher ended?)")),
                 Ok(_) => {}
                 Err(e)
                     if matches!(
                         e.kind(),
-                        io::ErrorKind::WouldBlock
-                            | io::ErrorKind::TimedOut
-                            | io::ErrorKind::Interrupted
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
                     ) => {}
                 Err(e) => return Err(self.fail(format!("connection to the server lost: {e}"))),
             }
@@ -550,18 +505,10 @@ impl Drop for Client {
 fn connect_until(addr: &str, deadline: Instant, timeout: Duration) -> Result<TcpStream> {
     let targets: Vec<SocketAddr> = addr
         .to_socket_addrs()
-        .map_err(|e| {
-            Error::bootstrap(format!(
-                "{}={addr:?} is not a usable host:port address: {e}",
-                env::RENDEZVOUS
-            ))
-        })?
+        .map_err(|e| Error::bootstrap(format!("{}={addr:?} is not a usable host:port address: {e}", env::RENDEZVOUS)))?
         .collect();
     if targets.is_empty() {
-        return Err(Error::bootstrap(format!(
-            "{}={addr:?} resolves to no address",
-            env::RENDEZVOUS
-        )));
+        return Err(Error::bootstrap(format!("{}={addr:?} resolves to no address", env::RENDEZVOUS)));
     }
     let mut pause = Duration::from_millis(10);
     loop {
@@ -577,10 +524,7 @@ fn connect_until(addr: &str, deadline: Instant, timeout: Duration) -> Result<Tcp
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             let e = last_err.expect("at least one address was tried");
-            return Err(Error::bootstrap(format!(
-                "rendezvous {addr}: cannot connect within {}: {e}",
-                secs(timeout)
-            )));
+            return Err(Error::bootstrap(format!("rendezvous {addr}: cannot connect within {}: {e}", secs(timeout))));
         }
         std::thread::sleep(pause.min(left));
         pause = (pause * 2).min(Duration::from_millis(250));
@@ -595,17 +539,12 @@ mod tests {
     use std::thread;
 
     fn lookup(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
-        let map: HashMap<String, OsString> = vars
-            .iter()
-            .map(|(k, v)| (k.to_string(), OsString::from(v)))
-            .collect();
+        let map: HashMap<String, OsString> = vars.iter().map(|(k, v)| (k.to_string(), OsString::from(v))).collect();
         move |name| map.get(name).cloned()
     }
 
     fn env_error(vars: &[(&str, &str)]) -> String {
-        EnvConfig::from_lookup(lookup(vars))
-            .unwrap_err()
-            .to_string()
+        EnvConfig::from_lookup(lookup(vars)).unwrap_err().to_string()
     }
 
     #[test]
@@ -616,40 +555,19 @@ mod tests {
             ("SHMEM_RENDEZVOUS", "127.0.0.1:4000"),
         ]))
         .unwrap();
-        assert_eq!(
-            ok,
-            EnvConfig {
-                rank: 2,
-                size: 4,
-                addr: "127.0.0.1:4000".into()
-            }
-        );
+        assert_eq!(ok, EnvConfig { rank: 2, size: 4, addr: "127.0.0.1:4000".into() });
 
-        let e = env_error(&[
-            ("SHMEM_RANK", "5"),
-            ("SHMEM_WORLD_SIZE", "4"),
-            ("SHMEM_RENDEZVOUS", "x:1"),
-        ]);
-        assert!(
-            e.contains("SHMEM_RANK=5 is not below SHMEM_WORLD_SIZE=4"),
-            "{e}"
-        );
+        let e = env_error(&[("SHMEM_RANK", "5"), ("SHMEM_WORLD_SIZE", "4"), ("SHMEM_RENDEZVOUS", "x:1")]);
+        assert!(e.contains("SHMEM_RANK=5 is not below SHMEM_WORLD_SIZE=4"), "{e}");
         let e = env_error(&[("SHMEM_WORLD_SIZE", "4"), ("SHMEM_RENDEZVOUS", "x:1")]);
         assert!(e.contains("SHMEM_RANK is not set"), "{e}");
         let e = env_error(&[("SHMEM_RANK", "one"), ("SHMEM_WORLD_SIZE", "4")]);
-        assert!(
-            e.contains("SHMEM_RANK=\"one\" is not a non-negative integer"),
-            "{e}"
-        );
+        assert!(e.contains("SHMEM_RANK=\"one\" is not a non-negative integer"), "{e}");
         let e = env_error(&[("SHMEM_RANK", "0"), ("SHMEM_WORLD_SIZE", "0")]);
         assert!(e.contains("SHMEM_WORLD_SIZE=0"), "{e}");
         let e = env_error(&[("SHMEM_RANK", "0"), ("SHMEM_WORLD_SIZE", "1")]);
         assert!(e.contains("SHMEM_RENDEZVOUS is not set"), "{e}");
-        let e = env_error(&[
-            ("SHMEM_RANK", "0"),
-            ("SHMEM_WORLD_SIZE", "1"),
-            ("SHMEM_RENDEZVOUS", " "),
-        ]);
+        let e = env_error(&[("SHMEM_RANK", "0"), ("SHMEM_WORLD_SIZE", "1"), ("SHMEM_RENDEZVOUS", " ")]);
         assert!(e.contains("SHMEM_RENDEZVOUS is empty"), "{e}");
     }
 
@@ -658,10 +576,7 @@ mod tests {
         assert_eq!(wire::parse_hello(&wire::hello(3, 8)), Some((3, 8)));
         assert_eq!(wire::parse_hello(&[0; 12]), None);
         let st = wire::status(wire::PHASE_GATHER, 7, &[1, 4]);
-        assert_eq!(
-            wire::parse_status(&st),
-            Some((wire::PHASE_GATHER, 7, vec![1, 4]))
-        );
+        assert_eq!(wire::parse_status(&st), Some((wire::PHASE_GATHER, 7, vec![1, 4])));
         let mut body = Vec::new();
         for part in [&b"ab"[..], b"", b"xyz"] {
             body.extend_from_slice(&(part.len() as u64).to_le_bytes());
@@ -673,18 +588,13 @@ mod tests {
         assert_eq!(wire::parse_result(&body, 4), None, "missing part");
         assert_eq!(wire::list_pes(&[2]), "PE 2");
         assert_eq!(wire::list_pes(&[2, 3, 5]), "PEs 2, 3 and 5");
-        assert_eq!(
-            wire::list_pes(&(0..10).collect::<Vec<_>>()),
-            "PEs 0, 1, 2, 3, 4, 5, 6, 7 and 2 more"
-        );
+        assert_eq!(wire::list_pes(&(0..10).collect::<Vec<_>>()), "PEs 0, 1, 2, 3, 4, 5, 6, 7 and 2 more");
     }
 
     /// The bytes PE `rank` contributes to round `round`: lengths differ per
     /// PE and per round, contents encode both.
     fn payload(rank: usize, round: usize) -> Vec<u8> {
-        (0..rank * 7 + round * 3)
-            .map(|i| (rank * 31 + round * 17 + i) as u8)
-            .collect()
+        (0..rank * 7 + round * 3).map(|i| (rank * 31 + round * 17 + i) as u8).collect()
     }
 
     #[test]
@@ -705,17 +615,10 @@ mod tests {
                     // A big contribution crosses many socket buffers.
                     let big = vec![rank as u8; 3 << 20];
                     let all = c.allgather(&big).unwrap();
-                    assert!(all
-                        .iter()
-                        .enumerate()
-                        .all(|(r, p)| p.len() == 3 << 20 && p[0] == r as u8));
+                    assert!(all.iter().enumerate().all(|(r, p)| p.len() == 3 << 20 && p[0] == r as u8));
                     c.close();
                     c.close(); // idempotent
-                    assert!(c
-                        .allgather(b"x")
-                        .unwrap_err()
-                        .to_string()
-                        .contains("closed"));
+                    assert!(c.allgather(b"x").unwrap_err().to_string().contains("closed"));
                 })
             })
             .collect();
@@ -728,8 +631,7 @@ mod tests {
     #[test]
     fn single_pe_world() {
         let server = RendezvousServer::start(1).unwrap();
-        let mut c =
-            Client::connect(&server.addr().to_string(), 0, 1, Duration::from_secs(5)).unwrap();
+        let mut c = Client::connect(&server.addr().to_string(), 0, 1, Duration::from_secs(5)).unwrap();
         assert_eq!(c.allgather(b"alone").unwrap(), vec![b"alone".to_vec()]);
         drop(c);
         server.shutdown();
@@ -752,11 +654,7 @@ mod tests {
                     }
                     let start = Instant::now();
                     let err = c.allgather(b"second").unwrap_err().to_string();
-                    assert!(
-                        start.elapsed() < Duration::from_secs(2),
-                        "waited {:?}",
-                        start.elapsed()
-                    );
+                    assert!(start.elapsed() < Duration::from_secs(2), "waited {:?}", start.elapsed());
                     Some(err)
                 })
             })
@@ -778,10 +676,7 @@ mod tests {
             .map(|rank| {
                 let addr = addr.clone();
                 thread::spawn(move || {
-                    Client::connect(&addr, rank, 3, Duration::from_millis(300))
-                        .err()
-                        .unwrap()
-                        .to_string()
+                    Client::connect(&addr, rank, 3, Duration::from_millis(300)).err().unwrap().to_string()
                 })
             })
             .collect();
@@ -792,8 +687,7 @@ mod tests {
             let err = h.join().unwrap();
             assert!(err.contains(&format!("rendezvous {addr}: ")), "{err}");
             assert!(
-                err.contains("PE 2 has not connected within 0.30 s")
-                    || err.contains("PE 2 had not connected"),
+                err.contains("PE 2 has not connected within 0.30 s") || err.contains("PE 2 had not connected"),
                 "{err}"
             );
         }
@@ -807,8 +701,7 @@ mod tests {
             .map(|rank| {
                 let addr = addr.clone();
                 thread::spawn(move || {
-                    let mut c =
-                        Client::connect(&addr, rank, 3, Duration::from_millis(300)).unwrap();
+                    let mut c = Client::connect(&addr, rank, 3, Duration::from_millis(300)).unwrap();
                     c.allgather(b"x").unwrap_err().to_string()
                 })
             })
@@ -816,10 +709,7 @@ mod tests {
         let idle = Client::connect(&addr, 2, 3, Duration::from_secs(5)).unwrap();
         for h in handles {
             let err = h.join().unwrap();
-            assert!(
-                err.contains("allgather #1") && err.contains("waiting for PE 2"),
-                "{err}"
-            );
+            assert!(err.contains("allgather #1") && err.contains("waiting for PE 2"), "{err}");
         }
         drop(idle);
         server.shutdown();
@@ -843,10 +733,7 @@ mod tests {
         let mut one = Client::connect(&addr, 1, 2, t).unwrap();
         let mut zero = first.join().unwrap().unwrap();
         let h = thread::spawn(move || zero.allgather(b"0").unwrap());
-        assert_eq!(
-            one.allgather(b"1").unwrap(),
-            vec![b"0".to_vec(), b"1".to_vec()]
-        );
+        assert_eq!(one.allgather(b"1").unwrap(), vec![b"0".to_vec(), b"1".to_vec()]);
         h.join().unwrap();
         server.shutdown();
     }
@@ -876,21 +763,10 @@ mod tests {
     #[test]
     fn nothing_listening_gives_up_at_the_deadline() {
         // Bind then drop to get a port that (very likely) nobody listens on.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let start = Instant::now();
-        let err = Client::connect(
-            &format!("127.0.0.1:{port}"),
-            0,
-            2,
-            Duration::from_millis(200),
-        )
-        .err()
-        .unwrap()
-        .to_string();
+        let err =
+            Client::connect(&format!("127.0.0.1:{port}"), 0, 2, Duration::from_millis(200)).err().unwrap().to_string();
         assert!(err.contains("cannot connect within 0.20 s"), "{err}");
         assert!(start.elapsed() < Duration::from_secs(2));
     }

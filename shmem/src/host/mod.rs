@@ -104,21 +104,13 @@ impl HostWorld {
         wait_timeout: Option<Duration>,
     ) -> Result<HostWorld> {
         assert_eq!(Some(map.len()), object_size(n, heap_size));
-        let w = HostWorld {
-            map,
-            me,
-            n,
-            heap_size,
-            wait_timeout,
-        };
+        let w = HostWorld { map, me, n, heap_size, wait_timeout };
         let h = w.header();
         if h.magic.load(Ordering::Acquire) != MAGIC
             || h.n_pes.load(Ordering::Relaxed) != n as u64
             || h.heap_size.load(Ordering::Relaxed) != heap_size as u64
         {
-            return Err(Error::bootstrap(
-                "shared heap header does not match this job",
-            ));
+            return Err(Error::bootstrap("shared heap header does not match this job"));
         }
         let cell = w.cell(me);
         cell.pid.store(std::process::id() as u64, Ordering::SeqCst);
@@ -138,30 +130,18 @@ impl HostWorld {
         // SAFETY: cells lie after the header at CELL_STRIDE (a multiple of
         // 4096, so aligned) intervals inside the mapping; all fields are
         // atomics, so shared references are sound across processes.
-        unsafe {
-            &*self
-                .map
-                .base()
-                .add(HEADER_BYTES + pe * CELL_STRIDE)
-                .cast::<PeCell>()
-        }
+        unsafe { &*self.map.base().add(HEADER_BYTES + pe * CELL_STRIDE).cast::<PeCell>() }
     }
 
     /// Address of byte `offset` of `pe`'s symmetric heap.
     pub(crate) fn heap_ptr(&self, pe: usize, offset: usize) -> *mut u8 {
         assert!(pe < self.n && offset <= self.heap_size);
         // SAFETY: in bounds of the mapping by the asserts and `object_size`.
-        unsafe {
-            self.map
-                .base()
-                .add(HEADER_BYTES + self.n * CELL_STRIDE + pe * self.heap_size + offset)
-        }
+        unsafe { self.map.base().add(HEADER_BYTES + self.n * CELL_STRIDE + pe * self.heap_size + offset) }
     }
 
     pub(crate) fn set_state(&self, state: PeState) {
-        self.cell(self.me)
-            .state
-            .store(state as u64, Ordering::SeqCst);
+        self.cell(self.me).state.store(state as u64, Ordering::SeqCst);
     }
 
     /// How `pe` is doing: its published state, and whether its process lives.
@@ -192,19 +172,10 @@ impl HostWorld {
             &mut done,
             &mut |w: &HostWorld| {
                 // A dead PE is the news; peers that left after seeing it are echoes.
-                let problems: Vec<(usize, String)> = awaited
-                    .iter()
-                    .filter_map(|&pe| w.peer_problem(pe).map(|p| (pe, p)))
-                    .collect();
-                match problems
-                    .iter()
-                    .find(|(_, p)| p.starts_with("died"))
-                    .or(problems.first())
-                {
-                    Some((pe, p)) => Err(Error::PeerLost {
-                        pe: *pe,
-                        what: format!("{p} while {}", what()),
-                    }),
+                let problems: Vec<(usize, String)> =
+                    awaited.iter().filter_map(|&pe| w.peer_problem(pe).map(|p| (pe, p))).collect();
+                match problems.iter().find(|(_, p)| p.starts_with("died")).or(problems.first()) {
+                    Some((pe, p)) => Err(Error::PeerLost { pe: *pe, what: format!("{p} while {}", what()) }),
                     None => Ok(()),
                 }
             },
@@ -214,11 +185,7 @@ impl HostWorld {
 
     /// Waits until `done()` holds, for a change that any PE may make (a
     /// signal): fails when a PE died, or when every other PE has left.
-    pub(crate) fn wait_for_anyone(
-        &self,
-        mut done: impl FnMut() -> bool,
-        what: &dyn Fn() -> String,
-    ) -> Result<()> {
+    pub(crate) fn wait_for_anyone(&self, mut done: impl FnMut() -> bool, what: &dyn Fn() -> String) -> Result<()> {
         self.wait_loop(
             &mut done,
             &mut |w: &HostWorld| {
@@ -226,10 +193,7 @@ impl HostWorld {
                 for pe in (0..w.n).filter(|&pe| pe != w.me) {
                     match w.peer_problem(pe) {
                         Some(p) if p.starts_with("died") => {
-                            return Err(Error::PeerLost {
-                                pe,
-                                what: format!("{p} while {}", what()),
-                            })
+                            return Err(Error::PeerLost { pe, what: format!("{p} while {}", what()) })
                         }
                         Some(_) => {}
                         None => others_alive += 1,
@@ -279,10 +243,7 @@ impl HostWorld {
                 alive?;
                 if let Some(limit) = self.wait_timeout {
                     if now - start > limit {
-                        return Err(Error::Timeout {
-                            secs: (now - start).as_secs_f64(),
-                            what: what(),
-                        });
+                        return Err(Error::Timeout { secs: (now - start).as_secs_f64(), what: what() });
                     }
                 }
                 next_check = now + Duration::from_millis(5);
@@ -306,9 +267,7 @@ fn process_alive(pid: libc::pid_t) -> bool {
     // A dead child not yet reaped by its launcher is still there as a zombie.
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => {
-            let state = stat
-                .rfind(')')
-                .and_then(|i| stat[i + 1..].trim_start().chars().next());
+            let state = stat.rfind(')').and_then(|i| stat[i + 1..].trim_start().chars().next());
             !matches!(state, Some('Z') | Some('X'))
         }
         Err(_) => true,

@@ -20,8 +20,7 @@ unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
 fn c_name(name: &str) -> Result<CString> {
-    CString::new(name)
-        .map_err(|_| Error::config(format!("shared-memory name {name:?} contains a NUL")))
+    CString::new(name).map_err(|_| Error::config(format!("shared-memory name {name:?} contains a NUL")))
 }
 
 impl Mapping {
@@ -29,23 +28,13 @@ impl Mapping {
     pub(crate) fn create(name: &str, len: usize) -> Result<Mapping> {
         let cname = c_name(name)?;
         // SAFETY: `cname` is a valid C string; the flags ask for a new object.
-        let fd = unsafe {
-            libc::shm_open(
-                cname.as_ptr(),
-                libc::O_CREAT | libc::O_EXCL | libc::O_RDWR,
-                0o600,
-            )
-        };
+        let fd = unsafe { libc::shm_open(cname.as_ptr(), libc::O_CREAT | libc::O_EXCL | libc::O_RDWR, 0o600) };
         if fd < 0 {
             return Err(Error::os("shm_open(create)"));
         }
         // SAFETY: `fd` is the descriptor just opened.
         let sized = unsafe { libc::ftruncate(fd, len as libc::off_t) };
-        let result = if sized != 0 {
-            Err(Error::os("ftruncate"))
-        } else {
-            Self::map(fd, len)
-        };
+        let result = if sized != 0 { Err(Error::os("ftruncate")) } else { Self::map(fd, len) };
         // SAFETY: `fd` is ours; the mapping (if any) keeps the object alive.
         unsafe { libc::close(fd) };
         if result.is_err() {
@@ -72,9 +61,7 @@ impl Mapping {
             st.assume_init().st_size as usize
         };
         let result = if size != len {
-            Err(Error::bootstrap(format!(
-                "shared heap {name} is {size} bytes, expected {len}"
-            )))
+            Err(Error::bootstrap(format!("shared heap {name} is {size} bytes, expected {len}")))
         } else {
             Self::map(fd, len)
         };
@@ -87,14 +74,7 @@ impl Mapping {
         // SAFETY: a fresh shared mapping of a descriptor we hold; the kernel
         // picks the address.
         let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            )
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
         };
         if p == libc::MAP_FAILED {
             return Err(Error::os("mmap"));

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Builds the release binaries for the GPU box and stages them, with
+# gpu-run.sh, in the git-ignored .gpu-bundle/ (carry that folder to the box:
+# it has no Rust toolchain). The runtime loads CUDA and NVSHMEM at run time,
+# so no CUDA is needed to build. Prints the bundle's size.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+if ! command -v cargo >/dev/null 2>&1 && [[ -d "$HOME/.cargo/bin" ]]; then
+    export PATH="$HOME/.cargo/bin:$PATH"
+fi
+
+cargo build --release -p shmem --features mpi --bins --examples
+# The SPMD suite's binary, from cargo's JSON (its name carries a hash).
+spmd=$(cargo test --release -p shmem --features mpi --test spmd --no-run --message-format=json-render-diagnostics |
+    grep '"reason":"compiler-artifact"' | grep '"name":"spmd"' |
+    grep -o '"executable":"[^"]*"' | sed -e 's/^"executable":"//' -e 's/"$//' | tail -n 1)
+[[ -x "$spmd" ]] || { echo "gpu-bundle: the spmd test binary was not found" >&2; exit 1; }
+
+rm -rf .gpu-bundle
+mkdir -p .gpu-bundle/bin
+cp target/release/shmemrun .gpu-bundle/bin/
+for ex in quickstart ring allreduce peer_kernel shmem-bench; do
+    cp "target/release/examples/$ex" .gpu-bundle/bin/
+done
+cp "$spmd" .gpu-bundle/bin/spmd
+# Debug info is for local debugging; the box needs symbols only.
+strip --strip-debug .gpu-bundle/bin/*
+cp ci/gpu-run.sh .gpu-bundle/
+du -sh .gpu-bundle

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Runs on the GPU box, from a carried .gpu-bundle/ (see gpu-bundle.sh):
+# the SPMD suite on the gpu backend with 2 PEs under mpirun and under
+# shmemrun, then the examples (and, with --bench, the benchmark sweep).
+# Finds the box's NVSHMEM by itself. Logs go to $OUT (or ./gpu-out); exits
+# non-zero if any step failed.
+set -uo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+bin=$here/bin
+out=${OUT:-$PWD/gpu-out}
+mkdir -p "$out"
+log=$out/gpu-run.log
+: >"$log"
+
+# NVLink multicast stays off on these machines, whatever else is set.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+nvlib=
+for d in ${NVSHMEM_HOME:+"$NVSHMEM_HOME/lib"} /opt/*/.venv/lib/python3*/site-packages/nvidia/nvshmem/lib \
+    /usr/local/lib/python3*/dist-packages/nvidia/nvshmem/lib /usr/lib/x86_64-linux-gnu/nvshmem/*; do
+    if [[ -e "$d/libnvshmem_host.so.3" ]]; then nvlib=$d; break; fi
+done
+if [[ -z "$nvlib" ]]; then
+    echo "gpu-run: no libnvshmem_host.so.3 found; set NVSHMEM_HOME" | tee -a "$log"
+    exit 1
+fi
+export NVSHMEM_HOME=${nvlib%/lib}
+export LD_LIBRARY_PATH="$nvlib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export SHMEM_BACKEND=gpu
+pes=${SHMEM_GPU_PES:-2}
+
+failed=()
+step() {
+    local name=$1
+    shift
+    printf '\n==== %s: %s\n' "$name" "$*" | tee -a "$log"
+    local start=$SECONDS
+    timeout --kill-after=10 "${STEP_TIMEOUT:-300}" "$@" >>"$log" 2>&1
+    local rc=$?
+    printf '==== %s: exit %d after %d s\n' "$name" "$rc" $((SECONDS - start)) | tee -a "$log"
+    ((rc == 0)) || failed+=("$name")
+}
+mpi=(mpirun --allow-run-as-root --oversubscribe -np "$pes" -x SHMEM_BACKEND -x LD_LIBRARY_PATH -x NVSHMEM_HOME
+    -x NVSHMEM_DISABLE_NVLS -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST)
+
+step gpus nvidia-smi --query-gpu=index,name,memory.total --format=csv
+step spmd-shmemrun "$bin/shmemrun" -n "$pes" "$bin/spmd"
+step spmd-mpirun "${mpi[@]}" "$bin/spmd"
+step quickstart "$bin/shmemrun" -n "$pes" --tag-output "$bin/quickstart"
+step ring "$bin/shmemrun" -n "$pes" "$bin/ring"
+step allreduce "${mpi[@]}" "$bin/allreduce"
+step peer_kernel "$bin/shmemrun" -n "$pes" --tag-output "$bin/peer_kernel"
+for arg in "$@"; do
+    if [[ $arg == --bench ]]; then
+        step bench "$bin/shmemrun" -n "$pes" "$bin/shmem-bench" --backend gpu --json "$out/bench.jsonl"
+    fi
+done
+
+printf '\n' | tee -a "$log"
+if ((${#failed[@]})); then
+    echo "gpu-run: FAILED: ${failed[*]}" | tee -a "$log"
+    exit 1
+fi
+echo "gpu-run: every step passed" | tee -a "$log"

@@ -1,0 +1,440 @@
+//! The GPU backend: NVSHMEM's host library (through `shmem-sys`) and CUDA
+//! (through cudarc).
+//!
+//! The whole symmetric heap is one `nvshmem_malloc` made at init; buffers
+//! are carved from it by the same deterministic allocator as the host
+//! backend's, so a buffer's offset is the same on every PE and its
+//! symmetric address is `heap_base + offset`. Host-initiated operations use
+//! NVSHMEM's `*_on_stream` calls on the caller's stream. The host control
+//! area of the host backend (with an empty heap) still carries argument
+//! checks, team slots and the liveness of the PEs of a node.
+
+use crate::bootstrap::Bootstrap;
+use crate::context::agree_ok;
+use crate::error::{Error, Result};
+use cudarc::driver::{CudaContext, CudaStream};
+use std::sync::Arc;
+
+pub(crate) use cudarc::driver::sys::CUstream;
+pub(crate) type Nv = shmem_sys::Nvshmem;
+
+/// Calls NVSHMEM function `f` of the loaded library, or returns an error
+/// naming it when the library lacks it. Must be used in an `unsafe` context
+/// (the call is an FFI call) inside a function returning `Result`.
+macro_rules! call {
+    ($nv:expr, $f:ident($($a:expr),* $(,)?)) => {
+        match $nv.$f.as_ref() {
+            Ok(f) => f($($a),*),
+            Err(_) => {
+                return Err($crate::error::Error::BackendUnavailable(format!(
+                    "the loaded NVSHMEM library has no {}",
+                    stringify!($f)
+                )))
+            }
+        }
+    };
+}
+pub(crate) mod dispatch;
+pub mod interop;
+
+impl From<cudarc::driver::DriverError> for Error {
+    fn from(e: cudarc::driver::DriverError) -> Self {
+        Error::Cuda(format!("{e:?}"))
+    }
+}
+
+/// NVSHMEM's handle of the world team.
+pub(crate) const TEAM_WORLD: i32 = 0;
+/// NVSHMEM's handle of the node team (`NVSHMEMX_TEAM_NODE`).
+pub(crate) const TEAM_NODE: i32 = 2;
+/// `NVSHMEM_TEAM_INVALID`.
+pub(crate) const TEAM_INVALID: i32 = -1;
+/// `NVSHMEM_SIGNAL_SET` / `NVSHMEM_SIGNAL_ADD`.
+pub(crate) const SIGNAL_SET: i32 = 9;
+pub(crate) const SIGNAL_ADD: i32 = 10;
+
+/// Whether this process can run the GPU backend: a CUDA driver with a
+/// device, and an NVSHMEM host library.
+pub(crate) fn available() -> std::result::Result<(), String> {
+    // SAFETY: only tries to open the driver library.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err("no CUDA driver (libcuda.so.1) found".into());
+    }
+    match CudaContext::device_count() {
+        Ok(n) if n > 0 => {}
+        Ok(_) => return Err("the CUDA driver sees no GPU".into()),
+        Err(e) => return Err(format!("the CUDA driver failed to count GPUs: {e:?}")),
+    }
+    shmem_sys::nvshmem().map(drop).map_err(|e| e.to_string())
+}
+
+/// This PE's GPU and its share of NVSHMEM.
+pub(crate) struct GpuWorld {
+    pub(crate) nv: &'static Nv,
+    pub(crate) cuda: Arc<CudaContext>,
+    /// Symmetric address of this PE's heap (the same on every PE).
+    pub(crate) heap_base: u64,
+    /// `nvshmem_ptr` of each PE's heap: loads and stores reach it (NVLink).
+    pub(crate) peer_base: Vec<Option<u64>>,
+    /// The library's version, and this PE's CUDA device.
+    pub(crate) version: (i32, i32, i32),
+    pub(crate) device: usize,
+    /// For operations given a host stream.
+    own: Arc<CudaStream>,
+}
+
+// SAFETY: NVSHMEM's host API may be called from any thread once initialised;
+// the raw addresses are plain numbers.
+unsafe impl Send for GpuWorld {}
+// SAFETY: as above.
+unsafe impl Sync for GpuWorld {}
+
+impl GpuWorld {
+    /// Initialises CUDA on the GPU of this PE's node-local rank and NVSHMEM
+    /// with the unique-id bootstrap; allocates the symmetric heap.
+    ///
+    /// # Collective
+    /// Every PE calls it after the host control area exists; every step's
+    /// failure on any PE fails it on every PE.
+    pub(crate) fn start(
+        boot: &mut Bootstrap,
+        me: usize,
+        n: usize,
+        local_rank: usize,
+        host: &str,
+        heap_size: usize,
+    ) -> Result<GpuWorld> {
+        // Library and device, checked everywhere before anyone initialises.
+        let nv = shmem_sys::nvshmem().map_err(|e| Error::BackendUnavailable(e.to_string()));
+        let device = nv.as_ref().map_err(clone_err).and_then(|_| {
+            let count = CudaContext::device_count()? as usize;
+            if local_rank >= count {
+                return Err(Error::BackendUnavailable(format!(
+                    "PE {me} is PE {local_rank} of node {host}, which has only {count} GPU(s): \
+                     start at most {count} PEs per node"
+                )));
+            }
+            Ok(local_rank)
+        });
+        let version = nv.as_ref().map_err(clone_err).and_then(|nv| library_version(nv));
+        let step = device.as_ref().map(drop).map_err(clone_err).and(version.as_ref().map(drop).map_err(clone_err));
+        agree_ok(boot, step.map(|_| Vec::new()), "finding a GPU and NVSHMEM")?;
+        let (nv, device, version) = (nv?, device?, version?);
+        let cuda = CudaContext::new(device)?;
+        cuda.bind_to_thread()?;
+
+        // NVSHMEM reads its settings from the environment at init. The heap
+        // is ours to carve, plus room for NVSHMEM's own collectives.
+        set_default_env("NVSHMEM_SYMMETRIC_SIZE", &(heap_size + (256 << 20)).to_string());
+        // NVLink multicast stays off (see DESIGN.md): never turned on here.
+        std::env::set_var("NVSHMEM_DISABLE_NVLS", "1");
+
+        let uid = if me == 0 { unique_id(nv) } else { Ok(Vec::new()) };
+        let uids = agree_ok(boot, uid, "making NVSHMEM's unique id")?;
+        let init = init_with_unique_id(nv, version, &uids[0], me, n, device);
+        agree_ok(boot, init.map(|_| Vec::new()), "initialising NVSHMEM")?;
+
+        // SAFETY: NVSHMEM is initialised; nvshmem_malloc is collective and
+        // every PE asks for the same size.
+        let heap = unsafe { call_ptr(nv, heap_size) };
+        let got = heap.and_then(|p| {
+            if p == 0 {
+                Err(Error::BackendUnavailable(format!(
+                    "nvshmem_malloc of a {heap_size}-byte heap failed (more than the GPU has free? lower SHMEM_HEAP_SIZE)"
+                )))
+            } else {
+                Ok(p)
+            }
+        });
+        agree_ok(boot, got.as_ref().map(|_| Vec::new()).map_err(clone_err), "allocating the symmetric heap")?;
+        let heap_base = got?;
+        let peer_base = (0..n)
+            .map(|pe| {
+                // SAFETY: `heap_base` is a symmetric address; pe < n.
+                let p = unsafe { peer_ptr(nv, heap_base, pe) };
+                p.ok().filter(|&p| p != 0)
+            })
+            .collect();
+        let own = cuda.new_stream()?;
+        Ok(GpuWorld { nv, cuda, heap_base, peer_base, version, device, own })
+    }
+
+    /// Symmetric address of byte `offset` of the heap.
+    pub(crate) fn addr(&self, offset: usize) -> u64 {
+        self.heap_base + offset as u64
+    }
+
+    /// A new stream on this PE's GPU.
+    pub(crate) fn new_stream(&self) -> Result<Arc<CudaStream>> {
+        self.cuda.bind_to_thread()?;
+        Ok(self.cuda.new_stream()?)
+    }
+
+    /// Frees the heap and finalizes NVSHMEM.
+    ///
+    /// # Collective
+    pub(crate) fn finalize(&self) -> Result<()> {
+        self.cuda.bind_to_thread()?;
+        // SAFETY: collective, after a barrier of every PE; nothing uses the
+        // heap afterwards (buffers refuse, the context being finalized).
+        unsafe {
+            call!(self.nv, nvshmem_free(self.heap_base as _));
+            call!(self.nv, nvshmemx_hostlib_finalize());
+        }
+        Ok(())
+    }
+}
+
+fn clone_err(e: &Error) -> Error {
+    Error::BackendUnavailable(e.to_string())
+}
+
+fn set_default_env(key: &str, value: &str) {
+    if std::env::var_os(key).is_none() {
+        std::env::set_var(key, value);
+    }
+}
+
+fn library_version(nv: &Nv) -> Result<(i32, i32, i32)> {
+    let (mut major, mut minor, mut patch) = (0, 0, 0);
+    // SAFETY: writes three ints; callable before init.
+    unsafe { call!(nv, nvshmemx_vendor_get_version_info(&mut major, &mut minor, &mut patch)) };
+    shmem_sys::InitAttrLayout::for_version(major, minor).map_err(|e| Error::BackendUnavailable(e.to_string()))?;
+    Ok((major, minor, patch))
+}
+
+fn unique_id(nv: &Nv) -> Result<Vec<u8>> {
+    let mut uid = shmem_sys::NVSHMEMX_UNIQUEID_INITIALIZER;
+    // SAFETY: writes the id; callable before init.
+    let rc = unsafe { call!(nv, nvshmemx_get_uniqueid(&mut uid)) };
+    if rc != 0 {
+        return Err(Error::Nvshmem { call: "nvshmemx_get_uniqueid", code: rc });
+    }
+    // SAFETY: the id is plain bytes of its size.
+    Ok(unsafe {
+        std::slice::from_raw_parts((&uid as *const shmem_sys::nvshmemx_uniqueid_t).cast::<u8>(), size_of_val(&uid))
+    }
+    .to_vec())
+}
+
+fn init_with_unique_id(
+    nv: &Nv,
+    version: (i32, i32, i32),
+    uid: &[u8],
+    me: usize,
+    n: usize,
+    device: usize,
+) -> Result<()> {
+    let mut id = shmem_sys::NVSHMEMX_UNIQUEID_INITIALIZER;
+    if uid.len() != size_of_val(&id) {
+        return Err(Error::bootstrap(format!(
+            "NVSHMEM unique id of {} bytes, expected {}",
+            uid.len(),
+            size_of_val(&id)
+        )));
+    }
+    // SAFETY: same size, plain bytes.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            uid.as_ptr(),
+            (&mut id as *mut shmem_sys::nvshmemx_uniqueid_t).cast::<u8>(),
+            uid.len(),
+        )
+    };
+    let layout = shmem_sys::InitAttrLayout::for_version(version.0, version.1)
+        .map_err(|e| Error::BackendUnavailable(e.to_string()))?;
+    let mut attr = shmem_sys::InitAttr::new(layout);
+    attr.set_uniqueid_args(me as i32, n as i32, &id);
+    if let Some(dev) = attr.cuda_device_id_mut() {
+        *dev = device as i32;
+    }
+    // SAFETY: `attr` is laid out for this library's version and points at
+    // `id`, which outlives the call; this PE's device is current.
+    let rc = unsafe {
+        call!(nv, nvshmemx_hostlib_init_attr(shmem_sys::NVSHMEMX_INIT_WITH_UNIQUEID as _, attr.as_mut_ptr()))
+    };
+    check("nvshmemx_hostlib_init_attr", rc)
+}
+
+/// # Safety
+/// NVSHMEM is initialised; collective.
+unsafe fn call_ptr(nv: &Nv, bytes: usize) -> Result<u64> {
+    // SAFETY: the caller's contract.
+    Ok(unsafe { call!(nv, nvshmem_malloc(bytes)) } as u64)
+}
+
+/// # Safety
+/// `addr` is symmetric; `pe` is in range.
+unsafe fn peer_ptr(nv: &Nv, addr: u64, pe: usize) -> Result<u64> {
+    // SAFETY: the caller's contract.
+    Ok(unsafe { call!(nv, nvshmem_ptr(addr as _, pe as i32)) } as u64)
+}
+
+/// Host-initiated operations on this PE's stream (the caller's, or the
+/// context's own when the caller passed a host stream).
+impl GpuWorld {
+    /// The context's own stream.
+    pub(crate) fn own_stream(&self) -> &Arc<CudaStream> {
+        &self.own
+    }
+
+    /// The CUDA stream operations on `s` are issued on.
+    pub(crate) fn stream<'a>(&'a self, s: &'a crate::Stream) -> &'a CudaStream {
+        s.cuda.as_deref().unwrap_or(&self.own)
+    }
+
+    /// Copies `data` to device address `dst`; returns when done.
+    pub(crate) fn htod<T: crate::Element>(&self, dst: u64, data: &[T], s: &CudaStream) -> Result<()> {
+        self.cuda.bind_to_thread()?;
+        // SAFETY: `dst` is a checked region of `data.len()` elements of the
+        // heap; the copy completes (synchronize) before `data` is released.
+        unsafe { cudarc::driver::result::memcpy_htod_async(dst, data, s.cu_stream())? };
+        Ok(s.synchronize()?)
+    }
+
+    /// Copies device address `src` into `out`; returns when done.
+    pub(crate) fn dtoh<T: crate::Element>(&self, out: &mut [T], src: u64, s: &CudaStream) -> Result<()> {
+        self.cuda.bind_to_thread()?;
+        // SAFETY: as in `htod`.
+        unsafe { cudarc::driver::result::memcpy_dtoh_async(out, src, s.cu_stream())? };
+        Ok(s.synchronize()?)
+    }
+
+    /// Zeroes `bytes` bytes at `dst`; returns when done.
+    pub(crate) fn zero(&self, dst: u64, bytes: usize, s: &CudaStream) -> Result<()> {
+        self.cuda.bind_to_thread()?;
+        // SAFETY: a checked region of the heap.
+        unsafe { cudarc::driver::result::memset_d8_async(dst, 0, bytes, s.cu_stream())? };
+        Ok(s.synchronize()?)
+    }
+
+    /// `nvshmemx_putmem_on_stream` (or getmem with `put == false`).
+    pub(crate) fn transfer(
+        &self,
+        put: bool,
+        dst: u64,
+        src: u64,
+        bytes: usize,
+        pe: usize,
+        s: &CudaStream,
+    ) -> Result<()> {
+        let st = s.cu_stream();
+        // SAFETY: symmetric addresses of checked regions; `pe` in range.
+        unsafe {
+            if put {
+                call!(self.nv, nvshmemx_putmem_on_stream(dst as _, src as _, bytes, pe as i32, st as _));
+            } else {
+                call!(self.nv, nvshmemx_getmem_on_stream(dst as _, src as _, bytes, pe as i32, st as _));
+            }
+        }
+        Ok(())
+    }
+
+    /// `nvshmemx_putmem_signal_on_stream`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn put_signal(
+        &self,
+        dst: u64,
+        src: u64,
+        bytes: usize,
+        sig: u64,
+        value: u64,
+        add: bool,
+        pe: usize,
+        s: &CudaStream,
+    ) -> Result<()> {
+        let op = if add { SIGNAL_ADD } else { SIGNAL_SET };
+        // SAFETY: symmetric addresses of checked regions; `pe` in range.
+        unsafe {
+            call!(
+                self.nv,
+                nvshmemx_putmem_signal_on_stream(
+                    dst as _,
+                    src as _,
+                    bytes,
+                    sig as _,
+                    value,
+                    op,
+                    pe as i32,
+                    s.cu_stream() as _
+                )
+            )
+        };
+        Ok(())
+    }
+
+    /// `nvshmemx_signal_op_on_stream`.
+    pub(crate) fn signal_op(&self, sig: u64, value: u64, add: bool, pe: usize, s: &CudaStream) -> Result<()> {
+        let op = if add { SIGNAL_ADD } else { SIGNAL_SET };
+        // SAFETY: a symmetric address of a checked element; `pe` in range.
+        unsafe { call!(self.nv, nvshmemx_signal_op_on_stream(sig as _, value, op, pe as i32, s.cu_stream() as _)) };
+        Ok(())
+    }
+
+    /// `nvshmemx_quiet_on_stream`.
+    pub(crate) fn quiet(&self, s: &CudaStream) -> Result<()> {
+        // SAFETY: NVSHMEM is initialised.
+        unsafe { call!(self.nv, nvshmemx_quiet_on_stream(s.cu_stream() as _)) };
+        Ok(())
+    }
+
+    /// `nvshmemx_barrier_on_stream` over an NVSHMEM team.
+    pub(crate) fn barrier(&self, team: i32, s: &CudaStream) -> Result<()> {
+        // SAFETY: `team` is a live NVSHMEM team of this PE.
+        let rc = unsafe { call!(self.nv, nvshmemx_barrier_on_stream(team, s.cu_stream() as _)) };
+        check("nvshmemx_barrier_on_stream", rc)
+    }
+}
+
+/// Teams and collectives.
+impl GpuWorld {
+    /// `nvshmem_team_split_strided`; `TEAM_INVALID` on non-members.
+    ///
+    /// # Collective
+    /// Over `parent`.
+    pub(crate) fn split_team(&self, parent: i32, start: usize, stride: usize, size: usize) -> Result<i32> {
+        let mut team = TEAM_INVALID;
+        // SAFETY: `parent` is a live team of this PE; the arguments were
+        // checked and agreed by every member; no configuration is passed.
+        let rc = unsafe {
+            call!(
+                self.nv,
+                nvshmem_team_split_strided(
+                    parent,
+                    start as i32,
+                    stride as i32,
+                    size as i32,
+                    std::ptr::null(),
+                    0,
+                    &mut team
+                )
+            )
+        };
+        check("nvshmem_team_split_strided", rc).map(|_| team)
+    }
+
+    /// `nvshmem_team_destroy` of a team this PE split.
+    pub(crate) fn destroy_team(&self, team: i32) -> Result<()> {
+        if team > TEAM_NODE {
+            // SAFETY: a team made by `split_team`, destroyed once.
+            unsafe { call!(self.nv, nvshmem_team_destroy(team)) };
+        }
+        Ok(())
+    }
+
+    /// Copies `bytes` bytes between device addresses on `s`.
+    pub(crate) fn copy(&self, dst: u64, src: u64, bytes: usize, s: &CudaStream) -> Result<()> {
+        // SAFETY: both are checked regions of the heap.
+        unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, s.cu_stream())? };
+        Ok(())
+    }
+}
+
+/// An NVSHMEM status code as a result.
+pub(crate) fn check(call: &'static str, rc: i32) -> Result<()> {
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(Error::Nvshmem { call, code: rc })
+    }
+}
