@@ -52,7 +52,8 @@ step allreduce "${mpi[@]}" "$bin/allreduce"
 step peer_kernel "$bin/shmemrun" -n "$pes" --tag-output "$bin/peer_kernel"
 for arg in "$@"; do
     if [[ $arg == --bench ]]; then
-        step bench "$bin/shmemrun" -n "$pes" "$bin/shmem-bench" --backend gpu --json "$out/bench.jsonl"
+        step bench "$bin/shmemrun" -n "$pes" "$bin/shmem-bench" --backend gpu --max-bytes "${BENCH_MAX_BYTES:-256M}" \
+            --json "$out/bench.jsonl"
     fi
 done
 

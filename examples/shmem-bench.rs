@@ -168,10 +168,30 @@ impl Bench<'_> {
     }
 
     /// Median in µs of `iters` runs of `op`, each after an untimed `setup`.
+    ///
+    /// On the GPU backend the operations are asynchronous: they are timed
+    /// with CUDA events around a batch of `iters` back-to-back operations,
+    /// five batches, and the median batch's mean is returned.
     fn time(&self, bytes: usize, mut setup: impl FnMut() -> Res, mut op: impl FnMut() -> Res) -> Res<f64> {
         for _ in 0..self.args.warmup {
             setup()?;
             op()?;
+        }
+        if let Some(stream) = self.s.cuda_stream() {
+            let iters = self.iters(bytes);
+            let mut batches = Vec::new();
+            for _ in 0..5 {
+                stream.synchronize()?;
+                let start = stream.record_event(None)?;
+                for _ in 0..iters {
+                    op()?;
+                }
+                let end = stream.record_event(None)?;
+                end.synchronize()?;
+                batches.push(start.elapsed_ms(&end)? as f64 * 1e3 / iters as f64);
+            }
+            batches.sort_by(f64::total_cmp);
+            return Ok(batches[2]);
         }
         let mut t = Vec::with_capacity(self.iters(bytes));
         for _ in 0..self.iters(bytes) {
@@ -185,9 +205,32 @@ impl Bench<'_> {
         Ok(t[t.len() / 2])
     }
 
-    /// memcpy between two vectors of this process, on PE 0 alone.
+    /// The baseline: on the host backend memcpy between two vectors of this
+    /// process; on the GPU backend a copy-engine copy into the peer's memory
+    /// through its NVLink address (the peer-copy ceiling). PE 0 alone.
     fn memcpy(&self) -> Res<Vec<f64>> {
         let mut times = Vec::new();
+        if self.ctx.backend() == BackendKind::Gpu {
+            let max = *self.sizes.last().unwrap();
+            let src = self.ctx.alloc_zeroed::<u32>(max / 4)?;
+            let dst = self.ctx.alloc_zeroed::<u32>(max / 4)?;
+            let peer = 1 % self.ctx.n_pes();
+            if self.ctx.my_pe() == 0 {
+                let to = dst.peer_ptr(peer).ok_or("the peer is not reachable over NVLink")? as u64;
+                let from = src.local_ptr() as u64;
+                let stream = self.s.cuda_stream().expect("gpu backend").clone();
+                for &b in &self.sizes {
+                    let copy = || {
+                        // SAFETY: both are `b` bytes of live symmetric buffers.
+                        unsafe { cudarc::driver::result::memcpy_dtod_async(to, from, b, stream.cu_stream())? };
+                        Ok(())
+                    };
+                    times.push(self.time(b, || Ok(()), copy)?);
+                }
+            }
+            self.ctx.barrier_all(&self.s)?;
+            return Ok(times);
+        }
         if self.ctx.my_pe() == 0 {
             let max = *self.sizes.last().unwrap();
             // Non-zero contents: a zeroed vector may read from the kernel's
@@ -231,6 +274,17 @@ impl Bench<'_> {
                     dtype: Some("u32"),
                     bytes: b,
                     time_us: self.time(b, || Ok(()), put)?,
+                    bus_factor: 1.0,
+                    memcpy_us: memcpy_us.get(k).copied(),
+                });
+                // Get the same bytes back from the peer's source copy.
+                let get = || Ok(self.ctx.get(src.slice(..len), src.slice(..len), peer, &self.s)?);
+                rows.push(Row {
+                    op: "get",
+                    imp: "shmem",
+                    dtype: Some("u32"),
+                    bytes: b,
+                    time_us: self.time(b, || Ok(()), get)?,
                     bus_factor: 1.0,
                     memcpy_us: memcpy_us.get(k).copied(),
                 });
