@@ -182,11 +182,12 @@ impl Bench<'_> {
             let mut batches = Vec::new();
             for _ in 0..5 {
                 stream.synchronize()?;
-                let start = stream.record_event(None)?;
+                let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+                let start = stream.record_event(timing)?;
                 for _ in 0..iters {
                     op()?;
                 }
-                let end = stream.record_event(None)?;
+                let end = stream.record_event(timing)?;
                 end.synchronize()?;
                 batches.push(start.elapsed_ms(&end)? as f64 * 1e3 / iters as f64);
             }

@@ -407,8 +407,7 @@ impl Context {
             // NVSHMEM's host atomics are blocking calls: order them after
             // the work already on the stream.
             g.stream(stream).synchronize()?;
-            // SAFETY: a checked, aligned element of the symmetric heap.
-            return unsafe { crate::gpu::dispatch::atomic(g.nv, g.addr(off), op, pe as i32) };
+            return g.atomic(off, op, pe, g.stream(stream));
         }
         let p = self.element_ptr(buf, index, pe)?;
         // SAFETY: an aligned element inside the mapping, which outlives the

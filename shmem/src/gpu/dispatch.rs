@@ -3,7 +3,7 @@
 #![allow(clippy::too_many_arguments)]
 
 use super::{CUstream, Nv};
-use crate::dtype::{AtomicElement, AtomicOp, DType, Element, ReduceOp};
+use crate::dtype::{DType, Element, ReduceOp};
 use crate::error::{Error, Result};
 use std::mem::transmute_copy;
 
@@ -420,112 +420,5 @@ pub(crate) unsafe fn g<T: Element>(nv: &Nv, src: u64, pe: i32, stream: CUstream)
         DType::I64 => transmute_copy(&call!(nv, nvshmemx_int64_g_on_stream(src as _, pe, stream as _))),
         DType::U32 => transmute_copy(&call!(nv, nvshmemx_uint32_g_on_stream(src as _, pe, stream as _))),
         DType::U64 => transmute_copy(&call!(nv, nvshmemx_uint64_g_on_stream(src as _, pe, stream as _))),
-    })
-}
-
-/// NVSHMEM's host atomics (`nvshmem_<type>_atomic_*`, blocking).
-///
-/// # Safety
-/// `dst` is a symmetric address of an element of type `T`.
-pub(crate) unsafe fn atomic<T: AtomicElement>(nv: &Nv, dst: u64, op: AtomicOp<T>, pe: i32) -> Result<T> {
-    // SAFETY (of each transmute_copy): the arm's C integer has T's size.
-    Ok(match (T::DTYPE, op) {
-        (DType::I32, AtomicOp::Fetch) => transmute_copy(&call!(nv, nvshmem_int32_atomic_fetch(dst as _, pe))),
-        (DType::I32, AtomicOp::Set(v)) => {
-            call!(nv, nvshmem_int32_atomic_set(dst as _, transmute_copy(&v), pe));
-            v
-        }
-        (DType::I32, AtomicOp::Swap(v)) => {
-            transmute_copy(&call!(nv, nvshmem_int32_atomic_swap(dst as _, transmute_copy(&v), pe)))
-        }
-        (DType::I32, AtomicOp::CompareSwap { current, new }) => transmute_copy(&call!(
-            nv,
-            nvshmem_int32_atomic_compare_swap(dst as _, transmute_copy(&current), transmute_copy(&new), pe)
-        )),
-        (DType::I32, AtomicOp::FetchAdd(v)) => {
-            transmute_copy(&call!(nv, nvshmem_int32_atomic_fetch_add(dst as _, transmute_copy(&v), pe)))
-        }
-        (DType::I32, AtomicOp::FetchAnd(v)) => {
-            transmute_copy(&call!(nv, nvshmem_int32_atomic_fetch_and(dst as _, transmute_copy(&v), pe)))
-        }
-        (DType::I32, AtomicOp::FetchOr(v)) => {
-            transmute_copy(&call!(nv, nvshmem_int32_atomic_fetch_or(dst as _, transmute_copy(&v), pe)))
-        }
-        (DType::I32, AtomicOp::FetchXor(v)) => {
-            transmute_copy(&call!(nv, nvshmem_int32_atomic_fetch_xor(dst as _, transmute_copy(&v), pe)))
-        }
-        (DType::I64, AtomicOp::Fetch) => transmute_copy(&call!(nv, nvshmem_int64_atomic_fetch(dst as _, pe))),
-        (DType::I64, AtomicOp::Set(v)) => {
-            call!(nv, nvshmem_int64_atomic_set(dst as _, transmute_copy(&v), pe));
-            v
-        }
-        (DType::I64, AtomicOp::Swap(v)) => {
-            transmute_copy(&call!(nv, nvshmem_int64_atomic_swap(dst as _, transmute_copy(&v), pe)))
-        }
-        (DType::I64, AtomicOp::CompareSwap { current, new }) => transmute_copy(&call!(
-            nv,
-            nvshmem_int64_atomic_compare_swap(dst as _, transmute_copy(&current), transmute_copy(&new), pe)
-        )),
-        (DType::I64, AtomicOp::FetchAdd(v)) => {
-            transmute_copy(&call!(nv, nvshmem_int64_atomic_fetch_add(dst as _, transmute_copy(&v), pe)))
-        }
-        (DType::I64, AtomicOp::FetchAnd(v)) => {
-            transmute_copy(&call!(nv, nvshmem_int64_atomic_fetch_and(dst as _, transmute_copy(&v), pe)))
-        }
-        (DType::I64, AtomicOp::FetchOr(v)) => {
-            transmute_copy(&call!(nv, nvshmem_int64_atomic_fetch_or(dst as _, transmute_copy(&v), pe)))
-        }
-        (DType::I64, AtomicOp::FetchXor(v)) => {
-            transmute_copy(&call!(nv, nvshmem_int64_atomic_fetch_xor(dst as _, transmute_copy(&v), pe)))
-        }
-        (DType::U32, AtomicOp::Fetch) => transmute_copy(&call!(nv, nvshmem_uint32_atomic_fetch(dst as _, pe))),
-        (DType::U32, AtomicOp::Set(v)) => {
-            call!(nv, nvshmem_uint32_atomic_set(dst as _, transmute_copy(&v), pe));
-            v
-        }
-        (DType::U32, AtomicOp::Swap(v)) => {
-            transmute_copy(&call!(nv, nvshmem_uint32_atomic_swap(dst as _, transmute_copy(&v), pe)))
-        }
-        (DType::U32, AtomicOp::CompareSwap { current, new }) => transmute_copy(&call!(
-            nv,
-            nvshmem_uint32_atomic_compare_swap(dst as _, transmute_copy(&current), transmute_copy(&new), pe)
-        )),
-        (DType::U32, AtomicOp::FetchAdd(v)) => {
-            transmute_copy(&call!(nv, nvshmem_uint32_atomic_fetch_add(dst as _, transmute_copy(&v), pe)))
-        }
-        (DType::U32, AtomicOp::FetchAnd(v)) => {
-            transmute_copy(&call!(nv, nvshmem_uint32_atomic_fetch_and(dst as _, transmute_copy(&v), pe)))
-        }
-        (DType::U32, AtomicOp::FetchOr(v)) => {
-            transmute_copy(&call!(nv, nvshmem_uint32_atomic_fetch_or(dst as _, transmute_copy(&v), pe)))
-        }
-        (DType::U32, AtomicOp::FetchXor(v)) => {
-            transmute_copy(&call!(nv, nvshmem_uint32_atomic_fetch_xor(dst as _, transmute_copy(&v), pe)))
-        }
-        (DType::U64, AtomicOp::Fetch) => transmute_copy(&call!(nv, nvshmem_uint64_atomic_fetch(dst as _, pe))),
-        (DType::U64, AtomicOp::Set(v)) => {
-            call!(nv, nvshmem_uint64_atomic_set(dst as _, transmute_copy(&v), pe));
-            v
-        }
-        (DType::U64, AtomicOp::Swap(v)) => {
-            transmute_copy(&call!(nv, nvshmem_uint64_atomic_swap(dst as _, transmute_copy(&v), pe)))
-        }
-        (DType::U64, AtomicOp::CompareSwap { current, new }) => transmute_copy(&call!(
-            nv,
-            nvshmem_uint64_atomic_compare_swap(dst as _, transmute_copy(&current), transmute_copy(&new), pe)
-        )),
-        (DType::U64, AtomicOp::FetchAdd(v)) => {
-            transmute_copy(&call!(nv, nvshmem_uint64_atomic_fetch_add(dst as _, transmute_copy(&v), pe)))
-        }
-        (DType::U64, AtomicOp::FetchAnd(v)) => {
-            transmute_copy(&call!(nv, nvshmem_uint64_atomic_fetch_and(dst as _, transmute_copy(&v), pe)))
-        }
-        (DType::U64, AtomicOp::FetchOr(v)) => {
-            transmute_copy(&call!(nv, nvshmem_uint64_atomic_fetch_or(dst as _, transmute_copy(&v), pe)))
-        }
-        (DType::U64, AtomicOp::FetchXor(v)) => {
-            transmute_copy(&call!(nv, nvshmem_uint64_atomic_fetch_xor(dst as _, transmute_copy(&v), pe)))
-        }
-        (d, _) => unreachable!("{d} is not an atomic element type"),
     })
 }

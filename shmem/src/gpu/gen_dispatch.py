@@ -16,7 +16,6 @@ TYPES = [  # (DType variant, NVSHMEM type name, is integer)
 ]
 OPS = [("Sum", "sum"), ("Min", "min"), ("Max", "max"), ("Prod", "prod"),
        ("And", "and"), ("Or", "or"), ("Xor", "xor")]
-ATOMIC = ["I32", "I64", "U32", "U64"]
 
 
 def reduce_fn(kind):
@@ -55,7 +54,7 @@ def main():
 #![allow(clippy::too_many_arguments)]
 
 use super::{CUstream, Nv};
-use crate::dtype::{AtomicElement, AtomicOp, DType, Element, ReduceOp};
+use crate::dtype::{DType, Element, ReduceOp};
 use crate::error::{Error, Result};
 use std::mem::transmute_copy;
 """)
@@ -90,30 +89,7 @@ pub(crate) unsafe fn g<T: Element>(nv: &Nv, src: u64, pe: i32, stream: CUstream)
         out.append(f"        DType::{dt} => transmute_copy(&call!(nv, nvshmemx_{tname}_g_on_stream(src as _, pe, stream as _))),")
     out.append("    })\n}\n")
     print("\n".join(out))
-    # Atomics (blocking host calls).
-    names = {"I32": "int32", "I64": "int64", "U32": "uint32", "U64": "uint64"}
-    out = ["""/// NVSHMEM's host atomics (`nvshmem_<type>_atomic_*`, blocking).
-///
-/// # Safety
-/// `dst` is a symmetric address of an element of type `T`.
-pub(crate) unsafe fn atomic<T: AtomicElement>(nv: &Nv, dst: u64, op: AtomicOp<T>, pe: i32) -> Result<T> {
-    // SAFETY (of each transmute_copy): the arm's C integer has T's size.
-    Ok(match (T::DTYPE, op) {"""]
-    for dt in ATOMIC:
-        t = names[dt]
-        out += [
-            f"        (DType::{dt}, AtomicOp::Fetch) => transmute_copy(&call!(nv, nvshmem_{t}_atomic_fetch(dst as _, pe))),",
-            f"        (DType::{dt}, AtomicOp::Set(v)) => {{ call!(nv, nvshmem_{t}_atomic_set(dst as _, transmute_copy(&v), pe)); v }}",
-            f"        (DType::{dt}, AtomicOp::Swap(v)) => transmute_copy(&call!(nv, nvshmem_{t}_atomic_swap(dst as _, transmute_copy(&v), pe))),",
-            f"        (DType::{dt}, AtomicOp::CompareSwap {{ current, new }}) => transmute_copy(&call!(nv, nvshmem_{t}_atomic_compare_swap(dst as _, transmute_copy(&current), transmute_copy(&new), pe))),",
-            f"        (DType::{dt}, AtomicOp::FetchAdd(v)) => transmute_copy(&call!(nv, nvshmem_{t}_atomic_fetch_add(dst as _, transmute_copy(&v), pe))),",
-            f"        (DType::{dt}, AtomicOp::FetchAnd(v)) => transmute_copy(&call!(nv, nvshmem_{t}_atomic_fetch_and(dst as _, transmute_copy(&v), pe))),",
-            f"        (DType::{dt}, AtomicOp::FetchOr(v)) => transmute_copy(&call!(nv, nvshmem_{t}_atomic_fetch_or(dst as _, transmute_copy(&v), pe))),",
-            f"        (DType::{dt}, AtomicOp::FetchXor(v)) => transmute_copy(&call!(nv, nvshmem_{t}_atomic_fetch_xor(dst as _, transmute_copy(&v), pe))),",
-        ]
-    out.append('        (d, _) => unreachable!("{d} is not an atomic element type"),')
-    out.append("    })\n}")
-    print("\n".join(out))
+    # No atomics: NVSHMEM 3.4's host atomics are stubs (see amo.rs).
 
 
 main()

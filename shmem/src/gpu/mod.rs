@@ -34,6 +34,7 @@ macro_rules! call {
         }
     };
 }
+mod amo;
 pub(crate) mod dispatch;
 pub mod interop;
 
@@ -81,6 +82,8 @@ pub(crate) struct GpuWorld {
     pub(crate) device: usize,
     /// For operations given a host stream.
     own: Arc<CudaStream>,
+    /// The host-initiated atomics' kernel, built on first use.
+    amo: std::sync::OnceLock<std::result::Result<amo::Amo, String>>,
 }
 
 // SAFETY: NVSHMEM's host API may be called from any thread once initialised;
@@ -156,7 +159,7 @@ impl GpuWorld {
             })
             .collect();
         let own = cuda.new_stream()?;
-        Ok(GpuWorld { nv, cuda, heap_base, peer_base, version, device, own })
+        Ok(GpuWorld { nv, cuda, heap_base, peer_base, version, device, own, amo: Default::default() })
     }
 
     /// Symmetric address of byte `offset` of the heap.

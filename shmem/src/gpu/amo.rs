@@ -1,0 +1,111 @@
+//! Host-initiated atomics on the GPU backend.
+//!
+//! NVSHMEM 3.4's host atomics are stubs ("not implemented" at run time), so
+//! a one-thread kernel performs the atomic at the target's NVLink address
+//! with system-scope atomics and returns the old value. Compiled once with
+//! NVRTC. Peers without an NVLink address get a clear error until the
+//! device-initiated kernels (which can use NVSHMEM's device atomics) exist.
+
+use super::GpuWorld;
+use crate::dtype::{AtomicElement, AtomicOp};
+use crate::error::{Error, Result};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use std::sync::Mutex;
+
+const SOURCE: &str = r#"
+#define AMO(NAME, T)                                                              \
+extern "C" __global__ void NAME(T *p, int op, T a, T b, T *old) {                \
+    T v;                                                                          \
+    switch (op) {                                                                 \
+    case 0: v = atomicOr_system(p, (T)0); break;                                  \
+    case 1: v = atomicExch_system(p, a); break;                                   \
+    case 2: v = atomicCAS_system(p, a, b); break;                                 \
+    case 3: v = atomicAdd_system(p, a); break;                                    \
+    case 4: v = atomicAnd_system(p, a); break;                                    \
+    case 5: v = atomicOr_system(p, a); break;                                     \
+    default: v = atomicXor_system(p, a); break;                                   \
+    }                                                                             \
+    *old = v;                                                                     \
+    __threadfence_system();                                                       \
+}
+AMO(amo32, unsigned int)
+AMO(amo64, unsigned long long)
+"#;
+
+/// The compiled kernels and the word the old value comes back in.
+pub(crate) struct Amo {
+    amo32: CudaFunction,
+    amo64: CudaFunction,
+    old: Mutex<CudaSlice<u64>>,
+}
+
+impl Amo {
+    fn build(g: &GpuWorld) -> Result<Amo> {
+        let ptx = cudarc::nvrtc::compile_ptx(SOURCE)
+            .map_err(|e| Error::BackendUnavailable(format!("compiling the atomics kernel with NVRTC: {e:?}")))?;
+        let module = g.cuda.load_module(ptx)?;
+        let old = g.own_stream().alloc_zeros::<u64>(1)?;
+        Ok(Amo { amo32: module.load_function("amo32")?, amo64: module.load_function("amo64")?, old: Mutex::new(old) })
+    }
+}
+
+impl GpuWorld {
+    /// Performs `op` on `pe`'s element at heap byte `offset`; returns the old value.
+    pub(crate) fn atomic<T: AtomicElement>(
+        &self,
+        offset: usize,
+        op: AtomicOp<T>,
+        pe: usize,
+        s: &CudaStream,
+    ) -> Result<T> {
+        let base = self.peer_base[pe].ok_or_else(|| {
+            Error::BackendUnavailable(format!(
+                "host-initiated atomics need an NVLink address of PE {pe} (NVSHMEM 3.4 has no host atomics)"
+            ))
+        })?;
+        let amo = self.amo.get_or_init(|| Amo::build(self).map_err(|e| e.to_string()));
+        let amo = amo.as_ref().map_err(|e| Error::BackendUnavailable(e.clone()))?;
+        let bits = |v: T| -> u64 {
+            // SAFETY: T is a 4- or 8-byte integer (AtomicElement); the
+            // kernel sees the same bits as an unsigned integer.
+            unsafe {
+                if size_of::<T>() == 4 {
+                    std::mem::transmute_copy::<T, u32>(&v) as u64
+                } else {
+                    std::mem::transmute_copy::<T, u64>(&v)
+                }
+            }
+        };
+        let (code, a, b): (i32, u64, u64) = match op {
+            AtomicOp::Fetch => (0, 0, 0),
+            AtomicOp::Set(v) | AtomicOp::Swap(v) => (1, bits(v), 0),
+            AtomicOp::CompareSwap { current, new } => (2, bits(current), bits(new)),
+            AtomicOp::FetchAdd(v) => (3, bits(v), 0),
+            AtomicOp::FetchAnd(v) => (4, bits(v), 0),
+            AtomicOp::FetchOr(v) => (5, bits(v), 0),
+            AtomicOp::FetchXor(v) => (6, bits(v), 0),
+        };
+        let target = base + offset as u64;
+        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
+        let mut old = amo.old.lock().unwrap_or_else(|e| e.into_inner());
+        // After the caller's work; the kernel and the copy back run on the
+        // context's own stream, which the caller's work cannot overtake.
+        s.synchronize()?;
+        let s = self.own_stream();
+        // SAFETY: `target` is an aligned element of `pe`'s heap mapped in this
+        // context (nvshmem_ptr); the arguments match the kernel's parameters.
+        unsafe {
+            if size_of::<T>() == 4 {
+                let (a, b) = (a as u32, b as u32);
+                s.launch_builder(&amo.amo32).arg(&target).arg(&code).arg(&a).arg(&b).arg(&mut *old).launch(cfg)?;
+            } else {
+                s.launch_builder(&amo.amo64).arg(&target).arg(&code).arg(&a).arg(&b).arg(&mut *old).launch(cfg)?;
+            }
+        }
+        let mut v = [0u64];
+        s.memcpy_dtoh(&*old, &mut v)?;
+        s.synchronize()?;
+        // SAFETY: the low bytes hold the old value of T's size (little endian).
+        Ok(unsafe { std::mem::transmute_copy::<u64, T>(&v[0]) })
+    }
+}
