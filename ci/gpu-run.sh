@@ -43,6 +43,24 @@ step() {
 mpi=(mpirun --allow-run-as-root --oversubscribe -np "$pes" -x SHMEM_BACKEND -x LD_LIBRARY_PATH -x NVSHMEM_HOME
     -x NVSHMEM_DISABLE_NVLS -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST)
 
+# A command that must fail: within the time limit, non-zero, and with
+# `pattern` in the output of each of `count` PEs.
+expect_fail() {
+    local name=$1 pattern=$2 count=$3
+    shift 3
+    printf '\n==== %s (must fail on all %s PEs): %s\n' "$name" "$count" "$*" | tee -a "$log"
+    local start=$SECONDS tmp
+    tmp=$(mktemp)
+    timeout --kill-after=10 90 "$@" >"$tmp" 2>&1
+    local rc=$? seen
+    seen=$(grep -c -- "$pattern" "$tmp")
+    cat "$tmp" >>"$log"
+    rm -f "$tmp"
+    printf '==== %s: exit %d after %d s; %d line(s) name the fault\n' "$name" "$rc" $((SECONDS - start)) "$seen" |
+        tee -a "$log"
+    if ((rc == 0 || rc == 124 || rc == 137 || seen < count)); then failed+=("$name"); fi
+}
+
 step gpus nvidia-smi --query-gpu=index,name,memory.total --format=csv
 step spmd-shmemrun "$bin/shmemrun" -n "$pes" "$bin/spmd"
 step spmd-mpirun "${mpi[@]}" "$bin/spmd"
@@ -50,6 +68,11 @@ step quickstart "$bin/shmemrun" -n "$pes" --tag-output "$bin/quickstart"
 step ring "$bin/shmemrun" -n "$pes" "$bin/ring"
 step allreduce "${mpi[@]}" "$bin/allreduce"
 step peer_kernel "$bin/shmemrun" -n "$pes" --tag-output "$bin/peer_kernel"
+# Bad set-ups: clear errors on every PE, no hang.
+expect_fail more-pes-than-gpus "GPU(s)" 3 "$bin/shmemrun" -n 3 --no-kill "$bin/ring"
+expect_fail heap-too-large "heap" "$pes" env SHMEM_HEAP_SIZE=1000G "$bin/shmemrun" -n "$pes" --no-kill "$bin/ring"
+expect_fail nvshmem-missing "NVSHMEM_HOME" "$pes" env NVSHMEM_HOME=/nonexistent "$bin/shmemrun" -n "$pes" --no-kill "$bin/ring"
+
 for arg in "$@"; do
     if [[ $arg == --bench ]]; then
         step bench "$bin/shmemrun" -n "$pes" "$bin/shmem-bench" --backend gpu --max-bytes "${BENCH_MAX_BYTES:-256M}" \

@@ -29,6 +29,7 @@ mod context;
 mod dtype;
 mod error;
 mod gpu;
+mod handle;
 pub use gpu::interop::CudaView;
 mod heap;
 mod host;
@@ -42,6 +43,7 @@ pub use context::{Context, Stream};
 pub use dtype::{AtomicElement, DType, Element, ReduceOp};
 pub use error::{Error, Result};
 pub use half::{bf16, f16};
+pub use handle::{PeerHandle, SIGNAL_PAD_WORDS_PER_PEER};
 pub use rma::{Cmp, SignalOp};
 pub use team::Team;
 

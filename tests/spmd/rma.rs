@@ -19,6 +19,7 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("rma::atomics_i32", atomics::<i32>),
     ("rma::atomics_i64", atomics::<i64>),
     ("rma::compare_swap_lock", compare_swap_lock),
+    ("rma::peer_handle_arrays", peer_handle_arrays),
 ];
 
 fn world_shape(env: &Env) -> TestResult {
@@ -273,5 +274,43 @@ fn compare_swap_lock(env: &Env) -> TestResult {
     ctx.barrier_all(s)?;
     assert_eq!(ctx.g(&counter, 0, 0, s)?, (n * k) as u64);
     ctx.barrier_all(s)?;
+    Ok(())
+}
+
+fn peer_handle_arrays(env: &Env) -> TestResult {
+    let (me, n, s) = (env.me(), env.n(), &env.s);
+    let buf = env.ctx.alloc::<f32>(1000)?;
+    let h = buf.handle()?;
+    assert_eq!((h.rank, h.world_size), (me, n));
+    for pe in 0..n {
+        assert_eq!(h.buffer_ptrs[pe], buf.peer_ptr(pe).map_or(0, |p| p as u64), "buffer pointer of PE {pe}");
+        assert_eq!(h.signal_pad_ptrs[pe], h.signal_pad().peer_ptr(pe).map_or(0, |p| p as u64));
+    }
+    assert_eq!(h.buffer_ptrs[me], buf.local_ptr() as u64);
+    assert_eq!(h.signal_pad().len(), n * shmem::SIGNAL_PAD_WORDS_PER_PEER);
+    assert!(h.signal_pad().copy_to_host(s)?.iter().all(|&w| w == 0), "signal pad not zeroed");
+    // The arrays behind the `_dev` addresses hold the same addresses.
+    let mut arrays = vec![0u64; 2 * n];
+    if h.on_device() {
+        let ctx = env.ctx.cuda_context().expect("a device array on the gpu backend");
+        ctx.bind_to_thread()?;
+        // SAFETY: the handle's device arrays are 2n u64, alive with `h`.
+        unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut arrays, h.buffer_ptrs_dev)? };
+    } else {
+        // SAFETY: on the host backend the arrays are 2n u64 of host memory owned by `h`.
+        let a = unsafe { std::slice::from_raw_parts(h.buffer_ptrs_dev as *const u64, 2 * n) };
+        arrays.copy_from_slice(a);
+        assert_eq!(h.signal_pad_ptrs_dev, h.buffer_ptrs_dev + 8 * n as u64);
+        // Host addresses are real: store through the right neighbour's pointer.
+        let right = (me + 1) % n;
+        env.ctx.barrier_all(s)?;
+        // SAFETY: the neighbour's copy is mapped here, 1000 f32; only this PE writes element 0.
+        unsafe { (h.buffer_ptrs[right] as *mut f32).write_volatile(me as f32 + 0.5) };
+        env.ctx.barrier_all(s)?;
+        assert_eq!(buf.copy_to_host(s)?[0], ((me + n - 1) % n) as f32 + 0.5);
+    }
+    assert_eq!(&arrays[..n], &h.buffer_ptrs[..]);
+    assert_eq!(&arrays[n..], &h.signal_pad_ptrs[..]);
+    env.ctx.barrier_all(s)?;
     Ok(())
 }

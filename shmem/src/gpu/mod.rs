@@ -54,6 +54,10 @@ pub(crate) const TEAM_INVALID: i32 = -1;
 pub(crate) const SIGNAL_SET: i32 = 9;
 pub(crate) const SIGNAL_ADD: i32 = 10;
 
+/// Symmetric memory NVSHMEM gets beyond our heap, for its own collectives'
+/// buffers and internal state.
+const NVSHMEM_RESERVE: usize = 256 << 20;
+
 /// Whether this process can run the GPU backend: a CUDA driver with a
 /// device, and an NVSHMEM host library.
 pub(crate) fn available() -> std::result::Result<(), String> {
@@ -117,18 +121,26 @@ impl GpuWorld {
                      start at most {count} PEs per node"
                 )));
             }
-            Ok(local_rank)
+            let cuda = CudaContext::new(local_rank)?;
+            cuda.bind_to_thread()?;
+            let (free, total) = cudarc::driver::result::mem_get_info()?;
+            if heap_size.saturating_add(NVSHMEM_RESERVE) > free {
+                return Err(Error::BackendUnavailable(format!(
+                    "a {heap_size}-byte symmetric heap (plus {NVSHMEM_RESERVE} for NVSHMEM) does not fit on \
+                     GPU {local_rank} of PE {me}: {free} of its {total} bytes are free; lower SHMEM_HEAP_SIZE"
+                )));
+            }
+            Ok((local_rank, cuda))
         });
         let version = nv.as_ref().map_err(clone_err).and_then(|nv| library_version(nv));
         let step = device.as_ref().map(drop).map_err(clone_err).and(version.as_ref().map(drop).map_err(clone_err));
         agree_ok(boot, step.map(|_| Vec::new()), "finding a GPU and NVSHMEM")?;
-        let (nv, device, version) = (nv?, device?, version?);
-        let cuda = CudaContext::new(device)?;
+        let (nv, (device, cuda), version) = (nv?, device?, version?);
         cuda.bind_to_thread()?;
 
         // NVSHMEM reads its settings from the environment at init. The heap
         // is ours to carve, plus room for NVSHMEM's own collectives.
-        set_default_env("NVSHMEM_SYMMETRIC_SIZE", &(heap_size + (256 << 20)).to_string());
+        set_default_env("NVSHMEM_SYMMETRIC_SIZE", &(heap_size + NVSHMEM_RESERVE).to_string());
         // NVLink multicast stays off (see DESIGN.md): never turned on here.
         std::env::set_var("NVSHMEM_DISABLE_NVLS", "1");
 

@@ -1,0 +1,97 @@
+//! Handles for users' own kernels: every PE's address of a symmetric
+//! buffer, and a signal pad per PE to synchronise through — PyTorch
+//! SymmMem's `buffer_ptrs_dev` / `signal_pad_ptrs_dev`.
+
+use crate::buffer::SymmetricBuffer;
+use crate::context::Context;
+use crate::dtype::Element;
+use crate::error::Result;
+
+/// `u32` words of signal pad per PE for each peer (one word per block or
+/// channel that synchronises with that peer).
+pub const SIGNAL_PAD_WORDS_PER_PEER: usize = 32;
+
+/// Where every PE's copy of a buffer, and its signal pad, can be reached
+/// by loads and stores from this PE.
+///
+/// On the GPU backend the `*_dev` arrays are device memory (pass them to a
+/// kernel); on the host backend they are host arrays of host addresses.
+/// An address is 0 where this PE cannot load and store that PE's memory
+/// (no NVLink path): use NVSHMEM's RMA for those peers.
+pub struct PeerHandle<T: Element> {
+    /// This PE's rank and the number of PEs.
+    pub rank: usize,
+    pub world_size: usize,
+    /// Each PE's copy of the buffer.
+    pub buffer_ptrs: Vec<u64>,
+    /// Each PE's signal pad: `world_size × SIGNAL_PAD_WORDS_PER_PEER`
+    /// zeroed `u32` words.
+    pub signal_pad_ptrs: Vec<u64>,
+    /// Address of an array of `world_size` buffer addresses.
+    pub buffer_ptrs_dev: u64,
+    /// Address of an array of `world_size` signal pad addresses.
+    pub signal_pad_ptrs_dev: u64,
+    pad: SymmetricBuffer<u32>,
+    arrays: Arrays,
+    _buf: std::marker::PhantomData<T>,
+}
+
+/// The memory behind the `*_dev` addresses, owned so they stay valid.
+enum Arrays {
+    Host(#[allow(dead_code)] Vec<u64>),
+    Gpu(#[allow(dead_code)] cudarc::driver::CudaSlice<u64>),
+}
+
+impl<T: Element> PeerHandle<T> {
+    /// The signal pads (a symmetric buffer, for RMA signalling too).
+    pub fn signal_pad(&self) -> &SymmetricBuffer<u32> {
+        &self.pad
+    }
+
+    /// Whether the device arrays live in GPU memory.
+    pub fn on_device(&self) -> bool {
+        matches!(self.arrays, Arrays::Gpu(_))
+    }
+}
+
+impl<T: Element> SymmetricBuffer<T> {
+    /// Every PE's address of this buffer and of a fresh signal pad.
+    ///
+    /// # Collective
+    /// Allocates the signal pad: every PE calls it, in the same order as
+    /// its other allocations.
+    pub fn handle(&self) -> Result<PeerHandle<T>> {
+        self.check(&self.ctx)?;
+        let ctx = Context { inner: self.ctx.clone() };
+        let n = ctx.n_pes();
+        let pad = ctx.alloc_zeroed::<u32>(n * SIGNAL_PAD_WORDS_PER_PEER)?;
+        let addr = |p: Option<*mut T>| p.map_or(0, |p| p as u64);
+        let buffer_ptrs: Vec<u64> = (0..n).map(|pe| addr(self.peer_ptr(pe))).collect();
+        let signal_pad_ptrs: Vec<u64> = (0..n).map(|pe| pad.peer_ptr(pe).map_or(0, |p| p as u64)).collect();
+        let both: Vec<u64> = buffer_ptrs.iter().chain(&signal_pad_ptrs).copied().collect();
+        let (arrays, base) = match &self.ctx.gpu {
+            Some(g) => {
+                let s = g.own_stream();
+                let dev = s.clone_htod(&both)?;
+                s.synchronize()?;
+                let base = cudarc::driver::DevicePtr::device_ptr(&dev, s).0;
+                (Arrays::Gpu(dev), base)
+            }
+            None => {
+                let base = both.as_ptr() as u64;
+                (Arrays::Host(both), base)
+            }
+        };
+        Ok(PeerHandle {
+            rank: ctx.my_pe(),
+            world_size: n,
+            buffer_ptrs,
+            signal_pad_ptrs,
+            buffer_ptrs_dev: base,
+            signal_pad_ptrs_dev: base + (n * size_of::<u64>()) as u64,
+            pad,
+            arrays,
+            _buf: std::marker::PhantomData,
+        })
+    }
+}
