@@ -200,8 +200,12 @@ impl GpuWorld {
     }
 }
 
+/// The same failure again, for a second use (errors are not `Clone`).
 fn clone_err(e: &Error) -> Error {
-    Error::BackendUnavailable(e.to_string())
+    match e {
+        Error::BackendUnavailable(m) => Error::BackendUnavailable(m.clone()),
+        e => Error::BackendUnavailable(e.to_string()),
+    }
 }
 
 fn set_default_env(key: &str, value: &str) {
