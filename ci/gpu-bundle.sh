@@ -9,6 +9,8 @@ if ! command -v cargo >/dev/null 2>&1 && [[ -d "$HOME/.cargo/bin" ]]; then
     export PATH="$HOME/.cargo/bin:$PATH"
 fi
 
+# nvcc and NVSHMEM's device library, so build.rs embeds the kernels.
+eval "$(bash ci/gpu-toolchain.sh)"
 cargo build --release -p shmem --features mpi --bins --examples
 # The SPMD suite's binary, from cargo's JSON (its name carries a hash).
 spmd=$(cargo test --release -p shmem --features mpi --test spmd --no-run --message-format=json-render-diagnostics |

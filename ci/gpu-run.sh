@@ -64,6 +64,7 @@ expect_fail() {
 step gpus nvidia-smi --query-gpu=index,name,memory.total --format=csv
 step spmd-shmemrun "$bin/shmemrun" -n "$pes" "$bin/spmd"
 step spmd-mpirun "${mpi[@]}" "$bin/spmd"
+step spmd-coll-forced-rma env SHMEM_FORCE_RMA=1 "$bin/shmemrun" -n "$pes" "$bin/spmd" coll::
 step quickstart "$bin/shmemrun" -n "$pes" --tag-output "$bin/quickstart"
 step ring "$bin/shmemrun" -n "$pes" "$bin/ring"
 step allreduce "${mpi[@]}" "$bin/allreduce"

@@ -308,6 +308,18 @@ impl Bench<'_> {
     /// f32 sum of `bytes / 4` elements into a separate output, so the
     /// inputs stay the same and every iteration computes the same result.
     fn all_reduce(&self, memcpy_us: &[f64]) -> Res<Vec<Row>> {
+        let mut rows = self.all_reduce_with("shmem", memcpy_us)?;
+        if self.ctx.backend() == BackendKind::Gpu {
+            // NVSHMEM's own collective, which SHMEM_FORCE_RMA selects, in
+            // the same run for the ratio. Every PE sets it at the same point.
+            std::env::set_var("SHMEM_FORCE_RMA", "1");
+            rows.extend(self.all_reduce_with("nvshmem", memcpy_us)?);
+            std::env::remove_var("SHMEM_FORCE_RMA");
+        }
+        Ok(rows)
+    }
+
+    fn all_reduce_with(&self, imp: &'static str, memcpy_us: &[f64]) -> Res<Vec<Row>> {
         let (me, n) = (self.ctx.my_pe(), self.ctx.n_pes());
         let max = *self.sizes.last().unwrap() / 4;
         let src = self.ctx.alloc::<f32>(max)?;
@@ -317,6 +329,7 @@ impl Bench<'_> {
         let mut rows = Vec::new();
         for (k, &b) in self.sizes.iter().enumerate() {
             let len = b / 4;
+            dst.fill(-1.0, &self.s)?;
             // The barrier before each iteration starts every PE together.
             let time_us = self.time(
                 b,
@@ -324,11 +337,11 @@ impl Bench<'_> {
                 || Ok(self.ctx.all_reduce(dst.slice(..len), src.slice(..len), ReduceOp::Sum, &self.s)?),
             )?;
             if dst.slice(..len).copy_to_host(&self.s)?.iter().any(|&x| x != want) {
-                return Err(format!("all_reduce of {len} f32: PE {me} got a wrong sum").into());
+                return Err(format!("all_reduce ({imp}) of {len} f32: PE {me} got a wrong sum").into());
             }
             rows.push(Row {
                 op: "all_reduce",
-                imp: "shmem",
+                imp,
                 dtype: Some("f32"),
                 bytes: b,
                 time_us,
@@ -411,11 +424,15 @@ fn print_table(rows: &[Row], n: usize, backend: &str, args: &Args) {
     let iters = args.iters.map_or("auto (10..=1000)".into(), |i| i.to_string());
     println!("# shmem-bench: {n} PEs, {backend} backend; median of {iters} iterations after {} warm-up", args.warmup);
     println!("# put: PE 0 -> PE {}; all_reduce: f32 sum; vs_memcpy: memcpy time / time", 1 % n);
-    println!("{:<11}{:>11}{:>12}{:>12}{:>12}{:>11}", "op", "bytes", "time_us", "algbw_GBps", "busbw_GBps", "vs_memcpy");
+    println!(
+        "{:<11}{:<9}{:>11}{:>12}{:>12}{:>12}{:>11}",
+        "op", "impl", "bytes", "time_us", "algbw_GBps", "busbw_GBps", "vs_memcpy"
+    );
     for r in rows {
         println!(
-            "{:<11}{:>11}{:>12.2}{}{}{}",
+            "{:<11}{:<9}{:>11}{:>12.2}{}{}{}",
             r.op,
+            r.imp,
             r.bytes,
             r.time_us,
             cell(r.algbw_gbps(), 12),

@@ -9,6 +9,7 @@ use crate::buffer::{Region, SymSlice};
 use crate::context::{Context, Stream};
 use crate::dtype::{Element, ReduceOp};
 use crate::error::{Error, Result};
+use crate::gpu::kernels::Kernels;
 use crate::gpu::{dispatch, GpuWorld};
 use crate::team::{Desc, OpKind, Team};
 use rayon::prelude::*;
@@ -366,6 +367,13 @@ impl Team {
         let st = g.stream(stream);
         let elem = size_of::<T>();
         let (team, dt) = (self.state.nv_team, T::DTYPE);
+        // shmem's own kernel where it exists: out of place, world team, NVLink.
+        if let (Some(k), Some(op), OpKind::AllReduce) = (&g.kernels, op, kind) {
+            let fits = d != s && team == crate::gpu::TEAM_WORLD && Kernels::has_all_reduce(dt, op);
+            if fits && !crate::gpu::force_rma() {
+                return k.all_reduce(dt, op, g.addr(d.offset), s.offset, d.len, st.cu_stream());
+            }
+        }
         // NVSHMEM wants source and destination apart (a reduction may be
         // exactly in place): otherwise the source goes through a copy.
         let apart = !overlap(d, s, elem) || (kind == OpKind::AllReduce && d == s);

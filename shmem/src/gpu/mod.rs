@@ -37,6 +37,7 @@ macro_rules! call {
 mod amo;
 pub(crate) mod dispatch;
 pub mod interop;
+pub(crate) mod kernels;
 
 impl From<cudarc::driver::DriverError> for Error {
     fn from(e: cudarc::driver::DriverError) -> Self {
@@ -86,6 +87,8 @@ pub(crate) struct GpuWorld {
     pub(crate) device: usize,
     /// For operations given a host stream.
     own: Arc<CudaStream>,
+    /// shmem's own device kernels, when built in and every peer is on NVLink.
+    pub(crate) kernels: Option<kernels::Kernels>,
     /// The host-initiated atomics' kernel, built on first use.
     amo: std::sync::OnceLock<std::result::Result<amo::Amo, String>>,
 }
@@ -151,7 +154,8 @@ impl GpuWorld {
 
         // SAFETY: NVSHMEM is initialised; nvshmem_malloc is collective and
         // every PE asks for the same size.
-        let heap = unsafe { call_ptr(nv, heap_size) };
+        // Our heap, then the world team's kernel synchronisation state.
+        let heap = unsafe { call_ptr(nv, heap_size + kernels::sync_bytes(n)) };
         let got = heap.and_then(|p| {
             if p == 0 {
                 Err(Error::BackendUnavailable(format!(
@@ -171,7 +175,24 @@ impl GpuWorld {
             })
             .collect();
         let own = cuda.new_stream()?;
-        Ok(GpuWorld { nv, cuda, heap_base, peer_base, version, device, own, amo: Default::default() })
+        let mut world =
+            GpuWorld { nv, cuda, heap_base, peer_base, version, device, own, kernels: None, amo: Default::default() };
+        // Zero the synchronisation state everywhere before any kernel runs.
+        world.zero(world.addr(heap_size), kernels::sync_bytes(n), &world.own)?;
+        // SAFETY: NVSHMEM is initialised; every PE calls it here.
+        unsafe { call!(world.nv, nvshmem_barrier_all()) };
+        let loaded = match kernels::Kernels::load(&world, me, n, heap_size) {
+            Err(Error::BackendUnavailable(m)) if m.contains("built without") => Ok(None),
+            other => other,
+        };
+        let (mine, loaded) = match loaded {
+            Ok(k) => (Ok(vec![k.is_some() as u8]), k),
+            Err(e) => (Err(e), None),
+        };
+        let usable = agree_ok(boot, mine, "loading the device kernels")?;
+        // The kernels' NVLink path needs every PE to have them.
+        world.kernels = loaded.filter(|_| usable.iter().all(|u| u.first() == Some(&1)));
+        Ok(world)
     }
 
     /// Symmetric address of byte `offset` of the heap.
@@ -447,6 +468,12 @@ impl GpuWorld {
         unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, s.cu_stream())? };
         Ok(())
     }
+}
+
+/// `SHMEM_FORCE_RMA=1`: every peer takes the RMA path (NVSHMEM's own
+/// collectives for now), so that path is tested on one node.
+pub(crate) fn force_rma() -> bool {
+    std::env::var_os("SHMEM_FORCE_RMA").is_some_and(|v| v != "0")
 }
 
 /// An NVSHMEM status code as a result.

@@ -1,0 +1,84 @@
+//! Builds the device-initiated kernels of `../kernels` into one sm_90 cubin
+//! embedded in the crate, when nvcc and NVSHMEM are found:
+//!
+//! - nvcc: `NVCC`, else `CUDA_HOME/bin/nvcc`, else the repository's
+//!   `.gpu-toolchain/` (made by `ci/gpu-toolchain.sh`);
+//! - NVSHMEM: `NVSHMEM_HOME`, else `.gpu-toolchain/nvidia/nvshmem`.
+//!
+//! Each `.cu` is compiled with `-rdc=true -cubin`, then nvlink links them
+//! with `libnvshmem_device.a`. `SHMEM_CUDA_ARCHS` (e.g. `90,100`) picks the
+//! architectures; the first one is embedded. Without the tools the crate
+//! still builds (cfg `shmem_kernels` unset), and the GPU backend says how to
+//! build the kernels when one is needed.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn main() {
+    println!("cargo::rustc-check-cfg=cfg(shmem_kernels)");
+    let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
+    let kernels = manifest.join("../kernels");
+    let toolchain = manifest.join("../.gpu-toolchain/nvidia");
+    println!("cargo::rerun-if-changed={}", kernels.display());
+    for var in ["NVCC", "CUDA_HOME", "NVSHMEM_HOME", "SHMEM_CUDA_ARCHS", "SHMEM_NO_KERNELS"] {
+        println!("cargo::rerun-if-env-changed={var}");
+    }
+    println!("cargo::rerun-if-changed={}", toolchain.join("nvshmem/include/non_abi/nvshmem_version.h").display());
+    if std::env::var_os("SHMEM_NO_KERNELS").is_some() {
+        return;
+    }
+    let nvcc = std::env::var_os("NVCC")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("CUDA_HOME").map(|h| PathBuf::from(h).join("bin/nvcc")))
+        .unwrap_or_else(|| toolchain.join("cu13/bin/nvcc"));
+    let nvshmem = std::env::var_os("NVSHMEM_HOME").map(PathBuf::from).unwrap_or_else(|| toolchain.join("nvshmem"));
+    let device_lib = nvshmem.join("lib/libnvshmem_device.a");
+    if !nvcc.is_file() || !device_lib.is_file() {
+        return;
+    }
+    let nvlink = nvcc.with_file_name("nvlink");
+    let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
+    let arch = std::env::var("SHMEM_CUDA_ARCHS").ok().and_then(|a| a.split(',').next().map(str::to_owned));
+    let arch = arch.unwrap_or_else(|| "90".into());
+    let mut sources: Vec<PathBuf> = std::fs::read_dir(&kernels)
+        .expect("the kernels folder")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "cu"))
+        .collect();
+    sources.sort();
+    let mut objects = Vec::new();
+    for src in &sources {
+        let obj = out.join(src.file_stem().unwrap()).with_extension("cubin");
+        run(Command::new(&nvcc)
+            .args([&format!("-arch=sm_{arch}"), "-rdc=true", "-cubin", "-O3", "-std=c++17", "-lineinfo"])
+            .arg("-I")
+            .arg(&kernels)
+            .arg("-I")
+            .arg(nvshmem.join("include"))
+            .arg(src)
+            .arg("-o")
+            .arg(&obj));
+        objects.push(obj);
+    }
+    let linked = out.join("shmem_kernels.cubin");
+    run(Command::new(&nvlink).arg(format!("--arch=sm_{arch}")).args(&objects).arg(&device_lib).arg("-o").arg(&linked));
+    println!("cargo::rustc-env=SHMEM_KERNELS_CUBIN={}", linked.display());
+    println!("cargo::rustc-env=SHMEM_KERNELS_NVSHMEM_VERSION={}", nvshmem_version(&nvshmem));
+    println!("cargo::rustc-cfg=shmem_kernels");
+}
+
+/// `major.minor.patch` of the NVSHMEM headers the kernels are built with.
+fn nvshmem_version(home: &Path) -> String {
+    let text = std::fs::read_to_string(home.join("include/non_abi/nvshmem_version.h")).unwrap_or_default();
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("#define NVSHMEM_VENDOR_{name}_VERSION ")))
+            .map_or("?".to_owned(), |v| v.trim().to_owned())
+    };
+    format!("{}.{}.{}", field("MAJOR"), field("MINOR"), field("PATCH"))
+}
+
+fn run(cmd: &mut Command) {
+    let status = cmd.status().unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
+    assert!(status.success(), "{cmd:?} failed with {status}");
+}
