@@ -7,18 +7,41 @@
 
 namespace shmem {
 
+// 16-byte vectors of T.
+template <typename T> struct alignas(16) Vec16 {
+    static constexpr int kN = 16 / sizeof(T);
+    T v[kN];
+};
+
 template <typename T, int OP>
 __device__ void allreduce_oneshot(TeamSync t, T *dst, uint64_t src_offset, uint64_t count) {
     using A = typename Acc<T>::type;
+    using V = Vec16<T>;
     team_barrier(t);
+    uint64_t tid = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
-    for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
-        const T *src0 = reinterpret_cast<const T *>(t.peer_heap[0] + src_offset);
-        A acc = to_acc(src0[i]);
+    // Heap offsets are 256-byte aligned, so whole vectors start at element 0.
+    uint64_t vectors = count / V::kN;
+    for (uint64_t i = tid; i < vectors; i += stride) {
+        V in = reinterpret_cast<const V *>(t.peer_heap[0] + src_offset)[i];
+        A acc[V::kN];
+#pragma unroll
+        for (int k = 0; k < V::kN; k++) acc[k] = to_acc(in.v[k]);
         for (int pe = 1; pe < t.n; pe++) {
-            const T *src = reinterpret_cast<const T *>(t.peer_heap[pe] + src_offset);
-            acc = combine<OP>(acc, to_acc(src[i]));
+            V x = reinterpret_cast<const V *>(t.peer_heap[pe] + src_offset)[i];
+#pragma unroll
+            for (int k = 0; k < V::kN; k++) acc[k] = combine<OP>(acc[k], to_acc(x.v[k]));
         }
+        V out;
+#pragma unroll
+        for (int k = 0; k < V::kN; k++) out.v[k] = from_acc<T>(acc[k]);
+        reinterpret_cast<V *>(dst)[i] = out;
+    }
+    // The tail that does not fill a vector.
+    for (uint64_t i = vectors * V::kN + tid; i < count; i += stride) {
+        A acc = to_acc(reinterpret_cast<const T *>(t.peer_heap[0] + src_offset)[i]);
+        for (int pe = 1; pe < t.n; pe++)
+            acc = combine<OP>(acc, to_acc(reinterpret_cast<const T *>(t.peer_heap[pe] + src_offset)[i]));
         dst[i] = from_acc<T>(acc);
     }
     team_barrier(t);

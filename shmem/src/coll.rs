@@ -369,7 +369,11 @@ impl Team {
         let (team, dt) = (self.state.nv_team, T::DTYPE);
         // shmem's own kernel where it exists: out of place, world team, NVLink.
         if let (Some(k), Some(op), OpKind::AllReduce) = (&g.kernels, op, kind) {
-            let fits = d != s && team == crate::gpu::TEAM_WORLD && Kernels::has_all_reduce(dt, op);
+            let fits = d != s
+                && team == crate::gpu::TEAM_WORLD
+                && Kernels::has_all_reduce(dt, op)
+                && d.len * elem <= crate::gpu::kernels::ONE_SHOT_MAX_BYTES
+                && (d.offset | s.offset) % 16 == 0; // the kernel's 16-byte vectors
             if fits && !crate::gpu::force_rma() {
                 return k.all_reduce(dt, op, g.addr(d.offset), s.offset, d.len, st.cu_stream());
             }

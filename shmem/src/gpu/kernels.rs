@@ -31,6 +31,13 @@ pub(crate) fn not_built() -> Error {
     )
 }
 
+/// Threads of a block of the collective kernels.
+const THREADS: u32 = 512;
+
+/// Largest all-reduce (bytes per PE) the one-shot kernel takes; above it
+/// NVSHMEM's collective is faster until the two-shot kernel exists.
+pub(crate) const ONE_SHOT_MAX_BYTES: usize = 1 << 20;
+
 /// Bytes of a team's synchronisation state: signal pads and epoch counters.
 pub(crate) fn sync_bytes(n: usize) -> usize {
     (MAX_BLOCKS * n + MAX_BLOCKS) * size_of::<u32>()
@@ -169,13 +176,14 @@ impl Kernels {
         stream: CUstream,
     ) -> Result<()> {
         let name = format!("shmem_allreduce_oneshot_{}_{}", dtype.name(), op.name());
-        let blocks = count.div_ceil(1024).clamp(1, MAX_BLOCKS) as u32;
+        let vectors = (count * dtype.size()).div_ceil(16);
+        let blocks = vectors.div_ceil(THREADS as usize).clamp(1, MAX_BLOCKS) as u32;
         let mut t = self.world;
         let (mut dst, mut off, mut count) = (dst, src_offset as u64, count as u64);
         let mut params: [*mut c_void; 4] =
             [(&raw mut t).cast(), (&raw mut dst).cast(), (&raw mut off).cast(), (&raw mut count).cast()];
         // SAFETY: (TeamSync, T*, u64, u64) as the kernel declares.
-        unsafe { self.launch(&name, blocks, 256, stream, &mut params) }
+        unsafe { self.launch(&name, blocks, THREADS, stream, &mut params) }
     }
 }
 
