@@ -76,7 +76,7 @@ expect_fail nvshmem-missing "NVSHMEM_HOME" "$pes" env NVSHMEM_HOME=/nonexistent 
 
 for arg in "$@"; do
     if [[ $arg == --bench ]]; then
-        step bench "$bin/shmemrun" -n "$pes" "$bin/shmem-bench" --backend gpu --max-bytes "${BENCH_MAX_BYTES:-256M}" \
+        step bench "$bin/shmemrun" -n "$pes" "$bin/shmem-bench" --backend gpu --graph --max-bytes "${BENCH_MAX_BYTES:-256M}" \
             --json "$out/bench.jsonl"
     fi
 done

@@ -46,6 +46,9 @@ struct Args {
     /// PEs to start when run on its own
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
     pes: u64,
+    /// GPU backend: also time all-reduces captured in a CUDA graph and replayed
+    #[arg(long)]
+    graph: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -73,6 +76,8 @@ fn parse_bytes(s: &str) -> Result<usize, String> {
 
 /// One line of the table and of the JSON output.
 struct Row {
+    /// Timed as CUDA-graph replays.
+    graph: bool,
     op: &'static str,
     imp: &'static str,
     /// `None` for the barrier, which moves no data.
@@ -270,6 +275,7 @@ impl Bench<'_> {
                 src.slice(..len).copy_from_host(&pattern, &self.s)?;
                 let put = || Ok(self.ctx.put(dst.slice(..len), src.slice(..len), peer, &self.s)?);
                 rows.push(Row {
+                    graph: false,
                     op: "put",
                     imp: "shmem",
                     dtype: Some("u32"),
@@ -281,6 +287,7 @@ impl Bench<'_> {
                 // Get the same bytes back from the peer's source copy.
                 let get = || Ok(self.ctx.get(src.slice(..len), src.slice(..len), peer, &self.s)?);
                 rows.push(Row {
+                    graph: false,
                     op: "get",
                     imp: "shmem",
                     dtype: Some("u32"),
@@ -302,19 +309,90 @@ impl Bench<'_> {
     /// Back-to-back barriers on every PE: each one lasts until the last PE arrives.
     fn barrier(&self) -> Res<Row> {
         let time_us = self.time(0, || Ok(()), || Ok(self.ctx.barrier_all(&self.s)?))?;
-        Ok(Row { op: "barrier", imp: "shmem", dtype: None, bytes: 0, time_us, bus_factor: 0.0, memcpy_us: None })
+        Ok(Row {
+            graph: false,
+            op: "barrier",
+            imp: "shmem",
+            dtype: None,
+            bytes: 0,
+            time_us,
+            bus_factor: 0.0,
+            memcpy_us: None,
+        })
     }
 
     /// f32 sum of `bytes / 4` elements into a separate output, so the
     /// inputs stay the same and every iteration computes the same result.
     fn all_reduce(&self, memcpy_us: &[f64]) -> Res<Vec<Row>> {
         let mut rows = self.all_reduce_with("shmem", memcpy_us)?;
+        if self.args.graph && self.ctx.backend() == BackendKind::Gpu {
+            rows.extend(self.all_reduce_graph(memcpy_us)?);
+        }
         if self.ctx.backend() == BackendKind::Gpu {
             // NVSHMEM's own collective, which SHMEM_FORCE_RMA selects, in
             // the same run for the ratio. Every PE sets it at the same point.
             std::env::set_var("SHMEM_FORCE_RMA", "1");
             rows.extend(self.all_reduce_with("nvshmem", memcpy_us)?);
             std::env::remove_var("SHMEM_FORCE_RMA");
+        }
+        Ok(rows)
+    }
+
+    /// All-reduces captured once in a CUDA graph (100 per graph) and
+    /// replayed: the device kernel's time without the host's. Sizes up to
+    /// the one-shot kernel's 1 MiB (the others cannot be captured yet).
+    fn all_reduce_graph(&self, memcpy_us: &[f64]) -> Res<Vec<Row>> {
+        use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+        const PER_GRAPH: usize = 100;
+        let (me, n) = (self.ctx.my_pe(), self.ctx.n_pes());
+        let stream = self.s.cuda_stream().expect("gpu backend").clone();
+        let max = (*self.sizes.last().unwrap()).min(1 << 20) / 4;
+        let src = self.ctx.alloc::<f32>(max)?;
+        let dst = self.ctx.alloc::<f32>(max)?;
+        src.fill((me + 1) as f32, &self.s)?;
+        let want = (n * (n + 1) / 2) as f32;
+        let mut rows = Vec::new();
+        for (k, &b) in self.sizes.iter().enumerate().filter(|(_, &b)| b <= 1 << 20) {
+            let len = b / 4;
+            dst.fill(-1.0, &self.s)?;
+            self.ctx.barrier_all(&self.s)?;
+            stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+            let mut captured = Ok(());
+            for _ in 0..PER_GRAPH {
+                captured =
+                    captured.and(self.ctx.all_reduce(dst.slice(..len), src.slice(..len), ReduceOp::Sum, &self.s));
+            }
+            let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
+            captured?;
+            let graph = graph.ok_or("the capture gave no graph")?;
+            graph.upload()?;
+            for _ in 0..3 {
+                graph.launch()?; // warm-up
+            }
+            let mut reps = Vec::new();
+            for _ in 0..5 {
+                stream.synchronize()?;
+                let timing = Some(CUevent_flags::CU_EVENT_DEFAULT);
+                let start = stream.record_event(timing)?;
+                graph.launch()?;
+                let end = stream.record_event(timing)?;
+                end.synchronize()?;
+                reps.push(start.elapsed_ms(&end)? as f64 * 1e3 / PER_GRAPH as f64);
+            }
+            reps.sort_by(f64::total_cmp);
+            if dst.slice(..len).copy_to_host(&self.s)?.iter().any(|&x| x != want) {
+                return Err(format!("graph all_reduce of {len} f32: PE {me} got a wrong sum").into());
+            }
+            rows.push(Row {
+                graph: true,
+                op: "all_reduce",
+                imp: "shmem",
+                dtype: Some("f32"),
+                bytes: b,
+                time_us: reps[2],
+                bus_factor: 2.0 * (n - 1) as f64 / n as f64,
+                memcpy_us: memcpy_us.get(k).copied(),
+            });
         }
         Ok(rows)
     }
@@ -340,6 +418,7 @@ impl Bench<'_> {
                 return Err(format!("all_reduce ({imp}) of {len} f32: PE {me} got a wrong sum").into());
             }
             rows.push(Row {
+                graph: false,
                 op: "all_reduce",
                 imp,
                 dtype: Some("f32"),
@@ -374,6 +453,7 @@ fn run(args: &Args) -> Res {
         .iter()
         .zip(&memcpy_us)
         .map(|(&bytes, &time_us)| Row {
+            graph: false,
             op: "memcpy",
             imp: "memcpy",
             dtype: Some("u8"),
@@ -404,10 +484,11 @@ fn run(args: &Args) -> Res {
                 writeln!(
                     out,
                     "{{\"op\":\"{}\",\"impl\":\"{}\",\"backend\":\"{backend}\",\"dtype\":{dtype},\"bytes\":{},\"pes\":{n},\
-                     \"graph\":false,\"time_us\":{},\"algbw_gbps\":{},\"busbw_gbps\":{},\"vs_memcpy\":{}}}",
+                     \"graph\":{},\"time_us\":{},\"algbw_gbps\":{},\"busbw_gbps\":{},\"vs_memcpy\":{}}}",
                     r.op,
                     r.imp,
                     r.bytes,
+                    r.graph,
                     num(Some(r.time_us)),
                     num(r.algbw_gbps()),
                     num(r.busbw_gbps()),
@@ -425,14 +506,14 @@ fn print_table(rows: &[Row], n: usize, backend: &str, args: &Args) {
     println!("# shmem-bench: {n} PEs, {backend} backend; median of {iters} iterations after {} warm-up", args.warmup);
     println!("# put: PE 0 -> PE {}; all_reduce: f32 sum; vs_memcpy: memcpy time / time", 1 % n);
     println!(
-        "{:<11}{:<9}{:>11}{:>12}{:>12}{:>12}{:>11}",
+        "{:<11}{:<14}{:>11}{:>12}{:>12}{:>12}{:>11}",
         "op", "impl", "bytes", "time_us", "algbw_GBps", "busbw_GBps", "vs_memcpy"
     );
     for r in rows {
         println!(
-            "{:<11}{:<9}{:>11}{:>12.2}{}{}{}",
+            "{:<11}{:<14}{:>11}{:>12.2}{}{}{}",
             r.op,
-            r.imp,
+            if r.graph { format!("{}+graph", r.imp) } else { r.imp.to_owned() },
             r.bytes,
             r.time_us,
             cell(r.algbw_gbps(), 12),

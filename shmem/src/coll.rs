@@ -44,6 +44,8 @@ struct Call<'a, 'b, T: Element> {
     src: SymSlice<'b, T>,
     op: Option<ReduceOp>,
     root: usize,
+    /// The stream is being captured into a CUDA graph: no host exchange.
+    capturing: bool,
 }
 
 impl Team {
@@ -90,10 +92,26 @@ impl Team {
                 desc.args[per_pe] = u64::MAX;
             }
         }
+        if call.capturing {
+            // A graph replays without the host: arguments are checked here
+            // only, and the device path must take the call (see gpu_collective).
+            let (d, s, _) = local?;
+            return Ok((d, s));
+        }
         let rows = self.exchange(&desc, local.as_ref().err())?;
         let (d, s, _) = local?;
         self.agree(&rows)?;
         Ok((d, s))
+    }
+
+    /// Whether `stream` is being captured into a CUDA graph (GPU backend).
+    fn capturing(&self, stream: &Stream) -> bool {
+        use cudarc::driver::sys::CUstreamCaptureStatus;
+        self.ctx.gpu.as_ref().is_some_and(|g| {
+            g.stream(stream)
+                .capture_status()
+                .is_ok_and(|st| st == CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE)
+        })
     }
 
     /// Copies `root`'s `src` into every PE's `dst`.
@@ -106,7 +124,14 @@ impl Team {
         root: usize,
         _stream: &Stream,
     ) -> Result<()> {
-        let call = Call { kind: OpKind::Broadcast, dst: dst.into(), src: src.into(), op: None, root };
+        let call = Call {
+            kind: OpKind::Broadcast,
+            dst: dst.into(),
+            src: src.into(),
+            op: None,
+            root,
+            capturing: self.capturing(_stream),
+        };
         let (d, s) = self.begin(call, |s, d| {
             if s.len != d.len {
                 return Err(Error::LengthMismatch(format!("src has {} elements, dst {}", s.len, d.len)));
@@ -138,7 +163,14 @@ impl Team {
     ) -> Result<()> {
         let n = self.n_pes();
         let me = self.my_pe();
-        let call = Call { kind: OpKind::AllGather, dst: dst.into(), src: src.into(), op: None, root: 0 };
+        let call = Call {
+            kind: OpKind::AllGather,
+            dst: dst.into(),
+            src: src.into(),
+            op: None,
+            root: 0,
+            capturing: self.capturing(_stream),
+        };
         let elem = size_of::<T>();
         let mine = |d: Region, s: Region| Region { offset: d.offset + me * s.len * elem, len: s.len };
         let (d, s) = self.begin(call, |s, d| {
@@ -180,7 +212,14 @@ impl Team {
         op: ReduceOp,
         _stream: &Stream,
     ) -> Result<()> {
-        let call = Call { kind: OpKind::AllReduce, dst: dst.into(), src: src.into(), op: Some(op), root: 0 };
+        let call = Call {
+            kind: OpKind::AllReduce,
+            dst: dst.into(),
+            src: src.into(),
+            op: Some(op),
+            root: 0,
+            capturing: self.capturing(_stream),
+        };
         let elem = size_of::<T>();
         let (d, s) = self.begin(call, |s, d| {
             if s.len != d.len {
@@ -248,7 +287,14 @@ impl Team {
         let n = self.n_pes();
         let me = self.my_pe();
         let elem = size_of::<T>();
-        let call = Call { kind: OpKind::ReduceScatter, dst: dst.into(), src: src.into(), op: Some(op), root: 0 };
+        let call = Call {
+            kind: OpKind::ReduceScatter,
+            dst: dst.into(),
+            src: src.into(),
+            op: Some(op),
+            root: 0,
+            capturing: self.capturing(_stream),
+        };
         let (d, s) = self.begin(call, |s, d| {
             if s.len != d.len * n {
                 return Err(Error::LengthMismatch(format!("src has {} elements, expected {n} × {}", s.len, d.len)));
@@ -287,7 +333,14 @@ impl Team {
     ) -> Result<()> {
         let n = self.n_pes();
         let elem = size_of::<T>();
-        let call = Call { kind: OpKind::AllToAll, dst: dst.into(), src: src.into(), op: None, root: 0 };
+        let call = Call {
+            kind: OpKind::AllToAll,
+            dst: dst.into(),
+            src: src.into(),
+            op: None,
+            root: 0,
+            capturing: self.capturing(_stream),
+        };
         let (d, s) = self.begin(call, |s, d| {
             if s.len != d.len || s.len % n != 0 {
                 return Err(Error::LengthMismatch(format!(
@@ -377,6 +430,14 @@ impl Team {
             if fits && !crate::gpu::force_rma() {
                 return k.all_reduce(dt, op, g.addr(d.offset), s.offset, d.len, st.cu_stream());
             }
+        }
+        if self.capturing(stream) {
+            return Err(Error::Invalid(format!(
+                "{} cannot be captured in a CUDA graph yet: only out-of-place all-reduces of the world team up \
+                 to 1 MiB on 16-byte aligned slices run as shmem's own kernel; the others use NVSHMEM's host-side \
+                 collectives",
+                kind.name()
+            )));
         }
         // NVSHMEM wants source and destination apart (a reduction may be
         // exactly in place): otherwise the source goes through a copy.

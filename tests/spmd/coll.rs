@@ -12,6 +12,7 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("coll::all_reduce_every_dtype_every_op", |e| each_dtype!(all_reduce, e)),
     ("coll::reduce_scatter_every_dtype_every_op", |e| each_dtype!(reduce_scatter, e)),
     ("coll::all_to_all_every_dtype", |e| each_dtype!(all_to_all, e)),
+    ("coll::graph_replay_all_reduce_gpu_only", graph_replay_all_reduce),
 ];
 
 /// Sizes (elements per PE) that cover tiny, odd, one-shot and two-shot.
@@ -149,5 +150,42 @@ fn all_to_all<T: TestElem>(env: &Env) -> TestResult {
         env.ctx.all_to_all(&src, &src, s)?;
         assert_bits_eq(&src.copy_to_host(s)?, &want, "in-place all_to_all");
     }
+    Ok(())
+}
+
+/// GPU only: an all-reduce captured once in a CUDA graph and replayed 1000
+/// times with new inputs each time; every result exact. (The device
+/// kernel's barrier epochs live in device memory, so replays need no host.)
+fn graph_replay_all_reduce(env: &Env) -> TestResult {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let Some(stream) = env.s.cuda_stream() else {
+        if env.me() == 0 {
+            eprintln!(
+                "coll::graph_replay_all_reduce_gpu_only: skipped: needs the gpu backend (this run is {:?})",
+                env.ctx.backend()
+            );
+        }
+        return Ok(());
+    };
+    let (me, n, s) = (env.me(), env.n(), &env.s);
+    let len = 4099; // odd: the kernel's vector loop and its tail
+    let src = env.ctx.alloc::<f32>(len)?;
+    let dst = env.ctx.alloc::<f32>(len)?;
+    env.ctx.barrier_all(s)?;
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    let captured = env.ctx.all_reduce(&dst, &src, ReduceOp::Sum, s);
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
+    captured?;
+    let graph = graph.ok_or("capture gave no graph")?;
+    for replay in 0..1000u64 {
+        let seed = env.fresh_seed() ^ replay;
+        let mine: Vec<f32> = (0..len).map(|i| input(seed, me, i, ReduceOp::Sum)).collect();
+        let want: Vec<f32> = (0..len).map(|i| reduced(seed, n, i, ReduceOp::Sum)).collect();
+        src.copy_from_host(&mine, s)?;
+        dst.fill(poison(), s)?;
+        graph.launch()?;
+        assert_bits_eq(&dst.copy_to_host(s)?, &want, &format!("replay {replay}"));
+    }
+    env.ctx.barrier_all(s)?;
     Ok(())
 }
