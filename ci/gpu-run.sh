@@ -26,6 +26,17 @@ if [[ -z "$nvlib" ]]; then
 fi
 export NVSHMEM_HOME=${nvlib%/lib}
 export LD_LIBRARY_PATH="$nvlib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# NCCL for the benchmark's reference rows. cudarc asks for libnccl.so, which
+# runtime-only installs (pip wheel, libnccl2) lack: link it beside ours.
+nccl=
+for f in /opt/*/.venv/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2 /usr/lib/x86_64-linux-gnu/libnccl.so.2; do
+    if [[ -e "$f" ]]; then nccl=$f; break; fi
+done
+if [[ -n "$nccl" ]]; then
+    ncclDir=$(mktemp -d)
+    ln -sf "$nccl" "$ncclDir/libnccl.so"
+    export LD_LIBRARY_PATH="$ncclDir:$LD_LIBRARY_PATH"
+fi
 export SHMEM_BACKEND=gpu
 pes=${SHMEM_GPU_PES:-2}
 

@@ -329,12 +329,124 @@ impl Bench<'_> {
             rows.extend(self.all_reduce_graph(memcpy_us)?);
         }
         if self.ctx.backend() == BackendKind::Gpu {
+            match self.nccl_all_reduce(memcpy_us) {
+                Ok(nccl) => rows.extend(nccl),
+                Err(e) => eprintln!("shmem-bench: NCCL rows skipped on PE {}: {e}", self.ctx.my_pe()),
+            }
+        }
+        if self.ctx.backend() == BackendKind::Gpu {
             // NVSHMEM's own collective, which SHMEM_FORCE_RMA selects, in
             // the same run for the ratio. Every PE sets it at the same point.
             std::env::set_var("SHMEM_FORCE_RMA", "1");
             rows.extend(self.all_reduce_with("nvshmem", memcpy_us)?);
             std::env::remove_var("SHMEM_FORCE_RMA");
         }
+        Ok(rows)
+    }
+
+    /// NCCL's all-reduce (cudarc's bindings to the box's libnccl) on plain
+    /// device buffers of the same sizes, eager and (with --graph, up to
+    /// 1 MiB) graph-replayed: the reference of the same run.
+    fn nccl_all_reduce(&self, memcpy_us: &[f64]) -> Res<Vec<Row>> {
+        use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+        use cudarc::nccl::{Comm, Id, ReduceOp as NcclOp};
+        // SAFETY: only tries to open the library.
+        let present = unsafe { cudarc::nccl::sys::is_culib_present() };
+        let (me, n) = (self.ctx.my_pe(), self.ctx.n_pes());
+        if !present {
+            if me == 0 {
+                eprintln!("shmem-bench: no libnccl found: NCCL rows skipped");
+            }
+            return Ok(Vec::new());
+        }
+        // NCCL's unique id travels through a symmetric buffer.
+        let id_buf = self.ctx.alloc_zeroed::<u64>(16)?;
+        if me == 0 {
+            let id = Id::new().map_err(|e| format!("ncclGetUniqueId: {e:?}"))?;
+            let words: Vec<u64> =
+                id.internal().chunks(8).map(|c| u64::from_le_bytes(std::array::from_fn(|i| c[i] as u8))).collect();
+            id_buf.copy_from_host(&words, &self.s)?;
+        }
+        self.ctx.barrier_all(&self.s)?;
+        let mut words = [0u64; 16];
+        for (i, w) in words.iter_mut().enumerate() {
+            *w = self.ctx.g(&id_buf, i, 0, &self.s)?;
+        }
+        let mut internal = [0 as std::ffi::c_char; 128];
+        for (i, c) in internal.iter_mut().enumerate() {
+            *c = (words[i / 8] >> (8 * (i % 8))) as u8 as std::ffi::c_char;
+        }
+        let stream = self.s.cuda_stream().expect("gpu backend").clone();
+        let comm = Comm::from_rank(stream.clone(), me, n, Id::uninit(internal))
+            .map_err(|e| format!("ncclCommInitRank: {e:?}"))?;
+        let max = *self.sizes.last().unwrap() / 4;
+        let send = stream.clone_htod(&vec![(me + 1) as f32; max])?;
+        let mut recv = stream.alloc_zeros::<f32>(max)?;
+        let want = (n * (n + 1) / 2) as f32;
+        let mut rows = Vec::new();
+        for (k, &b) in self.sizes.iter().enumerate() {
+            let len = b / 4;
+            let src = send.slice(..len);
+            let time_us = self.time(
+                b,
+                || Ok(()),
+                || {
+                    let mut dst = recv.slice_mut(..len);
+                    comm.all_reduce(&src, &mut dst, &NcclOp::Sum).map_err(|e| format!("ncclAllReduce: {e:?}"))?;
+                    Ok(())
+                },
+            )?;
+            let got = stream.clone_dtoh(&recv.slice(..len))?;
+            if got.iter().any(|&x| x != want) {
+                return Err(format!("NCCL all_reduce of {len} f32 gave a wrong sum").into());
+            }
+            let row = |graph, time_us| Row {
+                graph,
+                op: "all_reduce",
+                imp: "nccl",
+                dtype: Some("f32"),
+                bytes: b,
+                time_us,
+                bus_factor: 2.0 * (n - 1) as f64 / n as f64,
+                memcpy_us: memcpy_us.get(k).copied(),
+            };
+            rows.push(row(false, time_us));
+            if self.args.graph && b <= 1 << 20 {
+                const PER_GRAPH: usize = 100;
+                let mut graphed = || -> Res<f64> {
+                    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+                    let mut captured = Ok(());
+                    for _ in 0..PER_GRAPH {
+                        let mut dst = recv.slice_mut(..len);
+                        captured = captured.and(comm.all_reduce(&src, &mut dst, &NcclOp::Sum).map(drop));
+                    }
+                    let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
+                    captured.map_err(|e| format!("capturing ncclAllReduce: {e:?}"))?;
+                    let graph = graph.ok_or("the capture gave no graph")?;
+                    graph.upload()?;
+                    for _ in 0..3 {
+                        graph.launch()?;
+                    }
+                    let mut reps = Vec::new();
+                    for _ in 0..5 {
+                        stream.synchronize()?;
+                        let timing = Some(CUevent_flags::CU_EVENT_DEFAULT);
+                        let start = stream.record_event(timing)?;
+                        graph.launch()?;
+                        let end = stream.record_event(timing)?;
+                        end.synchronize()?;
+                        reps.push(start.elapsed_ms(&end)? as f64 * 1e3 / PER_GRAPH as f64);
+                    }
+                    reps.sort_by(f64::total_cmp);
+                    Ok(reps[2])
+                };
+                match graphed() {
+                    Ok(t) => rows.push(row(true, t)),
+                    Err(e) => eprintln!("shmem-bench: NCCL graph rows skipped: {e}"),
+                }
+            }
+        }
+        stream.synchronize()?;
         Ok(rows)
     }
 
