@@ -329,17 +329,16 @@ impl Bench<'_> {
             rows.extend(self.all_reduce_graph(memcpy_us)?);
         }
         if self.ctx.backend() == BackendKind::Gpu {
-            match self.nccl_all_reduce(memcpy_us) {
-                Ok(nccl) => rows.extend(nccl),
-                Err(e) => eprintln!("shmem-bench: NCCL rows skipped on PE {}: {e}", self.ctx.my_pe()),
-            }
-        }
-        if self.ctx.backend() == BackendKind::Gpu {
             // NVSHMEM's own collective, which SHMEM_FORCE_RMA selects, in
             // the same run for the ratio. Every PE sets it at the same point.
             std::env::set_var("SHMEM_FORCE_RMA", "1");
             rows.extend(self.all_reduce_with("nvshmem", memcpy_us)?);
             std::env::remove_var("SHMEM_FORCE_RMA");
+            // NCCL last: a failure there leaves the rows above intact.
+            match self.nccl_all_reduce(memcpy_us) {
+                Ok(nccl) => rows.extend(nccl),
+                Err(e) => eprintln!("shmem-bench: NCCL rows skipped on PE {}: {e}", self.ctx.my_pe()),
+            }
         }
         Ok(rows)
     }
@@ -377,8 +376,15 @@ impl Bench<'_> {
             *c = (words[i / 8] >> (8 * (i % 8))) as u8 as std::ffi::c_char;
         }
         let stream = self.s.cuda_stream().expect("gpu backend").clone();
+        // SAFETY: the NCCL buffers below are used on this one stream only, so
+        // they need no cudarc events (events of other streams would also
+        // break graph capture).
+        unsafe { self.ctx.cuda_context().expect("gpu backend").disable_event_tracking() };
         let comm = Comm::from_rank(stream.clone(), me, n, Id::uninit(internal))
             .map_err(|e| format!("ncclCommInitRank: {e:?}"))?;
+        // Not destroyed at the end: the benchmark exits right after, and a
+        // communicator left in an error state can crash on destroy.
+        let comm = std::mem::ManuallyDrop::new(comm);
         let max = *self.sizes.last().unwrap() / 4;
         let send = stream.clone_htod(&vec![(me + 1) as f32; max])?;
         let mut recv = stream.alloc_zeros::<f32>(max)?;
@@ -585,7 +591,6 @@ fn run(args: &Args) -> Res {
         rows.extend(bench.all_reduce(&memcpy_us)?);
     }
     let backend = format!("{:?}", ctx.backend()).to_lowercase();
-    ctx.finalize()?;
 
     if me == 0 {
         print_table(&rows, n, &backend, args);
@@ -610,6 +615,8 @@ fn run(args: &Args) -> Res {
             std::fs::write(path, out).map_err(|e| format!("writing {}: {e}", path.display()))?;
         }
     }
+    // After the results are out: a fault in teardown cannot lose them.
+    ctx.finalize()?;
     Ok(())
 }
 
