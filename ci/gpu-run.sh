@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the GPU box, from a carried .gpu-bundle/ (see gpu-bundle.sh):
 # the SPMD suite on the gpu backend with 2 PEs under mpirun and under
-# shmemrun, then the examples (and, with --bench, the benchmark sweep).
+# shmemrun, then the examples (and, with --bench, the benchmark sweep;
+# with --quick, only the collectives' tests).
 # Finds the box's NVSHMEM by itself. Logs go to $OUT (or ./gpu-out); exits
 # non-zero if any step failed.
 set -uo pipefail
@@ -73,6 +74,17 @@ expect_fail() {
 }
 
 step gpus nvidia-smi --query-gpu=index,name,memory.total --format=csv
+# --quick: only the collectives' tests, both paths (a short device call).
+if [[ " $* " == *" --quick "* ]]; then
+    step spmd-coll "$bin/shmemrun" -n "$pes" "$bin/spmd" coll::
+    step spmd-coll-forced-rma env SHMEM_FORCE_RMA=1 "$bin/shmemrun" -n "$pes" "$bin/spmd" coll::
+    if ((${#failed[@]})); then
+        echo "gpu-run: FAILED: ${failed[*]}" | tee -a "$log"
+        exit 1
+    fi
+    echo "gpu-run: every step passed" | tee -a "$log"
+    exit 0
+fi
 step spmd-shmemrun "$bin/shmemrun" -n "$pes" "$bin/spmd"
 step spmd-mpirun "${mpi[@]}" "$bin/spmd"
 step spmd-coll-forced-rma env SHMEM_FORCE_RMA=1 "$bin/shmemrun" -n "$pes" "$bin/spmd" coll::

@@ -431,11 +431,18 @@ impl Team {
                 return k.all_reduce(dt, op, g.addr(d.offset), s.offset, d.len, st.cu_stream());
             }
         }
+        if let (Some(k), OpKind::AllGather) = (&g.kernels, kind) {
+            let fits = team == crate::gpu::TEAM_WORLD && s.len * elem <= crate::gpu::kernels::ONE_SHOT_MAX_BYTES;
+            if fits && !crate::gpu::force_rma() {
+                let in_place = overlap(d, s, elem);
+                return k.all_gather(d.offset, s.offset, s.len * elem, in_place, st.cu_stream());
+            }
+        }
         if self.capturing(stream) {
             return Err(Error::Invalid(format!(
-                "{} cannot be captured in a CUDA graph yet: only out-of-place all-reduces of the world team up \
-                 to 1 MiB on 16-byte aligned slices run as shmem's own kernel; the others use NVSHMEM's host-side \
-                 collectives",
+                "{} cannot be captured in a CUDA graph yet: only all-gathers and out-of-place all-reduces of \
+                 the world team up to 1 MiB per PE (all-reduce: on 16-byte aligned slices) run as shmem's own \
+                 kernels; the others use NVSHMEM's host-side collectives",
                 kind.name()
             )));
         }

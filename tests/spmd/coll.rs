@@ -153,8 +153,8 @@ fn all_to_all<T: TestElem>(env: &Env) -> TestResult {
     Ok(())
 }
 
-/// GPU only: an all-reduce captured once in a CUDA graph and replayed 1000
-/// times with new inputs each time; every result exact. (The device
+/// GPU only: an all-reduce and an all-gather captured once in a CUDA graph
+/// and replayed 1000 times with new inputs each time; every result exact. (The device
 /// kernel's barrier epochs live in device memory, so replays need no host.)
 fn graph_replay_all_reduce(env: &Env) -> TestResult {
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
@@ -171,9 +171,11 @@ fn graph_replay_all_reduce(env: &Env) -> TestResult {
     let len = 4099; // odd: the kernel's vector loop and its tail
     let src = env.ctx.alloc::<f32>(len)?;
     let dst = env.ctx.alloc::<f32>(len)?;
+    let gathered = env.ctx.alloc::<f32>(len * n)?;
     env.ctx.barrier_all(s)?;
     stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-    let captured = env.ctx.all_reduce(&dst, &src, ReduceOp::Sum, s);
+    let captured =
+        env.ctx.all_reduce(&dst, &src, ReduceOp::Sum, s).and_then(|()| env.ctx.all_gather(&gathered, &src, s));
     let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
     if std::env::var_os("SHMEM_FORCE_RMA").is_some_and(|v| v != "0") {
         // NVSHMEM's host-side collectives cannot be captured: a clear error.
@@ -189,8 +191,11 @@ fn graph_replay_all_reduce(env: &Env) -> TestResult {
         let want: Vec<f32> = (0..len).map(|i| reduced(seed, n, i, ReduceOp::Sum)).collect();
         src.copy_from_host(&mine, s)?;
         dst.fill(poison(), s)?;
+        gathered.fill(poison(), s)?;
         graph.launch()?;
-        assert_bits_eq(&dst.copy_to_host(s)?, &want, &format!("replay {replay}"));
+        assert_bits_eq(&dst.copy_to_host(s)?, &want, &format!("all_reduce, replay {replay}"));
+        let all: Vec<f32> = (0..n).flat_map(|pe| (0..len).map(move |i| input(seed, pe, i, ReduceOp::Sum))).collect();
+        assert_bits_eq(&gathered.copy_to_host(s)?, &all, &format!("all_gather, replay {replay}"));
     }
     env.ctx.barrier_all(s)?;
     Ok(())

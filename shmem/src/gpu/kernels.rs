@@ -187,6 +187,35 @@ impl Kernels {
     }
 }
 
+impl Kernels {
+    /// One-shot all-gather over the world: block `p` of this PE's
+    /// destination (heap `dst_offset`) from PE `p`'s source (heap
+    /// `src_offset`, or block `p` of PE `p`'s destination when `in_place`).
+    pub(crate) fn all_gather(
+        &self,
+        dst_offset: usize,
+        src_offset: usize,
+        bytes: usize,
+        in_place: bool,
+        stream: CUstream,
+    ) -> Result<()> {
+        let blocks =
+            (bytes * self.world.n as usize).div_ceil(16).div_ceil(THREADS as usize).clamp(1, MAX_BLOCKS) as u32;
+        let mut t = self.world;
+        let (mut dst, mut src, mut bytes, mut in_place) =
+            (dst_offset as u64, src_offset as u64, bytes as u64, in_place as i32);
+        let mut params: [*mut c_void; 5] = [
+            (&raw mut t).cast(),
+            (&raw mut dst).cast(),
+            (&raw mut src).cast(),
+            (&raw mut bytes).cast(),
+            (&raw mut in_place).cast(),
+        ];
+        // SAFETY: (TeamSync, u64, u64, u64, int) as the kernel declares.
+        unsafe { self.launch("shmem_allgather_oneshot", blocks, THREADS, stream, &mut params) }
+    }
+}
+
 /// # Safety
 /// `module` is loaded in the current context; NVSHMEM is initialised.
 unsafe fn cumodule_init(nv: &Nv, module: CUmodule) -> Result<i32> {
