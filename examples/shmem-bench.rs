@@ -347,7 +347,7 @@ impl Bench<'_> {
     /// device buffers of the same sizes, eager and (with --graph, up to
     /// 1 MiB) graph-replayed: the reference of the same run.
     fn nccl_all_reduce(&self, memcpy_us: &[f64]) -> Res<Vec<Row>> {
-        use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+        use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
         use cudarc::nccl::{Comm, Id, ReduceOp as NcclOp};
         // SAFETY: only tries to open the library.
         let present = unsafe { cudarc::nccl::sys::is_culib_present() };
@@ -428,23 +428,7 @@ impl Bench<'_> {
                     }
                     let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
                     captured.map_err(|e| format!("capturing ncclAllReduce: {e:?}"))?;
-                    let graph = graph.ok_or("the capture gave no graph")?;
-                    graph.upload()?;
-                    for _ in 0..3 {
-                        graph.launch()?;
-                    }
-                    let mut reps = Vec::new();
-                    for _ in 0..5 {
-                        stream.synchronize()?;
-                        let timing = Some(CUevent_flags::CU_EVENT_DEFAULT);
-                        let start = stream.record_event(timing)?;
-                        graph.launch()?;
-                        let end = stream.record_event(timing)?;
-                        end.synchronize()?;
-                        reps.push(start.elapsed_ms(&end)? as f64 * 1e3 / PER_GRAPH as f64);
-                    }
-                    reps.sort_by(f64::total_cmp);
-                    Ok(reps[2])
+                    time_graph(&stream, &graph.ok_or("the capture gave no graph")?, PER_GRAPH)
                 };
                 match graphed() {
                     Ok(t) => rows.push(row(true, t)),
@@ -460,7 +444,7 @@ impl Bench<'_> {
     /// replayed: the device kernel's time without the host's. Sizes up to
     /// the one-shot kernel's 1 MiB (the others cannot be captured yet).
     fn all_reduce_graph(&self, memcpy_us: &[f64]) -> Res<Vec<Row>> {
-        use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+        use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
         const PER_GRAPH: usize = 100;
         let (me, n) = (self.ctx.my_pe(), self.ctx.n_pes());
         let stream = self.s.cuda_stream().expect("gpu backend").clone();
@@ -482,22 +466,7 @@ impl Bench<'_> {
             }
             let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
             captured?;
-            let graph = graph.ok_or("the capture gave no graph")?;
-            graph.upload()?;
-            for _ in 0..3 {
-                graph.launch()?; // warm-up
-            }
-            let mut reps = Vec::new();
-            for _ in 0..5 {
-                stream.synchronize()?;
-                let timing = Some(CUevent_flags::CU_EVENT_DEFAULT);
-                let start = stream.record_event(timing)?;
-                graph.launch()?;
-                let end = stream.record_event(timing)?;
-                end.synchronize()?;
-                reps.push(start.elapsed_ms(&end)? as f64 * 1e3 / PER_GRAPH as f64);
-            }
-            reps.sort_by(f64::total_cmp);
+            let time_us = time_graph(&stream, &graph.ok_or("the capture gave no graph")?, PER_GRAPH)?;
             if dst.slice(..len).copy_to_host(&self.s)?.iter().any(|&x| x != want) {
                 return Err(format!("graph all_reduce of {len} f32: PE {me} got a wrong sum").into());
             }
@@ -507,7 +476,7 @@ impl Bench<'_> {
                 imp: "shmem",
                 dtype: Some("f32"),
                 bytes: b,
-                time_us: reps[2],
+                time_us,
                 bus_factor: 2.0 * (n - 1) as f64 / n as f64,
                 memcpy_us: memcpy_us.get(k).copied(),
             });
@@ -548,6 +517,27 @@ impl Bench<'_> {
         }
         Ok(rows)
     }
+}
+
+/// µs per operation of a graph of `per_graph` operations: uploaded, warmed
+/// up, then 5 replays timed with CUDA events; the median.
+fn time_graph(stream: &cudarc::driver::CudaStream, graph: &cudarc::driver::CudaGraph, per_graph: usize) -> Res<f64> {
+    let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    graph.upload()?;
+    for _ in 0..3 {
+        graph.launch()?;
+    }
+    let mut reps = Vec::new();
+    for _ in 0..5 {
+        stream.synchronize()?;
+        let start = stream.record_event(timing)?;
+        graph.launch()?;
+        let end = stream.record_event(timing)?;
+        end.synchronize()?;
+        reps.push(start.elapsed_ms(&end)? as f64 * 1e3 / per_graph as f64);
+    }
+    reps.sort_by(f64::total_cmp);
+    Ok(reps[2])
 }
 
 fn run(args: &Args) -> Res {
