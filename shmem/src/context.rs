@@ -14,6 +14,9 @@ use std::sync::{Arc, Mutex};
 /// `STARTING` while one starts: `init` twice is an error.
 static LIVE: AtomicU64 = AtomicU64::new(0);
 const STARTING: u64 = u64::MAX;
+/// Ids of the world and node teams (split teams have the top bit set).
+const WORLD_UID: u64 = 1;
+const NODE_UID: u64 = 2;
 /// Distinguishes contexts of one process, so a buffer of an old context is
 /// recognised as foreign by a new one.
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -34,6 +37,8 @@ pub(crate) struct Inner {
     pub(crate) finalized: AtomicBool,
     /// Team slots free on this PE (bit i: slot i).
     pub(crate) free_team_slots: Mutex<u64>,
+    /// This PE's live teams: id → slot (for the crossed-wait check).
+    pub(crate) live_teams: Mutex<std::collections::HashMap<u64, usize>>,
     pub(crate) world: Arc<TeamState>,
     pub(crate) node: Arc<TeamState>,
     pub(crate) pool: rayon::ThreadPool,
@@ -281,8 +286,9 @@ impl Context {
             heap_size,
             finalized: AtomicBool::new(false),
             free_team_slots: Mutex::new(!0b11),
-            world: Arc::new(TeamState::new(id, 0, members, me, None, gpu::TEAM_WORLD)),
-            node: Arc::new(TeamState::new(id, 1, node_members, me, None, gpu::TEAM_NODE)),
+            live_teams: Mutex::new([(WORLD_UID, 0), (NODE_UID, 1)].into_iter().collect()),
+            world: Arc::new(TeamState::new(id, 0, members, me, None, gpu::TEAM_WORLD, WORLD_UID)),
+            node: Arc::new(TeamState::new(id, 1, node_members, me, None, gpu::TEAM_NODE, NODE_UID)),
             pool,
             _bootstrap: Mutex::new(boot),
         };

@@ -160,6 +160,9 @@ pub(crate) struct TeamState {
     owner: Option<Arc<Inner>>,
     /// NVSHMEM's handle of the team, on the GPU backend.
     pub(crate) nv_team: i32,
+    /// The same on every member, different for every team: what a PE
+    /// waiting in this team's barrier publishes.
+    pub(crate) uid: u64,
 }
 
 impl TeamState {
@@ -170,11 +173,12 @@ impl TeamState {
         me: usize,
         owner: Option<Arc<Inner>>,
         nv_team: i32,
+        uid: u64,
     ) -> TeamState {
         let my_index = members.iter().position(|&m| m == me).expect("a team state exists only on its members");
         let bases = vec![0; members.len()];
         let (arrivals, seq) = (AtomicU64::new(0), AtomicU64::new(0));
-        TeamState { ctx_id, slot, members, my_index, bases, arrivals, seq, owner, nv_team }
+        TeamState { ctx_id, slot, members, my_index, bases, arrivals, seq, owner, nv_team, uid }
     }
 }
 
@@ -186,6 +190,7 @@ impl Drop for TeamState {
                 let _ = g.destroy_team(self.nv_team);
             }
             *inner.free_team_slots.lock().unwrap_or_else(|e| e.into_inner()) |= 1 << self.slot;
+            inner.live_teams.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.uid);
         }
     }
 }
@@ -289,7 +294,16 @@ impl Team {
             .iter()
             .map(|&w| rows[self.state.members.iter().position(|&m| m == w).unwrap()][DESC_WORDS - 1])
             .collect();
-        let mut state = TeamState::new(self.ctx.id, slot, members, self.ctx.me, Some(self.ctx.clone()), nv_team);
+        // Every member computes the same id: the parent's, where in the
+        // parent's sequence the split happened, and its arguments.
+        let at = self.state.seq.load(Ordering::Relaxed);
+        let uid = [self.state.uid, at, start as u64, stride as u64, size as u64]
+            .iter()
+            .fold(0x9e37_79b9_7f4a_7c15u64, |h, &x| (h ^ x).wrapping_mul(0x100_0000_01b3).rotate_left(29))
+            | 1 << 63;
+        self.ctx.host.cell(self.ctx.me).teams[slot].arrivals.store(0, Ordering::SeqCst);
+        self.ctx.live_teams.lock().unwrap_or_else(|e| e.into_inner()).insert(uid, slot);
+        let mut state = TeamState::new(self.ctx.id, slot, members, self.ctx.me, Some(self.ctx.clone()), nv_team, uid);
         state.bases = bases;
         Ok(Some(Team { ctx: self.ctx.clone(), state: Arc::new(state) }))
     }
@@ -319,17 +333,57 @@ impl Team {
     pub(crate) fn raw_barrier(&self) -> Result<()> {
         let st = &*self.state;
         let host = &self.ctx.host;
+        let mine = host.cell(self.ctx.me);
         let target = st.arrivals.fetch_add(1, Ordering::Relaxed) + 1;
+        mine.teams[st.slot].arrivals.store(target, Ordering::SeqCst);
+        // Target first, then the team: a reader that sees the team sees its target.
+        mine.waiting_target.store(target, Ordering::SeqCst);
+        mine.waiting_team.store(st.uid, Ordering::SeqCst);
         // SeqCst: publishes this PE's descriptor row and data writes before
         // any member can see the arrival.
-        host.cell(self.ctx.me).teams[st.slot].epoch.fetch_add(1, Ordering::SeqCst);
+        mine.teams[st.slot].epoch.fetch_add(1, Ordering::SeqCst);
         let arrived = |i: usize| {
             host.cell(st.members[i]).teams[st.slot].epoch.load(Ordering::SeqCst).wrapping_sub(st.bases[i]) >= target
         };
         let n = st.members.len();
-        host.wait_until(|| (0..n).all(arrived), &mut (0..n).filter(|&i| !arrived(i)).map(|i| st.members[i]), &|| {
-            format!("waiting in a barrier of a team of {n} PEs")
-        })
+        let result = host.wait_until(
+            || (0..n).all(arrived),
+            &mut (0..n).filter(|&i| !arrived(i)).map(|i| st.members[i]),
+            &|| format!("waiting in a barrier of a team of {n} PEs"),
+            &|| self.no_crossed_wait(&arrived),
+        );
+        mine.waiting_team.store(0, Ordering::SeqCst);
+        result
+    }
+
+    /// Fails when a member this PE waits for is itself waiting, in a barrier
+    /// of another team of this PE, for an arrival of this PE: the two called
+    /// collectives on different teams (or in a different order), and neither
+    /// can go on.
+    fn no_crossed_wait(&self, arrived: &dyn Fn(usize) -> bool) -> Result<()> {
+        let st = &*self.state;
+        let host = &self.ctx.host;
+        for (i, &pe) in st.members.iter().enumerate().filter(|&(i, _)| !arrived(i)) {
+            let cell = host.cell(pe);
+            let team = cell.waiting_team.load(Ordering::SeqCst);
+            if team == 0 || team == st.uid {
+                continue;
+            }
+            let wanted = cell.waiting_target.load(Ordering::SeqCst);
+            let slot = self.ctx.live_teams.lock().unwrap_or_else(|e| e.into_inner()).get(&team).copied();
+            let Some(slot) = slot else { continue };
+            let mine = host.cell(self.ctx.me).teams[slot].arrivals.load(Ordering::SeqCst);
+            // Re-read: the peer still waits in that barrier, for this PE.
+            if mine < wanted && cell.waiting_team.load(Ordering::SeqCst) == team && !arrived(i) {
+                return Err(Error::CollectiveMismatch(format!(
+                    "PE {pe} waits in a collective of another team this PE belongs to, while this PE waits for \
+                     PE {pe} in a collective of a team of {} PEs: the PEs called collectives on different teams \
+                     (or in a different order)",
+                    st.members.len()
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Publishes `desc`, enters the barrier, and returns every member's row.

@@ -17,12 +17,15 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("scenario::launcher_ends_job_when_a_pe_fails", launcher_ends_job_when_a_pe_fails),
     ("scenario::heap_size_differs", heap_size_differs),
     ("scenario::use_after_finalize_and_foreign", use_after_finalize_and_foreign),
+    ("scenario::collectives_on_different_teams", collectives_on_different_teams),
 ];
 
 /// Exit code of a scenario PE that saw what it should.
 const SAW_IT: u8 = 0;
 /// Exit code of a PE that is told to die.
 const DIES: i32 = 3;
+/// Exit code of a PE that saw its peer leave after the peer found the fault.
+const PEER_LEFT: i32 = 4;
 
 /// The outcome of launching scenario `name` on `n` PEs.
 fn launch(name: &str, n: usize, kill_on_failure: bool, env: &[(&str, &str)]) -> (shmem::launch::Outcome, Duration) {
@@ -114,6 +117,22 @@ fn use_after_finalize_and_foreign(env: &Env) -> TestResult {
     Ok(())
 }
 
+fn collectives_on_different_teams(env: &Env) -> TestResult {
+    if !only_in_one_pe_world(env) {
+        return Ok(());
+    }
+    // PE 0 enters a barrier of a sub-team, PE 1 one of the world: neither
+    // can go on; both must say so, quickly, instead of hanging.
+    // The first to notice says "collective mismatch"; the other may instead
+    // see that PE leave (PEER_LEFT) — a clear error either way.
+    let (o, took) = launch("different_teams", 2, false, &[]);
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+    let codes = exit_codes(&o);
+    assert!(codes.iter().all(|&c| c == SAW_IT as i32 || c == PEER_LEFT), "PE exit codes {codes:?}");
+    assert!(codes.contains(&(SAW_IT as i32)), "nobody reported the mismatch: {codes:?}");
+    Ok(())
+}
+
 /// Runs scenario `name` as this PE.
 pub fn run(name: &str) -> ExitCode {
     let rank: usize = std::env::var("SHMEM_RANK").ok().and_then(|r| r.parse().ok()).unwrap_or(0);
@@ -127,6 +146,7 @@ pub fn run(name: &str) -> ExitCode {
         "never_start" | "never_start_no_timeout" => never_start(rank),
         "heap_size_differs" => heap_size_differs_pe(rank),
         "lifecycle" => lifecycle(),
+        "different_teams" => different_teams(rank),
         other => Err(format!("unknown scenario {other:?}")),
     };
     match result {
@@ -171,6 +191,26 @@ fn never_start(rank: usize) -> Result<(), String> {
         }
         Err(e) => Err(format!("wrong error: {e}")),
         Ok(_) => Err("init succeeded without all PEs".into()),
+    }
+}
+
+fn different_teams(rank: usize) -> Result<(), String> {
+    let ctx = shmem::init().map_err(|e| e.to_string())?;
+    let s = ctx.stream();
+    let world = ctx.world();
+    let team = world.split_strided(0, 1, 2).map_err(|e| e.to_string())?.ok_or("not in the team")?;
+    let r = if rank == 0 { team.barrier(&s) } else { world.barrier(&s) };
+    match r {
+        Err(Error::CollectiveMismatch(msg)) => {
+            eprintln!("PE {rank} saw: {msg}");
+            Ok(())
+        }
+        Err(Error::PeerLost { pe, what }) if what.contains("left") => {
+            eprintln!("PE {rank} saw: PE {pe} {what}");
+            std::process::exit(PEER_LEFT)
+        }
+        Err(e) => Err(format!("wrong error: {e}")),
+        Ok(()) => Err("a barrier passed with the other PE in another team's barrier".into()),
     }
 }
 

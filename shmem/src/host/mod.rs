@@ -41,6 +41,8 @@ pub(crate) enum PeState {
 pub(crate) struct TeamCell {
     /// Barriers this PE has entered on this slot (monotonic).
     pub(crate) epoch: AtomicU64,
+    /// Barriers this PE has entered on the team now in this slot.
+    pub(crate) arrivals: AtomicU64,
     /// Two rows of descriptors, by sequence parity: an exchange writes row
     /// `seq & 1`, and the barrier after it keeps anyone from reaching
     /// `seq + 2` (the same row) before every member has read row `seq`.
@@ -51,6 +53,10 @@ pub(crate) struct TeamCell {
 pub(crate) struct PeCell {
     pub(crate) pid: AtomicU64,
     pub(crate) state: AtomicU64,
+    /// While this PE waits in a barrier: that team's id (0: not waiting),
+    /// and the arrivals it waits for.
+    pub(crate) waiting_team: AtomicU64,
+    pub(crate) waiting_target: AtomicU64,
     pub(crate) teams: [TeamCell; MAX_TEAMS],
 }
 
@@ -160,12 +166,14 @@ impl HostWorld {
 
     /// Waits until `done()` holds. Spins briefly, then yields, then sleeps;
     /// every few milliseconds checks that the PEs in `awaited` are still
-    /// alive, so a dead peer ends the wait with an error naming it.
+    /// alive, so a dead peer ends the wait with an error naming it, and runs
+    /// `also` (which may find the wait hopeless).
     pub(crate) fn wait_until(
         &self,
         mut done: impl FnMut() -> bool,
         awaited: &mut dyn Iterator<Item = usize>,
         what: &dyn Fn() -> String,
+        also: &dyn Fn() -> Result<()>,
     ) -> Result<()> {
         let awaited: Vec<usize> = awaited.filter(|&pe| pe != self.me).collect();
         self.wait_loop(
@@ -176,7 +184,7 @@ impl HostWorld {
                     awaited.iter().filter_map(|&pe| w.peer_problem(pe).map(|p| (pe, p))).collect();
                 match problems.iter().find(|(_, p)| p.starts_with("died")).or(problems.first()) {
                     Some((pe, p)) => Err(Error::PeerLost { pe: *pe, what: format!("{p} while {}", what()) }),
-                    None => Ok(()),
+                    None => also(),
                 }
             },
             what,
