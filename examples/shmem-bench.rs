@@ -91,6 +91,12 @@ struct Row {
 }
 
 impl Row {
+    /// An f32-sum all-reduce row over `n` PEs.
+    fn all_reduce(imp: &'static str, graph: bool, bytes: usize, time_us: f64, n: usize, memcpy_us: Option<f64>) -> Row {
+        let bus_factor = 2.0 * (n - 1) as f64 / n as f64;
+        Row { graph, op: "all_reduce", imp, dtype: Some("f32"), bytes, time_us, bus_factor, memcpy_us }
+    }
+
     fn algbw_gbps(&self) -> Option<f64> {
         self.dtype.map(|_| self.bytes as f64 / (self.time_us * 1e3))
     }
@@ -406,16 +412,7 @@ impl Bench<'_> {
             if got.iter().any(|&x| x != want) {
                 return Err(format!("NCCL all_reduce of {len} f32 gave a wrong sum").into());
             }
-            let row = |graph, time_us| Row {
-                graph,
-                op: "all_reduce",
-                imp: "nccl",
-                dtype: Some("f32"),
-                bytes: b,
-                time_us,
-                bus_factor: 2.0 * (n - 1) as f64 / n as f64,
-                memcpy_us: memcpy_us.get(k).copied(),
-            };
+            let row = |graph, time_us| Row::all_reduce("nccl", graph, b, time_us, n, memcpy_us.get(k).copied());
             rows.push(row(false, time_us));
             if self.args.graph && b <= 1 << 20 {
                 const PER_GRAPH: usize = 100;
@@ -470,16 +467,7 @@ impl Bench<'_> {
             if dst.slice(..len).copy_to_host(&self.s)?.iter().any(|&x| x != want) {
                 return Err(format!("graph all_reduce of {len} f32: PE {me} got a wrong sum").into());
             }
-            rows.push(Row {
-                graph: true,
-                op: "all_reduce",
-                imp: "shmem",
-                dtype: Some("f32"),
-                bytes: b,
-                time_us,
-                bus_factor: 2.0 * (n - 1) as f64 / n as f64,
-                memcpy_us: memcpy_us.get(k).copied(),
-            });
+            rows.push(Row::all_reduce("shmem", true, b, time_us, n, memcpy_us.get(k).copied()));
         }
         Ok(rows)
     }
@@ -504,16 +492,7 @@ impl Bench<'_> {
             if dst.slice(..len).copy_to_host(&self.s)?.iter().any(|&x| x != want) {
                 return Err(format!("all_reduce ({imp}) of {len} f32: PE {me} got a wrong sum").into());
             }
-            rows.push(Row {
-                graph: false,
-                op: "all_reduce",
-                imp,
-                dtype: Some("f32"),
-                bytes: b,
-                time_us,
-                bus_factor: 2.0 * (n - 1) as f64 / n as f64,
-                memcpy_us: memcpy_us.get(k).copied(),
-            });
+            rows.push(Row::all_reduce(imp, false, b, time_us, n, memcpy_us.get(k).copied()));
         }
         Ok(rows)
     }
