@@ -1,4 +1,4 @@
-//! Builds the device-initiated kernels of `../kernels` into one sm_90 cubin
+//! Builds the device-initiated kernels of `../kernels` into one image
 //! embedded in the crate, when nvcc and NVSHMEM are found:
 //!
 //! - nvcc: `NVCC`, else `CUDA_HOME/bin/nvcc`, else the repository's
@@ -6,8 +6,9 @@
 //! - NVSHMEM: `NVSHMEM_HOME`, else `.gpu-toolchain/nvidia/nvshmem`.
 //!
 //! Each `.cu` is compiled with `-rdc=true -cubin`, then nvlink links them
-//! with `libnvshmem_device.a`. `SHMEM_CUDA_ARCHS` (e.g. `90,100`) picks the
-//! architectures; the first one is embedded. Without the tools the crate
+//! with `libnvshmem_device.a`. `SHMEM_CUDA_ARCHS` (e.g. `90,100`; default
+//! `90`) picks the architectures; with several, their cubins are packed into
+//! one fat binary for `cuModuleLoadData` to choose from. Without the tools the crate
 //! still builds (cfg `shmem_kernels` unset), and the GPU backend says how to
 //! build the kernels when one is needed.
 
@@ -38,30 +39,56 @@ fn main() {
     }
     let nvlink = nvcc.with_file_name("nvlink");
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
-    let arch = std::env::var("SHMEM_CUDA_ARCHS").ok().and_then(|a| a.split(',').next().map(str::to_owned));
-    let arch = arch.unwrap_or_else(|| "90".into());
+    let archs: Vec<String> = std::env::var("SHMEM_CUDA_ARCHS")
+        .ok()
+        .map(|a| a.split(',').map(|x| x.trim().to_owned()).filter(|x| !x.is_empty()).collect())
+        .filter(|a: &Vec<String>| !a.is_empty())
+        .unwrap_or_else(|| vec!["90".into()]);
     let mut sources: Vec<PathBuf> = std::fs::read_dir(&kernels)
         .expect("the kernels folder")
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "cu"))
         .collect();
     sources.sort();
-    let mut objects = Vec::new();
-    for src in &sources {
-        let obj = out.join(src.file_stem().unwrap()).with_extension("cubin");
-        run(Command::new(&nvcc)
-            .args([&format!("-arch=sm_{arch}"), "-rdc=true", "-cubin", "-O3", "-std=c++17", "-lineinfo"])
-            .arg("-I")
-            .arg(&kernels)
-            .arg("-I")
-            .arg(nvshmem.join("include"))
-            .arg(src)
+    // One linked cubin per architecture.
+    let mut images = Vec::new();
+    for arch in &archs {
+        let mut objects = Vec::new();
+        for src in &sources {
+            let obj = out.join(format!("{}.sm_{arch}.cubin", src.file_stem().unwrap().to_string_lossy()));
+            run(Command::new(&nvcc)
+                .args([&format!("-arch=sm_{arch}"), "-rdc=true", "-cubin", "-O3", "-std=c++17", "-lineinfo"])
+                .arg("-I")
+                .arg(&kernels)
+                .arg("-I")
+                .arg(nvshmem.join("include"))
+                .arg(src)
+                .arg("-o")
+                .arg(&obj));
+            objects.push(obj);
+        }
+        let linked = out.join(format!("shmem_kernels.sm_{arch}.cubin"));
+        run(Command::new(&nvlink)
+            .arg(format!("--arch=sm_{arch}"))
+            .args(&objects)
+            .arg(&device_lib)
             .arg("-o")
-            .arg(&obj));
-        objects.push(obj);
+            .arg(&linked));
+        images.push((arch.clone(), linked));
     }
-    let linked = out.join("shmem_kernels.cubin");
-    run(Command::new(&nvlink).arg(format!("--arch=sm_{arch}")).args(&objects).arg(&device_lib).arg("-o").arg(&linked));
+    // Several architectures: one fat binary, from which the driver picks.
+    let linked = if let [(_, only)] = images.as_slice() {
+        only.clone()
+    } else {
+        let fat = out.join("shmem_kernels.fatbin");
+        let mut cmd = Command::new(nvcc.with_file_name("fatbinary"));
+        cmd.arg("--64").arg(format!("--create={}", fat.display()));
+        for (arch, image) in &images {
+            cmd.arg(format!("--image3=kind=elf,sm={arch},file={}", image.display()));
+        }
+        run(&mut cmd);
+        fat
+    };
     println!("cargo::rustc-env=SHMEM_KERNELS_CUBIN={}", linked.display());
     println!("cargo::rustc-env=SHMEM_KERNELS_NVSHMEM_VERSION={}", nvshmem_version(&nvshmem));
     println!("cargo::rustc-cfg=shmem_kernels");
