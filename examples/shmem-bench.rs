@@ -335,11 +335,11 @@ impl Bench<'_> {
             rows.extend(self.all_reduce_graph(memcpy_us)?);
         }
         if self.ctx.backend() == BackendKind::Gpu {
-            // NVSHMEM's own collective, which SHMEM_FORCE_RMA selects, in
-            // the same run for the ratio. Every PE sets it at the same point.
-            std::env::set_var("SHMEM_FORCE_RMA", "1");
+            // NVSHMEM's own collective, which force_rma selects, in the
+            // same run for the ratio. Every PE sets it at the same point.
+            self.ctx.set_force_rma(true);
             rows.extend(self.all_reduce_with("nvshmem", memcpy_us)?);
-            std::env::remove_var("SHMEM_FORCE_RMA");
+            self.ctx.set_force_rma(false);
             // NCCL last: a failure there leaves the rows above intact.
             match self.nccl_all_reduce(memcpy_us) {
                 Ok(nccl) => rows.extend(nccl),

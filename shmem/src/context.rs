@@ -35,6 +35,8 @@ pub(crate) struct Inner {
     pub(crate) heap: Mutex<Allocator>,
     pub(crate) heap_size: usize,
     pub(crate) finalized: AtomicBool,
+    /// GPU collectives take NVSHMEM's path even where a kernel exists.
+    pub(crate) force_rma: AtomicBool,
     /// Team slots free on this PE (bit i: slot i).
     pub(crate) free_team_slots: Mutex<u64>,
     /// This PE's live teams: id → slot (for the crossed-wait check).
@@ -285,6 +287,7 @@ impl Context {
             heap: Mutex::new(Allocator::new(heap_size)),
             heap_size,
             finalized: AtomicBool::new(false),
+            force_rma: AtomicBool::new(gpu::force_rma_from_env()),
             free_team_slots: Mutex::new(!0b11),
             live_teams: Mutex::new([(WORLD_UID, 0), (NODE_UID, 1)].into_iter().collect()),
             world: Arc::new(TeamState::new(id, 0, members, me, None, gpu::TEAM_WORLD, WORLD_UID)),
@@ -323,6 +326,19 @@ impl Context {
     /// On the GPU backend: the NVSHMEM library's version (major, minor, patch).
     pub fn nvshmem_version(&self) -> Option<(i32, i32, i32)> {
         self.inner.gpu.as_ref().map(|g| g.version)
+    }
+
+    /// Makes the GPU backend's collectives take the RMA path (NVSHMEM's own
+    /// collectives for now) even where shmem's NVLink kernel exists, as
+    /// `SHMEM_FORCE_RMA=1` does at start-up: NVSHMEM stays available as a
+    /// named baseline. Every PE must set it alike, between collectives.
+    pub fn set_force_rma(&self, on: bool) {
+        self.inner.force_rma.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether collectives are forced onto the RMA path (see [`Context::set_force_rma`]).
+    pub fn force_rma(&self) -> bool {
+        self.inner.force_rma.load(Ordering::Relaxed)
     }
 
     /// The backend in use.

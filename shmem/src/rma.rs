@@ -5,7 +5,7 @@
 //! programs written against them are the programs that run on the GPU
 //! backend, where `_nbi` operations complete at `quiet`.
 
-use crate::buffer::{SymSlice, SymmetricBuffer};
+use crate::buffer::{Region, SymSlice, SymmetricBuffer};
 use crate::context::{Context, Stream};
 use crate::dtype::{AtomicElement, AtomicOp, Element};
 use crate::error::{Error, Result};
@@ -146,17 +146,7 @@ impl Context {
         put: bool,
         stream: &Stream,
     ) -> Result<()> {
-        self.check_pe(pe)?;
-        let d = dst.region(&self.inner)?;
-        let s = src.region(&self.inner)?;
-        if d.len != s.len {
-            return Err(Error::LengthMismatch(format!(
-                "{}: source has {} elements, destination {}",
-                if put { "put" } else { "get" },
-                s.len,
-                d.len
-            )));
-        }
+        let (d, s) = self.transfer_regions(&dst, &src, pe, if put { "put" } else { "get" })?;
         if let Some(g) = &self.inner.gpu {
             let bytes = d.len * size_of::<T>();
             return g.transfer(put, g.addr(d.offset), g.addr(s.offset), bytes, pe, g.stream(stream));
@@ -174,6 +164,23 @@ impl Context {
             )
         };
         Ok(())
+    }
+
+    /// Checks a transfer with `pe` and returns (dst, src).
+    fn transfer_regions<T: Element>(
+        &self,
+        dst: &SymSlice<'_, T>,
+        src: &SymSlice<'_, T>,
+        pe: usize,
+        what: &str,
+    ) -> Result<(Region, Region)> {
+        self.check_pe(pe)?;
+        let d = dst.region(&self.inner)?;
+        let s = src.region(&self.inner)?;
+        if d.len != s.len {
+            return Err(Error::LengthMismatch(format!("{what}: source has {} elements, destination {}", s.len, d.len)));
+        }
+        Ok((d, s))
     }
 
     /// Writes one element into `pe`'s copy of `dst` (NVSHMEM's `p`).
@@ -255,42 +262,18 @@ impl Context {
         pe: usize,
         stream: &Stream,
     ) -> Result<()> {
+        let sig = self.element_offset(signal, sig_index, pe)?;
+        let (dst, src) = (dst.into(), src.into());
+        let (d, s) = self.transfer_regions(&dst, &src, pe, "put_signal")?;
         if let Some(g) = &self.inner.gpu {
-            let sig = self.element_offset(signal, sig_index, pe)?;
-            let (dst, src) = (dst.into(), src.into());
-            let d = dst.region(&self.inner)?;
-            let s = src.region(&self.inner)?;
-            if d.len != s.len {
-                return Err(Error::LengthMismatch(format!(
-                    "put_signal: source has {} elements, destination {}",
-                    s.len, d.len
-                )));
-            }
-            self.check_pe(pe)?;
-            let bytes = d.len * size_of::<T>();
-            let add = op == SignalOp::Add;
-            return g.put_signal(
-                g.addr(d.offset),
-                g.addr(s.offset),
-                bytes,
-                g.addr(sig),
-                value,
-                add,
-                pe,
-                g.stream(stream),
-            );
+            let (bytes, add) = (d.len * size_of::<T>(), op == SignalOp::Add);
+            let st = g.stream(stream);
+            return g.put_signal(g.addr(d.offset), g.addr(s.offset), bytes, g.addr(sig), value, add, pe, st);
         }
-        let cell = self.signal_cell(signal, sig_index, pe)?;
         self.put(dst, src, pe, stream)?;
-        // SeqCst (a release at least): the data written above happens-before
-        // any acquire load that sees the new signal value.
-        match op {
-            SignalOp::Set => cell.store(value, Ordering::SeqCst),
-            SignalOp::Add => {
-                cell.fetch_add(value, Ordering::SeqCst);
-            }
-        }
-        Ok(())
+        // The signal's SeqCst store or add (a release at least) makes the data
+        // written above visible to any acquire load that sees the new value.
+        self.signal_op(signal, sig_index, value, op, pe, stream)
     }
 
     /// Starts a [`Context::put_signal`]; complete at the next quiet.

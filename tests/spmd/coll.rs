@@ -177,7 +177,7 @@ fn graph_replay_all_reduce(env: &Env) -> TestResult {
     let captured =
         env.ctx.all_reduce(&dst, &src, ReduceOp::Sum, s).and_then(|()| env.ctx.all_gather(&gathered, &src, s));
     let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
-    if std::env::var_os("SHMEM_FORCE_RMA").is_some_and(|v| v != "0") {
+    if env.ctx.force_rma() {
         // NVSHMEM's host-side collectives cannot be captured: a clear error.
         let e = crate::assert_err!(captured, shmem::Error::Invalid(_));
         assert!(e.to_string().contains("cannot be captured"), "{e}");

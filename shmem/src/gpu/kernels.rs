@@ -93,7 +93,8 @@ impl Kernels {
         let mut image = vec![0u64; cubin.len().div_ceil(8)];
         // SAFETY: `image` holds at least cubin.len() bytes.
         unsafe { std::ptr::copy_nonoverlapping(cubin.as_ptr(), image.as_mut_ptr().cast::<u8>(), cubin.len()) };
-        // SAFETY: a complete cubin for this GPU's architecture.
+        // SAFETY: a complete, linked cubin (or fat binary of cubins) built for
+        // this crate's architectures.
         let module = unsafe { cudarc::driver::result::module::load_data(image.as_ptr().cast()) }?;
         // SAFETY: a module loaded in this PE's context, NVSHMEM initialised.
         let rc = unsafe { cumodule_init(g.nv, module) }?;

@@ -155,7 +155,7 @@ impl GpuWorld {
         // SAFETY: NVSHMEM is initialised; nvshmem_malloc is collective and
         // every PE asks for the same size.
         // Our heap, then the world team's kernel synchronisation state.
-        let heap = unsafe { call_ptr(nv, heap_size + kernels::sync_bytes(n)) };
+        let heap = unsafe { symmetric_malloc(nv, heap_size + kernels::sync_bytes(n)) };
         let got = heap.and_then(|p| {
             if p == 0 {
                 Err(Error::BackendUnavailable(format!(
@@ -298,7 +298,7 @@ fn init_with_unique_id(
 
 /// # Safety
 /// NVSHMEM is initialised; collective.
-unsafe fn call_ptr(nv: &Nv, bytes: usize) -> Result<u64> {
+unsafe fn symmetric_malloc(nv: &Nv, bytes: usize) -> Result<u64> {
     // SAFETY: the caller's contract.
     Ok(unsafe { call!(nv, nvshmem_malloc(bytes)) } as u64)
 }
@@ -471,8 +471,9 @@ impl GpuWorld {
 }
 
 /// `SHMEM_FORCE_RMA=1`: every peer takes the RMA path (NVSHMEM's own
-/// collectives for now), so that path is tested on one node.
-pub(crate) fn force_rma() -> bool {
+/// collectives for now), so that path is tested on one node. Read once, at
+/// init; [`crate::Context::set_force_rma`] changes it later.
+pub(crate) fn force_rma_from_env() -> bool {
     std::env::var_os("SHMEM_FORCE_RMA").is_some_and(|v| v != "0")
 }
 
