@@ -337,9 +337,10 @@ impl Bench<'_> {
         if self.ctx.backend() == BackendKind::Gpu {
             // NVSHMEM's own collective, which force_rma selects, in the
             // same run for the ratio. Every PE sets it at the same point.
-            self.ctx.set_force_rma(true);
+            self.ctx
+                .set_collectives(shmem::Collectives { implementation: shmem::CollImpl::Nvshmem, ..Default::default() });
             rows.extend(self.all_reduce_with("nvshmem", memcpy_us)?);
-            self.ctx.set_force_rma(false);
+            self.ctx.set_collectives(Default::default());
             // NCCL last: a failure there leaves the rows above intact.
             match self.nccl_all_reduce(memcpy_us) {
                 Ok(nccl) => rows.extend(nccl),

@@ -427,13 +427,13 @@ impl Team {
                 && Kernels::has_all_reduce(dt, op)
                 && d.len * elem <= crate::gpu::kernels::ONE_SHOT_MAX_BYTES
                 && (d.offset | s.offset) % 16 == 0; // the kernel's 16-byte vectors
-            if fits && !self.ctx.force_rma.load(std::sync::atomic::Ordering::Relaxed) {
+            if fits && !self.ctx.collectives.lock().unwrap().force_rma {
                 return k.all_reduce(dt, op, g.addr(d.offset), s.offset, d.len, st.cu_stream());
             }
         }
         if let (Some(k), OpKind::AllGather) = (&g.kernels, kind) {
             let fits = team == crate::gpu::TEAM_WORLD && s.len * elem <= crate::gpu::kernels::ONE_SHOT_MAX_BYTES;
-            if fits && !self.ctx.force_rma.load(std::sync::atomic::Ordering::Relaxed) {
+            if fits && !self.ctx.collectives.lock().unwrap().force_rma {
                 let in_place = overlap(d, s, elem);
                 return k.all_gather(d.offset, s.offset, s.len * elem, in_place, st.cu_stream());
             }

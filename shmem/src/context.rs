@@ -1,5 +1,6 @@
 //! The context: one per process, the owner of the backend, the heap and the teams.
 
+use crate::algo::Collectives;
 use crate::bootstrap::Bootstrap;
 use crate::config::{BackendKind, Config};
 use crate::error::{Error, Result};
@@ -35,8 +36,8 @@ pub(crate) struct Inner {
     pub(crate) heap: Mutex<Allocator>,
     pub(crate) heap_size: usize,
     pub(crate) finalized: AtomicBool,
-    /// GPU collectives take NVSHMEM's path even where a kernel exists.
-    pub(crate) force_rma: AtomicBool,
+    /// How the GPU backend's collectives run.
+    pub(crate) collectives: Mutex<Collectives>,
     /// Team slots free on this PE (bit i: slot i).
     pub(crate) free_team_slots: Mutex<u64>,
     /// This PE's live teams: id → slot (for the crossed-wait check).
@@ -287,7 +288,7 @@ impl Context {
             heap: Mutex::new(Allocator::new(heap_size)),
             heap_size,
             finalized: AtomicBool::new(false),
-            force_rma: AtomicBool::new(gpu::force_rma_from_env()),
+            collectives: Mutex::new(Collectives { force_rma: gpu::force_rma_from_env(), ..Default::default() }),
             free_team_slots: Mutex::new(!0b11),
             live_teams: Mutex::new([(WORLD_UID, 0), (NODE_UID, 1)].into_iter().collect()),
             world: Arc::new(TeamState::new(id, 0, members, me, None, gpu::TEAM_WORLD, WORLD_UID)),
@@ -328,17 +329,28 @@ impl Context {
         self.inner.gpu.as_ref().map(|g| g.version)
     }
 
-    /// Makes the GPU backend's collectives take the RMA path (NVSHMEM's own
-    /// collectives for now) even where shmem's NVLink kernel exists, as
-    /// `SHMEM_FORCE_RMA=1` does at start-up: NVSHMEM stays available as a
-    /// named baseline. Every PE must set it alike, between collectives.
+    /// Chooses how the GPU backend's collectives run (see [`Collectives`]).
+    /// Every PE must set the same, between collectives.
+    pub fn set_collectives(&self, c: Collectives) {
+        *self.inner.collectives.lock().unwrap_or_else(|e| e.into_inner()) = c;
+    }
+
+    /// How the GPU backend's collectives run now.
+    pub fn collectives(&self) -> Collectives {
+        *self.inner.collectives.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes shmem's kernels reach every peer through NVSHMEM's RMA
+    /// (put-with-signal, get) instead of NVLink loads and stores, as
+    /// `SHMEM_FORCE_RMA=1` does at start-up. Every PE must set it alike,
+    /// between collectives.
     pub fn set_force_rma(&self, on: bool) {
-        self.inner.force_rma.store(on, Ordering::Relaxed);
+        self.set_collectives(Collectives { force_rma: on, ..self.collectives() });
     }
 
     /// Whether collectives are forced onto the RMA path (see [`Context::set_force_rma`]).
     pub fn force_rma(&self) -> bool {
-        self.inner.force_rma.load(Ordering::Relaxed)
+        self.collectives().force_rma
     }
 
     /// The backend in use.

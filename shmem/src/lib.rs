@@ -21,6 +21,7 @@
 //! Programs run as `shmemrun -n 4 prog`, under `mpirun` (feature `mpi`),
 //! or alone as a world of one PE. See the README for the backends.
 
+pub mod algo;
 pub mod bootstrap;
 mod buffer;
 mod coll;
@@ -37,6 +38,7 @@ pub mod launch;
 mod rma;
 mod team;
 
+pub use algo::{AllGatherAlgo, AllReduceAlgo, CollImpl, Collectives};
 pub use buffer::{SymSlice, SymmetricBuffer};
 pub use config::{BackendKind, Config};
 pub use context::{Context, Stream};

@@ -1,0 +1,65 @@
+//! Which implementation and algorithm the GPU backend's collectives use.
+//!
+//! By default shmem's own device kernels run every collective and choose
+//! the algorithm by size and team size; NVSHMEM's team collectives stay
+//! available as a named baseline ([`CollImpl::Nvshmem`]). The host backend
+//! ignores these settings. Every PE must make the same choice, set between
+//! collectives: the choice decides which kernel runs, and PEs running
+//! different kernels would wait for each other forever (until the bounded
+//! device wait traps).
+
+/// Who runs the GPU backend's collectives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CollImpl {
+    /// shmem's device kernels (`kernels/*.cu`).
+    #[default]
+    Kernels,
+    /// NVSHMEM's own team collectives (`nvshmemx_*_on_stream`).
+    Nvshmem,
+}
+
+/// The all-reduce algorithm of shmem's kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AllReduceAlgo {
+    /// Chosen by size and team size.
+    #[default]
+    Auto,
+    /// Every PE pushes its input, with a flag in every 8-byte word, into
+    /// every peer's receive buffer and reduces what arrives: no barrier,
+    /// one link latency. World team, up to [`LOW_LATENCY_MAX_BYTES`], NVLink path.
+    LowLatency,
+    /// Every PE reads every peer's input and reduces all of it.
+    OneShot,
+    /// Every PE reduces its `1/n` share and writes it to every peer.
+    TwoShot,
+}
+
+/// The all-gather algorithm of shmem's kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AllGatherAlgo {
+    /// Chosen by size.
+    #[default]
+    Auto,
+    /// An SM kernel writes this PE's block into every peer's output.
+    Sm,
+    /// Copy engines move the blocks (`cuMemcpyAsync` through peer
+    /// addresses): no SM moves data; two one-block barrier kernels bracket it.
+    CopyEngine,
+}
+
+/// Largest all-reduce (bytes per PE) of the low-latency algorithm.
+pub const LOW_LATENCY_MAX_BYTES: usize = 64 << 10;
+
+/// The GPU backend's collective settings; see [`crate::Context::set_collectives`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Collectives {
+    /// Who runs them.
+    pub implementation: CollImpl,
+    /// Every peer through NVSHMEM's RMA (put-with-signal, get) inside the
+    /// kernels, even peers with an NVLink address (`SHMEM_FORCE_RMA=1`).
+    pub force_rma: bool,
+    /// The all-reduce algorithm.
+    pub all_reduce: AllReduceAlgo,
+    /// The all-gather algorithm.
+    pub all_gather: AllGatherAlgo,
+}
