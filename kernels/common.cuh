@@ -1,47 +1,193 @@
-// Shared device utilities of shmem's own kernels: element types and their
-// accumulators, reduction operators, and the per-team synchronisation
+// Shared device code of shmem's own collective kernels: element types and
+// their accumulators, reduction operators, the per-team synchronisation
 // state that makes the kernels graph-safe (epochs live in device memory
-// and advance on the device, never reset by the host).
+// and advance on the device, never reset by the host), and the two ways
+// of reaching a peer: its NVLink address (plain loads and stores), or
+// NVSHMEM's RMA (put-with-signal, get) where it has none or RMA is forced.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <nvshmem.h>
+#include <nvshmemx.h>
 #include <cstdint>
 #include "shmem_device.cuh"
 
 namespace shmem {
+namespace k {
 
-// Most blocks a collective kernel uses (one signal-pad channel each).
-constexpr int kMaxBlocks = kPadWordsPerPeer;
+// Most blocks a collective kernel uses: one channel of every signal array each.
+constexpr int kMaxBlocks = 128;
+// Blocks of the low-latency all-reduce: always all of them, so their
+// epoch counters stay equal (a packet's flag is the epoch).
+constexpr int kLLBlocks = 16;
+// Most blocks when some peer is reached through RMA, and the staging each
+// such block has per peer for gets.
+constexpr int kRmaBlocks = 32;
+constexpr uint64_t kRmaChunk = 8192;
+// Largest team the kernels take (checked on the host).
+constexpr int kMaxTeam = 64;
 
-// A team's synchronisation state, in this PE's symmetric heap: a signal
-// pad of kMaxBlocks × n words, then kMaxBlocks epoch counters.
+// Signal arrays of a team's synchronisation state, each kMaxBlocks × n
+// 64-bit words: word [channel][sender] of a PE is set by `sender`.
+enum Array { Arrive = 0, Data = 1, Depart = 2 };
+
+// A team's view of the symmetric heap and its synchronisation state:
+// at `sync_offset` of every member's heap, the three signal arrays, then
+// kMaxBlocks epoch counters (one per block channel, this PE's own), then
+// kLLBlocks low-latency epoch counters (world team only).
 struct TeamSync {
-    const uint64_t *peer_heap;  // n heap base addresses (device array)
-    uint64_t sync_offset;       // heap offset of the pads
+    const uint64_t *peer_heap;  // n heap bases; 0 where the peer is reached through RMA
+    const int *pes;             // n world PE numbers (for NVSHMEM)
+    uint64_t heap;              // this PE's heap base (also the symmetric address)
+    uint64_t sync_offset;       // heap offset of the team's synchronisation state
+    uint64_t ll_offset;         // heap offset of the low-latency packets (world)
+    uint64_t temp_offset;       // heap offset of this PE's RMA staging
     int rank;
     int n;
+    int rma;                    // some peer is reached through RMA
 
-    __device__ uint32_t *pad(int pe) const {
-        return reinterpret_cast<uint32_t *>(peer_heap[pe] + sync_offset);
+    __device__ uint64_t *word(int array, int channel, int sender) const {
+        return reinterpret_cast<uint64_t *>(heap + sync_offset) + (array * kMaxBlocks + channel) * n + sender;
     }
-    __device__ uint32_t *epoch_counter(int block) const {
-        return pad(rank) + kMaxBlocks * n + block;
+    __device__ uint64_t *epoch_counter(int channel) const {
+        return reinterpret_cast<uint64_t *>(heap + sync_offset) + 3 * kMaxBlocks * n + channel;
     }
+    __device__ uint64_t *ll_counter(int block) const { return epoch_counter(kMaxBlocks + block); }
+    __device__ bool nvlink(int pe) const { return peer_heap[pe] != 0; }
+    // A peer's copy of heap offset `off` (NVLink path only).
+    template <typename T> __device__ T *at(int pe, uint64_t off) const {
+        return reinterpret_cast<T *>(peer_heap[pe] + off);
+    }
+    // This PE's copy of heap offset `off` (also the symmetric address for NVSHMEM).
+    template <typename T> __device__ T *mine(uint64_t off) const { return reinterpret_cast<T *>(heap + off); }
 };
 
-// Barrier of block `blockIdx.x` across the team; advances its epoch.
-__device__ inline void team_barrier(const TeamSync &t) {
-    __shared__ uint32_t epoch;
+__device__ __forceinline__ uint64_t ld_acquire64(const uint64_t *p) {
+    uint64_t v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void st_release64(uint64_t *p, uint64_t v) {
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// Waits until `*p >= target` (signals only grow), trapping after kWaitCycles.
+__device__ __forceinline__ void wait_geq(const uint64_t *p, uint64_t target) {
+    if (ld_acquire64(p) >= target) return;
+    long long start = clock64();
+    while (ld_acquire64(p) < target) {
+        if (clock64() - start > kWaitCycles) {
+            printf("shmem: a collective waited too long for a peer (signal %llu, want %llu)\n",
+                   static_cast<unsigned long long>(ld_acquire64(p)), static_cast<unsigned long long>(target));
+            __trap();
+        }
+    }
+}
+
+// The epoch of this kernel on block channel `blockIdx.x`: every kernel
+// advances its blocks' counters by one (kept in shared memory for the
+// block, written back by `end_epoch`).
+__device__ __forceinline__ uint64_t begin_epoch(const TeamSync &t) {
+    __shared__ uint64_t epoch;
     if (threadIdx.x == 0) epoch = *t.epoch_counter(blockIdx.x) + 1;
     __syncthreads();
-    if (threadIdx.x < t.n) {
-        int peer = threadIdx.x;
-        st_release(t.pad(peer) + blockIdx.x * t.n + t.rank, epoch);
-        wait_at_least(t.pad(t.rank) + blockIdx.x * t.n + peer, epoch);
+    return epoch;
+}
+
+__device__ __forceinline__ void end_epoch(const TeamSync &t, uint64_t epoch) {
+    if (threadIdx.x == 0) *t.epoch_counter(blockIdx.x) = epoch;
+}
+
+// The RMA calls, out of line: one copy for every kernel that uses them.
+static __device__ __noinline__ void rma_get(void *dst, const void *src, uint64_t bytes, int pe) {
+    nvshmemx_getmem_block(dst, src, bytes, pe);
+}
+static __device__ __noinline__ void rma_put(void *dst, const void *src, uint64_t bytes, int pe) {
+    nvshmemx_putmem_nbi_block(dst, src, bytes, pe);
+}
+static __device__ __noinline__ void rma_signal(uint64_t *word, uint64_t v, int pe) {
+    nvshmem_quiet();
+    nvshmemx_signal_op(word, v, NVSHMEM_SIGNAL_SET, pe);
+}
+
+// Sets word [array][blockIdx.x][rank] of member `pe` to `v`, after every
+// store and put this block made before (call from one thread, after a
+// __syncthreads).
+__device__ __forceinline__ void signal(const TeamSync &t, int array, int pe, uint64_t v) {
+    uint64_t *w = t.word(array, blockIdx.x, t.rank);
+    if (t.nvlink(pe)) {
+        __threadfence_system();
+        uint64_t off = reinterpret_cast<uint64_t>(w) - t.heap;
+        st_release64(reinterpret_cast<uint64_t *>(t.peer_heap[pe] + off), v);
+    } else {
+        rma_signal(w, v, t.pes[pe]);
+    }
+}
+
+// Every member signals every member on `array`, then waits for all of
+// them: a barrier of this block channel.
+__device__ __forceinline__ void exchange(const TeamSync &t, int array, uint64_t epoch) {
+    __syncthreads();
+    for (int pe = threadIdx.x; pe < t.n; pe += blockDim.x) {
+        signal(t, array, pe, epoch);
+        wait_geq(t.word(array, blockIdx.x, pe), epoch);
     }
     __syncthreads();
-    if (threadIdx.x == 0) *t.epoch_counter(blockIdx.x) = epoch;
+}
+
+// Waits (whole block) until every member other than `skip` has signalled
+// `array` with `epoch` on this channel.
+__device__ __forceinline__ void wait_all(const TeamSync &t, int array, uint64_t epoch, int skip) {
+    for (int pe = threadIdx.x; pe < t.n; pe += blockDim.x)
+        if (pe != skip) wait_geq(t.word(array, blockIdx.x, pe), epoch);
     __syncthreads();
+}
+
+// [lo, hi) of `units` split evenly over `parts`.
+struct Range {
+    uint64_t lo, hi;
+};
+__device__ __forceinline__ Range split(uint64_t units, uint64_t part, uint64_t parts) {
+    return {units * part / parts, units * (part + 1) / parts};
+}
+
+// Copies `bytes` by the whole block: 16-byte vectors when both ends allow.
+__device__ __forceinline__ void block_copy(uint8_t *dst, const uint8_t *src, uint64_t bytes) {
+    uint64_t align = reinterpret_cast<uint64_t>(dst) | reinterpret_cast<uint64_t>(src);
+    uint64_t i = 0;
+    if (align % 16 == 0) {
+        const uint4 *s = reinterpret_cast<const uint4 *>(src);
+        uint4 *d = reinterpret_cast<uint4 *>(dst);
+        uint64_t v = bytes / 16;
+        uint64_t j = threadIdx.x;
+        for (; j + blockDim.x < v; j += 2 * blockDim.x) {
+            uint4 a = s[j], b = s[j + blockDim.x];
+            d[j] = a;
+            d[j + blockDim.x] = b;
+        }
+        if (j < v) d[j] = s[j];
+        i = v * 16;
+    } else if (align % 4 == 0) {
+        const uint32_t *s = reinterpret_cast<const uint32_t *>(src);
+        uint32_t *d = reinterpret_cast<uint32_t *>(dst);
+        for (uint64_t j = threadIdx.x; j < bytes / 4; j += blockDim.x) d[j] = s[j];
+        i = bytes / 4 * 4;
+    }
+    for (uint64_t j = i + threadIdx.x; j < bytes; j += blockDim.x) dst[j] = src[j];
+}
+
+// Sends `bytes` at this PE's `src` to heap offset `dst_off` of member
+// `pe` (whole block): stores through its NVLink address, or an RMA put
+// whose completion `signal(.., pe, ..)` (quiet, then signal) awaits.
+__device__ __forceinline__ void block_send(const TeamSync &t, int pe, uint64_t dst_off, const uint8_t *src,
+                                           uint64_t bytes) {
+    if (bytes == 0) return;
+    if (t.nvlink(pe)) {
+        block_copy(t.at<uint8_t>(pe, dst_off), src, bytes);
+    } else {
+        rma_put(t.mine<uint8_t>(dst_off), src, bytes, t.pes[pe]);
+    }
 }
 
 template <typename T> struct Acc { using type = T; };
@@ -54,15 +200,124 @@ template <> __device__ __forceinline__ float to_acc(__nv_bfloat16 x) { return __
 
 template <typename T> __device__ __forceinline__ T from_acc(typename Acc<T>::type x) { return x; }
 template <> __device__ __forceinline__ __half from_acc<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x);
+}
 
-enum Op { Sum, Min, Max, Prod };
+enum Op { Sum, Min, Max, Prod, And, Or, Xor };
 
 template <int OP, typename A> __device__ __forceinline__ A combine(A a, A b) {
     if constexpr (OP == Sum) return a + b;
     if constexpr (OP == Prod) return a * b;
     if constexpr (OP == Min) return b < a ? b : a;
     if constexpr (OP == Max) return b > a ? b : a;
+    if constexpr (OP == And) return a & b;
+    if constexpr (OP == Or) return a | b;
+    if constexpr (OP == Xor) return a ^ b;
 }
 
+// 16-byte vectors of T.
+template <typename T> struct alignas(16) Vec {
+    static constexpr int kN = 16 / sizeof(T);
+    T v[kN];
+};
+
+// dsts[d][i] = srcs[0][i] op srcs[1][i] op … (members in team order) for
+// i < count, by the whole block. `NP` is the team size when the host
+// picked a kernel built for it (2, 4, 8), else 0 (a loop over `n`). Vectors where every
+// pointer is 16-byte aligned; elements otherwise.
+template <typename T, int OP, int NP>
+__device__ void block_reduce(T *const *dsts, int ndst, const T *const *srcs, int n, uint64_t count) {
+    using A = typename Acc<T>::type;
+    using V = Vec<T>;
+    constexpr int kN = V::kN;
+    uint64_t align = 0;
+    for (int p = 0; p < n; p++) align |= reinterpret_cast<uint64_t>(srcs[p]);
+    for (int d = 0; d < ndst; d++) align |= reinterpret_cast<uint64_t>(dsts[d]);
+    uint64_t vectors = align % 16 == 0 ? count / kN : 0;
+    for (uint64_t i = threadIdx.x; i < vectors; i += blockDim.x) {
+        A acc[kN];
+        if constexpr (NP > 0) {
+            V x[NP];
+#pragma unroll
+            for (int p = 0; p < NP; p++) x[p] = reinterpret_cast<const V *>(srcs[p])[i];
+#pragma unroll
+            for (int e = 0; e < kN; e++) acc[e] = to_acc(x[0].v[e]);
+#pragma unroll
+            for (int p = 1; p < NP; p++)
+#pragma unroll
+                for (int e = 0; e < kN; e++) acc[e] = combine<OP>(acc[e], to_acc(x[p].v[e]));
+        } else {
+            // Up to 8 members' loads issued together, the rest one by one.
+            constexpr int kU = 8;
+            V x[kU];
+#pragma unroll
+            for (int p = 0; p < kU; p++)
+                if (p < n) x[p] = reinterpret_cast<const V *>(srcs[p])[i];
+#pragma unroll
+            for (int e = 0; e < kN; e++) acc[e] = to_acc(x[0].v[e]);
+#pragma unroll
+            for (int p = 1; p < kU; p++)
+                if (p < n)
+#pragma unroll
+                    for (int e = 0; e < kN; e++) acc[e] = combine<OP>(acc[e], to_acc(x[p].v[e]));
+            for (int p = kU; p < n; p++) {
+                V y = reinterpret_cast<const V *>(srcs[p])[i];
+#pragma unroll
+                for (int e = 0; e < kN; e++) acc[e] = combine<OP>(acc[e], to_acc(y.v[e]));
+            }
+        }
+        V out;
+#pragma unroll
+        for (int e = 0; e < kN; e++) out.v[e] = from_acc<T>(acc[e]);
+        for (int d = 0; d < ndst; d++) reinterpret_cast<V *>(dsts[d])[i] = out;
+    }
+    for (uint64_t i = vectors * kN + threadIdx.x; i < count; i += blockDim.x) {
+        A acc = to_acc(srcs[0][i]);
+        for (int p = 1; p < n; p++) acc = combine<OP>(acc, to_acc(srcs[p][i]));
+        T out = from_acc<T>(acc);
+        for (int d = 0; d < ndst; d++) dsts[d][i] = out;
+    }
+}
+
+// Reduces elements [lo, hi) of every member's source (heap offset
+// `src_off`) into this PE's `dst + lo` and, when `to_peers`, into every
+// NVLink peer's copy of `dst_off + lo`: peers' sources are read through
+// their NVLink address, or fetched in chunks into this block's RMA
+// staging with a get.
+template <typename T, int OP, int NP>
+__device__ void reduce_range(const TeamSync &t, T *dst, uint64_t dst_off, uint64_t src_off, uint64_t lo,
+                             uint64_t hi, bool to_peers) {
+    __shared__ const T *srcs[kMaxTeam];
+    __shared__ T *dsts[kMaxTeam];
+    __shared__ int nd;
+    uint64_t chunk = t.rma ? kRmaChunk / sizeof(T) : hi - lo;
+    for (uint64_t c = lo; c < hi; c += chunk) {
+        uint64_t len = min(chunk, hi - c);
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            nd = 0;
+            dsts[nd++] = dst + c;
+            for (int pe = 0; pe < t.n; pe++) {
+                if (pe == t.rank) {
+                    srcs[pe] = t.mine<T>(src_off) + c;
+                } else if (t.nvlink(pe)) {
+                    srcs[pe] = t.at<T>(pe, src_off) + c;
+                    if (to_peers) dsts[nd++] = t.at<T>(pe, dst_off) + c;
+                } else {
+                    srcs[pe] = reinterpret_cast<const T *>(
+                        t.heap + t.temp_offset + (static_cast<uint64_t>(blockIdx.x) * t.n + pe) * kRmaChunk);
+                }
+            }
+        }
+        __syncthreads();
+        for (int pe = 0; pe < t.n; pe++)
+            if (pe != t.rank && !t.nvlink(pe))
+                rma_get(const_cast<T *>(srcs[pe]), t.mine<T>(src_off) + c, len * sizeof(T), t.pes[pe]);
+        __syncthreads();
+        block_reduce<T, OP, NP>(dsts, nd, srcs, t.n, len);
+    }
+}
+
+}  // namespace k
 }  // namespace shmem

@@ -8,10 +8,14 @@
 //! Each `.cu` is compiled with `-rdc=true -cubin`, then nvlink links them
 //! with `libnvshmem_device.a`. `SHMEM_CUDA_ARCHS` (e.g. `90,100`; default
 //! `90`) picks the architectures; with several, their cubins are packed into
-//! one fat binary for `cuModuleLoadData` to choose from. Without the tools the crate
+//! one fat binary for `cuModuleLoadData` to choose from. The `.cu` files
+//! compile in parallel, and the result is cached in `target/shmem-kernels/`
+//! under a hash of every input (sources, tools, architectures), so other
+//! profiles and feature sets reuse it. Without the tools the crate
 //! still builds (cfg `shmem_kernels` unset), and the GPU backend says how to
 //! build the kernels when one is needed.
 
+use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -37,7 +41,6 @@ fn main() {
     if !nvcc.is_file() || !device_lib.is_file() {
         return;
     }
-    let nvlink = nvcc.with_file_name("nvlink");
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
     let archs: Vec<String> = std::env::var("SHMEM_CUDA_ARCHS")
         .ok()
@@ -50,48 +53,111 @@ fn main() {
         .filter(|p| p.extension().is_some_and(|x| x == "cu"))
         .collect();
     sources.sort();
-    // One linked cubin per architecture.
+    // The cache: `target/shmem-kernels/<hash of the inputs>/` (OUT_DIR is
+    // target/<profile>/build/<pkg>/out).
+    let mut key = std::collections::hash_map::DefaultHasher::new();
+    for path in sources.iter().chain(headers(&kernels).iter()) {
+        path.file_name().hash(&mut key);
+        std::fs::read(path).expect("a kernel source").hash(&mut key);
+    }
+    for tool in [&nvcc, &device_lib] {
+        tool.hash(&mut key);
+        std::fs::metadata(tool).ok().and_then(|m| m.modified().ok()).hash(&mut key);
+    }
+    archs.hash(&mut key);
+    let cache_root = out.ancestors().nth(4).map_or_else(|| out.clone(), |t| t.join("shmem-kernels"));
+    let cache = cache_root.join(format!("{:016x}", key.finish()));
+    let linked = cache.join("shmem_kernels.image");
+    if !linked.is_file() {
+        let work = out.join("kernels");
+        std::fs::create_dir_all(&work).expect("OUT_DIR");
+        let image = build(&nvcc, &nvshmem, &device_lib, &kernels, &sources, &archs, &work);
+        std::fs::create_dir_all(&cache).expect("the kernel cache folder");
+        // Copy then rename, so a concurrent build never sees half a file.
+        let tmp = cache.join(format!("image.{}", std::process::id()));
+        std::fs::copy(&image, &tmp).expect("caching the kernels");
+        std::fs::rename(&tmp, &linked).expect("caching the kernels");
+    }
+    println!("cargo::rustc-env=SHMEM_KERNELS_CUBIN={}", linked.display());
+    println!("cargo::rustc-env=SHMEM_KERNELS_NVSHMEM_VERSION={}", nvshmem_version(&nvshmem));
+    println!("cargo::rustc-cfg=shmem_kernels");
+}
+
+/// The `.cuh` headers the sources include.
+fn headers(kernels: &Path) -> Vec<PathBuf> {
+    let mut h: Vec<PathBuf> = std::fs::read_dir(kernels)
+        .expect("the kernels folder")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "cuh"))
+        .collect();
+    h.sort();
+    h
+}
+
+/// Compiles every source for every architecture (sources in parallel),
+/// links each architecture's objects with the NVSHMEM device library, and
+/// packs several architectures into one fat binary. Returns the image.
+fn build(
+    nvcc: &Path,
+    nvshmem: &Path,
+    device_lib: &Path,
+    kernels: &Path,
+    sources: &[PathBuf],
+    archs: &[String],
+    out: &Path,
+) -> PathBuf {
+    let nvlink = nvcc.with_file_name("nvlink");
     let mut images = Vec::new();
-    for arch in &archs {
-        let mut objects = Vec::new();
-        for src in &sources {
-            let obj = out.join(format!("{}.sm_{arch}.cubin", src.file_stem().unwrap().to_string_lossy()));
-            run(Command::new(&nvcc)
-                .args([&format!("-arch=sm_{arch}"), "-rdc=true", "-cubin", "-O3", "-std=c++17", "-lineinfo"])
-                .arg("-I")
-                .arg(&kernels)
-                .arg("-I")
-                .arg(nvshmem.join("include"))
-                .arg(src)
-                .arg("-o")
-                .arg(&obj));
-            objects.push(obj);
-        }
+    for arch in archs {
+        let objects: Vec<PathBuf> = std::thread::scope(|scope| {
+            let jobs: Vec<_> = sources
+                .iter()
+                .map(|src| {
+                    let obj = out.join(format!("{}.sm_{arch}.cubin", src.file_stem().unwrap().to_string_lossy()));
+                    scope.spawn(move || {
+                        run(Command::new(nvcc)
+                            .args([
+                                &format!("-arch=sm_{arch}"),
+                                "-rdc=true",
+                                "-cubin",
+                                "-O3",
+                                "-std=c++17",
+                                "-lineinfo",
+                            ])
+                            .arg("-I")
+                            .arg(kernels)
+                            .arg("-I")
+                            .arg(nvshmem.join("include"))
+                            .arg(src)
+                            .arg("-o")
+                            .arg(&obj));
+                        obj
+                    })
+                })
+                .collect();
+            jobs.into_iter().map(|j| j.join().expect("an nvcc job")).collect()
+        });
         let linked = out.join(format!("shmem_kernels.sm_{arch}.cubin"));
         run(Command::new(&nvlink)
             .arg(format!("--arch=sm_{arch}"))
             .args(&objects)
-            .arg(&device_lib)
+            .arg(device_lib)
             .arg("-o")
             .arg(&linked));
         images.push((arch.clone(), linked));
     }
     // Several architectures: one fat binary, from which the driver picks.
-    let linked = if let [(_, only)] = images.as_slice() {
-        only.clone()
-    } else {
-        let fat = out.join("shmem_kernels.fatbin");
-        let mut cmd = Command::new(nvcc.with_file_name("fatbinary"));
-        cmd.arg("--64").arg(format!("--create={}", fat.display()));
-        for (arch, image) in &images {
-            cmd.arg(format!("--image3=kind=elf,sm={arch},file={}", image.display()));
-        }
-        run(&mut cmd);
-        fat
-    };
-    println!("cargo::rustc-env=SHMEM_KERNELS_CUBIN={}", linked.display());
-    println!("cargo::rustc-env=SHMEM_KERNELS_NVSHMEM_VERSION={}", nvshmem_version(&nvshmem));
-    println!("cargo::rustc-cfg=shmem_kernels");
+    if let [(_, only)] = images.as_slice() {
+        return only.clone();
+    }
+    let fat = out.join("shmem_kernels.fatbin");
+    let mut cmd = Command::new(nvcc.with_file_name("fatbinary"));
+    cmd.arg("--64").arg(format!("--create={}", fat.display()));
+    for (arch, image) in &images {
+        cmd.arg(format!("--image3=kind=elf,sm={arch},file={}", image.display()));
+    }
+    run(&mut cmd);
+    fat
 }
 
 /// `major.minor.patch` of the NVSHMEM headers the kernels are built with.

@@ -5,6 +5,7 @@
 //! peers' mapped heaps and parallelised with rayon. Reductions combine the
 //! PEs' values in team order, so every PE gets bit-identical results.
 
+use crate::algo::{AllGatherAlgo, CollImpl};
 use crate::buffer::{Region, SymSlice};
 use crate::context::{Context, Stream};
 use crate::dtype::{Element, ReduceOp};
@@ -14,6 +15,8 @@ use crate::gpu::{dispatch, GpuWorld};
 use crate::team::{Desc, OpKind, Team};
 use rayon::prelude::*;
 
+/// From this many bytes per PE, the automatic all-gather uses copy engines.
+const CE_ALL_GATHER_MIN_BYTES: usize = 64 << 20;
 /// Elements per rayon task.
 const CHUNK: usize = 1 << 15;
 /// Up to this many bytes per PE, all-reduce is one-shot (each PE reduces
@@ -106,12 +109,7 @@ impl Team {
 
     /// Whether `stream` is being captured into a CUDA graph (GPU backend).
     fn capturing(&self, stream: &Stream) -> bool {
-        use cudarc::driver::sys::CUstreamCaptureStatus;
-        self.ctx.gpu.as_ref().is_some_and(|g| {
-            g.stream(stream)
-                .capture_status()
-                .is_ok_and(|st| st == CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE)
-        })
+        self.ctx.gpu.as_ref().is_some_and(|g| crate::gpu::capturing(g.stream(stream)))
     }
 
     /// Copies `root`'s `src` into every PE's `dst`.
@@ -405,7 +403,9 @@ impl Team {
         }
     }
 
-    /// A collective through NVSHMEM's own team collective, on the stream.
+    /// A collective on the GPU backend, on the stream: shmem's kernel, or
+    /// NVSHMEM's team collective where asked ([`crate::CollImpl::Nvshmem`])
+    /// or where no kernel applies (teams larger than the kernels take).
     #[allow(clippy::too_many_arguments)]
     fn gpu_collective<T: Element>(
         &self,
@@ -419,31 +419,68 @@ impl Team {
     ) -> Result<()> {
         let st = g.stream(stream);
         let elem = size_of::<T>();
+        let cfg = *self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner());
+        let kernels = g.kernels.as_ref().filter(|_| {
+            cfg.implementation == CollImpl::Kernels
+                && self.n_pes() <= crate::gpu::kernels::MAX_TEAM
+                && op.is_none_or(|op| Kernels::has_reduction(T::DTYPE, op))
+        });
+        if let Some(k) = kernels {
+            let st = &self.state;
+            let t = k.team(st.slot, &st.members, cfg.force_rma)?;
+            let cu = g.stream(stream).cu_stream();
+            let (dt, op) = (T::DTYPE, op.unwrap_or(ReduceOp::Sum));
+            return match kind {
+                OpKind::AllReduce => {
+                    k.all_reduce(t, st.slot == 0, cfg.all_reduce, dt, op, d.offset, s.offset, d.len, cu)
+                }
+                OpKind::ReduceScatter => k.reduce_scatter(t, dt, op, d.offset, s.offset, d.len, cu),
+                OpKind::AllGather => {
+                    let in_place = overlap(d, s, elem);
+                    let ce = match cfg.all_gather {
+                        AllGatherAlgo::CopyEngine => true,
+                        AllGatherAlgo::Sm => false,
+                        AllGatherAlgo::Auto => s.len * elem >= CE_ALL_GATHER_MIN_BYTES,
+                    };
+                    if ce && !cfg.force_rma && st.members.iter().all(|&pe| g.peer_base[pe].is_some()) {
+                        k.all_gather_ce(g, t, &st.members, d.offset, s.offset, s.len * elem, in_place, cu)
+                    } else {
+                        k.all_gather(t, d.offset, s.offset, s.len * elem, in_place, cu)
+                    }
+                }
+                OpKind::Broadcast => k.broadcast(t, d.offset, s.offset, d.len * elem, root, cu),
+                OpKind::AllToAll => {
+                    let per_pe = d.len / self.n_pes() * elem;
+                    if !overlap(d, s, elem) {
+                        return k.all_to_all(t, d.offset, s.offset, per_pe, cu);
+                    }
+                    // In place: this PE's blocks go out from a copy, as peers
+                    // write into the same buffer.
+                    if self.capturing(stream) {
+                        return Err(Error::Invalid(
+                            "an in-place all_to_all cannot be captured in a CUDA graph (it goes through a \
+                             temporary copy): use separate source and destination buffers"
+                                .into(),
+                        ));
+                    }
+                    let sc = self.ctx.scratch(s.len * elem)?;
+                    g.copy(g.addr(sc.offset), g.addr(s.offset), s.len * elem, g.stream(stream))?;
+                    k.all_to_all(t, d.offset, sc.offset, per_pe, cu)?;
+                    g.stream(stream).synchronize()?;
+                    drop(sc);
+                    Ok(())
+                }
+                other => unreachable!("{} is not a data collective", other.name()),
+            };
+        }
         let (team, dt) = (self.state.nv_team, T::DTYPE);
-        // shmem's own kernel where it exists: out of place, world team, NVLink.
-        if let (Some(k), Some(op), OpKind::AllReduce) = (&g.kernels, op, kind) {
-            let fits = d != s
-                && team == crate::gpu::TEAM_WORLD
-                && Kernels::has_all_reduce(dt, op)
-                && d.len * elem <= crate::gpu::kernels::ONE_SHOT_MAX_BYTES
-                && (d.offset | s.offset) % 16 == 0; // the kernel's 16-byte vectors
-            if fits && !self.ctx.collectives.lock().unwrap().force_rma {
-                return k.all_reduce(dt, op, g.addr(d.offset), s.offset, d.len, st.cu_stream());
-            }
-        }
-        if let (Some(k), OpKind::AllGather) = (&g.kernels, kind) {
-            let fits = team == crate::gpu::TEAM_WORLD && s.len * elem <= crate::gpu::kernels::ONE_SHOT_MAX_BYTES;
-            if fits && !self.ctx.collectives.lock().unwrap().force_rma {
-                let in_place = overlap(d, s, elem);
-                return k.all_gather(d.offset, s.offset, s.len * elem, in_place, st.cu_stream());
-            }
-        }
         if self.capturing(stream) {
             return Err(Error::Invalid(format!(
-                "{} cannot be captured in a CUDA graph yet: only all-gathers and out-of-place all-reduces of \
-                 the world team up to 1 MiB per PE (all-reduce: on 16-byte aligned slices) run as shmem's own \
-                 kernels; the others use NVSHMEM's host-side collectives",
-                kind.name()
+                "{} through NVSHMEM's collectives cannot be captured in a CUDA graph: they are called from the \
+                 host (shmem's own kernels can, and run unless CollImpl::Nvshmem is chosen or the team has more \
+                 than {} PEs)",
+                kind.name(),
+                crate::gpu::kernels::MAX_TEAM
             )));
         }
         // NVSHMEM wants source and destination apart (a reduction may be

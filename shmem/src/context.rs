@@ -264,12 +264,15 @@ impl Context {
         }
         outcome?;
         let host = world.expect("agree_ok passed, so this PE mapped the heap");
-        let gpu =
-            if use_gpu { Some(GpuWorld::start(&mut boot, me, n, local_rank, &hello.host, heap_size)?) } else { None };
+        let node_members: Vec<usize> = (0..n).filter(|&pe| hellos[pe].host == hello.host).collect();
+        let gpu = if use_gpu {
+            Some(GpuWorld::start(&mut boot, me, n, local_rank, &hello.host, heap_size, &node_members)?)
+        } else {
+            None
+        };
         boot.close();
 
         let members: Vec<usize> = (0..n).collect();
-        let node_members: Vec<usize> = (0..n).filter(|&pe| hellos[pe].host == hello.host).collect();
         let threads = std::thread::available_parallelism().map_or(1, |c| c.get()).div_ceil(local_size).max(1);
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)

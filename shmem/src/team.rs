@@ -188,6 +188,9 @@ impl Drop for TeamState {
             if let Some(g) = inner.gpu.as_ref().filter(|_| !inner.finalized.load(Ordering::Acquire)) {
                 // Members drop their teams in the same order, as they made them.
                 let _ = g.destroy_team(self.nv_team);
+                if let Some(k) = &g.kernels {
+                    k.drop_team(self.slot);
+                }
             }
             *inner.free_team_slots.lock().unwrap_or_else(|e| e.into_inner()) |= 1 << self.slot;
             inner.live_teams.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.uid);
@@ -277,11 +280,18 @@ impl Team {
         if is_member {
             *self.ctx.free_team_slots.lock().unwrap_or_else(|e| e.into_inner()) &= !(1 << slot);
         }
+        // The kernels' state of the slot, zeroed by every member before the
+        // second exchange lets anyone use the team.
+        let added = match &self.ctx.gpu {
+            Some(g) if is_member => g.kernels.as_ref().map_or(Ok(()), |k| k.add_team(g, slot, &members, self.ctx.me)),
+            _ => Ok(()),
+        };
         // Second exchange: each member's barrier counter on the chosen slot,
         // read before anyone can enter a barrier of the new team.
         let mut d = Desc::new(OpKind::SplitBases);
         d.private = self.ctx.host.cell(self.ctx.me).teams[slot].epoch.load(Ordering::SeqCst);
-        let rows = self.exchange(&d, None)?;
+        let rows = self.exchange(&d, added.as_ref().err())?;
+        added?;
         self.agree(&rows)?;
         let nv_team = match &self.ctx.gpu {
             Some(g) => g.split_team(self.state.nv_team, start, stride, size)?,
@@ -313,6 +323,14 @@ impl Team {
     /// # Collective
     pub fn barrier(&self, stream: &Stream) -> Result<()> {
         self.check()?;
+        if let Some((g, k)) = self.ctx.gpu.as_ref().and_then(|g| g.kernels.as_ref().map(|k| (g, k))) {
+            if crate::gpu::capturing(g.stream(stream)) {
+                // In a CUDA graph: shmem's barrier kernel, without the host.
+                let force = self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner()).force_rma;
+                let t = k.team(self.state.slot, &self.state.members, force)?;
+                return k.barrier(t, g.stream(stream).cu_stream());
+            }
+        }
         let rows = self.exchange(&Desc::new(OpKind::Barrier), None)?;
         self.agree(&rows)?;
         match &self.ctx.gpu {

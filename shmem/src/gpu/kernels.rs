@@ -3,9 +3,11 @@
 //! and registered with `nvshmemx_cumodule_init`.
 
 use super::{check, CUstream, GpuWorld, Nv};
+use crate::algo::AllReduceAlgo;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 use cudarc::driver::sys::{CUfunction, CUmodule};
+use cudarc::driver::CudaSlice;
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
 use std::sync::Mutex;
@@ -19,8 +21,26 @@ const BUILT_WITH: &str = env!("SHMEM_KERNELS_NVSHMEM_VERSION");
 #[cfg(not(shmem_kernels))]
 const BUILT_WITH: &str = "";
 
-/// Blocks a collective kernel uses at most (signal-pad channels), as in `common.cuh`.
-pub(crate) const MAX_BLOCKS: usize = 32;
+/// Blocks a collective kernel uses at most: one channel of each signal
+/// array each (`kMaxBlocks` in `common.cuh`).
+const MAX_BLOCKS: usize = 128;
+/// Blocks of the low-latency all-reduce (`kLLBlocks`).
+const LL_BLOCKS: usize = 16;
+/// Most blocks when some peer is reached through RMA, and each one's
+/// staging per peer (`kRmaBlocks`, `kRmaChunk`).
+const RMA_BLOCKS: usize = 32;
+const RMA_CHUNK: usize = 8192;
+/// Largest team the kernels take (`kMaxTeam`); larger ones use NVSHMEM's collectives.
+pub(crate) const MAX_TEAM: usize = 64;
+/// Team slots with synchronisation state (as many as the host's team slots).
+const TEAM_SLOTS: usize = 64;
+/// Threads of a block of the collective kernels.
+const THREADS: u32 = 512;
+/// Largest low-latency all-reduce (`kLLMaxBytes`).
+const LL_MAX_BYTES: usize = crate::algo::LOW_LATENCY_MAX_BYTES;
+/// Up to this many bytes per PE the automatic all-reduce is one-shot (out
+/// of place), above it two-shot.
+const ONE_SHOT_MAX_BYTES: usize = 256 << 10;
 
 /// Why the kernels are missing from this build, and how to build them.
 pub(crate) fn not_built() -> Error {
@@ -31,51 +51,91 @@ pub(crate) fn not_built() -> Error {
     )
 }
 
-/// Threads of a block of the collective kernels.
-const THREADS: u32 = 512;
-
-/// Largest all-reduce (bytes per PE) the one-shot kernel takes; above it
-/// NVSHMEM's collective is faster until the two-shot kernel exists.
-pub(crate) const ONE_SHOT_MAX_BYTES: usize = 1 << 20;
-
-/// Bytes of a team's synchronisation state: signal pads and epoch counters.
-pub(crate) fn sync_bytes(n: usize) -> usize {
-    (MAX_BLOCKS * n + MAX_BLOCKS) * size_of::<u32>()
+/// Where the kernels' state lies after the heap (every PE alike): one
+/// synchronisation slot per team slot, the low-latency packets of the
+/// world team, and this PE's RMA staging.
+#[derive(Clone, Copy)]
+pub(crate) struct Layout {
+    base: usize,
+    n: usize,
 }
 
-/// `shmem::TeamSync` of `common.cuh`, passed by value.
+impl Layout {
+    pub(crate) fn new(heap_size: usize, n: usize) -> Layout {
+        Layout { base: heap_size, n }
+    }
+    fn slot_bytes(&self) -> usize {
+        ((3 * MAX_BLOCKS * self.n + MAX_BLOCKS + LL_BLOCKS) * 8).next_multiple_of(256)
+    }
+    fn slot(&self, slot: usize) -> usize {
+        self.base + slot * self.slot_bytes()
+    }
+    fn ll(&self) -> usize {
+        self.slot(TEAM_SLOTS)
+    }
+    fn temp(&self) -> usize {
+        self.ll() + 2 * self.n * LL_MAX_BYTES * 2
+    }
+    /// Bytes of all the kernels' state.
+    pub(crate) fn bytes(&self) -> usize {
+        self.temp() + RMA_BLOCKS * self.n * RMA_CHUNK - self.base
+    }
+}
+
+/// `shmem::k::TeamSync` of `common.cuh`, passed by value.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub(crate) struct TeamSync {
     peer_heap: u64,
+    pes: u64,
+    heap: u64,
     sync_offset: u64,
+    ll_offset: u64,
+    temp_offset: u64,
     rank: i32,
     n: i32,
+    rma: i32,
+    _pad: i32,
+}
+
+/// A team's view for the kernels: its members' heap bases (0 where RMA)
+/// and PE numbers on the device, and the slot of its synchronisation state.
+struct View {
+    members: Vec<usize>,
+    _heap: CudaSlice<u64>,
+    _pes: CudaSlice<i32>,
+    sync: TeamSync,
 }
 
 /// The loaded module.
 pub(crate) struct Kernels {
     module: CUmodule,
     functions: Mutex<HashMap<String, usize>>,
-    /// Device array of every PE's heap base (all NVLink-reachable); the
-    /// kernels' `TeamSync` points into it.
-    _peer_heap: cudarc::driver::CudaSlice<u64>,
-    /// The world team's synchronisation state.
-    pub(crate) world: TeamSync,
+    layout: Layout,
+    /// Views by (team slot, RMA forced).
+    views: Mutex<HashMap<(usize, bool), View>>,
 }
 
 // SAFETY: CUDA module and function handles may be used from any thread of
-// the context; the map is behind a mutex.
+// the context; the maps are behind mutexes.
 unsafe impl Send for Kernels {}
 // SAFETY: as above.
 unsafe impl Sync for Kernels {}
 
+/// How a reduction runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reduction {
+    LowLatency,
+    OneShot,
+    TwoShot,
+    ReduceScatter,
+}
+
 impl Kernels {
-    /// Loads the cubin, registers it with NVSHMEM and checks that it sees
-    /// this PE. `sync_offset` is the heap offset of the world's zeroed
-    /// synchronisation state. `Ok(None)` when some peer has no NVLink
-    /// address (the kernels' NVLink path needs one for every peer).
-    pub(crate) fn load(g: &GpuWorld, me: usize, n: usize, sync_offset: usize) -> Result<Option<Kernels>> {
+    /// Loads the cubin, registers it with NVSHMEM, checks that it sees this
+    /// PE, and makes the world's and node's views. The state (`layout`) is
+    /// zeroed on every PE.
+    pub(crate) fn load(g: &GpuWorld, me: usize, n: usize, layout: Layout, node: &[usize]) -> Result<Kernels> {
         let cubin = CUBIN.ok_or_else(not_built)?;
         let (a, b, c) = g.version;
         let runtime = format!("{a}.{b}.{c}");
@@ -85,8 +145,6 @@ impl Kernels {
                  rebuild against {runtime}"
             )));
         }
-        let bases: Option<Vec<u64>> = g.peer_base.iter().copied().collect();
-        let Some(bases) = bases else { return Ok(None) };
         g.cuda.bind_to_thread()?;
         // cuModuleLoadData wants the image aligned; copy it into an owned,
         // 8-byte aligned buffer.
@@ -99,14 +157,76 @@ impl Kernels {
         // SAFETY: a module loaded in this PE's context, NVSHMEM initialised.
         let rc = unsafe { cumodule_init(g.nv, module) }?;
         check("nvshmemx_cumodule_init", rc)?;
-        let s = g.own_stream();
-        let peer_heap = s.clone_htod(&bases)?;
-        let (ptr, _sync) = cudarc::driver::DevicePtr::device_ptr(&peer_heap, s);
-        let world = TeamSync { peer_heap: ptr, sync_offset: sync_offset as u64, rank: me as i32, n: n as i32 };
-        drop(_sync);
-        let k = Kernels { module, functions: Mutex::new(HashMap::new()), _peer_heap: peer_heap, world };
+        let k = Kernels { module, functions: Mutex::new(HashMap::new()), layout, views: Mutex::new(HashMap::new()) };
         k.selfcheck(g, me, n)?;
-        Ok(Some(k))
+        let world: Vec<usize> = (0..n).collect();
+        for force in [false, true] {
+            k.add_view(g, 0, &world, me, force)?;
+            k.add_view(g, 1, node, me, force)?;
+        }
+        Ok(k)
+    }
+
+    /// Makes the views of a new team on `slot` (both RMA settings) after
+    /// zeroing this PE's synchronisation state of the slot. The caller
+    /// makes sure every member has done so before any uses the team.
+    pub(crate) fn add_team(&self, g: &GpuWorld, slot: usize, members: &[usize], me: usize) -> Result<()> {
+        g.zero(g.addr(self.layout.slot(slot)), self.layout.slot_bytes(), g.own_stream())?;
+        g.own_stream().synchronize()?;
+        for force in [false, true] {
+            self.add_view(g, slot, members, me, force)?;
+        }
+        Ok(())
+    }
+
+    /// Forgets the views of a team slot.
+    pub(crate) fn drop_team(&self, slot: usize) {
+        let mut views = self.views.lock().unwrap_or_else(|e| e.into_inner());
+        views.remove(&(slot, false));
+        views.remove(&(slot, true));
+    }
+
+    fn add_view(&self, g: &GpuWorld, slot: usize, members: &[usize], me: usize, force: bool) -> Result<()> {
+        let rank = members.iter().position(|&m| m == me).expect("a member");
+        let bases: Vec<u64> = members
+            .iter()
+            .map(|&pe| match g.peer_base[pe] {
+                Some(b) if pe == me || !force => b,
+                _ => 0,
+            })
+            .collect();
+        let pes: Vec<i32> = members.iter().map(|&pe| pe as i32).collect();
+        let s = g.own_stream();
+        let heap = s.clone_htod(&bases)?;
+        let pes_dev = s.clone_htod(&pes)?;
+        s.synchronize()?;
+        let (hp, _a) = cudarc::driver::DevicePtr::device_ptr(&heap, s);
+        let (pp, _b) = cudarc::driver::DevicePtr::device_ptr(&pes_dev, s);
+        let sync = TeamSync {
+            peer_heap: hp,
+            pes: pp,
+            heap: g.heap_base,
+            sync_offset: self.layout.slot(slot) as u64,
+            ll_offset: self.layout.ll() as u64,
+            temp_offset: self.layout.temp() as u64,
+            rank: rank as i32,
+            n: members.len() as i32,
+            rma: bases.contains(&0) as i32,
+            _pad: 0,
+        };
+        drop((_a, _b));
+        let view = View { members: members.to_vec(), _heap: heap, _pes: pes_dev, sync };
+        self.views.lock().unwrap_or_else(|e| e.into_inner()).insert((slot, force), view);
+        Ok(())
+    }
+
+    /// The kernels' view of the team on `slot` with these members.
+    pub(crate) fn team(&self, slot: usize, members: &[usize], force_rma: bool) -> Result<TeamSync> {
+        let views = self.views.lock().unwrap_or_else(|e| e.into_inner());
+        match views.get(&(slot, force_rma)) {
+            Some(v) if v.members == members => Ok(v.sync),
+            _ => Err(Error::Invalid(format!("team slot {slot} has no kernel state for members {members:?}"))),
+        }
     }
 
     fn function(&self, name: &str) -> Result<CUfunction> {
@@ -127,14 +247,15 @@ impl Kernels {
     unsafe fn launch(
         &self,
         name: &str,
-        blocks: u32,
+        blocks: usize,
         threads: u32,
         stream: CUstream,
         params: &mut [*mut c_void],
     ) -> Result<()> {
         let f = self.function(name)?;
+        let grid = (blocks as u32, 1, 1);
         // SAFETY: the caller's contract.
-        unsafe { cudarc::driver::result::launch_kernel(f, (blocks, 1, 1), (threads, 1, 1), 0, stream, params) }?;
+        unsafe { cudarc::driver::result::launch_kernel(f, grid, (threads, 1, 1), 0, stream, params) }?;
         Ok(())
     }
 
@@ -156,55 +277,134 @@ impl Kernels {
         Ok(())
     }
 
-    /// Whether the one-shot all-reduce kernel exists for `dtype` and `op`.
-    pub(crate) fn has_all_reduce(dtype: DType, op: ReduceOp) -> bool {
-        match op {
-            ReduceOp::Sum | ReduceOp::Min | ReduceOp::Max => true,
-            ReduceOp::Prod => matches!(dtype, DType::F32 | DType::F16 | DType::BF16),
-            _ => false,
-        }
+    /// Blocks for `units` of 16 bytes spread over threads (the same on every PE).
+    fn blocks(t: &TeamSync, units: usize) -> usize {
+        let most = if t.rma != 0 { RMA_BLOCKS } else { MAX_BLOCKS };
+        units.div_ceil(THREADS as usize).clamp(1, most)
     }
 
-    /// One-shot all-reduce of `count` elements over the world: this PE's
-    /// `dst` (device address) from every PE's source at heap `src_offset`.
+    /// # Safety
+    /// `dst` and `src` are heap offsets of checked regions; the launch reads
+    /// and writes them on every member as the kernel describes.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn launch4(
+        &self,
+        name: &str,
+        blocks: usize,
+        t: TeamSync,
+        dst: u64,
+        src: u64,
+        x: u64,
+        s: CUstream,
+    ) -> Result<()> {
+        let (mut t, mut dst, mut src, mut x) = (t, dst, src, x);
+        let mut params: [*mut c_void; 4] =
+            [(&raw mut t).cast(), (&raw mut dst).cast(), (&raw mut src).cast(), (&raw mut x).cast()];
+        // SAFETY: (TeamSync, u64, u64, u64) as the kernel declares; the caller's contract.
+        unsafe { self.launch(name, blocks, THREADS, s, &mut params) }
+    }
+
+    /// A barrier of the team on the stream.
+    pub(crate) fn barrier(&self, t: TeamSync, s: CUstream) -> Result<()> {
+        let mut t = t;
+        // SAFETY: (TeamSync) as the kernel declares.
+        unsafe { self.launch("shmem_barrier", 1, 32, s, &mut [(&raw mut t).cast()]) }
+    }
+
+    /// Whether a reduction kernel exists for `dtype` and `op`.
+    pub(crate) fn has_reduction(dtype: DType, op: ReduceOp) -> bool {
+        op.supports(dtype)
+    }
+
+    /// All-reduce of `count` elements at heap offsets `dst`/`src` (the same
+    /// on every member; equal for in place) with the algorithm `algo` asks
+    /// for where it applies, else the automatic choice.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn all_reduce(
         &self,
+        t: TeamSync,
+        world: bool,
+        algo: AllReduceAlgo,
         dtype: DType,
         op: ReduceOp,
-        dst: u64,
-        src_offset: usize,
+        dst: usize,
+        src: usize,
         count: usize,
-        stream: CUstream,
+        s: CUstream,
     ) -> Result<()> {
-        let name = format!("shmem_allreduce_oneshot_{}_{}", dtype.name(), op.name());
-        let vectors = (count * dtype.size()).div_ceil(16);
-        let blocks = vectors.div_ceil(THREADS as usize).clamp(1, MAX_BLOCKS) as u32;
-        let mut t = self.world;
-        let (mut dst, mut off, mut count) = (dst, src_offset as u64, count as u64);
-        let mut params: [*mut c_void; 4] =
-            [(&raw mut t).cast(), (&raw mut dst).cast(), (&raw mut off).cast(), (&raw mut count).cast()];
-        // SAFETY: (TeamSync, T*, u64, u64) as the kernel declares.
-        unsafe { self.launch(&name, blocks, THREADS, stream, &mut params) }
+        let bytes = count * dtype.size();
+        let ll = world && t.rma == 0 && bytes <= LL_MAX_BYTES && (dst | src) % 8 == 0;
+        let one_shot = dst != src;
+        let how = match algo {
+            AllReduceAlgo::LowLatency if ll => Reduction::LowLatency,
+            AllReduceAlgo::OneShot if one_shot => Reduction::OneShot,
+            AllReduceAlgo::TwoShot => Reduction::TwoShot,
+            _ if ll => Reduction::LowLatency,
+            _ if one_shot && bytes <= ONE_SHOT_MAX_BYTES => Reduction::OneShot,
+            _ => Reduction::TwoShot,
+        };
+        self.reduce(t, how, dtype, op, dst, src, count, s)
     }
-}
 
-impl Kernels {
-    /// One-shot all-gather over the world: block `p` of this PE's
-    /// destination (heap `dst_offset`) from PE `p`'s source (heap
-    /// `src_offset`, or block `p` of PE `p`'s destination when `in_place`).
+    /// Reduce-scatter: `count` elements into each member's `dst` from block
+    /// `rank` of every member's `src`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn reduce_scatter(
+        &self,
+        t: TeamSync,
+        dtype: DType,
+        op: ReduceOp,
+        dst: usize,
+        src: usize,
+        count: usize,
+        s: CUstream,
+    ) -> Result<()> {
+        self.reduce(t, Reduction::ReduceScatter, dtype, op, dst, src, count, s)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn reduce(
+        &self,
+        t: TeamSync,
+        how: Reduction,
+        dtype: DType,
+        op: ReduceOp,
+        dst: usize,
+        src: usize,
+        count: usize,
+        s: CUstream,
+    ) -> Result<()> {
+        let (dt, o) = (dtype.name(), op.name());
+        let np = if op == ReduceOp::Sum && matches!(t.n, 2 | 4 | 8) { t.n } else { 0 };
+        let units = (count * dtype.size()).div_ceil(16);
+        let (name, blocks) = match how {
+            Reduction::LowLatency => (format!("shmem_allreduce_ll_{dt}_{o}"), LL_BLOCKS),
+            Reduction::OneShot => (format!("shmem_allreduce_oneshot_{dt}_{o}_{np}"), Self::blocks(&t, units)),
+            Reduction::TwoShot => {
+                (format!("shmem_allreduce_twoshot_{dt}_{o}_{np}"), Self::blocks(&t, units.div_ceil(t.n as usize)))
+            }
+            Reduction::ReduceScatter => (format!("shmem_reducescatter_{dt}_{o}_{np}"), Self::blocks(&t, units)),
+        };
+        // SAFETY: (TeamSync, dst, src, count) as every reduction kernel
+        // declares; regions checked and agreed by the caller.
+        unsafe { self.launch4(&name, blocks, t, dst as u64, src as u64, count as u64, s) }
+    }
+
+    /// All-gather by an SM kernel: block `rank` of every member's `dst`
+    /// from this PE's `src` (or its own block of `dst` when `in_place`),
+    /// `bytes` per member.
     pub(crate) fn all_gather(
         &self,
-        dst_offset: usize,
-        src_offset: usize,
+        t: TeamSync,
+        dst: usize,
+        src: usize,
         bytes: usize,
         in_place: bool,
-        stream: CUstream,
+        s: CUstream,
     ) -> Result<()> {
-        let blocks =
-            (bytes * self.world.n as usize).div_ceil(16).div_ceil(THREADS as usize).clamp(1, MAX_BLOCKS) as u32;
-        let mut t = self.world;
-        let (mut dst, mut src, mut bytes, mut in_place) =
-            (dst_offset as u64, src_offset as u64, bytes as u64, in_place as i32);
+        let blocks = Self::blocks(&t, bytes.div_ceil(16));
+        let (mut t, mut dst, mut src, mut bytes, mut in_place) =
+            (t, dst as u64, src as u64, bytes as u64, in_place as i32);
         let mut params: [*mut c_void; 5] = [
             (&raw mut t).cast(),
             (&raw mut dst).cast(),
@@ -213,7 +413,71 @@ impl Kernels {
             (&raw mut in_place).cast(),
         ];
         // SAFETY: (TeamSync, u64, u64, u64, int) as the kernel declares.
-        unsafe { self.launch("shmem_allgather_oneshot", blocks, THREADS, stream, &mut params) }
+        unsafe { self.launch("shmem_allgather", blocks, THREADS, s, &mut params) }
+    }
+
+    /// All-gather by copy engines: a barrier kernel (every destination is
+    /// free), one `cuMemcpyAsync` per peer through its NVLink address, a
+    /// barrier kernel (every peer's copies into this PE are done). Needs
+    /// every member over NVLink.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn all_gather_ce(
+        &self,
+        g: &GpuWorld,
+        t: TeamSync,
+        members: &[usize],
+        dst: usize,
+        src: usize,
+        bytes: usize,
+        in_place: bool,
+        s: CUstream,
+    ) -> Result<()> {
+        let rank = t.rank as usize;
+        let mine = dst + rank * bytes;
+        let from = g.addr(if in_place { mine } else { src });
+        self.barrier(t, s)?;
+        for i in 1..members.len() {
+            let pe = members[(rank + i) % members.len()];
+            let base = g.peer_base[pe].ok_or_else(|| Error::Invalid(format!("PE {pe} has no NVLink address")))?;
+            // SAFETY: `mine` is a checked region of every member's heap,
+            // reached through the peer's mapping of it.
+            unsafe { cudarc::driver::result::memcpy_dtod_async(base + mine as u64, from, bytes, s)? };
+        }
+        if !in_place {
+            // SAFETY: checked regions of this PE's heap.
+            unsafe { cudarc::driver::result::memcpy_dtod_async(g.addr(mine), from, bytes, s)? };
+        }
+        self.barrier(t, s)
+    }
+
+    /// Broadcast of `bytes` from member `root`'s `src` into every member's `dst`.
+    pub(crate) fn broadcast(
+        &self,
+        t: TeamSync,
+        dst: usize,
+        src: usize,
+        bytes: usize,
+        root: usize,
+        s: CUstream,
+    ) -> Result<()> {
+        let blocks = Self::blocks(&t, bytes.div_ceil(16));
+        let (mut t, mut dst, mut src, mut bytes, mut root) = (t, dst as u64, src as u64, bytes as u64, root as i32);
+        let mut params: [*mut c_void; 5] = [
+            (&raw mut t).cast(),
+            (&raw mut dst).cast(),
+            (&raw mut src).cast(),
+            (&raw mut bytes).cast(),
+            (&raw mut root).cast(),
+        ];
+        // SAFETY: (TeamSync, u64, u64, u64, int) as the kernel declares.
+        unsafe { self.launch("shmem_broadcast", blocks, THREADS, s, &mut params) }
+    }
+
+    /// All-to-all of `bytes` per member between apart `src` and `dst`.
+    pub(crate) fn all_to_all(&self, t: TeamSync, dst: usize, src: usize, bytes: usize, s: CUstream) -> Result<()> {
+        let blocks = Self::blocks(&t, bytes.div_ceil(16));
+        // SAFETY: (TeamSync, dst, src, bytes) as the kernel declares.
+        unsafe { self.launch4("shmem_alltoall", blocks, t, dst as u64, src as u64, bytes as u64, s) }
     }
 }
 

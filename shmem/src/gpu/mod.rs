@@ -113,6 +113,7 @@ impl GpuWorld {
         local_rank: usize,
         host: &str,
         heap_size: usize,
+        node: &[usize],
     ) -> Result<GpuWorld> {
         // Library and device, checked everywhere before anyone initialises.
         let nv = shmem_sys::nvshmem().map_err(|e| Error::BackendUnavailable(e.to_string()));
@@ -154,8 +155,9 @@ impl GpuWorld {
 
         // SAFETY: NVSHMEM is initialised; nvshmem_malloc is collective and
         // every PE asks for the same size.
-        // Our heap, then the world team's kernel synchronisation state.
-        let heap = unsafe { symmetric_malloc(nv, heap_size + kernels::sync_bytes(n)) };
+        // Our heap, then the kernels' synchronisation state.
+        let layout = kernels::Layout::new(heap_size, n);
+        let heap = unsafe { symmetric_malloc(nv, heap_size + layout.bytes()) };
         let got = heap.and_then(|p| {
             if p == 0 {
                 Err(Error::BackendUnavailable(format!(
@@ -178,19 +180,20 @@ impl GpuWorld {
         let mut world =
             GpuWorld { nv, cuda, heap_base, peer_base, version, device, own, kernels: None, amo: Default::default() };
         // Zero the synchronisation state everywhere before any kernel runs.
-        world.zero(world.addr(heap_size), kernels::sync_bytes(n), &world.own)?;
+        world.zero(world.addr(heap_size), layout.bytes(), &world.own)?;
+        world.own.synchronize()?;
         // SAFETY: NVSHMEM is initialised; every PE calls it here.
         unsafe { call!(world.nv, nvshmem_barrier_all()) };
-        let loaded = match kernels::Kernels::load(&world, me, n, heap_size) {
+        let loaded = match kernels::Kernels::load(&world, me, n, layout, node) {
             Err(Error::BackendUnavailable(m)) if m.contains("built without") => Ok(None),
-            other => other,
+            other => other.map(Some),
         };
         let (mine, loaded) = match loaded {
             Ok(k) => (Ok(vec![k.is_some() as u8]), k),
             Err(e) => (Err(e), None),
         };
         let usable = agree_ok(boot, mine, "loading the device kernels")?;
-        // The kernels' NVLink path needs every PE to have them.
+        // Every PE runs the kernels, or none does.
         world.kernels = loaded.filter(|_| usable.iter().all(|u| u.first() == Some(&1)));
         Ok(world)
     }
@@ -473,6 +476,12 @@ impl GpuWorld {
 /// `SHMEM_FORCE_RMA=1`: every peer takes the RMA path (NVSHMEM's own
 /// collectives for now), so that path is tested on one node. Read once, at
 /// init; [`crate::Context::set_force_rma`] changes it later.
+/// Whether `s` is being captured into a CUDA graph.
+pub(crate) fn capturing(s: &CudaStream) -> bool {
+    use cudarc::driver::sys::CUstreamCaptureStatus;
+    s.capture_status().is_ok_and(|st| st == CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE)
+}
+
 pub(crate) fn force_rma_from_env() -> bool {
     std::env::var_os("SHMEM_FORCE_RMA").is_some_and(|v| v != "0")
 }

@@ -1,0 +1,98 @@
+// Data-movement kernels: barrier, all-gather, broadcast and all-to-all.
+// Each pushes: after a barrier (every destination is free to be written),
+// a block sends its share of the bytes to every peer — stores through the
+// peer's NVLink address, or an RMA put — then signals the peer, which
+// waits for every sender's signal on its own channel. A PE's output is
+// complete when its kernel ends, and no exit barrier is needed: every
+// source a PE reads is its own.
+#include "common.cuh"
+
+namespace shmem {
+namespace k {
+
+// Bytes [lo, hi) of `bytes` that block `b` of `blocks` takes, in whole
+// 16-byte units except at the end.
+__device__ __forceinline__ Range block_bytes(uint64_t bytes, uint64_t b, uint64_t blocks) {
+    Range r = split((bytes + 15) / 16, b, blocks);
+    return {min(r.lo * 16, bytes), min(r.hi * 16, bytes)};
+}
+
+// Signals every peer (but `skip`) on the Data array, then finishes: the
+// RMA path waits for its puts to complete before the sources may change.
+__device__ __forceinline__ void signal_peers(const TeamSync &t, uint64_t epoch) {
+    __syncthreads();
+    for (int pe = threadIdx.x; pe < t.n; pe += blockDim.x)
+        if (pe != t.rank) signal(t, Data, pe, epoch);
+}
+
+__device__ __forceinline__ void finish(const TeamSync &t, uint64_t epoch) {
+    __syncthreads();
+    if (t.rma && threadIdx.x == 0) nvshmem_quiet();
+    end_epoch(t, epoch);
+}
+
+}  // namespace k
+}  // namespace shmem
+
+using shmem::k::TeamSync;
+
+// A barrier of the team on the stream (one block).
+extern "C" __global__ void shmem_barrier(TeamSync t) {
+    uint64_t epoch = shmem::k::begin_epoch(t);
+    shmem::k::exchange(t, shmem::k::Arrive, epoch);
+    shmem::k::end_epoch(t, epoch);
+}
+
+// All-gather: block `rank` of every member's destination (heap `dst`)
+// gets this PE's source (heap `src`, or block `rank` of its own
+// destination when `in_place`); `bytes` per member.
+extern "C" __global__ void shmem_allgather(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int in_place) {
+    using namespace shmem::k;
+    uint64_t epoch = begin_epoch(t);
+    exchange(t, Arrive, epoch);
+    Range r = block_bytes(bytes, blockIdx.x, gridDim.x);
+    uint64_t mine = dst + t.rank * bytes;
+    const uint8_t *from = t.mine<uint8_t>(in_place ? mine : src) + r.lo;
+    for (int i = 1; i < t.n; i++) block_send(t, (t.rank + i) % t.n, mine + r.lo, from, r.hi - r.lo);
+    if (!in_place) block_copy(t.mine<uint8_t>(mine) + r.lo, from, r.hi - r.lo);
+    signal_peers(t, epoch);
+    wait_all(t, Data, epoch, t.rank);
+    finish(t, epoch);
+}
+
+// Broadcast: `root`'s source (heap `src`) into every member's destination
+// (heap `dst`), `bytes` long; the root's may be its source.
+extern "C" __global__ void shmem_broadcast(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int root) {
+    using namespace shmem::k;
+    uint64_t epoch = begin_epoch(t);
+    exchange(t, Arrive, epoch);
+    if (t.rank == root) {
+        Range r = block_bytes(bytes, blockIdx.x, gridDim.x);
+        const uint8_t *from = t.mine<uint8_t>(src) + r.lo;
+        for (int i = 1; i < t.n; i++) block_send(t, (t.rank + i) % t.n, dst + r.lo, from, r.hi - r.lo);
+        if (dst != src) block_copy(t.mine<uint8_t>(dst) + r.lo, from, r.hi - r.lo);
+        signal_peers(t, epoch);
+    } else if (threadIdx.x == 0) {
+        wait_geq(t.word(Data, blockIdx.x, root), epoch);
+    }
+    finish(t, epoch);
+}
+
+// All-to-all: block j of this PE's source (heap `src`, `bytes` per block)
+// becomes block `rank` of member j's destination (heap `dst`). Source and
+// destination are apart (in place goes through a copy on the host side).
+extern "C" __global__ void shmem_alltoall(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes) {
+    using namespace shmem::k;
+    uint64_t epoch = begin_epoch(t);
+    exchange(t, Arrive, epoch);
+    Range r = block_bytes(bytes, blockIdx.x, gridDim.x);
+    for (int i = 1; i < t.n; i++) {
+        int pe = (t.rank + i) % t.n;
+        block_send(t, pe, dst + t.rank * bytes + r.lo, t.mine<uint8_t>(src + pe * bytes) + r.lo, r.hi - r.lo);
+    }
+    block_copy(t.mine<uint8_t>(dst + t.rank * bytes) + r.lo, t.mine<uint8_t>(src + t.rank * bytes) + r.lo,
+               r.hi - r.lo);
+    signal_peers(t, epoch);
+    wait_all(t, Data, epoch, t.rank);
+    finish(t, epoch);
+}

@@ -1,0 +1,213 @@
+// Reduction kernels: all-reduce (low-latency, one-shot, two-shot) and
+// reduce-scatter. Every reduction combines the members' values in team
+// order (the host backend's order), so results equal its bit for bit.
+// Instantiated per element type by reduce_<dtype>.cu (one file each, so
+// they compile in parallel).
+#pragma once
+#include "common.cuh"
+
+namespace shmem {
+namespace k {
+
+// Elements [lo, hi) of `count` that block `b` of `blocks` takes, in whole
+// 16-byte vectors except at the end.
+template <typename T> __device__ __forceinline__ Range block_elems(uint64_t count, uint64_t b, uint64_t blocks) {
+    constexpr uint64_t kN = Vec<T>::kN;
+    Range r = split((count + kN - 1) / kN, b, blocks);
+    return {min(r.lo * kN, count), min(r.hi * kN, count)};
+}
+
+// One-shot: after a barrier every PE reduces the whole vector from every
+// member's source into its own destination; a second barrier keeps the
+// sources until every PE has read them. Out of place only.
+template <typename T, int OP, int NP>
+__device__ void allreduce_oneshot(const TeamSync &t, uint64_t dst_off, uint64_t src_off, uint64_t count) {
+    uint64_t epoch = begin_epoch(t);
+    exchange(t, Arrive, epoch);
+    Range r = block_elems<T>(count, blockIdx.x, gridDim.x);
+    reduce_range<T, OP, NP>(t, t.mine<T>(dst_off), dst_off, src_off, r.lo, r.hi, false);
+    exchange(t, Depart, epoch);
+    end_epoch(t, epoch);
+}
+
+// Two-shot: PE r reduces share r of the vector (reading every member's
+// source) and writes it into every member's destination, then signals.
+// In place is safe: share r of a source is read only by PE r, before PE r
+// writes it.
+template <typename T, int OP, int NP>
+__device__ void allreduce_twoshot(const TeamSync &t, uint64_t dst_off, uint64_t src_off, uint64_t count) {
+    uint64_t epoch = begin_epoch(t);
+    exchange(t, Arrive, epoch);
+    constexpr uint64_t kN = Vec<T>::kN;
+    Range share = split((count + kN - 1) / kN, t.rank, t.n);
+    Range in = split(share.hi - share.lo, blockIdx.x, gridDim.x);
+    uint64_t lo = min((share.lo + in.lo) * kN, count), hi = min((share.lo + in.hi) * kN, count);
+    T *dst = t.mine<T>(dst_off);
+    reduce_range<T, OP, NP>(t, dst, dst_off, src_off, lo, hi, true);
+    __syncthreads();
+    for (int i = 1; i < t.n; i++) {
+        int pe = (t.rank + i) % t.n;
+        if (!t.nvlink(pe))
+            block_send(t, pe, dst_off + lo * sizeof(T), reinterpret_cast<const uint8_t *>(dst + lo),
+                       (hi - lo) * sizeof(T));
+    }
+    __syncthreads();
+    for (int pe = threadIdx.x; pe < t.n; pe += blockDim.x)
+        if (pe != t.rank) signal(t, Data, pe, epoch);
+    wait_all(t, Data, epoch, t.rank);
+    if (t.rma && threadIdx.x == 0) nvshmem_quiet();
+    end_epoch(t, epoch);
+}
+
+// Reduce-scatter: PE r reduces block r of every member's source (`count`
+// elements each) into its destination; a second barrier keeps the
+// sources until every PE has read them. The destination may be block r of
+// this PE's source.
+template <typename T, int OP, int NP>
+__device__ void reduce_scatter(const TeamSync &t, uint64_t dst_off, uint64_t src_off, uint64_t count) {
+    uint64_t epoch = begin_epoch(t);
+    exchange(t, Arrive, epoch);
+    Range r = block_elems<T>(count, blockIdx.x, gridDim.x);
+    reduce_range<T, OP, NP>(t, t.mine<T>(dst_off), dst_off, src_off + t.rank * count * sizeof(T), r.lo, r.hi, false);
+    exchange(t, Depart, epoch);
+    end_epoch(t, epoch);
+}
+
+// Low-latency all-reduce (world team, every peer over NVLink, at most
+// kLLMaxBytes): each thread takes 8 bytes of the source and stores them,
+// as two 8-byte packets {data, flag}, into every peer's receive buffer;
+// then it polls its own buffer until every peer's packets carry this
+// epoch's flag and reduces in team order. No barrier: two buffers
+// alternate by epoch, and a PE can only reuse one after every peer has
+// sent into the other (so has finished reading this one). A flag is never
+// 0, the zeroed buffer's value, nor the flag of two epochs before.
+constexpr uint64_t kLLMaxBytes = 64 << 10;
+constexpr uint64_t kLLChunks = kLLMaxBytes / 8;
+
+__device__ __forceinline__ void st_volatile_v4(uint4 *p, uint4 v) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z),
+                 "r"(v.w)
+                 : "memory");
+}
+
+__device__ __forceinline__ uint4 ld_volatile_v4(const uint4 *p) {
+    uint4 v;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
+    return v;
+}
+
+template <typename T, int OP>
+__device__ void allreduce_ll(const TeamSync &t, uint64_t dst_off, uint64_t src_off, uint64_t count) {
+    using A = typename Acc<T>::type;
+    constexpr int kPer = 8 / sizeof(T);
+    __shared__ uint64_t shared_epoch;
+    if (threadIdx.x == 0) shared_epoch = *t.ll_counter(blockIdx.x) + 1;
+    __syncthreads();
+    uint64_t epoch = shared_epoch;
+    uint32_t flag = 1 + static_cast<uint32_t>(epoch % 0xffffffffull);
+    uint64_t parity = epoch & 1;
+    uint64_t bytes = count * sizeof(T);
+    uint64_t chunks = (bytes + 7) / 8;
+    const uint8_t *src = t.mine<uint8_t>(src_off);
+    uint8_t *dst = t.mine<uint8_t>(dst_off);
+    auto slot = [&](uint64_t sender, uint64_t c) {
+        return t.ll_offset + ((parity * t.n + sender) * kLLChunks + c) * 16;
+    };
+    for (uint64_t c = blockIdx.x * blockDim.x + threadIdx.x; c < chunks; c += gridDim.x * blockDim.x) {
+        union {
+            uint64_t u;
+            uint32_t w[2];
+            T x[kPer];
+        } mine, got;
+        if (c * 8 + 8 <= bytes) {
+            mine.u = *reinterpret_cast<const uint64_t *>(src + c * 8);
+        } else {
+            mine.u = 0;
+            for (uint64_t b = c * 8; b < bytes; b++) reinterpret_cast<uint8_t *>(&mine.u)[b - c * 8] = src[b];
+        }
+        uint4 packet = make_uint4(mine.w[0], flag, mine.w[1], flag);
+        for (int i = 1; i < t.n; i++) {
+            int pe = (t.rank + i) % t.n;
+            st_volatile_v4(t.at<uint4>(pe, slot(t.rank, c)), packet);
+        }
+        A acc[kPer];
+        for (int pe = 0; pe < t.n; pe++) {
+            if (pe == t.rank) {
+                got.u = mine.u;
+            } else {
+                const uint4 *p = t.mine<uint4>(slot(pe, c));
+                uint4 v = ld_volatile_v4(p);
+                if (v.y != flag || v.w != flag) {
+                    long long start = clock64();
+                    do {
+                        if (clock64() - start > kWaitCycles) {
+                            printf("shmem: a low-latency all-reduce waited too long for PE %d\n", pe);
+                            __trap();
+                        }
+                        v = ld_volatile_v4(p);
+                    } while (v.y != flag || v.w != flag);
+                }
+                got.w[0] = v.x;
+                got.w[1] = v.z;
+            }
+#pragma unroll
+            for (int e = 0; e < kPer; e++) acc[e] = pe == 0 ? to_acc(got.x[e]) : combine<OP>(acc[e], to_acc(got.x[e]));
+        }
+#pragma unroll
+        for (int e = 0; e < kPer; e++) mine.x[e] = from_acc<T>(acc[e]);
+        if (c * 8 + 8 <= bytes) {
+            *reinterpret_cast<uint64_t *>(dst + c * 8) = mine.u;
+        } else {
+            for (uint64_t b = c * 8; b < bytes; b++) dst[b] = reinterpret_cast<uint8_t *>(&mine.u)[b - c * 8];
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) *t.ll_counter(blockIdx.x) = epoch;
+}
+
+}  // namespace k
+}  // namespace shmem
+
+#define SHMEM_REDUCE_NP(NAME, T, OP, NP)                                                                           \
+    extern "C" __global__ void shmem_allreduce_oneshot_##NAME##_##NP(shmem::k::TeamSync t, uint64_t dst,         \
+                                                                      uint64_t src, uint64_t count) {             \
+        shmem::k::allreduce_oneshot<T, shmem::k::OP, NP>(t, dst, src, count);                                    \
+    }                                                                                                              \
+    extern "C" __global__ void shmem_allreduce_twoshot_##NAME##_##NP(shmem::k::TeamSync t, uint64_t dst,         \
+                                                                      uint64_t src, uint64_t count) {             \
+        shmem::k::allreduce_twoshot<T, shmem::k::OP, NP>(t, dst, src, count);                                    \
+    }                                                                                                              \
+    extern "C" __global__ void shmem_reducescatter_##NAME##_##NP(shmem::k::TeamSync t, uint64_t dst, uint64_t src, \
+                                                                  uint64_t count) {                                \
+        shmem::k::reduce_scatter<T, shmem::k::OP, NP>(t, dst, src, count);                                       \
+    }
+
+// Every op on T: kernels for any team size (suffix _0) and the low-latency one.
+#define SHMEM_REDUCE(NAME, T, OP)                                                                                 \
+    SHMEM_REDUCE_NP(NAME, T, OP, 0)                                                                               \
+    extern "C" __global__ void shmem_allreduce_ll_##NAME(shmem::k::TeamSync t, uint64_t dst, uint64_t src,       \
+                                                         uint64_t count) {                                       \
+        shmem::k::allreduce_ll<T, shmem::k::OP>(t, dst, src, count);                                             \
+    }
+
+// Sums also get kernels built for teams of 2, 4 and 8 (suffixes _2, _4, _8).
+#define SHMEM_REDUCE_SUM(NAME, T)      \
+    SHMEM_REDUCE(NAME##_sum, T, Sum)     \
+    SHMEM_REDUCE_NP(NAME##_sum, T, Sum, 2) \
+    SHMEM_REDUCE_NP(NAME##_sum, T, Sum, 4) \
+    SHMEM_REDUCE_NP(NAME##_sum, T, Sum, 8)
+
+#define SHMEM_REDUCE_FLOAT(NAME, T) \
+    SHMEM_REDUCE_SUM(NAME, T)        \
+    SHMEM_REDUCE(NAME##_min, T, Min) \
+    SHMEM_REDUCE(NAME##_max, T, Max) \
+    SHMEM_REDUCE(NAME##_prod, T, Prod)
+
+#define SHMEM_REDUCE_INT(NAME, T)    \
+    SHMEM_REDUCE_FLOAT(NAME, T)      \
+    SHMEM_REDUCE(NAME##_and, T, And) \
+    SHMEM_REDUCE(NAME##_or, T, Or)   \
+    SHMEM_REDUCE(NAME##_xor, T, Xor)
