@@ -1,33 +1,101 @@
-//! shmem-bench: put bandwidth, barrier latency and all-reduce time per
-//! message size, next to a plain `memcpy` of the same size.
+//! shmem-bench: time per message size of every collective (and of the
+//! barrier, put and get), next to the same operation through NCCL and
+//! through NVSHMEM's own collectives in the same run.
 //!
 //! Run alone it starts itself as `--pes` PEs (2 by default); under
-//! `shmemrun`/`mpirun` it runs on the world it is given. PE 0 prints a
-//! table and, with `--json PATH`, writes one JSON object per row.
+//! `shmemrun`/`mpirun` it runs on the world it is given. PE 0 prints one
+//! table per operation, element type and timing mode, and with `--json
+//! PATH` writes one JSON object per row (`op`, `impl`, `backend`, `dtype`,
+//! `bytes`, `pes`, `graph`, `time_us`, `algbw_gbps`, `busbw_gbps`,
+//! `vs_nccl`, `vs_nvshmem`, `vs_memcpy`); rows go to `PATH.partial` as
+//! they are measured, so a crash keeps what was done.
 //!
-//! Every time is the median over `--iters` timed iterations after
-//! `--warmup` untimed ones, taken on PE 0 with `std::time::Instant`. Each
-//! result is checked once per size, outside the timed region.
+//! ```text
+//! shmem-bench [--backend host|gpu|auto] [--pes N] [--op all|barrier,put,get,all_reduce,all_gather,
+//!             reduce_scatter,broadcast,all_to_all] [--dtype f32,bf16] [--impl shmem,nccl,...]
+//!             [--min-bytes 8] [--max-bytes 64M] [--iters N] [--warmup 5]
+//!             [--graph [--graph-max-bytes 64M]] [--json PATH]
+//! ```
+//!
+//! **Sizes and bandwidths** follow nccl-tests. `bytes` is per PE: the
+//! buffer of all_reduce, broadcast and all_to_all, the whole output of
+//! all_gather, the whole input of reduce_scatter (counts round down to a
+//! multiple of the PE count where the buffer is split in blocks). algbw is
+//! bytes over time; busbw is algbw times 2(n-1)/n for all_reduce, (n-1)/n
+//! for all_gather, reduce_scatter and all_to_all, and 1 for broadcast (root
+//! 0), put and get. `--dtype` applies to all_reduce and reduce_scatter
+//! (sums); the data-moving collectives move f32, put and get u32.
+//!
+//! **Implementations** (`impl`): on the GPU backend `shmem` is the default
+//! [`shmem::Collectives`]; `shmem-oneshot`, `shmem-twoshot`, `shmem-ll`
+//! force an all-reduce algorithm, `shmem-ce` the copy-engine all-gather,
+//! `shmem-rma` NVSHMEM's RMA inside the kernels; `nvshmem` is NVSHMEM's own
+//! collective and `nccl` NCCL's (cudarc's bindings to the box's libnccl, on
+//! plain device buffers; all_to_all as grouped sends and receives), both
+//! with the same dtype and sizes. `memcpy` is the reference of put and
+//! get: a copy-engine copy to or from the peer's memory (GPU) or a memcpy
+//! (host). The host backend ignores the collective settings, so it has only
+//! `shmem` (and `memcpy`) rows. `vs X` is X's time over ours, for the
+//! `shmem*` rows: above 1, shmem is faster.
+//!
+//! **Timing** (PE 0's clock): eager, on the GPU backend, CUDA events around
+//! 5 batches of `--iters` back-to-back operations, each batch started by a
+//! barrier, after `--warmup` untimed ones: the median batch's mean; on the
+//! host backend the median of single timed operations, each after a
+//! barrier (barriers themselves back to back). `--graph` (GPU) captures 100
+//! operations in a CUDA graph and times replays with events, each after a
+//! barrier (after 3 untimed): the median of 5, per operation, for sizes up
+//! to `--graph-max-bytes`.
+//!
+//! **Checks**: before timing, each row's output is poisoned (all-ones
+//! bytes: NaN, `u32::MAX`), the operation runs once, and every element is
+//! compared with the exact expected value; after timing it is compared
+//! again. Inputs are small integers, exact in the dtype, that name the
+//! sending PE (`pe + 1 + n·r` with `r` pseudo-random per index and size).
+//! A wrong result is reported with the op, impl, size and PE, its row is
+//! left out, and the run exits non-zero. An implementation that fails (an
+//! unsupported size, a capture it cannot be part of) is noted on stderr and
+//! its row left out; every PE agrees on each row before going on.
+//!
+//! **Heap**: unless `SHMEM_HEAP_SIZE` is set, 4 × `--max-bytes` + 64 MiB
+//! (source, destination and the collectives' scratch).
 
 use clap::{Parser, ValueEnum};
+use cudarc::driver::{CudaGraph, CudaSlice, CudaStream, DevicePtr};
+use cudarc::nccl::sys::{ncclComm_t, ncclDataType_t};
 use shmem::launch::Launch;
-use shmem::{BackendKind, Config, Context, ReduceOp, Stream};
+use shmem::{bf16, BackendKind, Collectives, Config, Context, ReduceOp, Stream, SymSlice, SymmetricBuffer};
+use std::cell::{Cell, RefCell};
 use std::fmt::Write as _;
 use std::hint::black_box;
+use std::io::Write as _;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 type Res<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
+/// Operations per CUDA graph in `--graph` mode.
+const PER_GRAPH: usize = 100;
+/// The broadcast's root.
+const ROOT: usize = 0;
+const HEAP_ENV: &str = "SHMEM_HEAP_SIZE";
+
 #[derive(Parser, Debug)]
-#[command(about = "Measure shmem put, barrier and all-reduce against memcpy")]
+#[command(about = "Time shmem's collectives, barrier, put and get against NCCL, NVSHMEM and memcpy")]
 struct Args {
     /// Backend to measure
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
     backend: Backend,
-    /// Operation to measure
-    #[arg(long, value_enum, default_value_t = Op::All)]
-    op: Op,
+    /// Operations to measure (comma-separated)
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "all")]
+    op: Vec<Op>,
+    /// Element types of all_reduce and reduce_scatter (comma-separated)
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "f32")]
+    dtype: Vec<Dtype>,
+    /// Implementations to measure (comma-separated) [default: all]
+    #[arg(long = "impl", value_enum, value_delimiter = ',')]
+    imp: Vec<Imp>,
     /// Smallest message: bytes, a multiple of 4 (K, M, G suffixes allowed)
     #[arg(long, default_value = "8", value_parser = parse_bytes)]
     min_bytes: usize,
@@ -46,9 +114,12 @@ struct Args {
     /// PEs to start when run on its own
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
     pes: u64,
-    /// GPU backend: also time all-reduces captured in a CUDA graph and replayed
+    /// GPU backend: also time replays of CUDA graphs of 100 operations
     #[arg(long)]
     graph: bool,
+    /// Largest message timed in graph mode
+    #[arg(long, default_value = "64M", value_parser = parse_bytes)]
+    graph_max_bytes: usize,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -58,13 +129,138 @@ enum Backend {
     Auto,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+/// The operations, in the order they run and are printed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
 enum Op {
-    Put,
     Barrier,
-    #[value(name = "all_reduce")]
+    Put,
+    Get,
+    #[value(name = "all_reduce", alias = "all-reduce")]
     AllReduce,
+    #[value(name = "all_gather", alias = "all-gather")]
+    AllGather,
+    #[value(name = "reduce_scatter", alias = "reduce-scatter")]
+    ReduceScatter,
+    Broadcast,
+    #[value(name = "all_to_all", alias = "all-to-all")]
+    AllToAll,
+    /// Every operation above.
     All,
+}
+
+/// The collectives, which NCCL and NVSHMEM also run.
+const COLLECTIVES: [Op; 5] = [Op::AllReduce, Op::AllGather, Op::ReduceScatter, Op::Broadcast, Op::AllToAll];
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::Barrier => "barrier",
+            Op::Put => "put",
+            Op::Get => "get",
+            Op::AllReduce => "all_reduce",
+            Op::AllGather => "all_gather",
+            Op::ReduceScatter => "reduce_scatter",
+            Op::Broadcast => "broadcast",
+            Op::AllToAll => "all_to_all",
+            Op::All => "all",
+        }
+    }
+
+    fn is_collective(self) -> bool {
+        COLLECTIVES.contains(&self)
+    }
+
+    /// nccl-tests' bus bandwidth over algorithm bandwidth, over `n` PEs.
+    fn bus_factor(self, n: usize) -> f64 {
+        let n = n as f64;
+        match self {
+            Op::AllReduce => 2.0 * (n - 1.0) / n,
+            Op::AllGather | Op::ReduceScatter | Op::AllToAll => (n - 1.0) / n,
+            _ => 1.0,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Dtype {
+    F32,
+    Bf16,
+}
+
+/// Who runs an operation; the order of the table's rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
+enum Imp {
+    /// shmem with the default collective settings
+    Shmem,
+    /// all_reduce: the one-shot algorithm
+    ShmemOneshot,
+    /// all_reduce: the two-shot algorithm
+    ShmemTwoshot,
+    /// all_reduce: the low-latency algorithm (up to 64 KiB)
+    ShmemLl,
+    /// all_gather: moved by the copy engines
+    ShmemCe,
+    /// shmem's kernels reaching every peer through NVSHMEM's RMA
+    ShmemRma,
+    /// NVSHMEM's own collectives
+    Nvshmem,
+    /// NCCL's (all_to_all: grouped sends and receives)
+    Nccl,
+    /// put and get's reference: a peer copy (GPU) or a memcpy (host)
+    Memcpy,
+}
+
+/// The implementations a `shmem*` row is compared with (its `vs` columns).
+const REFERENCES: [Imp; 3] = [Imp::Nccl, Imp::Nvshmem, Imp::Memcpy];
+
+impl Imp {
+    fn name(self) -> &'static str {
+        match self {
+            Imp::Shmem => "shmem",
+            Imp::ShmemOneshot => "shmem-oneshot",
+            Imp::ShmemTwoshot => "shmem-twoshot",
+            Imp::ShmemLl => "shmem-ll",
+            Imp::ShmemCe => "shmem-ce",
+            Imp::ShmemRma => "shmem-rma",
+            Imp::Nvshmem => "nvshmem",
+            Imp::Nccl => "nccl",
+            Imp::Memcpy => "memcpy",
+        }
+    }
+
+    fn is_shmem(self) -> bool {
+        self.name().starts_with("shmem")
+    }
+
+    /// The collective settings of the rows shmem runs; `None` for NCCL and memcpy.
+    fn settings(self) -> Option<Collectives> {
+        use shmem::{AllGatherAlgo, AllReduceAlgo, CollImpl};
+        let default = Collectives::default();
+        Some(match self {
+            Imp::Shmem => default,
+            Imp::ShmemOneshot => Collectives { all_reduce: AllReduceAlgo::OneShot, ..default },
+            Imp::ShmemTwoshot => Collectives { all_reduce: AllReduceAlgo::TwoShot, ..default },
+            Imp::ShmemLl => Collectives { all_reduce: AllReduceAlgo::LowLatency, ..default },
+            Imp::ShmemCe => Collectives { all_gather: AllGatherAlgo::CopyEngine, ..default },
+            Imp::ShmemRma => Collectives { force_rma: true, ..default },
+            Imp::Nvshmem => Collectives { implementation: CollImpl::Nvshmem, ..default },
+            Imp::Nccl | Imp::Memcpy => return None,
+        })
+    }
+
+    /// Whether this has a row for `op` of `bytes` on the GPU backend
+    /// (`gpu`) or the host backend, which ignores the collective settings.
+    fn runs(self, op: Op, bytes: usize, gpu: bool) -> bool {
+        match self {
+            Imp::Shmem => true,
+            Imp::Memcpy => matches!(op, Op::Put | Op::Get),
+            _ if !gpu => false,
+            Imp::ShmemOneshot | Imp::ShmemTwoshot => op == Op::AllReduce,
+            Imp::ShmemLl => op == Op::AllReduce && bytes <= shmem::algo::LOW_LATENCY_MAX_BYTES,
+            Imp::ShmemCe => op == Op::AllGather,
+            Imp::ShmemRma | Imp::Nvshmem | Imp::Nccl => op.is_collective(),
+        }
+    }
 }
 
 fn parse_bytes(s: &str) -> Result<usize, String> {
@@ -74,39 +270,225 @@ fn parse_bytes(s: &str) -> Result<usize, String> {
     }
 }
 
+/// The symmetric heap the bench needs: source, destination and the
+/// collectives' scratch, each up to the largest message, and some slack.
+fn heap_bytes(max_bytes: usize) -> usize {
+    max_bytes.saturating_mul(4).saturating_add(64 << 20)
+}
+
+/// The element types of the rows: inputs are small integers, exact in each.
+trait Value: shmem::Element {
+    const NAME: &'static str;
+    /// Every integer up to this is exact.
+    const EXACT: usize;
+    /// A value no input or sum takes; the all-ones bytes of the GPU's poison.
+    const POISON: Self;
+    const NCCL: ncclDataType_t;
+    /// `x`, which is at most [`Value::EXACT`].
+    fn of(x: usize) -> Self;
+}
+
+impl Value for f32 {
+    const NAME: &'static str = "f32";
+    const EXACT: usize = 1 << 24;
+    const POISON: f32 = f32::NAN;
+    const NCCL: ncclDataType_t = ncclDataType_t::ncclFloat32;
+    fn of(x: usize) -> f32 {
+        x as f32
+    }
+}
+
+impl Value for bf16 {
+    const NAME: &'static str = "bf16";
+    const EXACT: usize = 1 << 8;
+    const POISON: bf16 = bf16::NAN;
+    const NCCL: ncclDataType_t = ncclDataType_t::ncclBfloat16;
+    fn of(x: usize) -> bf16 {
+        bf16::from_f32(x as f32)
+    }
+}
+
+impl Value for u32 {
+    const NAME: &'static str = "u32";
+    const EXACT: usize = u32::MAX as usize - 1;
+    const POISON: u32 = u32::MAX;
+    const NCCL: ncclDataType_t = ncclDataType_t::ncclUint32;
+    fn of(x: usize) -> u32 {
+        x as u32
+    }
+}
+
+/// Element counts of one collective at one nominal size.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    src: usize,
+    dst: usize,
+    /// The row's `bytes`: the larger side (see the module's doc).
+    bytes: usize,
+}
+
+impl Shape {
+    /// `op` over `n` PEs at `bytes` of `elem`-byte elements; `None` where
+    /// that is not one element per block. Counts split in blocks round down
+    /// to a multiple of `n`, as in nccl-tests.
+    fn of(op: Op, bytes: usize, elem: usize, n: usize) -> Option<Shape> {
+        let count = bytes / elem;
+        let (src, dst) = match op {
+            Op::AllReduce | Op::Broadcast | Op::Put | Op::Get => (count, count),
+            Op::AllToAll => (count / n * n, count / n * n),
+            Op::AllGather => (count / n, count / n * n),
+            Op::ReduceScatter => (count / n * n, count / n),
+            Op::Barrier | Op::All => return None,
+        };
+        (src > 0 && dst > 0).then_some(Shape { src, dst, bytes: src.max(dst) * elem })
+    }
+}
+
+/// SplitMix64's finaliser: reproducible pseudo-random numbers, no crate.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Inputs that name their sender: element `i` of PE `p`'s source is
+/// `p + 1 + n·r(i)`, with `r(i)` pseudo-random in `0..m` (fresh for each
+/// seed) and `m` small enough that a sum over the `n` PEs stays exact in
+/// the element type.
+#[derive(Clone, Copy)]
+struct Pattern {
+    n: usize,
+    m: u64,
+    seed: u64,
+}
+
+impl Pattern {
+    fn new<T: Value>(n: usize, seed: u64) -> Res<Pattern> {
+        let first = n * (n + 1) / 2; // the sum of p + 1
+        if first > T::EXACT {
+            return Err(format!("sums over {n} PEs are not exact in {}: use f32", T::NAME).into());
+        }
+        let m = ((T::EXACT - first) / (n * n) + 1).min(1 << 16);
+        Ok(Pattern { n, m: m as u64, seed: mix(seed) })
+    }
+
+    fn r(&self, i: usize) -> usize {
+        (mix(self.seed ^ i as u64) % self.m) as usize
+    }
+
+    /// Element `i` of PE `pe`'s source.
+    fn value<T: Value>(&self, pe: usize, i: usize) -> T {
+        T::of(pe + 1 + self.n * self.r(i))
+    }
+
+    /// Element `i` of the sum of every PE's source.
+    fn sum<T: Value>(&self, i: usize) -> T {
+        T::of(self.n * (self.n + 1) / 2 + self.n * self.n * self.r(i))
+    }
+
+    fn input<T: Value>(&self, pe: usize, len: usize) -> Vec<T> {
+        (0..len).map(|i| self.value(pe, i)).collect()
+    }
+
+    /// What PE `me` must hold in its destination after `op`.
+    fn expected<T: Value>(&self, op: Op, shape: Shape, me: usize) -> Vec<T> {
+        let n = self.n;
+        match op {
+            Op::AllReduce => (0..shape.dst).map(|i| self.sum(i)).collect(),
+            Op::ReduceScatter => (0..shape.dst).map(|i| self.sum(me * shape.dst + i)).collect(),
+            Op::Broadcast => self.input(ROOT, shape.dst),
+            // Block p is PE p's source.
+            Op::AllGather => (0..n).flat_map(|p| (0..shape.src).map(move |i| self.value(p, i))).collect(),
+            // Block p is block `me` of PE p's source.
+            Op::AllToAll => {
+                let c = shape.dst / n;
+                (0..n).flat_map(|p| (0..c).map(move |i| self.value(p, me * c + i))).collect()
+            }
+            Op::Barrier | Op::Put | Op::Get | Op::All => Vec::new(),
+        }
+    }
+}
+
+/// A seed for one operation at one size, the same on every PE.
+fn seed(op: Op, dtype: &str, bytes: usize) -> u64 {
+    let tag = dtype.bytes().fold(op as u64, |h, b| mix(h ^ u64::from(b)));
+    mix(tag ^ bytes as u64)
+}
+
+/// The first difference between `got` and `want`, said in words.
+fn difference<T: Value>(got: &[T], want: &[T]) -> Option<String> {
+    if got.len() != want.len() {
+        return Some(format!("{} elements where {} were expected", got.len(), want.len()));
+    }
+    let i = got.iter().zip(want).position(|(g, w)| g != w)?;
+    let wrong = got.iter().zip(want).filter(|(g, w)| g != w).count();
+    Some(format!("element {i} is {:?}, expected {:?} ({wrong} of {} wrong)", got[i], want[i], want.len()))
+}
+
 /// One line of the table and of the JSON output.
+#[derive(Clone, Debug)]
 struct Row {
-    /// Timed as CUDA-graph replays.
-    graph: bool,
-    op: &'static str,
-    imp: &'static str,
+    op: Op,
+    imp: Imp,
     /// `None` for the barrier, which moves no data.
     dtype: Option<&'static str>,
     bytes: usize,
+    /// Timed as CUDA-graph replays.
+    graph: bool,
     time_us: f64,
-    /// Bus bandwidth over algorithm bandwidth: 2(n-1)/n for all-reduce.
-    bus_factor: f64,
-    /// The memcpy time for the same bytes, for the ratio.
-    memcpy_us: Option<f64>,
 }
 
 impl Row {
-    /// An f32-sum all-reduce row over `n` PEs.
-    fn all_reduce(imp: &'static str, graph: bool, bytes: usize, time_us: f64, n: usize, memcpy_us: Option<f64>) -> Row {
-        let bus_factor = 2.0 * (n - 1) as f64 / n as f64;
-        Row { graph, op: "all_reduce", imp, dtype: Some("f32"), bytes, time_us, bus_factor, memcpy_us }
-    }
-
     fn algbw_gbps(&self) -> Option<f64> {
         self.dtype.map(|_| self.bytes as f64 / (self.time_us * 1e3))
     }
-    fn busbw_gbps(&self) -> Option<f64> {
-        self.algbw_gbps().map(|a| a * self.bus_factor)
+
+    fn busbw_gbps(&self, n: usize) -> Option<f64> {
+        self.algbw_gbps().map(|a| a * self.op.bus_factor(n))
     }
-    /// How many times faster than memcpy (below 1: slower).
-    fn vs_memcpy(&self) -> Option<f64> {
-        self.memcpy_us.map(|m| m / self.time_us)
+
+    /// The same operation, element type, size and timing mode.
+    fn same_case(&self, other: &Row) -> bool {
+        (self.op, self.dtype, self.bytes, self.graph) == (other.op, other.dtype, other.bytes, other.graph)
     }
+
+    /// `reference`'s time over ours, for shmem's rows.
+    fn vs(&self, rows: &[Row], reference: Imp) -> Option<f64> {
+        if !self.imp.is_shmem() {
+            return None;
+        }
+        let r = rows.iter().find(|r| r.imp == reference && r.same_case(self))?;
+        Some(r.time_us / self.time_us)
+    }
+
+    /// One JSON object; the ratios need every row (`None`: left out).
+    fn json(&self, n: usize, backend: &str, rows: Option<&[Row]>) -> String {
+        let dtype = self.dtype.map_or("null".into(), |d| format!("\"{d}\""));
+        let mut s = format!(
+            "{{\"op\":\"{}\",\"impl\":\"{}\",\"backend\":\"{backend}\",\"dtype\":{dtype},\"bytes\":{},\"pes\":{n},\
+             \"graph\":{},\"time_us\":{},\"algbw_gbps\":{},\"busbw_gbps\":{}",
+            self.op.name(),
+            self.imp.name(),
+            self.bytes,
+            self.graph,
+            num(Some(self.time_us)),
+            num(self.algbw_gbps()),
+            num(self.busbw_gbps(n)),
+        );
+        if let Some(rows) = rows {
+            for reference in REFERENCES {
+                let _ = write!(s, ",\"vs_{}\":{}", reference.name(), num(self.vs(rows, reference)));
+            }
+        }
+        s.push('}');
+        s
+    }
+}
+
+/// One line on stderr in one write, so that the PEs' lines do not mix.
+fn note(msg: impl std::fmt::Display) {
+    let _ = std::io::stderr().write_all(format!("shmem-bench: {msg}\n").as_bytes());
 }
 
 /// A JSON number, or null where there is none (or it is not finite).
@@ -124,6 +506,16 @@ fn cell(x: Option<f64>, width: usize) -> String {
     }
 }
 
+/// 64K, 1M, 3G; plain bytes where that is not exact.
+fn human(bytes: usize) -> String {
+    for (unit, shift) in [("G", 30), ("M", 20), ("K", 10)] {
+        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
+}
+
 fn main() {
     let args = Args::parse();
     if args.min_bytes > args.max_bytes || args.min_bytes % 4 != 0 {
@@ -135,16 +527,17 @@ fn main() {
         std::process::exit(2);
     }
     if !shmem::bootstrap::started_by_launcher() {
-        std::process::exit(relaunch(args.pes as usize));
+        std::process::exit(relaunch(&args));
     }
     if let Err(e) = run(&args) {
-        eprintln!("shmem-bench failed: {e}");
+        note(format_args!("failed: {e}"));
         std::process::exit(1);
     }
 }
 
-/// Runs this program again, with the same arguments, as `pes` PEs.
-fn relaunch(pes: usize) -> i32 {
+/// Runs this program again, with the same arguments, as `--pes` PEs.
+fn relaunch(args: &Args) -> i32 {
+    let pes = args.pes as usize;
     let exe = match std::env::current_exe() {
         Ok(p) => p,
         Err(e) => {
@@ -153,7 +546,10 @@ fn relaunch(pes: usize) -> i32 {
         }
     };
     // Untagged: only PE 0 prints, and the table should stay copy-pastable.
-    let launch = Launch::new(pes, exe).args(std::env::args_os().skip(1)).tag_output(false).kill_on_failure(true);
+    let mut launch = Launch::new(pes, exe).args(std::env::args_os().skip(1)).tag_output(false).kill_on_failure(true);
+    if std::env::var_os(HEAP_ENV).is_none() {
+        launch = launch.env(HEAP_ENV, heap_bytes(args.max_bytes).to_string());
+    }
     match launch.run() {
         Ok(outcome) => outcome.exit_code(),
         Err(e) => {
@@ -163,14 +559,68 @@ fn relaunch(pes: usize) -> i32 {
     }
 }
 
+/// One implementation of one operation at one size, ready to run.
+struct Case<'a, T> {
+    op: Op,
+    imp: Imp,
+    dtype: Option<&'static str>,
+    bytes: usize,
+    /// Enqueues one operation on the bench's stream.
+    run: &'a dyn Fn() -> Res,
+    /// Overwrites the output with [`Value::POISON`].
+    poison: &'a dyn Fn() -> Res,
+    /// This PE's output, once the stream is done.
+    read: &'a dyn Fn() -> Res<Vec<T>>,
+    want: &'a [T],
+}
+
+impl<T> Case<'_, T> {
+    fn label(&self, graph: bool) -> String {
+        let mode = if graph { "graph" } else { "eager" };
+        format!("{} {} {} {} B ({mode})", self.op.name(), self.imp.name(), self.dtype.unwrap_or("-"), self.bytes)
+    }
+
+    fn row(&self, graph: bool, time_us: f64) -> Row {
+        Row { op: self.op, imp: self.imp, dtype: self.dtype, bytes: self.bytes, graph, time_us }
+    }
+}
+
 struct Bench<'a> {
     ctx: &'a Context,
     s: Stream,
     args: &'a Args,
     sizes: Vec<usize>,
+    /// One word per PE, for [`Bench::agree`].
+    verdicts: SymmetricBuffer<u32>,
+    /// Wrong results seen on this PE.
+    wrong: Cell<usize>,
+    /// PE 0 with `--json`: rows as they are measured, without ratios.
+    partial: RefCell<Option<std::fs::File>>,
+    backend: String,
 }
 
 impl Bench<'_> {
+    fn gpu(&self) -> bool {
+        self.ctx.backend() == BackendKind::Gpu
+    }
+
+    fn cuda(&self) -> Res<&Arc<CudaStream>> {
+        Ok(self.s.cuda_stream().ok_or("this needs the gpu backend")?)
+    }
+
+    fn selected(&self, op: Op) -> bool {
+        self.args.op.contains(&Op::All) || self.args.op.contains(&op)
+    }
+
+    /// Whether `imp` has a row for `op` at `bytes` in this run.
+    fn runs(&self, imp: Imp, op: Op, bytes: usize) -> bool {
+        (self.args.imp.is_empty() || self.args.imp.contains(&imp)) && imp.runs(op, bytes, self.gpu())
+    }
+
+    fn graphs(&self, bytes: usize) -> bool {
+        self.args.graph && self.gpu() && bytes <= self.args.graph_max_bytes
+    }
+
     fn iters(&self, bytes: usize) -> usize {
         match self.args.iters {
             Some(n) => n as usize,
@@ -178,22 +628,113 @@ impl Bench<'_> {
         }
     }
 
-    /// Median in µs of `iters` runs of `op`, each after an untimed `setup`.
-    ///
-    /// On the GPU backend the operations are asynchronous: they are timed
-    /// with CUDA events around a batch of `iters` back-to-back operations,
-    /// five batches, and the median batch's mean is returned.
+    /// The element types of `op`'s rows.
+    fn dtypes(&self, op: Op) -> Vec<Dtype> {
+        if !matches!(op, Op::AllReduce | Op::ReduceScatter) {
+            return vec![Dtype::F32];
+        }
+        let mut d: Vec<Dtype> = Vec::new();
+        for &t in &self.args.dtype {
+            if !d.contains(&t) {
+                d.push(t);
+            }
+        }
+        d
+    }
+
+    /// Every row of this run, in order; PE 0's are the ones printed.
+    fn all(&self) -> Res<Vec<Row>> {
+        let mut rows = Vec::new();
+        if self.selected(Op::Put) || self.selected(Op::Get) {
+            rows.extend(self.put_get()?);
+        }
+        if self.selected(Op::Barrier) {
+            rows.extend(self.barrier()?);
+        }
+        for op in COLLECTIVES.into_iter().filter(|&op| self.selected(op)) {
+            for dtype in self.dtypes(op) {
+                rows.extend(match dtype {
+                    Dtype::F32 => self.collective::<f32>(op)?,
+                    Dtype::Bf16 => self.collective::<bf16>(op)?,
+                });
+            }
+        }
+        let nccl_ops: Vec<Op> = COLLECTIVES
+            .into_iter()
+            .filter(|&op| self.selected(op) && self.sizes.iter().any(|&b| self.runs(Imp::Nccl, op, b)))
+            .collect();
+        if !nccl_ops.is_empty() {
+            // Last: a failure there leaves the rows above intact.
+            match self.nccl(&nccl_ops) {
+                Ok(nccl) => rows.extend(nccl),
+                Err(e) => note(format_args!("NCCL rows skipped on PE {}: {e}", self.ctx.my_pe())),
+            }
+        }
+        Ok(rows)
+    }
+
+    /// Records a row measured on this PE (PE 0's go to `--json`'s partial file).
+    fn keep(&self, rows: &mut Vec<Row>, row: Row) -> Res {
+        if let Some(f) = self.partial.borrow_mut().as_mut() {
+            writeln!(f, "{}", row.json(self.ctx.n_pes(), &self.backend, None))?;
+        }
+        rows.push(row);
+        Ok(())
+    }
+
+    /// The PEs whose verdict was "not ok". Each PE writes its verdict into
+    /// its own word; after a barrier every PE reads them all.
+    fn agree(&self, ok: bool) -> Res<Vec<usize>> {
+        let me = self.ctx.my_pe();
+        self.verdicts.slice(me..me + 1).copy_from_host(&[u32::from(ok)], &self.s)?;
+        self.ctx.barrier_all(&self.s)?;
+        let mut failed = Vec::new();
+        for pe in 0..self.ctx.n_pes() {
+            if self.ctx.g(&self.verdicts, pe, pe, &self.s)? != 1 {
+                failed.push(pe);
+            }
+        }
+        self.ctx.barrier_all(&self.s)?; // all read before the next verdict
+        Ok(failed)
+    }
+
+    /// Whether every PE found its output right (`None`: nothing to check
+    /// on this PE). A wrong value is reported at once, by each PE, and
+    /// counted; an error is noted once, by the first PE that failed.
+    fn settle<T: Value>(&self, c: &Case<'_, T>, graph: bool, got: Res<Option<Vec<T>>>) -> Res<bool> {
+        let me = self.ctx.my_pe();
+        let why = match got.map(|got| got.and_then(|got| difference(&got, c.want))) {
+            Ok(None) => None,
+            Ok(Some(what)) => {
+                note(format_args!("WRONG RESULT: {} on PE {me}: {what}", c.label(graph)));
+                self.wrong.set(self.wrong.get() + 1);
+                Some(None)
+            }
+            Err(e) => Some(Some(e)),
+        };
+        let failed = self.agree(why.is_none())?;
+        if let (Some(Some(e)), Some(&first)) = (why, failed.first()) {
+            if first == me {
+                note(format_args!("{} skipped (failed on PEs {failed:?}): {e}", c.label(graph)));
+            }
+        }
+        Ok(failed.is_empty())
+    }
+
+    /// Median µs of `op` (see the module's doc), each batch (GPU) or
+    /// operation (host) after an untimed `setup`.
     fn time(&self, bytes: usize, mut setup: impl FnMut() -> Res, mut op: impl FnMut() -> Res) -> Res<f64> {
         for _ in 0..self.args.warmup {
             setup()?;
             op()?;
         }
+        let iters = self.iters(bytes);
         if let Some(stream) = self.s.cuda_stream() {
-            let iters = self.iters(bytes);
+            let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
             let mut batches = Vec::new();
             for _ in 0..5 {
                 stream.synchronize()?;
-                let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+                setup()?;
                 let start = stream.record_event(timing)?;
                 for _ in 0..iters {
                     op()?;
@@ -205,8 +746,8 @@ impl Bench<'_> {
             batches.sort_by(f64::total_cmp);
             return Ok(batches[2]);
         }
-        let mut t = Vec::with_capacity(self.iters(bytes));
-        for _ in 0..self.iters(bytes) {
+        let mut t = Vec::with_capacity(iters);
+        for _ in 0..iters {
             setup()?;
             let start = Instant::now();
             op()?;
@@ -217,307 +758,535 @@ impl Bench<'_> {
         Ok(t[t.len() / 2])
     }
 
-    /// The baseline: on the host backend memcpy between two vectors of this
-    /// process; on the GPU backend a copy-engine copy into the peer's memory
-    /// through its NVLink address (the peer-copy ceiling). PE 0 alone.
-    fn memcpy(&self) -> Res<Vec<f64>> {
-        let mut times = Vec::new();
-        if self.ctx.backend() == BackendKind::Gpu {
-            let max = *self.sizes.last().unwrap();
-            let src = self.ctx.alloc_zeroed::<u32>(max / 4)?;
-            let dst = self.ctx.alloc_zeroed::<u32>(max / 4)?;
-            let peer = 1 % self.ctx.n_pes();
-            if self.ctx.my_pe() == 0 {
-                let to = dst.peer_ptr(peer).ok_or("the peer is not reachable over NVLink")? as u64;
-                let from = src.local_ptr() as u64;
-                let stream = self.s.cuda_stream().expect("gpu backend").clone();
-                for &b in &self.sizes {
-                    let copy = || {
-                        // SAFETY: both are `b` bytes of live symmetric buffers.
-                        unsafe { cudarc::driver::result::memcpy_dtod_async(to, from, b, stream.cu_stream())? };
-                        Ok(())
-                    };
-                    times.push(self.time(b, || Ok(()), copy)?);
-                }
-            }
-            self.ctx.barrier_all(&self.s)?;
-            return Ok(times);
+    /// Checks `c` once, times it, checks it again; its row if every PE
+    /// agreed both times.
+    fn eager<T: Value>(&self, c: &Case<'_, T>) -> Res<Option<Row>> {
+        let barrier = || Ok(self.ctx.barrier_all(&self.s)?);
+        let first = (|| {
+            (c.poison)()?;
+            barrier()?;
+            (c.run)()?;
+            (c.read)().map(Some)
+        })();
+        if !self.settle(c, false, first)? {
+            return Ok(None);
         }
-        if self.ctx.my_pe() == 0 {
-            let max = *self.sizes.last().unwrap();
-            // Non-zero contents: a zeroed vector may read from the kernel's
-            // shared zero page, which would flatter the baseline.
-            let src: Vec<u8> = (0..max).map(|i| i as u8 | 1).collect();
-            let mut dst = vec![0u8; max];
-            for &b in &self.sizes {
-                // copy_from_slice is copy_nonoverlapping, i.e. memcpy; black_box
-                // keeps the compiler from dropping copies nobody reads.
-                let copy = || {
-                    black_box(&mut dst[..b]).copy_from_slice(&src[..b]);
-                    Ok(())
-                };
-                times.push(self.time(b, || Ok(()), copy)?);
-            }
-        }
-        self.ctx.barrier_all(&self.s)?;
-        Ok(times)
+        // Back-to-back barriers need no barrier before them.
+        let setup = || if c.op == Op::Barrier { Ok(()) } else { barrier() };
+        let timed = self.time(c.bytes, setup, c.run);
+        let after = timed.as_ref().map_err(|e| e.to_string().into()).and_then(|_| (c.read)().map(Some));
+        let ok = self.settle(c, false, after)?;
+        Ok(timed.ok().filter(|_| ok).map(|t| c.row(false, t)))
     }
 
-    /// PE 0 puts `bytes / 4` u32 to PE 1 (to itself in a world of one);
-    /// PE 1 checks the data. (shmem has no byte element type.)
-    fn put(&self, memcpy_us: &[f64]) -> Res<Vec<Row>> {
+    /// Captures [`PER_GRAPH`] runs of `c` in a CUDA graph, checks one
+    /// replay, times replays, checks again; its row if every PE agreed at
+    /// each step.
+    fn graphed<T: Value>(&self, c: &Case<'_, T>) -> Res<Option<Row>> {
+        let stream = self.cuda()?;
+        let captured = (|| {
+            (c.poison)()?;
+            self.ctx.barrier_all(&self.s)?;
+            stream.synchronize()?;
+            capture(stream, c.run)
+        })();
+        let (graph, failed) = match captured {
+            Ok(g) => (Some(g), None),
+            Err(e) => (None, Some(e)),
+        };
+        // Every PE must have its graph before any replays one.
+        if !self.settle(c, true, failed.map_or(Ok(None), Err))? {
+            return Ok(None);
+        }
+        let graph = graph.ok_or("no graph")?;
+        let first = graph.launch().map_err(Into::into).and_then(|()| (c.read)().map(Some));
+        if !self.settle(c, true, first)? {
+            return Ok(None);
+        }
+        let timed = self.time_graph(stream, &graph);
+        let after = timed.as_ref().map_err(|e| e.to_string().into()).and_then(|_| (c.read)().map(Some));
+        let ok = self.settle(c, true, after)?;
+        Ok(timed.ok().filter(|_| ok).map(|t| c.row(true, t)))
+    }
+
+    /// µs per operation of a graph of [`PER_GRAPH`]: 3 untimed replays,
+    /// then 5 timed with CUDA events, each after a barrier; the median.
+    fn time_graph(&self, stream: &CudaStream, graph: &CudaGraph) -> Res<f64> {
+        let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        for _ in 0..3 {
+            graph.launch()?;
+        }
+        let mut reps = Vec::new();
+        for _ in 0..5 {
+            stream.synchronize()?;
+            self.ctx.barrier_all(&self.s)?;
+            let start = stream.record_event(timing)?;
+            graph.launch()?;
+            let end = stream.record_event(timing)?;
+            end.synchronize()?;
+            reps.push(start.elapsed_ms(&end)? as f64 * 1e3 / PER_GRAPH as f64);
+        }
+        reps.sort_by(f64::total_cmp);
+        Ok(reps[2])
+    }
+
+    /// Eager and (with `--graph`) graph rows of `c`.
+    fn measure<T: Value>(&self, c: &Case<'_, T>, rows: &mut Vec<Row>) -> Res {
+        if let Some(row) = self.eager(c)? {
+            self.keep(rows, row)?;
+        }
+        if self.graphs(c.bytes) {
+            if let Some(row) = self.graphed(c)? {
+                self.keep(rows, row)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Overwrites the first `len` elements of this PE's `buf` with poison.
+    fn poison<T: Value>(&self, buf: &SymmetricBuffer<T>, len: usize) -> Res {
+        if len > buf.len() {
+            return Err(format!("poisoning {len} elements of a buffer of {}", buf.len()).into());
+        }
+        match self.s.cuda_stream() {
+            Some(stream) => {
+                // SAFETY: the first `len` elements (checked above) of this
+                // PE's copy of a live buffer, ordered on the stream after
+                // the operations that used it.
+                let set = unsafe {
+                    cudarc::driver::result::memset_d8_async(
+                        buf.local_ptr() as u64,
+                        0xFF,
+                        len * size_of::<T>(),
+                        stream.cu_stream(),
+                    )
+                };
+                Ok(set?)
+            }
+            None => Ok(buf.slice(..len).copy_from_host(&vec![T::POISON; len], &self.s)?),
+        }
+    }
+
+    /// One shmem collective on the bench's stream.
+    fn enqueue<T: Value>(&self, op: Op, dst: SymSlice<'_, T>, src: SymSlice<'_, T>) -> Res {
+        let s = &self.s;
+        match op {
+            Op::AllReduce => self.ctx.all_reduce(dst, src, ReduceOp::Sum, s)?,
+            Op::AllGather => self.ctx.all_gather(dst, src, s)?,
+            Op::ReduceScatter => self.ctx.reduce_scatter(dst, src, ReduceOp::Sum, s)?,
+            Op::Broadcast => self.ctx.broadcast(dst, src, ROOT, s)?,
+            Op::AllToAll => self.ctx.all_to_all(dst, src, s)?,
+            _ => return Err(format!("{} is not a collective", op.name()).into()),
+        }
+        Ok(())
+    }
+
+    /// The largest source and destination counts of `op` in this run.
+    fn largest(&self, op: Op, elem: usize) -> Option<Shape> {
+        self.sizes.iter().rev().find_map(|&b| Shape::of(op, b, elem, self.ctx.n_pes()))
+    }
+
+    /// `op`'s rows for shmem's implementations, out of place.
+    fn collective<T: Value>(&self, op: Op) -> Res<Vec<Row>> {
         let (me, n) = (self.ctx.my_pe(), self.ctx.n_pes());
-        let peer = 1 % n;
-        let max = *self.sizes.last().unwrap() / 4;
-        let src = self.ctx.alloc::<u32>(max)?;
-        let dst = self.ctx.alloc::<u32>(max)?;
         let mut rows = Vec::new();
-        for (k, &b) in self.sizes.iter().enumerate() {
-            let len = b / 4;
-            // Different for every element and size, so a short, misplaced
-            // or stale put shows.
-            let pattern: Vec<u32> = (0..len as u32).map(|i| i ^ (len as u32).rotate_right(8)).collect();
-            if me == 0 {
-                src.slice(..len).copy_from_host(&pattern, &self.s)?;
-                let put = || Ok(self.ctx.put(dst.slice(..len), src.slice(..len), peer, &self.s)?);
-                rows.push(Row {
-                    graph: false,
-                    op: "put",
-                    imp: "shmem",
-                    dtype: Some("u32"),
-                    bytes: b,
-                    time_us: self.time(b, || Ok(()), put)?,
-                    bus_factor: 1.0,
-                    memcpy_us: memcpy_us.get(k).copied(),
-                });
-                // Get the same bytes back from the peer's source copy.
-                let get = || Ok(self.ctx.get(src.slice(..len), src.slice(..len), peer, &self.s)?);
-                rows.push(Row {
-                    graph: false,
-                    op: "get",
-                    imp: "shmem",
-                    dtype: Some("u32"),
-                    bytes: b,
-                    time_us: self.time(b, || Ok(()), get)?,
-                    bus_factor: 1.0,
-                    memcpy_us: memcpy_us.get(k).copied(),
-                });
+        let Some(max) = self.largest(op, size_of::<T>()) else { return Ok(rows) };
+        let src = self.ctx.alloc::<T>(max.src)?;
+        let dst = self.ctx.alloc::<T>(max.dst)?;
+        for &b in &self.sizes {
+            let Some(shape) = Shape::of(op, b, size_of::<T>(), n) else { continue };
+            let imps: Vec<Imp> = <Imp as ValueEnum>::value_variants()
+                .iter()
+                .copied()
+                .filter(|&imp| imp.settings().is_some() && self.runs(imp, op, shape.bytes))
+                .collect();
+            if imps.is_empty() {
+                continue;
             }
-            self.ctx.barrier_all(&self.s)?; // the puts are complete and visible
-            if me == peer && dst.slice(..len).copy_to_host(&self.s)? != pattern {
-                return Err(format!("put of {len} u32: PE {peer} received wrong data").into());
+            let pattern = Pattern::new::<T>(n, seed(op, T::NAME, shape.bytes))?;
+            src.slice(..shape.src).copy_from_host(&pattern.input(me, shape.src), &self.s)?;
+            let want = pattern.expected::<T>(op, shape, me);
+            let run = || self.enqueue(op, dst.slice(..shape.dst), src.slice(..shape.src));
+            let poison = || self.poison(&dst, shape.dst);
+            let read = || Ok(dst.slice(..shape.dst).copy_to_host(&self.s)?);
+            for imp in imps {
+                // Every PE, between collectives (after the last agreement).
+                self.ctx.set_collectives(imp.settings().expect("filtered"));
+                let case = Case {
+                    op,
+                    imp,
+                    dtype: Some(T::NAME),
+                    bytes: shape.bytes,
+                    run: &run,
+                    poison: &poison,
+                    read: &read,
+                    want: &want,
+                };
+                let measured = self.measure(&case, &mut rows);
+                self.ctx.set_collectives(Collectives::default());
+                measured?;
             }
-            self.ctx.barrier_all(&self.s)?; // checked before the next size overwrites it
         }
         Ok(rows)
     }
 
-    /// Back-to-back barriers on every PE: each one lasts until the last PE arrives.
-    fn barrier(&self) -> Res<Row> {
-        let time_us = self.time(0, || Ok(()), || Ok(self.ctx.barrier_all(&self.s)?))?;
-        Ok(Row {
-            graph: false,
-            op: "barrier",
-            imp: "shmem",
+    /// Back-to-back barriers on every PE: each lasts until the last PE arrives.
+    fn barrier(&self) -> Res<Vec<Row>> {
+        let mut rows = Vec::new();
+        if !self.runs(Imp::Shmem, Op::Barrier, 0) {
+            return Ok(rows);
+        }
+        let case = Case::<f32> {
+            op: Op::Barrier,
+            imp: Imp::Shmem,
             dtype: None,
             bytes: 0,
-            time_us,
-            bus_factor: 0.0,
-            memcpy_us: None,
-        })
-    }
-
-    /// f32 sum of `bytes / 4` elements into a separate output, so the
-    /// inputs stay the same and every iteration computes the same result.
-    fn all_reduce(&self, memcpy_us: &[f64]) -> Res<Vec<Row>> {
-        let mut rows = self.all_reduce_with("shmem", memcpy_us)?;
-        if self.args.graph && self.ctx.backend() == BackendKind::Gpu {
-            rows.extend(self.all_reduce_graph(memcpy_us)?);
-        }
-        if self.ctx.backend() == BackendKind::Gpu {
-            // NVSHMEM's own collective, which force_rma selects, in the
-            // same run for the ratio. Every PE sets it at the same point.
-            self.ctx
-                .set_collectives(shmem::Collectives { implementation: shmem::CollImpl::Nvshmem, ..Default::default() });
-            rows.extend(self.all_reduce_with("nvshmem", memcpy_us)?);
-            self.ctx.set_collectives(Default::default());
-            // NCCL last: a failure there leaves the rows above intact.
-            match self.nccl_all_reduce(memcpy_us) {
-                Ok(nccl) => rows.extend(nccl),
-                Err(e) => eprintln!("shmem-bench: NCCL rows skipped on PE {}: {e}", self.ctx.my_pe()),
-            }
-        }
+            run: &|| Ok(self.ctx.barrier_all(&self.s)?),
+            poison: &|| Ok(()),
+            read: &|| Ok(Vec::new()),
+            want: &[],
+        };
+        self.measure(&case, &mut rows)?;
         Ok(rows)
     }
 
-    /// NCCL's all-reduce (cudarc's bindings to the box's libnccl) on plain
-    /// device buffers of the same sizes, eager and (with --graph, up to
-    /// 1 MiB) graph-replayed: the reference of the same run.
-    fn nccl_all_reduce(&self, memcpy_us: &[f64]) -> Res<Vec<Row>> {
-        use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-        use cudarc::nccl::{Comm, Id, ReduceOp as NcclOp};
-        // SAFETY: only tries to open the library.
-        let present = unsafe { cudarc::nccl::sys::is_culib_present() };
+    /// PE 0 puts `bytes / 4` u32 into PE 1's buffer, and gets as many from
+    /// it (PE 0 alone in a world of one), with the memcpy reference rows.
+    fn put_get(&self) -> Res<Vec<Row>> {
         let (me, n) = (self.ctx.my_pe(), self.ctx.n_pes());
-        if !present {
-            if me == 0 {
-                eprintln!("shmem-bench: no libnccl found: NCCL rows skipped");
-            }
-            return Ok(Vec::new());
-        }
-        // NCCL's unique id travels through a symmetric buffer.
-        let id_buf = self.ctx.alloc_zeroed::<u64>(16)?;
-        if me == 0 {
-            let id = Id::new().map_err(|e| format!("ncclGetUniqueId: {e:?}"))?;
-            let words: Vec<u64> =
-                id.internal().chunks(8).map(|c| u64::from_le_bytes(std::array::from_fn(|i| c[i] as u8))).collect();
-            id_buf.copy_from_host(&words, &self.s)?;
-        }
-        self.ctx.barrier_all(&self.s)?;
-        let mut words = [0u64; 16];
-        for (i, w) in words.iter_mut().enumerate() {
-            *w = self.ctx.g(&id_buf, i, 0, &self.s)?;
-        }
-        let mut internal = [0 as std::ffi::c_char; 128];
-        for (i, c) in internal.iter_mut().enumerate() {
-            *c = (words[i / 8] >> (8 * (i % 8))) as u8 as std::ffi::c_char;
-        }
-        let stream = self.s.cuda_stream().expect("gpu backend").clone();
-        // SAFETY: the NCCL buffers below are used on this one stream only, so
-        // they need no cudarc events (events of other streams would also
-        // break graph capture).
-        unsafe { self.ctx.cuda_context().expect("gpu backend").disable_event_tracking() };
-        let comm = Comm::from_rank(stream.clone(), me, n, Id::uninit(internal))
-            .map_err(|e| format!("ncclCommInitRank: {e:?}"))?;
-        // Not destroyed at the end: the benchmark exits right after, and a
-        // communicator left in an error state can crash on destroy.
-        let comm = std::mem::ManuallyDrop::new(comm);
-        let max = *self.sizes.last().unwrap() / 4;
-        let send = stream.clone_htod(&vec![(me + 1) as f32; max])?;
-        let mut recv = stream.alloc_zeros::<f32>(max)?;
-        let want = (n * (n + 1) / 2) as f32;
+        let peer = 1 % n;
+        let max = *self.sizes.last().expect("sizes") / 4;
+        let src = self.ctx.alloc::<u32>(max)?;
+        let dst = self.ctx.alloc::<u32>(max)?;
+        // The host memcpy's buffers, made on first use. Non-zero contents:
+        // a zeroed vector may read from the kernel's shared zero page.
+        let mut host = None::<(Vec<u8>, Vec<u8>)>;
         let mut rows = Vec::new();
-        for (k, &b) in self.sizes.iter().enumerate() {
+        for &b in &self.sizes {
             let len = b / 4;
-            let src = send.slice(..len);
-            let time_us = self.time(
-                b,
-                || Ok(()),
-                || {
-                    let mut dst = recv.slice_mut(..len);
-                    comm.all_reduce(&src, &mut dst, &NcclOp::Sum).map_err(|e| format!("ncclAllReduce: {e:?}"))?;
-                    Ok(())
-                },
-            )?;
-            let got = stream.clone_dtoh(&recv.slice(..len))?;
-            if got.iter().any(|&x| x != want) {
-                return Err(format!("NCCL all_reduce of {len} f32 gave a wrong sum").into());
-            }
-            let row = |graph, time_us| Row::all_reduce("nccl", graph, b, time_us, n, memcpy_us.get(k).copied());
-            rows.push(row(false, time_us));
-            if self.args.graph && b <= 1 << 20 {
-                const PER_GRAPH: usize = 100;
-                let mut graphed = || -> Res<f64> {
-                    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-                    let mut captured = Ok(());
-                    for _ in 0..PER_GRAPH {
-                        let mut dst = recv.slice_mut(..len);
-                        captured = captured.and(comm.all_reduce(&src, &mut dst, &NcclOp::Sum).map(drop));
-                    }
-                    let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
-                    captured.map_err(|e| format!("capturing ncclAllReduce: {e:?}"))?;
-                    time_graph(&stream, &graph.ok_or("the capture gave no graph")?, PER_GRAPH)
+            for op in [Op::Put, Op::Get].into_iter().filter(|&op| self.selected(op)) {
+                let pattern = Pattern::new::<u32>(n, seed(op, "u32", b))?;
+                src.slice(..len).copy_from_host(&pattern.input(me, len), &self.s)?;
+                // PE `checker` holds the result: PE 0's data at the peer, or
+                // the peer's data at PE 0.
+                let (checker, want) = match op {
+                    Op::Put => (peer, pattern.input::<u32>(0, len)),
+                    _ => (0, pattern.input::<u32>(peer, len)),
                 };
-                match graphed() {
-                    Ok(t) => rows.push(row(true, t)),
-                    Err(e) => eprintln!("shmem-bench: NCCL graph rows skipped: {e}"),
+                let transfer = || match op {
+                    Op::Put => Ok(self.ctx.put(dst.slice(..len), src.slice(..len), peer, &self.s)?),
+                    _ => Ok(self.ctx.get(dst.slice(..len), src.slice(..len), peer, &self.s)?),
+                };
+                let case = Case {
+                    op,
+                    imp: Imp::Shmem,
+                    dtype: Some("u32"),
+                    bytes: b,
+                    run: &transfer,
+                    poison: &|| self.poison(&dst, len),
+                    read: &|| Ok(dst.slice(..len).copy_to_host(&self.s)?),
+                    want: &want,
+                };
+                // PE 0 transfers, timed or not; the barrier makes the
+                // transfer complete and visible at the checker.
+                let check = |time: bool| -> Res<(bool, Option<f64>)> {
+                    let done = match (me, time) {
+                        (0, true) => self.time(b, || Ok(()), || (case.run)()).map(Some),
+                        (0, false) => (case.run)().map(|()| None),
+                        _ => Ok(None),
+                    };
+                    self.ctx.barrier_all(&self.s)?;
+                    let (t, got) = match done {
+                        Ok(t) if me == checker => (t, (case.read)().map(Some)),
+                        Ok(t) => (t, Ok(None)),
+                        Err(e) => (None, Err(e)),
+                    };
+                    Ok((self.settle(&case, false, got)?, t))
+                };
+                if self.runs(Imp::Shmem, op, b) {
+                    (case.poison)()?;
+                    self.ctx.barrier_all(&self.s)?;
+                    if check(false)?.0 {
+                        if let (true, Some(t)) = check(true)? {
+                            self.keep(&mut rows, case.row(false, t))?;
+                        }
+                    }
+                }
+                if self.runs(Imp::Memcpy, op, b) {
+                    let t = if me == 0 { self.memcpy(op, &src, &dst, b, &mut host) } else { Ok(0.0) };
+                    self.ctx.barrier_all(&self.s)?;
+                    match t {
+                        Ok(t) if me == 0 => {
+                            self.keep(&mut rows, Row { imp: Imp::Memcpy, ..case.row(false, t) })?;
+                        }
+                        Ok(_) => {}
+                        Err(e) => note(format_args!("{} memcpy {b} B skipped: {e}", op.name())),
+                    }
                 }
             }
         }
-        stream.synchronize()?;
         Ok(rows)
     }
 
-    /// All-reduces captured once in a CUDA graph (100 per graph) and
-    /// replayed: the device kernel's time without the host's. Sizes up to
-    /// the one-shot kernel's 1 MiB (the others cannot be captured yet).
-    fn all_reduce_graph(&self, memcpy_us: &[f64]) -> Res<Vec<Row>> {
-        use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-        const PER_GRAPH: usize = 100;
-        let (me, n) = (self.ctx.my_pe(), self.ctx.n_pes());
-        let stream = self.s.cuda_stream().expect("gpu backend").clone();
-        let max = (*self.sizes.last().unwrap()).min(1 << 20) / 4;
-        let src = self.ctx.alloc::<f32>(max)?;
-        let dst = self.ctx.alloc::<f32>(max)?;
-        src.fill((me + 1) as f32, &self.s)?;
-        let want = (n * (n + 1) / 2) as f32;
+    /// The reference of a put or get of `b` bytes: on the GPU backend a
+    /// copy-engine copy to (put) or from (get) the peer's memory through
+    /// its NVLink address, the peer-copy ceiling; on the host backend a
+    /// memcpy between two vectors of this process. PE 0 alone.
+    fn memcpy(
+        &self,
+        op: Op,
+        src: &SymmetricBuffer<u32>,
+        dst: &SymmetricBuffer<u32>,
+        b: usize,
+        host: &mut Option<(Vec<u8>, Vec<u8>)>,
+    ) -> Res<f64> {
+        let peer = 1 % self.ctx.n_pes();
+        if let Some(stream) = self.s.cuda_stream() {
+            let unreachable = || "the peer is not reachable over NVLink";
+            let (to, from) = match op {
+                Op::Put => (dst.peer_ptr(peer).ok_or_else(unreachable)? as u64, src.local_ptr() as u64),
+                _ => (dst.local_ptr() as u64, src.peer_ptr(peer).ok_or_else(unreachable)? as u64),
+            };
+            let copy = || {
+                // SAFETY: both are the first `b` bytes of live symmetric
+                // buffers of at least that size.
+                unsafe { cudarc::driver::result::memcpy_dtod_async(to, from, b, stream.cu_stream())? };
+                Ok(())
+            };
+            return self.time(b, || Ok(()), copy);
+        }
+        let max = *self.sizes.last().expect("sizes");
+        let (from, to) = host.get_or_insert_with(|| ((0..max).map(|i| i as u8 | 1).collect(), vec![0u8; max]));
+        // copy_from_slice is copy_nonoverlapping, i.e. memcpy; black_box
+        // keeps the compiler from dropping copies nobody reads.
+        self.time(
+            b,
+            || Ok(()),
+            || {
+                black_box(&mut to[..b]).copy_from_slice(&from[..b]);
+                Ok(())
+            },
+        )
+    }
+
+    /// NCCL's rows of `ops`, on plain device buffers of the same sizes.
+    fn nccl(&self, ops: &[Op]) -> Res<Vec<Row>> {
+        let Some(nccl) = Nccl::new(self)? else { return Ok(Vec::new()) };
         let mut rows = Vec::new();
-        for (k, &b) in self.sizes.iter().enumerate().filter(|(_, &b)| b <= 1 << 20) {
-            let len = b / 4;
-            dst.fill(-1.0, &self.s)?;
-            self.ctx.barrier_all(&self.s)?;
-            stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-            let mut captured = Ok(());
-            for _ in 0..PER_GRAPH {
-                captured =
-                    captured.and(self.ctx.all_reduce(dst.slice(..len), src.slice(..len), ReduceOp::Sum, &self.s));
+        for &op in ops {
+            for dtype in self.dtypes(op) {
+                rows.extend(match dtype {
+                    Dtype::F32 => self.nccl_collective::<f32>(&nccl, op)?,
+                    Dtype::Bf16 => self.nccl_collective::<bf16>(&nccl, op)?,
+                });
             }
-            let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
-            captured?;
-            let time_us = time_graph(&stream, &graph.ok_or("the capture gave no graph")?, PER_GRAPH)?;
-            if dst.slice(..len).copy_to_host(&self.s)?.iter().any(|&x| x != want) {
-                return Err(format!("graph all_reduce of {len} f32: PE {me} got a wrong sum").into());
-            }
-            rows.push(Row::all_reduce("shmem", true, b, time_us, n, memcpy_us.get(k).copied()));
         }
         Ok(rows)
     }
 
-    fn all_reduce_with(&self, imp: &'static str, memcpy_us: &[f64]) -> Res<Vec<Row>> {
+    fn nccl_collective<T: Value>(&self, nccl: &Nccl, op: Op) -> Res<Vec<Row>> {
         let (me, n) = (self.ctx.my_pe(), self.ctx.n_pes());
-        let max = *self.sizes.last().unwrap() / 4;
-        let src = self.ctx.alloc::<f32>(max)?;
-        let dst = self.ctx.alloc::<f32>(max)?;
-        src.fill((me + 1) as f32, &self.s)?;
-        let want = (n * (n + 1) / 2) as f32; // exact: a small integer
         let mut rows = Vec::new();
-        for (k, &b) in self.sizes.iter().enumerate() {
-            let len = b / 4;
-            dst.fill(-1.0, &self.s)?;
-            // The barrier before each iteration starts every PE together.
-            let time_us = self.time(
-                b,
-                || Ok(self.ctx.barrier_all(&self.s)?),
-                || Ok(self.ctx.all_reduce(dst.slice(..len), src.slice(..len), ReduceOp::Sum, &self.s)?),
-            )?;
-            if dst.slice(..len).copy_to_host(&self.s)?.iter().any(|&x| x != want) {
-                return Err(format!("all_reduce ({imp}) of {len} f32: PE {me} got a wrong sum").into());
+        let elem = size_of::<T>();
+        let Some(max) = self.largest(op, elem) else { return Ok(rows) };
+        let src = DeviceBuf::new(&nccl.stream, max.src * elem)?;
+        let dst = DeviceBuf::new(&nccl.stream, max.dst * elem)?;
+        for &b in &self.sizes {
+            let Some(shape) = Shape::of(op, b, elem, n) else { continue };
+            if !self.runs(Imp::Nccl, op, shape.bytes) {
+                continue;
             }
-            rows.push(Row::all_reduce(imp, false, b, time_us, n, memcpy_us.get(k).copied()));
+            let pattern = Pattern::new::<T>(n, seed(op, T::NAME, shape.bytes))?;
+            src.write(&pattern.input::<T>(me, shape.src))?;
+            let want = pattern.expected::<T>(op, shape, me);
+            let case = Case {
+                op,
+                imp: Imp::Nccl,
+                dtype: Some(T::NAME),
+                bytes: shape.bytes,
+                run: &|| nccl.enqueue(op, T::NCCL, elem, &dst, &src, shape),
+                poison: &|| dst.poison(shape.dst * elem),
+                read: &|| dst.read::<T>(shape.dst),
+                want: &want,
+            };
+            self.measure(&case, &mut rows)?;
         }
         Ok(rows)
     }
 }
 
-/// µs per operation of a graph of `per_graph` operations: uploaded, warmed
-/// up, then 5 replays timed with CUDA events; the median.
-fn time_graph(stream: &cudarc::driver::CudaStream, graph: &cudarc::driver::CudaGraph, per_graph: usize) -> Res<f64> {
-    let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+/// Captures [`PER_GRAPH`] runs of `run` on `stream` into a graph.
+fn capture(stream: &Arc<CudaStream>, run: &dyn Fn() -> Res) -> Res<CudaGraph> {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    let mut captured = Ok(());
+    for _ in 0..PER_GRAPH {
+        captured = captured.and_then(|()| run());
+    }
+    // Ended whatever happened, so the stream leaves capture mode.
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+    captured?;
+    let graph = graph?.ok_or("the capture gave no graph")?;
     graph.upload()?;
-    for _ in 0..3 {
-        graph.launch()?;
+    Ok(graph)
+}
+
+/// Plain device memory, for NCCL's rows.
+struct DeviceBuf {
+    mem: CudaSlice<u8>,
+    stream: Arc<CudaStream>,
+}
+
+impl DeviceBuf {
+    fn new(stream: &Arc<CudaStream>, bytes: usize) -> Res<DeviceBuf> {
+        Ok(DeviceBuf { mem: stream.alloc_zeros::<u8>(bytes.max(1))?, stream: stream.clone() })
     }
-    let mut reps = Vec::new();
-    for _ in 0..5 {
-        stream.synchronize()?;
-        let start = stream.record_event(timing)?;
-        graph.launch()?;
-        let end = stream.record_event(timing)?;
-        end.synchronize()?;
-        reps.push(start.elapsed_ms(&end)? as f64 * 1e3 / per_graph as f64);
+
+    fn fits(&self, bytes: usize) -> Res {
+        match bytes <= self.mem.len() {
+            true => Ok(()),
+            false => Err(format!("{bytes} bytes do not fit in a buffer of {}", self.mem.len()).into()),
+        }
     }
-    reps.sort_by(f64::total_cmp);
-    Ok(reps[2])
+
+    fn addr(&self) -> u64 {
+        // Event tracking is off (see `Nccl::new`): the guard records nothing.
+        self.mem.device_ptr(&self.stream).0
+    }
+
+    fn write<T: Value>(&self, data: &[T]) -> Res {
+        self.fits(size_of_val(data))?;
+        // SAFETY: the copy fits (checked above) and is complete before `data` can go.
+        unsafe { cudarc::driver::result::memcpy_htod_async(self.addr(), data, self.stream.cu_stream())? };
+        Ok(self.stream.synchronize()?)
+    }
+
+    fn read<T: Value>(&self, len: usize) -> Res<Vec<T>> {
+        self.fits(len * size_of::<T>())?;
+        let mut out = vec![T::POISON; len];
+        // SAFETY: the copy fits (checked above) and is complete before `out` is used.
+        unsafe { cudarc::driver::result::memcpy_dtoh_async(&mut out, self.addr(), self.stream.cu_stream())? };
+        self.stream.synchronize()?;
+        Ok(out)
+    }
+
+    fn poison(&self, bytes: usize) -> Res {
+        self.fits(bytes)?;
+        // SAFETY: within the allocation (checked above), ordered on its stream.
+        unsafe { cudarc::driver::result::memset_d8_async(self.addr(), 0xFF, bytes, self.stream.cu_stream())? };
+        Ok(())
+    }
+}
+
+/// An NCCL communicator over the world on the bench's stream: cudarc's
+/// bindings to the box's libnccl, through its `result` layer, whose
+/// run-time dtype takes bf16 without cudarc's `f16` feature.
+struct Nccl {
+    comm: ncclComm_t,
+    stream: Arc<CudaStream>,
+    n: usize,
+}
+
+impl Nccl {
+    /// Every PE joins; `None` where the box has no libnccl.
+    ///
+    /// # Collective
+    fn new(b: &Bench<'_>) -> Res<Option<Nccl>> {
+        use cudarc::nccl::{result, sys};
+        let (me, n) = (b.ctx.my_pe(), b.ctx.n_pes());
+        // SAFETY: only tries to open the library.
+        if !unsafe { sys::is_culib_present() } {
+            if me == 0 {
+                note("no libnccl found: NCCL rows skipped");
+            }
+            return Ok(None);
+        }
+        // NCCL's unique id travels through a symmetric buffer.
+        let id_buf = b.ctx.alloc_zeroed::<u64>(16)?;
+        if me == 0 {
+            let id = result::get_uniqueid().map_err(|e| format!("ncclGetUniqueId: {:?}", e.0))?;
+            let words: Vec<u64> =
+                id.internal.chunks(8).map(|c| u64::from_le_bytes(std::array::from_fn(|i| c[i] as u8))).collect();
+            id_buf.copy_from_host(&words, &b.s)?;
+        }
+        b.ctx.barrier_all(&b.s)?;
+        let mut words = [0u64; 16];
+        for (i, w) in words.iter_mut().enumerate() {
+            *w = b.ctx.g(&id_buf, i, 0, &b.s)?;
+        }
+        let mut id = sys::ncclUniqueId { internal: [0; 128] };
+        for (i, c) in id.internal.iter_mut().enumerate() {
+            *c = (words[i / 8] >> (8 * (i % 8))) as u8 as std::ffi::c_char;
+        }
+        let stream = b.cuda()?.clone();
+        // SAFETY: the NCCL buffers are used on this one stream only, so
+        // they need no cudarc events (events of other streams would also
+        // break graph capture). shmem's own rows are all done.
+        unsafe { b.ctx.cuda_context().ok_or("gpu backend")?.disable_event_tracking() };
+        let mut comm = std::mem::MaybeUninit::uninit();
+        // SAFETY: every PE passes the same id and world size and its own rank.
+        unsafe { result::comm_init_rank(comm.as_mut_ptr(), n as i32, id, me as i32) }
+            .map_err(|e| format!("ncclCommInitRank: {:?}", e.0))?;
+        // SAFETY: written by the successful call above. Never destroyed: the
+        // bench exits right after, and a communicator left in an error
+        // state can crash on destroy.
+        let comm = unsafe { comm.assume_init() };
+        Ok(Some(Nccl { comm, stream, n }))
+    }
+
+    /// Enqueues one `op` of `shape` (elements of `dtype`, `elem` bytes each).
+    fn enqueue(
+        &self,
+        op: Op,
+        dtype: ncclDataType_t,
+        elem: usize,
+        dst: &DeviceBuf,
+        src: &DeviceBuf,
+        shape: Shape,
+    ) -> Res {
+        use cudarc::nccl::result::{self as nccl, NcclStatus};
+        use cudarc::nccl::sys::{cudaStream_t, ncclRedOp_t::ncclSum};
+        use std::ffi::c_void;
+        src.fits(shape.src * elem)?;
+        dst.fits(shape.dst * elem)?;
+        let (s, d) = (src.addr(), dst.addr());
+        let (comm, cu) = (self.comm, self.stream.cu_stream() as cudaStream_t);
+        let n = self.n;
+        // SAFETY: both buffers hold the counts passed (checked above), live
+        // until the stream is done with them (the case outlives its runs),
+        // and every PE enqueues the same operations in the same order.
+        let status = unsafe {
+            match op {
+                Op::AllReduce => {
+                    nccl::all_reduce(s as *const c_void, d as *mut c_void, shape.dst, dtype, ncclSum, comm, cu)
+                }
+                Op::AllGather => nccl::all_gather(s as *const c_void, d as *mut c_void, shape.src, dtype, comm, cu),
+                Op::ReduceScatter => {
+                    nccl::reduce_scatter(s as *const c_void, d as *mut c_void, shape.dst, dtype, ncclSum, comm, cu)
+                }
+                Op::Broadcast => {
+                    nccl::broadcast(s as *const c_void, d as *mut c_void, shape.dst, dtype, ROOT as i32, comm, cu)
+                }
+                Op::AllToAll => {
+                    // Block p of the source to PE p, block p of the
+                    // destination from PE p: one fused group.
+                    let c = shape.dst / n;
+                    let mut sent = nccl::group_start();
+                    for p in 0..n {
+                        let at = (p * c * elem) as u64;
+                        sent = sent
+                            .and_then(|_| nccl::send((s + at) as *const c_void, c, dtype, p as i32, comm, cu))
+                            .and_then(|_| nccl::recv((d + at) as *mut c_void, c, dtype, p as i32, comm, cu));
+                    }
+                    // Ended whatever happened, so later calls are not grouped.
+                    let ended = nccl::group_end();
+                    sent.and(ended)
+                }
+                _ => Ok(NcclStatus::Success),
+            }
+        };
+        status.map(drop).map_err(|e| format!("NCCL {}: {:?}", op.name(), e.0).into())
+    }
 }
 
 fn run(args: &Args) -> Res {
@@ -526,88 +1295,99 @@ fn run(args: &Args) -> Res {
         Backend::Gpu => BackendKind::Gpu,
         Backend::Auto => BackendKind::Auto,
     };
-    // Room for the two largest buffers, plus alignment slack.
-    let ctx = Config::new().backend(backend).heap_size(2 * args.max_bytes + (1 << 20)).init()?;
+    let mut config = Config::new().backend(backend);
+    if std::env::var_os(HEAP_ENV).is_none() {
+        config = config.heap_size(heap_bytes(args.max_bytes));
+    }
+    let ctx = config.init()?;
     let (me, n) = (ctx.my_pe(), ctx.n_pes());
-    let sizes: Vec<usize> = std::iter::successors(Some(args.min_bytes), |&b| b.checked_mul(2))
-        .take_while(|&b| b <= args.max_bytes)
-        .collect();
-    let bench = Bench { ctx: &ctx, s: ctx.stream(), args, sizes };
-    let sized = matches!(args.op, Op::Put | Op::AllReduce | Op::All);
-
-    let memcpy_us = if sized { bench.memcpy()? } else { Vec::new() };
-    let mut rows: Vec<Row> = bench
-        .sizes
-        .iter()
-        .zip(&memcpy_us)
-        .map(|(&bytes, &time_us)| Row {
-            graph: false,
-            op: "memcpy",
-            imp: "memcpy",
-            dtype: Some("u8"),
-            bytes,
-            time_us,
-            bus_factor: 1.0,
-            memcpy_us: Some(time_us),
-        })
-        .collect();
-    if matches!(args.op, Op::Put | Op::All) {
-        rows.extend(bench.put(&memcpy_us)?);
-    }
-    if matches!(args.op, Op::Barrier | Op::All) {
-        rows.push(bench.barrier()?);
-    }
-    if matches!(args.op, Op::AllReduce | Op::All) {
-        rows.extend(bench.all_reduce(&memcpy_us)?);
-    }
     let backend = format!("{:?}", ctx.backend()).to_lowercase();
+    let partial = args.json.as_ref().map(|p| {
+        let mut s = p.as_os_str().to_owned();
+        s.push(".partial");
+        PathBuf::from(s)
+    });
+    let (rows, wrong) = {
+        let bench = Bench {
+            ctx: &ctx,
+            s: ctx.stream(),
+            args,
+            sizes: std::iter::successors(Some(args.min_bytes), |&b| b.checked_mul(2))
+                .take_while(|&b| b <= args.max_bytes)
+                .collect(),
+            verdicts: ctx.alloc_zeroed::<u32>(n)?,
+            wrong: Cell::new(0),
+            partial: RefCell::new(match (&partial, me) {
+                (Some(p), 0) => Some(std::fs::File::create(p).map_err(|e| format!("creating {}: {e}", p.display()))?),
+                _ => None,
+            }),
+            backend: backend.clone(),
+        };
+        if args.graph && !bench.gpu() && me == 0 {
+            note("--graph needs the gpu backend: no graph rows");
+        }
+        (bench.all()?, bench.wrong.get())
+    };
 
     if me == 0 {
         print_table(&rows, n, &backend, args);
         if let Some(path) = &args.json {
-            let mut out = String::new();
-            for r in &rows {
-                let dtype = r.dtype.map_or("null".into(), |d| format!("\"{d}\""));
-                writeln!(
-                    out,
-                    "{{\"op\":\"{}\",\"impl\":\"{}\",\"backend\":\"{backend}\",\"dtype\":{dtype},\"bytes\":{},\"pes\":{n},\
-                     \"graph\":{},\"time_us\":{},\"algbw_gbps\":{},\"busbw_gbps\":{},\"vs_memcpy\":{}}}",
-                    r.op,
-                    r.imp,
-                    r.bytes,
-                    r.graph,
-                    num(Some(r.time_us)),
-                    num(r.algbw_gbps()),
-                    num(r.busbw_gbps()),
-                    num(r.vs_memcpy()),
-                )?;
-            }
+            let out: String = rows.iter().map(|r| r.json(n, &backend, Some(&rows)) + "\n").collect();
             std::fs::write(path, out).map_err(|e| format!("writing {}: {e}", path.display()))?;
+            if let Some(p) = &partial {
+                let _ = std::fs::remove_file(p);
+            }
         }
     }
     // After the results are out: a fault in teardown cannot lose them.
     ctx.finalize()?;
+    if wrong > 0 {
+        return Err(format!("{wrong} wrong result(s) on PE {me} (see above)").into());
+    }
     Ok(())
 }
 
+/// One table per operation, element type and timing mode.
 fn print_table(rows: &[Row], n: usize, backend: &str, args: &Args) {
     let iters = args.iters.map_or("auto (10..=1000)".into(), |i| i.to_string());
-    println!("# shmem-bench: {n} PEs, {backend} backend; median of {iters} iterations after {} warm-up", args.warmup);
-    println!("# put: PE 0 -> PE {}; all_reduce: f32 sum; vs_memcpy: memcpy time / time", 1 % n);
-    println!(
-        "{:<11}{:<14}{:>11}{:>12}{:>12}{:>12}{:>11}",
-        "op", "impl", "bytes", "time_us", "algbw_GBps", "busbw_GBps", "vs_memcpy"
-    );
+    println!("# shmem-bench: {n} PEs, {backend} backend; time: µs on PE 0, median");
+    println!("# eager: {iters} iterations per batch after {} warm-up; graph: replays of {PER_GRAPH}", args.warmup);
+    println!("# bytes per PE: all_gather's output, reduce_scatter's input, else the buffer; busbw as nccl-tests");
+    println!("# vs X: X's time / shmem's time (above 1: shmem is faster)");
+    if rows.is_empty() {
+        println!("# no rows: nothing selected runs on this backend");
+    }
+    let mut sections: Vec<(Op, Option<&str>, bool)> = Vec::new();
     for r in rows {
-        println!(
-            "{:<11}{:<14}{:>11}{:>12.2}{}{}{}",
-            r.op,
-            if r.graph { format!("{}+graph", r.imp) } else { r.imp.to_owned() },
-            r.bytes,
-            r.time_us,
-            cell(r.algbw_gbps(), 12),
-            cell(r.busbw_gbps(), 12),
-            cell(r.vs_memcpy(), 11)
-        );
+        if !sections.contains(&(r.op, r.dtype, r.graph)) {
+            sections.push((r.op, r.dtype, r.graph));
+        }
+    }
+    sections.sort_by_key(|&(op, _, graph)| (op, graph));
+    for (op, dtype, graph) in sections {
+        let mut section: Vec<&Row> = rows.iter().filter(|r| (r.op, r.dtype, r.graph) == (op, dtype, graph)).collect();
+        section.sort_by_key(|r| (r.bytes, r.imp));
+        let refs: Vec<Imp> = REFERENCES.into_iter().filter(|&i| section.iter().any(|r| r.imp == i)).collect();
+        let mode = if graph { "graph" } else { "eager" };
+        println!("\n## {} {}{mode}", op.name(), dtype.map_or(String::new(), |d| format!("{d} ")));
+        let mut head = format!("{:<15}{:>7}{:>12}{:>12}{:>12}", "impl", "size", "time_us", "algbw_GBps", "busbw_GBps");
+        for i in &refs {
+            let _ = write!(head, "{:>12}", format!("vs_{}", i.name()));
+        }
+        println!("{head}");
+        for r in section {
+            let mut line = format!(
+                "{:<15}{:>7}{:>12.2}{}{}",
+                r.imp.name(),
+                human(r.bytes),
+                r.time_us,
+                cell(r.algbw_gbps(), 12),
+                cell(r.busbw_gbps(n), 12)
+            );
+            for &i in &refs {
+                line += &cell(r.vs(rows, i), 12);
+            }
+            println!("{line}");
+        }
     }
 }
