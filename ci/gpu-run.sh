@@ -99,8 +99,12 @@ expect_fail nvshmem-missing "NVSHMEM_HOME" "$pes" env NVSHMEM_HOME=/nonexistent 
 
 for arg in "$@"; do
     if [[ $arg == --bench ]]; then
-        step bench "$bin/shmemrun" -n "$pes" "$bin/shmem-bench" --backend gpu --graph --max-bytes "${BENCH_MAX_BYTES:-256M}" \
-            --json "$out/bench.jsonl"
+        # Every op and implementation (shmem's variants, NVSHMEM, NCCL), eager
+        # from 8 B to 256 MiB per PE and graph-replayed up to 1 MiB; all_reduce
+        # and reduce_scatter in f32 and bf16. The heap follows --max-bytes.
+        STEP_TIMEOUT=${BENCH_TIMEOUT:-420} step bench "$bin/shmemrun" -n "$pes" "$bin/shmem-bench" --backend gpu \
+            --op all --dtype f32,bf16 --max-bytes "${BENCH_MAX_BYTES:-256M}" \
+            --graph --graph-max-bytes "${BENCH_GRAPH_MAX_BYTES:-1M}" --json "$out/bench.jsonl"
     fi
 done
 
