@@ -35,6 +35,7 @@ pub use gpu::interop::CudaView;
 mod heap;
 mod host;
 pub mod launch;
+pub mod moe;
 mod rma;
 mod team;
 

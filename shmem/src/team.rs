@@ -28,14 +28,32 @@ pub(crate) enum OpKind {
     Alloc,
     Split,
     SplitBases,
+    AllToAllV,
+    AllToAllV2d,
+    AllToAllV2dOffset,
+    MoeSetup,
 }
 
 impl OpKind {
     fn from_u8(v: u8) -> Option<OpKind> {
         use OpKind::*;
-        [Barrier, Broadcast, AllGather, AllReduce, ReduceScatter, AllToAll, Alloc, Split, SplitBases]
-            .into_iter()
-            .find(|k| *k as u8 == v)
+        [
+            Barrier,
+            Broadcast,
+            AllGather,
+            AllReduce,
+            ReduceScatter,
+            AllToAll,
+            Alloc,
+            Split,
+            SplitBases,
+            AllToAllV,
+            AllToAllV2d,
+            AllToAllV2dOffset,
+            MoeSetup,
+        ]
+        .into_iter()
+        .find(|k| *k as u8 == v)
     }
 
     pub(crate) fn name(self) -> &'static str {
@@ -49,6 +67,10 @@ impl OpKind {
             OpKind::Alloc => "alloc",
             OpKind::Split => "split_strided",
             OpKind::SplitBases => "split_strided",
+            OpKind::AllToAllV => "all_to_all_v",
+            OpKind::AllToAllV2d => "all_to_all_v_2d",
+            OpKind::AllToAllV2dOffset => "all_to_all_v_2d_offset",
+            OpKind::MoeSetup => "MoeAllToAll::new",
         }
     }
 }
@@ -106,6 +128,17 @@ impl fmt::Display for Row<'_> {
             )?,
             Some(OpKind::Split) => write!(f, "start {}, stride {}, size {}", w[2], w[3], w[4])?,
             Some(OpKind::Barrier) | Some(OpKind::SplitBases) | None => {}
+            Some(OpKind::AllToAllV | OpKind::AllToAllV2d | OpKind::AllToAllV2dOffset) => write!(
+                f,
+                "input at heap offset {}, output at heap offset {}, splits at heap offset {}, out splits/offsets \
+                 at heap offset {}, sizes #{:016x}",
+                w[2], w[3], w[4], w[5], w[6]
+            )?,
+            Some(OpKind::MoeSetup) => write!(
+                f,
+                "hidden {}, max tokens {}, experts per PE {}, top-k {}, major_align {}",
+                w[2], w[3], w[4], w[5], w[6]
+            )?,
             Some(_) => write!(
                 f,
                 "src {} elements at heap offset {}, dst {} elements at heap offset {}, root {}",

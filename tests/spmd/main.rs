@@ -10,6 +10,7 @@
 
 mod coll;
 mod errors;
+mod moe;
 mod rma;
 mod scenarios;
 mod teams;
@@ -29,6 +30,7 @@ fn all_tests() -> Vec<(&'static str, TestFn)> {
     t.extend(coll::TESTS);
     t.extend(teams::TESTS);
     t.extend(errors::TESTS);
+    t.extend(moe::TESTS);
     t.extend(scenarios::TESTS);
     t
 }

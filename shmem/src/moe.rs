@@ -1,0 +1,556 @@
+//! Mixture-of-Experts all-to-all-v: the semantics of PyTorch's
+//! `torch.ops.symm_mem.all_to_all_vdev`, `all_to_all_vdev_2d` and
+//! `all_to_all_vdev_2d_offset`.
+//!
+//! Data moves in *rows* of `row_len` elements (a token's hidden vector);
+//! splits and offsets count rows and live in symmetric `i64` buffers, as
+//! PyTorch keeps them on the device. Each PE's `in_splits` is the only
+//! routing information; the operation writes `out_splits_offsets` (row 0:
+//! splits, row 1: offsets), so no PE needs to know beforehand what it
+//! receives.
+//!
+//! # `all_to_all_v` (1D)
+//!
+//! `in_splits[j]` rows, packed in PE order, go to PE `j`; each PE receives
+//! them packed in source order. 3 PEs, `a`/`b`/`c` the rows of PE 0/1/2:
+//!
+//! ```text
+//! input   PE 0: | a→0 | a→1 | a→2 |     in_splits PE 0: [2, 1, 0]
+//!         PE 1: | b→0 | b→1 | b→2 |     in_splits PE 1: [1, 0, 3]
+//!         PE 2: | c→0 | c→1 | c→2 |     in_splits PE 2: [0, 2, 1]
+//!
+//! output  PE 0: | a→0 | b→0 | c→0 |     out splits [2, 1, 0], offsets [0, 2, 3]
+//!         PE 1: | a→1 | b→1 | c→1 |     out splits [1, 0, 2], offsets [0, 1, 1]
+//!         PE 2: | a→2 | b→2 | c→2 |     out splits [0, 3, 1], offsets [0, 0, 3]
+//! ```
+//!
+//! # `all_to_all_v_2d` (dispatch)
+//!
+//! With `ne` experts per PE (`in_splits` has `n_pes × ne` entries), the
+//! input is *rank-major*: for each destination PE, its experts in order.
+//! The output on each PE is *expert-major*: for each of its experts, the
+//! chunks from every source PE in PE order. 2 PEs, 2 experts each (global
+//! experts 0..4; `cX` from PE 0, `dX` from PE 1, `X` the global expert):
+//!
+//! ```text
+//! input   PE 0: | c0 | c1 | c2 | c3 |        PE 1: | d0 | d1 | d2 | d3 |
+//!                 \___PE 0__/ \__PE 1__/
+//! output  PE 0: | c0 d0 ·pad· | c1 d1 ·pad· |     (local experts 0, 1)
+//!         PE 1: | c2 d2 ·pad· | c3 d3 ·pad· |
+//!                 ^ expert block starts at a multiple of major_align
+//! ```
+//!
+//! `out_splits_offsets` is expert-major too: entry `e × n_pes + src` holds
+//! the rows of chunk (local expert `e`, source `src`) and where it starts in
+//! the output. Each expert's block is `max(round_up(rows, major_align),
+//! major_align)` rows long, so an expert that receives nothing still takes
+//! `major_align` rows (PyTorch does this because grouped GEMMs reject empty
+//! groups) — with `major_align = 1` too. Padding rows are never written.
+//!
+//! # `all_to_all_v_2d_offset` (combine)
+//!
+//! The reverse: the input is expert-major as the dispatch left it, chunk
+//! `e × n_pes + dst` at row offset `in_splits_offsets[1][…]` with
+//! `in_splits_offsets[0][…]` rows (padding between chunks is allowed and
+//! never sent); the output is rank-major and packed, entry `src × ne + e`,
+//! which puts every row back where the dispatch took it from:
+//!
+//! ```text
+//! input   PE 0: | c0' d0' ·pad· | c1' d1' ·pad· |    PE 1: | c2' d2' ·pad· | c3' d3' ·pad· |
+//! output  PE 0: | c0' | c1' | c2' | c3' |             PE 1: | d0' | d1' | d2' | d3' |
+//! ```
+//!
+//! # Checks
+//!
+//! Every PE can read every peer's splits (they are symmetric), so after the
+//! usual descriptor exchange each PE validates the *whole* exchange —
+//! negative splits, offsets that are negative, overlap or run backwards,
+//! chunks beyond a PE's input, outputs too small for what a PE would
+//! receive — in the same order, reaches the same verdict, and fails before
+//! anything is written. PyTorch checks less (a negative split or a short
+//! input trips a device assert; an output overflow is not checked).
+
+use crate::buffer::{Region, SymSlice};
+use crate::context::{Context, Stream};
+use crate::dtype::Element;
+use crate::error::{Error, Result};
+use crate::team::{Desc, OpKind, Team};
+use rayon::prelude::*;
+
+/// Elements per rayon task when copying.
+const PIECE: usize = 1 << 15;
+
+/// An address that may cross into rayon tasks.
+#[derive(Clone, Copy)]
+struct Addr(usize);
+
+/// One all-to-all-v call, checked locally.
+struct Call {
+    kind: OpKind,
+    input: Region,
+    output: Region,
+    /// `in_splits`, or `in_splits_offsets` for the offset variant.
+    splits: Region,
+    out_splits_offsets: Region,
+    row_len: usize,
+    /// 0 for the operations that do not pad.
+    major_align: usize,
+    /// Entries per PE of splits (and of offsets): `n_pes × ne`.
+    entries: usize,
+}
+
+impl Call {
+    fn experts_per_pe(&self, n: usize) -> usize {
+        self.entries / n
+    }
+
+    fn rows(&self, r: Region) -> u64 {
+        (r.len / self.row_len) as u64
+    }
+}
+
+/// One validated chunk of rows this PE receives.
+struct Chunk {
+    /// Team index of the source.
+    src: usize,
+    /// First row in the source's input.
+    from: u64,
+    /// First row in this PE's output.
+    to: u64,
+    rows: u64,
+}
+
+/// What this PE receives and what it writes into `out_splits_offsets`.
+struct Plan {
+    chunks: Vec<Chunk>,
+    out_splits: Vec<i64>,
+    out_offsets: Vec<i64>,
+}
+
+fn invalid(kind: OpKind, msg: impl std::fmt::Display) -> Error {
+    Error::Invalid(format!("{}: {msg}", kind.name()))
+}
+
+fn mismatch(kind: OpKind, msg: impl std::fmt::Display) -> Error {
+    Error::LengthMismatch(format!("{}: {msg}", kind.name()))
+}
+
+/// Byte range of `r` with elements of `elem` bytes.
+fn bytes(r: Region, elem: usize) -> (usize, usize) {
+    (r.offset, r.offset + r.len * elem)
+}
+
+fn overlap(a: (usize, usize), b: (usize, usize)) -> bool {
+    a.0 < b.1 && b.0 < a.1 && a.0 < a.1 && b.0 < b.1
+}
+
+impl Team {
+    /// The clear error of the GPU backend until its kernels exist.
+    pub(crate) fn moe_gpu_unsupported(&self, what: &str) -> Result<()> {
+        if self.ctx.gpu.is_some() {
+            return Err(Error::BackendUnavailable(format!(
+                "{what}: the device kernels for the MoE all-to-all-v are not built yet on the gpu backend \
+                 (run on the host backend, SHMEM_BACKEND=host)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// `all_to_all_vdev`: sends `in_splits[j]` rows of `input` (packed in
+    /// PE order) to PE `j`, which stores the rows from every PE packed in
+    /// source order in `output`, and writes `out_splits_offsets`: row 0
+    /// the rows received from each PE, row 1 where they start (an exclusive
+    /// prefix sum). See the [module docs](crate::moe) for a picture.
+    ///
+    /// `in_splits` has `n_pes` entries, `out_splits_offsets` `2 × n_pes`;
+    /// `input` and `output` hold whole rows of `row_len` elements.
+    ///
+    /// # Errors
+    /// On every PE, with nothing written, when any PE's splits are negative,
+    /// exceed its input, or would overflow a receiver's output, or when the
+    /// sizes do not fit together.
+    ///
+    /// # Collective
+    /// Every PE of the team calls it with the same buffers and `row_len`.
+    pub fn all_to_all_v<'a, 'b, 'c, 'd, T: Element>(
+        &self,
+        input: impl Into<SymSlice<'a, T>>,
+        output: impl Into<SymSlice<'b, T>>,
+        in_splits: impl Into<SymSlice<'c, i64>>,
+        out_splits_offsets: impl Into<SymSlice<'d, i64>>,
+        row_len: usize,
+        _stream: &Stream,
+    ) -> Result<()> {
+        let args = (input.into(), output.into(), in_splits.into(), out_splits_offsets.into());
+        self.all_to_all_v_any(OpKind::AllToAllV, args, row_len, 0, Ok(()))
+    }
+
+    /// `all_to_all_vdev_2d`, the MoE dispatch: `in_splits` (`n_pes × ne`
+    /// entries) splits `input` rank-major — for each destination PE, its
+    /// `ne` experts in order — and each PE receives its experts' rows
+    /// expert-major: for each local expert, the chunks of every source PE
+    /// in PE order, each expert's block starting at a multiple of
+    /// `major_align` rows and at least `major_align` rows long, even when
+    /// empty (as PyTorch). `out_splits_offsets` (`2 × n_pes × ne`) gets the
+    /// received splits and their row offsets, entry `e × n_pes + src`.
+    /// See the [module docs](crate::moe) for a picture.
+    ///
+    /// # Errors
+    /// As [`Team::all_to_all_v`]; padding counts towards the output's size.
+    ///
+    /// # Collective
+    /// Every PE of the team calls it with the same buffers, `row_len` and
+    /// `major_align`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn all_to_all_v_2d<'a, 'b, 'c, 'd, T: Element>(
+        &self,
+        input: impl Into<SymSlice<'a, T>>,
+        output: impl Into<SymSlice<'b, T>>,
+        in_splits: impl Into<SymSlice<'c, i64>>,
+        out_splits_offsets: impl Into<SymSlice<'d, i64>>,
+        row_len: usize,
+        major_align: usize,
+        _stream: &Stream,
+    ) -> Result<()> {
+        let args = (input.into(), output.into(), in_splits.into(), out_splits_offsets.into());
+        self.all_to_all_v_any(OpKind::AllToAllV2d, args, row_len, major_align, Ok(()))
+    }
+
+    /// `all_to_all_vdev_2d_offset`, the MoE combine: the reverse of
+    /// [`Team::all_to_all_v_2d`]. `in_splits_offsets` (`2 × n_pes × ne`)
+    /// gives each chunk of `input`, expert-major (entry `e × n_pes + dst`:
+    /// rows of local expert `e` for PE `dst`), by its rows (row 0) and
+    /// starting row (row 1); rows between chunks are padding and are not
+    /// sent. Each PE receives rank-major, packed: entry `src × ne + e` of
+    /// `out_splits_offsets` is what PE `src`'s expert `e` sent back, and
+    /// where it starts. See the [module docs](crate::moe) for a picture.
+    ///
+    /// # Errors
+    /// As [`Team::all_to_all_v`], and when any PE's offsets are negative or
+    /// out of order (a chunk starting before the previous one ends).
+    ///
+    /// # Collective
+    /// Every PE of the team calls it with the same buffers and `row_len`.
+    pub fn all_to_all_v_2d_offset<'a, 'b, 'c, 'd, T: Element>(
+        &self,
+        input: impl Into<SymSlice<'a, T>>,
+        output: impl Into<SymSlice<'b, T>>,
+        in_splits_offsets: impl Into<SymSlice<'c, i64>>,
+        out_splits_offsets: impl Into<SymSlice<'d, i64>>,
+        row_len: usize,
+        _stream: &Stream,
+    ) -> Result<()> {
+        let args = (input.into(), output.into(), in_splits_offsets.into(), out_splits_offsets.into());
+        self.all_to_all_v_any(OpKind::AllToAllV2dOffset, args, row_len, 0, Ok(()))
+    }
+
+    /// The three operations. `pre` is the caller's own verdict on its
+    /// arguments, carried into the exchange so that a bad call on one PE
+    /// fails on every PE.
+    pub(crate) fn all_to_all_v_any<T: Element>(
+        &self,
+        kind: OpKind,
+        (input, output, splits, out_so): (SymSlice<'_, T>, SymSlice<'_, T>, SymSlice<'_, i64>, SymSlice<'_, i64>),
+        row_len: usize,
+        major_align: usize,
+        pre: Result<()>,
+    ) -> Result<()> {
+        self.check()?;
+        self.moe_gpu_unsupported(kind.name())?;
+        let n = self.n_pes();
+        let local = pre.and_then(|_| {
+            let call = Call {
+                kind,
+                input: input.region(&self.ctx)?,
+                output: output.region(&self.ctx)?,
+                splits: splits.region(&self.ctx)?,
+                out_splits_offsets: out_so.region(&self.ctx)?,
+                row_len,
+                major_align,
+                entries: 0,
+            };
+            self.shape::<T>(call, n)
+        });
+        let mut desc = Desc::new(kind);
+        desc.dtype = Some(T::DTYPE);
+        if let Ok(c) = &local {
+            let sizes = [c.input.len, c.output.len, c.splits.len, c.out_splits_offsets.len, row_len, major_align];
+            let hash = sizes
+                .iter()
+                .fold(0x9e37_79b9_7f4a_7c15u64, |h, &x| (h ^ x as u64).wrapping_mul(0x100_0000_01b3).rotate_left(29));
+            desc.args = [
+                c.input.offset as u64,
+                c.output.offset as u64,
+                c.splits.offset as u64,
+                c.out_splits_offsets.offset as u64,
+                hash,
+            ];
+        }
+        let rows = self.exchange(&desc, local.as_ref().err())?;
+        let call = local?;
+        self.agree(&rows)?;
+        // Every PE validates every PE's splits: the same data, the same
+        // order, so the same verdict everywhere, before anything is written.
+        let plan = self.plan(&call)?;
+        self.execute::<T>(&call, &plan);
+        self.raw_barrier()
+    }
+
+    /// Checks sizes and overlaps of this PE's arguments; fills `entries`.
+    fn shape<T: Element>(&self, mut c: Call, n: usize) -> Result<Call> {
+        let kind = c.kind;
+        if c.row_len == 0 {
+            return Err(invalid(kind, "row_len must be at least 1"));
+        }
+        if kind == OpKind::AllToAllV2d && c.major_align == 0 {
+            return Err(invalid(kind, "major_align must be at least 1"));
+        }
+        for (name, r) in [("input", c.input), ("output", c.output)] {
+            if r.len % c.row_len != 0 {
+                return Err(mismatch(kind, format!("{name} has {} elements, not whole rows of {}", r.len, c.row_len)));
+            }
+        }
+        let (so_len, splits_len) = (c.out_splits_offsets.len, c.splits.len);
+        c.entries = match kind {
+            OpKind::AllToAllV => {
+                if splits_len != n {
+                    return Err(mismatch(
+                        kind,
+                        format!("in_splits has {splits_len} entries, expected {n} (one per PE)"),
+                    ));
+                }
+                n
+            }
+            OpKind::AllToAllV2d => {
+                if splits_len == 0 || splits_len % n != 0 {
+                    return Err(mismatch(
+                        kind,
+                        format!("in_splits has {splits_len} entries, expected n_pes ({n}) × experts per PE (≥ 1)"),
+                    ));
+                }
+                splits_len
+            }
+            _ => {
+                if splits_len == 0 || splits_len % (2 * n) != 0 {
+                    return Err(mismatch(
+                        kind,
+                        format!(
+                            "in_splits_offsets has {splits_len} entries, expected 2 × n_pes ({n}) × experts per PE \
+                             (≥ 1)"
+                        ),
+                    ));
+                }
+                splits_len / 2
+            }
+        };
+        if so_len != 2 * c.entries {
+            return Err(mismatch(
+                kind,
+                format!("out_splits_offsets has {so_len} entries, expected 2 × {} (splits, then offsets)", c.entries),
+            ));
+        }
+        let elem = size_of::<T>();
+        let (input, output) = (bytes(c.input, elem), bytes(c.output, elem));
+        let (splits, out_so) = (bytes(c.splits, 8), bytes(c.out_splits_offsets, 8));
+        let clash = [
+            (output, input, "output and input"),
+            (output, splits, "output and the input splits"),
+            (output, out_so, "output and out_splits_offsets"),
+            (out_so, input, "out_splits_offsets and input"),
+            (out_so, splits, "out_splits_offsets and the input splits"),
+        ];
+        if let Some((_, _, what)) = clash.iter().find(|(a, b, _)| overlap(*a, *b)) {
+            return Err(invalid(kind, format!("{what} overlap")));
+        }
+        Ok(c)
+    }
+
+    /// `member`'s `len` i64s at heap offset `offset`.
+    fn peer_i64s(&self, member: usize, offset: usize, len: usize) -> Vec<i64> {
+        let from = self.ctx.host.heap_ptr(self.state.members[member], offset).cast::<i64>();
+        let mut v = vec![0i64; len];
+        // SAFETY: a checked region of i64s (aligned: allocations are
+        // 256-aligned, slices start at element boundaries) in `member`'s
+        // heap, which its owner passed as input and nobody writes until the
+        // closing barrier; the exchange's SeqCst barrier made it visible.
+        unsafe { std::ptr::copy_nonoverlapping(from.cast_const(), v.as_mut_ptr(), len) };
+        v
+    }
+
+    /// Validates every PE's splits (and offsets) and returns this PE's part.
+    fn plan(&self, c: &Call) -> Result<Plan> {
+        let (kind, n, m) = (c.kind, self.n_pes(), c.entries);
+        let ne = c.experts_per_pe(n);
+        let in_rows = c.rows(c.input);
+        // Each source's chunks as (first row, rows), in its splits' order.
+        let mut sources: Vec<Vec<(u64, u64)>> = Vec::with_capacity(n);
+        for s in 0..n {
+            let raw = self.peer_i64s(s, c.splits.offset, c.splits.len);
+            let (splits, offsets) = raw.split_at(m);
+            let mut chunks = Vec::with_capacity(m);
+            let mut end = 0u64;
+            for i in 0..m {
+                let rows = u64::try_from(splits[i])
+                    .map_err(|_| invalid(kind, format!("PE {s}'s split {i} is negative ({})", splits[i])))?;
+                let from = if kind == OpKind::AllToAllV2dOffset {
+                    let at = u64::try_from(offsets[i])
+                        .map_err(|_| invalid(kind, format!("PE {s}'s offset {i} is negative ({})", offsets[i])))?;
+                    if at < end {
+                        return Err(invalid(
+                            kind,
+                            format!(
+                                "PE {s}'s offset {i} ({at}) starts before the end of its chunk {} (row {end}): \
+                                 offsets must be ascending and chunks must not overlap",
+                                i - 1
+                            ),
+                        ));
+                    }
+                    at
+                } else {
+                    end
+                };
+                end = from.checked_add(rows).filter(|&e| e <= in_rows).ok_or_else(|| {
+                    mismatch(
+                        kind,
+                        format!(
+                            "PE {s}'s chunk {i} ({rows} rows from row {from}) runs past its input of {in_rows} rows"
+                        ),
+                    )
+                })?;
+                chunks.push((from, rows));
+            }
+            sources.push(chunks);
+        }
+        let out_rows = c.rows(c.output);
+        let mut mine = None;
+        for d in 0..n {
+            // (source, index in the source's splits) of each output entry, in
+            // output order; entries come in groups of `group` (2d: one expert
+            // each) that are padded to `major_align`.
+            let (entries, group): (Vec<(usize, usize)>, usize) = match kind {
+                OpKind::AllToAllV => ((0..n).map(|s| (s, d)).collect(), n),
+                OpKind::AllToAllV2d => ((0..ne).flat_map(|e| (0..n).map(move |s| (s, d * ne + e))).collect(), n),
+                _ => ((0..n).flat_map(|s| (0..ne).map(move |e| (s, e * n + d))).collect(), ne),
+            };
+            let mut at = 0u64;
+            let mut out_offsets = Vec::with_capacity(m);
+            let mut chunks = Vec::new();
+            for block in entries.chunks(group) {
+                let start = at;
+                for &(s, i) in block {
+                    let (from, rows) = sources[s][i];
+                    out_offsets.push(at);
+                    chunks.push(Chunk { src: s, from, to: at, rows });
+                    at = at.saturating_add(rows);
+                }
+                if kind == OpKind::AllToAllV2d {
+                    let align = c.major_align as u64;
+                    let len = (at - start).div_ceil(align).saturating_mul(align).max(align);
+                    at = start.saturating_add(len);
+                }
+            }
+            if at > out_rows {
+                let padding = if kind == OpKind::AllToAllV2d { " (with major_align padding)" } else { "" };
+                return Err(mismatch(
+                    kind,
+                    format!("PE {d} would receive {at} rows{padding}, but its output holds {out_rows} rows"),
+                ));
+            }
+            if d == self.my_pe() {
+                let out_splits = entries.iter().map(|&(s, i)| sources[s][i].1 as i64).collect();
+                let out_offsets = out_offsets.into_iter().map(|o| o as i64).collect();
+                chunks.retain(|ch| ch.rows > 0);
+                mine = Some(Plan { chunks, out_splits, out_offsets });
+            }
+        }
+        Ok(mine.expect("this PE is one of the destinations"))
+    }
+
+    /// Pulls this PE's chunks from the peers' inputs and writes its
+    /// `out_splits_offsets`.
+    fn execute<T: Element>(&self, c: &Call, plan: &Plan) {
+        let (elem, row) = (size_of::<T>(), c.row_len);
+        let me = self.my_pe();
+        let out = Addr(self.ctx.host.heap_ptr(self.state.members[me], c.output.offset) as usize);
+        // (source address, destination address, elements) in pieces of at most PIECE.
+        let mut pieces = Vec::new();
+        for ch in &plan.chunks {
+            let from = self.ctx.host.heap_ptr(self.state.members[ch.src], c.input.offset) as usize;
+            let (from, to) = (from + ch.from as usize * row * elem, out.0 + ch.to as usize * row * elem);
+            let len = ch.rows as usize * row;
+            for k in (0..len).step_by(PIECE) {
+                pieces.push((Addr(from + k * elem), Addr(to + k * elem), PIECE.min(len - k)));
+            }
+        }
+        let copy = |&(from, to, len): &(Addr, Addr, usize)| {
+            // SAFETY: `plan` checked that each chunk lies inside the source's
+            // input and this PE's output (same regions on every PE); the
+            // output's chunks are disjoint and it overlaps no input (checked by
+            // `shape`); nobody writes an input until the closing barrier.
+            unsafe { std::ptr::copy_nonoverlapping(from.0 as *const T, to.0 as *mut T, len) };
+        };
+        if pieces.len() <= 1 {
+            pieces.iter().for_each(copy);
+        } else {
+            self.ctx.pool.install(|| pieces.par_iter().for_each(copy));
+        }
+        let so = self.ctx.host.heap_ptr(self.state.members[me], c.out_splits_offsets.offset).cast::<i64>();
+        // SAFETY: this PE's out_splits_offsets holds 2 × entries i64s
+        // (checked by `shape`), overlaps nothing read here, and no peer
+        // reads it during the operation.
+        unsafe {
+            std::ptr::copy_nonoverlapping(plan.out_splits.as_ptr(), so, c.entries);
+            std::ptr::copy_nonoverlapping(plan.out_offsets.as_ptr(), so.add(c.entries), c.entries);
+        }
+    }
+}
+
+/// The world team's MoE all-to-all-v.
+impl Context {
+    /// [`Team::all_to_all_v`] over the world.
+    ///
+    /// # Collective
+    pub fn all_to_all_v<'a, 'b, 'c, 'd, T: Element>(
+        &self,
+        input: impl Into<SymSlice<'a, T>>,
+        output: impl Into<SymSlice<'b, T>>,
+        in_splits: impl Into<SymSlice<'c, i64>>,
+        out_splits_offsets: impl Into<SymSlice<'d, i64>>,
+        row_len: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.world().all_to_all_v(input, output, in_splits, out_splits_offsets, row_len, stream)
+    }
+
+    /// [`Team::all_to_all_v_2d`] over the world.
+    ///
+    /// # Collective
+    #[allow(clippy::too_many_arguments)]
+    pub fn all_to_all_v_2d<'a, 'b, 'c, 'd, T: Element>(
+        &self,
+        input: impl Into<SymSlice<'a, T>>,
+        output: impl Into<SymSlice<'b, T>>,
+        in_splits: impl Into<SymSlice<'c, i64>>,
+        out_splits_offsets: impl Into<SymSlice<'d, i64>>,
+        row_len: usize,
+        major_align: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.world().all_to_all_v_2d(input, output, in_splits, out_splits_offsets, row_len, major_align, stream)
+    }
+
+    /// [`Team::all_to_all_v_2d_offset`] over the world.
+    ///
+    /// # Collective
+    pub fn all_to_all_v_2d_offset<'a, 'b, 'c, 'd, T: Element>(
+        &self,
+        input: impl Into<SymSlice<'a, T>>,
+        output: impl Into<SymSlice<'b, T>>,
+        in_splits_offsets: impl Into<SymSlice<'c, i64>>,
+        out_splits_offsets: impl Into<SymSlice<'d, i64>>,
+        row_len: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.world().all_to_all_v_2d_offset(input, output, in_splits_offsets, out_splits_offsets, row_len, stream)
+    }
+}

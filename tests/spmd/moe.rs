@@ -1,0 +1,476 @@
+//! MoE all-to-all-v against a reference that every PE computes from every
+//! PE's inputs (drawn from the shared seed): the three operations on
+//! zero, single-target, skewed, random and maximal splits, `major_align`
+//! 1, 8, 16 and 128; and every refusal, on every PE, with the poisoned
+//! outputs left as they were.
+
+use crate::util::{assert_bits_eq, mix, payload, poison, Env, TestElem, TestResult};
+use crate::{assert_err, TestFn};
+use shmem::{bf16, f16, BackendKind, Error, SymmetricBuffer};
+
+pub const TESTS: &[(&str, TestFn)] = &[
+    ("moe::all_to_all_v", all_to_all_v),
+    ("moe::all_to_all_v_2d", all_to_all_v_2d),
+    ("moe::all_to_all_v_2d_offset", all_to_all_v_2d_offset),
+    ("moe::dispatch_then_combine_ops", dispatch_then_combine_ops),
+    ("moe::errors::negative_split", err_negative_split),
+    ("moe::errors::splits_exceed_input", err_splits_exceed_input),
+    ("moe::errors::output_overflow", err_output_overflow),
+    ("moe::errors::output_overflow_by_padding", err_output_overflow_by_padding),
+    ("moe::errors::negative_offset", err_negative_offset),
+    ("moe::errors::offsets_out_of_order", err_offsets_out_of_order),
+    ("moe::errors::chunk_past_input", err_chunk_past_input),
+    ("moe::errors::sizes", err_sizes),
+    ("moe::errors::bad_on_one_pe", err_bad_on_one_pe),
+    ("moe::gpu_backend_refuses", gpu_backend_refuses),
+];
+
+/// Rows of each PE's input in the operation tests.
+const IN_ROWS: usize = 40;
+/// The value out_splits_offsets is poisoned with.
+const POISON_SO: i64 = -7;
+
+/// A random stream from a seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(1);
+        mix(self.0)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+/// How the splits are drawn.
+#[derive(Clone, Copy, Debug)]
+enum Case {
+    Zeros,
+    /// Every PE sends its whole input to one entry (one PE, one expert).
+    OneTarget,
+    /// Entry `i` gets about half of what entry `i - 1` gets.
+    Skewed,
+    Random,
+    /// Every PE sends its whole input, spread at random.
+    Maximal,
+}
+
+const CASES: [Case; 5] = [Case::Zeros, Case::OneTarget, Case::Skewed, Case::Random, Case::Maximal];
+
+/// PE `pe`'s `m` splits, summing to at most `cap`.
+fn draw_splits(case: Case, seed: u64, pe: usize, m: usize, cap: usize) -> Vec<i64> {
+    let mut rng = Rng(seed ^ mix(pe as u64 + 1));
+    let mut s = vec![0usize; m];
+    match case {
+        Case::Zeros => {}
+        Case::OneTarget => s[(seed % m as u64) as usize] = cap,
+        Case::Skewed => {
+            let mut left = cap;
+            for x in s.iter_mut() {
+                *x = rng.below(left / 2 + 1) + left / 4;
+                left -= *x;
+            }
+        }
+        Case::Random => s.iter_mut().for_each(|x| *x = rng.below(cap / m + 1)),
+        Case::Maximal => (0..cap).for_each(|_| s[rng.below(m)] += 1),
+    }
+    s.into_iter().map(|x| x as i64).collect()
+}
+
+/// PE `pe`'s input row `r` (`row_len` elements).
+fn input_row<T: TestElem>(seed: u64, pe: usize, r: usize, row_len: usize) -> impl Iterator<Item = T> {
+    (0..row_len).map(move |c| payload(seed, pe, r * row_len + c))
+}
+
+/// A buffer of `len` elements holding `data`.
+fn buffer<T: TestElem>(env: &Env, data: &[T]) -> shmem::Result<SymmetricBuffer<T>> {
+    let b = env.ctx.alloc::<T>(data.len())?;
+    b.copy_from_host(data, &env.s)?;
+    Ok(b)
+}
+
+/// What one operation should leave on this PE: the output (poison where
+/// nothing lands) and out_splits_offsets.
+struct Expected<T> {
+    output: Vec<T>,
+    splits: Vec<i64>,
+    offsets: Vec<i64>,
+}
+
+impl<T: TestElem> Expected<T> {
+    fn new(out_rows: usize, row_len: usize) -> Self {
+        Expected { output: vec![poison(); out_rows * row_len], splits: Vec::new(), offsets: Vec::new() }
+    }
+
+    /// Chunk of `rows` rows from `src`'s row `from`, placed at output row `to`.
+    fn place(&mut self, seed: u64, src: usize, from: usize, to: usize, rows: usize, row_len: usize) {
+        for r in 0..rows {
+            let at = (to + r) * row_len;
+            for (o, v) in self.output[at..at + row_len].iter_mut().zip(input_row(seed, src, from + r, row_len)) {
+                *o = v;
+            }
+        }
+        self.splits.push(rows as i64);
+        self.offsets.push(to as i64);
+    }
+
+    fn check(&self, env: &Env, output: &SymmetricBuffer<T>, so: &SymmetricBuffer<i64>, what: &str) -> TestResult {
+        assert_bits_eq(&output.copy_to_host(&env.s)?, &self.output, &format!("{what}: output"));
+        let so = so.copy_to_host(&env.s)?;
+        let m = self.splits.len();
+        assert_eq!(so[..m], self.splits[..], "{what}: out splits");
+        assert_eq!(so[m..], self.offsets[..], "{what}: out offsets");
+        Ok(())
+    }
+}
+
+/// Row `i`'s start in a packed list of `splits`.
+fn start_of(splits: &[i64], i: usize) -> usize {
+    splits[..i].iter().sum::<i64>() as usize
+}
+
+fn all_to_all_v(env: &Env) -> TestResult {
+    for case in CASES {
+        // Every element size (the operation copies rows, whatever they hold).
+        one_1d::<f32>(env, case, 3)?;
+        one_1d::<f64>(env, case, 3)?;
+        one_1d::<f16>(env, case, 3)?;
+        one_1d::<bf16>(env, case, 3)?;
+        one_1d::<i32>(env, case, 3)?;
+        one_1d::<u64>(env, case, 3)?;
+    }
+    one_1d::<f32>(env, Case::Random, 64)
+}
+
+fn one_1d<T: TestElem>(env: &Env, case: Case, row_len: usize) -> TestResult {
+    let (n, me, seed) = (env.n(), env.me(), env.fresh_seed());
+    let splits: Vec<Vec<i64>> = (0..n).map(|pe| draw_splits(case, seed, pe, n, IN_ROWS)).collect();
+    let out_rows = n * IN_ROWS + 5; // the worst case, and rows that must keep their poison
+    let input: Vec<T> = (0..IN_ROWS).flat_map(|r| input_row(seed, me, r, row_len)).collect();
+    let (input, in_splits) = (buffer(env, &input)?, buffer(env, &splits[me])?);
+    let output = buffer(env, &vec![poison::<T>(); out_rows * row_len])?;
+    let so = buffer(env, &vec![POISON_SO; 2 * n])?;
+    env.ctx.all_to_all_v(&input, &output, &in_splits, &so, row_len, &env.s)?;
+
+    let mut want = Expected::new(out_rows, row_len);
+    let mut at = 0;
+    for (s, sp) in splits.iter().enumerate() {
+        want.place(seed, s, start_of(sp, me), at, sp[me] as usize, row_len);
+        at += sp[me] as usize;
+    }
+    want.check(env, &output, &so, &format!("all_to_all_v {case:?} {}", T::DTYPE))?;
+    assert_eq!(in_splits.copy_to_host(&env.s)?, splits[me], "in_splits must not change");
+    Ok(())
+}
+
+fn all_to_all_v_2d(env: &Env) -> TestResult {
+    for align in [1, 8, 16, 128] {
+        for case in CASES {
+            for ne in [1, 3] {
+                one_2d::<f32>(env, case, ne, align, 5)?;
+            }
+        }
+    }
+    one_2d::<bf16>(env, Case::Random, 4, 16, 8)?;
+    one_2d::<u64>(env, Case::Maximal, 2, 8, 1)
+}
+
+/// Where the dispatch puts PE `me`'s received chunks, by `all_to_all_v_2d`'s
+/// rule: per local expert, every source in order, each block padded to
+/// `max(round_up(rows, align), align)`. Returns (source, source row,
+/// output row, rows) per chunk, expert-major.
+fn dispatch_layout(splits: &[Vec<i64>], me: usize, ne: usize, align: usize) -> Vec<[usize; 4]> {
+    let mut chunks = Vec::new();
+    let mut at = 0;
+    for e in 0..ne {
+        let block = at;
+        for (s, sp) in splits.iter().enumerate() {
+            let i = me * ne + e;
+            chunks.push([s, start_of(sp, i), at, sp[i] as usize]);
+            at += sp[i] as usize;
+        }
+        at = block + (at - block).div_ceil(align).max(1) * align;
+    }
+    chunks
+}
+
+fn one_2d<T: TestElem>(env: &Env, case: Case, ne: usize, align: usize, row_len: usize) -> TestResult {
+    let (n, me, seed) = (env.n(), env.me(), env.fresh_seed());
+    let m = n * ne;
+    let splits: Vec<Vec<i64>> = (0..n).map(|pe| draw_splits(case, seed, pe, m, IN_ROWS)).collect();
+    let out_rows = n * IN_ROWS + ne * align + 3;
+    let input: Vec<T> = (0..IN_ROWS).flat_map(|r| input_row(seed, me, r, row_len)).collect();
+    let (input, in_splits) = (buffer(env, &input)?, buffer(env, &splits[me])?);
+    let output = buffer(env, &vec![poison::<T>(); out_rows * row_len])?;
+    let so = buffer(env, &vec![POISON_SO; 2 * m])?;
+    env.ctx.all_to_all_v_2d(&input, &output, &in_splits, &so, row_len, align, &env.s)?;
+
+    let mut want = Expected::new(out_rows, row_len);
+    for [s, from, to, rows] in dispatch_layout(&splits, me, ne, align) {
+        want.place(seed, s, from, to, rows, row_len);
+    }
+    want.check(env, &output, &so, &format!("all_to_all_v_2d {case:?} ne {ne} align {align} {}", T::DTYPE))
+}
+
+fn all_to_all_v_2d_offset(env: &Env) -> TestResult {
+    for case in CASES {
+        for ne in [1, 3] {
+            one_2d_offset::<f32>(env, case, ne, 7)?;
+        }
+    }
+    one_2d_offset::<f16>(env, Case::Random, 2, 16)
+}
+
+fn one_2d_offset<T: TestElem>(env: &Env, case: Case, ne: usize, row_len: usize) -> TestResult {
+    let (n, me, seed) = (env.n(), env.me(), env.fresh_seed());
+    let m = n * ne;
+    // Expert-major chunks with up to 2 rows of padding before each.
+    let in_rows = IN_ROWS + 2 * m;
+    let splits: Vec<Vec<i64>> = (0..n).map(|pe| draw_splits(case, seed, pe, m, IN_ROWS)).collect();
+    let offsets: Vec<Vec<i64>> = (0..n)
+        .map(|pe| {
+            let mut rng = Rng(seed ^ mix(pe as u64 + 77));
+            let mut at = 0;
+            splits[pe]
+                .iter()
+                .map(|&s| {
+                    at += rng.below(3);
+                    let o = at;
+                    at += s as usize;
+                    o as i64
+                })
+                .collect()
+        })
+        .collect();
+    let out_rows = n * IN_ROWS + 2;
+    let input: Vec<T> = (0..in_rows).flat_map(|r| input_row(seed, me, r, row_len)).collect();
+    let (input, in_so) = (buffer(env, &input)?, buffer(env, &[&splits[me][..], &offsets[me][..]].concat())?);
+    let output = buffer(env, &vec![poison::<T>(); out_rows * row_len])?;
+    let so = buffer(env, &vec![POISON_SO; 2 * m])?;
+    env.ctx.all_to_all_v_2d_offset(&input, &output, &in_so, &so, row_len, &env.s)?;
+
+    let mut want = Expected::new(out_rows, row_len);
+    let mut at = 0;
+    for s in 0..n {
+        for e in 0..ne {
+            let i = e * n + me;
+            let rows = splits[s][i] as usize;
+            want.place(seed, s, offsets[s][i] as usize, at, rows, row_len);
+            at += rows;
+        }
+    }
+    want.check(env, &output, &so, &format!("all_to_all_v_2d_offset {case:?} ne {ne} {}", T::DTYPE))
+}
+
+/// `all_to_all_v_2d`, then `all_to_all_v_2d_offset` on its output with its
+/// out_splits_offsets, returns every PE's input rows exactly.
+fn dispatch_then_combine_ops(env: &Env) -> TestResult {
+    let (n, me, seed, row_len, ne, align) = (env.n(), env.me(), env.fresh_seed(), 6, 3, 16);
+    let m = n * ne;
+    let splits = draw_splits(Case::Random, seed, me, m, IN_ROWS);
+    let sent = splits.iter().sum::<i64>() as usize;
+    let input: Vec<u32> = (0..IN_ROWS).flat_map(|r| input_row(seed, me, r, row_len)).collect();
+    let (input, in_splits) = (buffer(env, &input)?, buffer(env, &splits)?);
+    let mid = env.ctx.alloc::<u32>((n * IN_ROWS + ne * align) * row_len)?;
+    let back = buffer(env, &vec![poison::<u32>(); IN_ROWS * row_len])?;
+    let (so_mid, so_back) = (env.ctx.alloc::<i64>(2 * m)?, env.ctx.alloc::<i64>(2 * m)?);
+    env.ctx.all_to_all_v_2d(&input, &mid, &in_splits, &so_mid, row_len, align, &env.s)?;
+    env.ctx.all_to_all_v_2d_offset(&mid, &back, &so_mid, &so_back, row_len, &env.s)?;
+    let mut want: Vec<u32> = input.copy_to_host(&env.s)?;
+    want[sent * row_len..].fill(poison());
+    assert_bits_eq(&back.copy_to_host(&env.s)?, &want, "round trip");
+    let so = so_back.copy_to_host(&env.s)?;
+    assert_eq!(so[..m], splits[..], "round trip: splits back");
+    assert_eq!(so[m..], (0..m).map(|i| start_of(&splits, i) as i64).collect::<Vec<_>>()[..], "round trip: offsets");
+    Ok(())
+}
+
+// ---- refusals ----
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Op {
+    V,
+    V2d { ne: usize, align: usize },
+    V2dOffset { ne: usize },
+}
+
+/// Runs `op` with this PE's `splits` (and offsets, for the offset variant)
+/// on poisoned outputs of `out_rows` rows: every PE must fail with an error
+/// whose message contains `needle`, and leave outputs and splits alone.
+fn refused(env: &Env, op: Op, out_rows: usize, splits: &[i64], needle: &str) -> TestResult {
+    let (n, seed, row_len) = (env.n(), env.fresh_seed(), 4);
+    let m = match op {
+        Op::V => n,
+        Op::V2d { ne, .. } | Op::V2dOffset { ne } => n * ne,
+    };
+    let input: Vec<f32> = (0..IN_ROWS).flat_map(|r| input_row(seed, env.me(), r, row_len)).collect();
+    let (input, in_splits) = (buffer(env, &input)?, buffer(env, splits)?);
+    let output = buffer(env, &vec![poison::<f32>(); out_rows * row_len])?;
+    let so = buffer(env, &vec![POISON_SO; 2 * m])?;
+    let (ctx, s) = (&env.ctx, &env.s);
+    let r = match op {
+        Op::V => ctx.all_to_all_v(&input, &output, &in_splits, &so, row_len, s),
+        Op::V2d { align, .. } => ctx.all_to_all_v_2d(&input, &output, &in_splits, &so, row_len, align, s),
+        Op::V2dOffset { .. } => ctx.all_to_all_v_2d_offset(&input, &output, &in_splits, &so, row_len, s),
+    };
+    let e = assert_err!(r, Error::Invalid(_) | Error::LengthMismatch(_));
+    assert!(e.to_string().contains(needle), "{op:?}: the error should say {needle:?}: {e}");
+    assert_bits_eq(&output.copy_to_host(s)?, &vec![poison::<f32>(); out_rows * row_len], "poisoned output");
+    assert_eq!(so.copy_to_host(s)?, vec![POISON_SO; 2 * m], "poisoned out_splits_offsets");
+    assert_eq!(in_splits.copy_to_host(s)?, splits, "in_splits");
+    still_usable(env)
+}
+
+/// After a refusal: a correct all_to_all_v works.
+fn still_usable(env: &Env) -> TestResult {
+    one_1d::<u32>(env, Case::Random, 2)
+}
+
+fn err_negative_split(env: &Env) -> TestResult {
+    let n = env.n();
+    let mut splits = vec![1i64; n];
+    if env.me() == n - 1 {
+        splits[n / 2] = -1;
+    }
+    refused(env, Op::V, n * IN_ROWS, &splits, "negative")?;
+    let mut splits = vec![0i64; 2 * n];
+    if env.me() == 0 {
+        splits[1] = -3;
+    }
+    refused(env, Op::V2d { ne: 2, align: 8 }, n * IN_ROWS + 16, &splits, "negative")
+}
+
+fn err_splits_exceed_input(env: &Env) -> TestResult {
+    let n = env.n();
+    let mut splits = vec![0i64; n];
+    splits[0] = if env.me() == 0 { IN_ROWS as i64 + 1 } else { 1 };
+    refused(env, Op::V, (n + 1) * IN_ROWS, &splits, "runs past its input")?;
+    // Splits so large that their sum overflows.
+    let mut splits = vec![i64::MAX / 2 + 1; 3 * n];
+    splits[0] = 0;
+    refused(env, Op::V2d { ne: 3, align: 1 }, n * IN_ROWS + 3, &splits, "runs past its input")
+}
+
+fn err_output_overflow(env: &Env) -> TestResult {
+    let n = env.n();
+    // Everyone sends everything to PE 0, whose output is one row short.
+    let mut splits = vec![0i64; n];
+    splits[0] = IN_ROWS as i64;
+    refused(env, Op::V, n * IN_ROWS - 1, &splits, "PE 0 would receive")
+}
+
+fn err_output_overflow_by_padding(env: &Env) -> TestResult {
+    let n = env.n();
+    // PE 0's two experts get n rows and none: 8 + 8 padded rows, 15 fit.
+    let mut splits = vec![0i64; 2 * n];
+    splits[0] = 1;
+    refused(env, Op::V2d { ne: 2, align: 8 }, 15, &splits, "with major_align padding")
+}
+
+/// Splits and offsets of a valid packed offset-variant call with `ne` experts.
+fn packed(n: usize, ne: usize) -> Vec<i64> {
+    let m = n * ne;
+    [vec![1i64; m], (0..m as i64).collect()].concat()
+}
+
+fn err_negative_offset(env: &Env) -> TestResult {
+    let n = env.n();
+    let mut so = packed(n, 2);
+    if env.me() == 0 {
+        so[2 * n] = -1;
+    }
+    refused(env, Op::V2dOffset { ne: 2 }, n * IN_ROWS, &so, "negative")
+}
+
+fn err_offsets_out_of_order(env: &Env) -> TestResult {
+    let n = env.n();
+    let m = 2 * n;
+    let mut so = packed(n, 2);
+    if env.me() == n - 1 {
+        so[0] = 2; // chunk 0 covers rows 1 and 2, chunk 1 starts at row 1
+        so[m] = 1;
+    }
+    refused(env, Op::V2dOffset { ne: 2 }, n * IN_ROWS, &so, "ascending")
+}
+
+fn err_chunk_past_input(env: &Env) -> TestResult {
+    let n = env.n();
+    let m = 2 * n;
+    let mut so = packed(n, 2);
+    if env.me() == 0 {
+        so[2 * m - 1] = IN_ROWS as i64; // the last chunk starts at the end
+    }
+    refused(env, Op::V2dOffset { ne: 2 }, n * IN_ROWS, &so, "runs past its input")
+}
+
+/// Local size errors, the same on every PE: each PE refuses its own call.
+fn err_sizes(env: &Env) -> TestResult {
+    let (n, s) = (env.n(), &env.s);
+    let input = buffer(env, &[1.0f32; 8 * 4])?;
+    let output = buffer(env, &vec![poison::<f32>(); n * 8 * 4 + 4])?;
+    let splits = buffer(env, &vec![0i64; n + 1])?;
+    let so = buffer(env, &vec![POISON_SO; 2 * n + 2])?;
+    let ctx = &env.ctx;
+    let bad: Vec<(shmem::Result<()>, &str)> = vec![
+        (ctx.all_to_all_v(&input, &output, &splits, so.slice(..2 * n), 4, s), "in_splits has"),
+        (ctx.all_to_all_v(&input, &output, splits.slice(..n), &so, 4, s), "out_splits_offsets has"),
+        (ctx.all_to_all_v(input.slice(..5), &output, splits.slice(..n), so.slice(..2 * n), 4, s), "whole rows"),
+        (ctx.all_to_all_v(&input, &output, splits.slice(..n), so.slice(..2 * n), 0, s), "row_len"),
+        (ctx.all_to_all_v_2d(&input, &output, splits.slice(..n), so.slice(..2 * n), 4, 0, s), "major_align"),
+        (ctx.all_to_all_v_2d(&input, &output, splits.slice(..0), so.slice(..0), 4, 1, s), "in_splits has"),
+        (ctx.all_to_all_v_2d_offset(&input, &output, splits.slice(..n), so.slice(..n), 4, s), "in_splits_offsets"),
+        (ctx.all_to_all_v(output.slice(..8 * 4), &output, splits.slice(..n), so.slice(..2 * n), 4, s), "overlap"),
+        (ctx.all_to_all_v(&input, &input, splits.slice(..n), so.slice(..2 * n), 4, s), "overlap"),
+    ];
+    for (i, (r, needle)) in bad.into_iter().enumerate() {
+        let e = assert_err!(r, Error::Invalid(_) | Error::LengthMismatch(_));
+        assert!(e.to_string().contains(needle), "case {i}: expected {needle:?} in: {e}");
+    }
+    assert_bits_eq(&output.copy_to_host(s)?, &vec![poison::<f32>(); n * 8 * 4 + 4], "poisoned output");
+    assert_eq!(so.copy_to_host(s)?, vec![POISON_SO; 2 * n + 2], "poisoned out_splits_offsets");
+    still_usable(env)
+}
+
+/// One PE's bad arguments: it says why, the others that it refused.
+fn err_bad_on_one_pe(env: &Env) -> TestResult {
+    let (n, me, s) = (env.n(), env.me(), &env.s);
+    let input = buffer(env, &[1.0f32; 8 * 4])?;
+    let output = buffer(env, &vec![poison::<f32>(); n * 8 * 4])?;
+    let splits = buffer(env, &vec![1i64; n])?;
+    let so = buffer(env, &vec![POISON_SO; 2 * n])?;
+    let row_len = if me == n - 1 { 0 } else { 4 };
+    let r = env.ctx.all_to_all_v(&input, &output, &splits, &so, row_len, s);
+    if me == n - 1 {
+        assert_err!(r, Error::Invalid(_));
+    } else {
+        let e = assert_err!(r, Error::CollectiveMismatch(_));
+        assert!(e.to_string().contains("all_to_all_v") && e.to_string().contains("rejected"), "{e}");
+    }
+    // Another output slice on PE 0: the PEs disagree on the call.
+    let out = if me == 0 { output.slice(4..) } else { output.slice(..n * 8 * 4 - 4) };
+    let r = env.ctx.all_to_all_v(&input, out, &splits, &so, 4, s);
+    if n > 1 {
+        assert_err!(r, Error::CollectiveMismatch(_));
+        assert_bits_eq(&output.copy_to_host(s)?, &vec![poison::<f32>(); n * 8 * 4], "poisoned output");
+        assert_eq!(so.copy_to_host(s)?, vec![POISON_SO; 2 * n], "poisoned out_splits_offsets");
+    } else {
+        r?;
+    }
+    still_usable(env)
+}
+
+/// On the GPU backend every operation refuses clearly until its kernels
+/// exist; on the host backend there is nothing to check.
+fn gpu_backend_refuses(env: &Env) -> TestResult {
+    if env.ctx.backend() != BackendKind::Gpu {
+        return Ok(());
+    }
+    let n = env.n();
+    let (x, y) = (env.ctx.alloc::<f32>(n)?, env.ctx.alloc::<f32>(n)?);
+    let (sp, so) = (env.ctx.alloc::<i64>(n)?, env.ctx.alloc::<i64>(2 * n)?);
+    let e = assert_err!(env.ctx.all_to_all_v(&x, &y, &sp, &so, 1, &env.s), Error::BackendUnavailable(_));
+    assert!(e.to_string().contains("not built yet"), "{e}");
+    Ok(())
+}
