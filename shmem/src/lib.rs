@@ -47,6 +47,7 @@ pub use dtype::{AtomicElement, DType, Element, ReduceOp};
 pub use error::{Error, Result};
 pub use half::{bf16, f16};
 pub use handle::{PeerHandle, SIGNAL_PAD_WORDS_PER_PEER};
+pub use moe::{CombineElement, Layout, MoeAllToAll, MoeConfig};
 pub use rma::{Cmp, SignalOp};
 pub use team::Team;
 

@@ -1,6 +1,7 @@
 //! Mixture-of-Experts all-to-all-v: the semantics of PyTorch's
 //! `torch.ops.symm_mem.all_to_all_vdev`, `all_to_all_vdev_2d` and
-//! `all_to_all_vdev_2d_offset`.
+//! `all_to_all_vdev_2d_offset`, and [`MoeAllToAll`] (dispatch by top-k
+//! expert ids, combine with weights) on top of them.
 //!
 //! Data moves in *rows* of `row_len` elements (a token's hidden vector);
 //! splits and offsets count rows and live in symmetric `i64` buffers, as
@@ -76,6 +77,9 @@ use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::team::{Desc, OpKind, Team};
 use rayon::prelude::*;
+
+mod layer;
+pub use layer::{CombineElement, Layout, MoeAllToAll, MoeConfig};
 
 /// Elements per rayon task when copying.
 const PIECE: usize = 1 << 15;
@@ -245,8 +249,8 @@ impl Team {
     }
 
     /// The three operations. `pre` is the caller's own verdict on its
-    /// arguments, carried into the exchange so that a bad call on one PE
-    /// fails on every PE.
+    /// arguments (the MoE layer's routing), carried into the exchange so that
+    /// a bad call on one PE fails on every PE.
     pub(crate) fn all_to_all_v_any<T: Element>(
         &self,
         kind: OpKind,

@@ -1,18 +1,21 @@
 //! MoE all-to-all-v against a reference that every PE computes from every
 //! PE's inputs (drawn from the shared seed): the three operations on
 //! zero, single-target, skewed, random and maximal splits, `major_align`
-//! 1, 8, 16 and 128; and every refusal, on every PE, with the poisoned
-//! outputs left as they were.
+//! 1, 8, 16 and 128; the `MoeAllToAll` layer's grouping, its exact round
+//! trip and its weighted combine; and every refusal, on every PE, with
+//! the poisoned outputs left as they were.
 
 use crate::util::{assert_bits_eq, mix, payload, poison, Env, TestElem, TestResult};
 use crate::{assert_err, TestFn};
-use shmem::{bf16, f16, BackendKind, Error, SymmetricBuffer};
+use shmem::{bf16, f16, BackendKind, CombineElement, Error, MoeAllToAll, MoeConfig, SymmetricBuffer};
 
 pub const TESTS: &[(&str, TestFn)] = &[
     ("moe::all_to_all_v", all_to_all_v),
     ("moe::all_to_all_v_2d", all_to_all_v_2d),
     ("moe::all_to_all_v_2d_offset", all_to_all_v_2d_offset),
     ("moe::dispatch_then_combine_ops", dispatch_then_combine_ops),
+    ("moe::layer_grouping_and_round_trip", layer_round_trip),
+    ("moe::layer_weighted_combine", layer_weighted_combine),
     ("moe::errors::negative_split", err_negative_split),
     ("moe::errors::splits_exceed_input", err_splits_exceed_input),
     ("moe::errors::output_overflow", err_output_overflow),
@@ -22,6 +25,7 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("moe::errors::chunk_past_input", err_chunk_past_input),
     ("moe::errors::sizes", err_sizes),
     ("moe::errors::bad_on_one_pe", err_bad_on_one_pe),
+    ("moe::errors::layer", err_layer),
     ("moe::gpu_backend_refuses", gpu_backend_refuses),
 ];
 
@@ -472,5 +476,217 @@ fn gpu_backend_refuses(env: &Env) -> TestResult {
     let (sp, so) = (env.ctx.alloc::<i64>(n)?, env.ctx.alloc::<i64>(2 * n)?);
     let e = assert_err!(env.ctx.all_to_all_v(&x, &y, &sp, &so, 1, &env.s), Error::BackendUnavailable(_));
     assert!(e.to_string().contains("not built yet"), "{e}");
+    let moe = MoeAllToAll::<f32>::new(&env.ctx, MoeConfig::new(1, 1, 1, 1))?;
+    assert_err!(moe.dispatch(&[1.0], &[0], &env.s), Error::BackendUnavailable(_));
+    Ok(())
+}
+
+// ---- the MoeAllToAll layer ----
+
+/// One PE's tokens and routing in the layer tests.
+struct Routing<T> {
+    tokens: Vec<T>,
+    ids: Vec<i64>,
+}
+
+/// PE `pe`'s tokens (some PEs none, some the maximum) and top-k expert ids:
+/// distinct experts per token where there are enough, at random, or all
+/// on expert 0 when `hot`.
+fn routing<T: Float>(seed: u64, pe: usize, c: &MoeConfig, experts: usize, hot: bool) -> Routing<T> {
+    let mut rng = Rng(seed ^ mix(pe as u64 + 1000));
+    let n_tokens = match pe % 3 {
+        0 => c.max_tokens,
+        1 => rng.below(c.max_tokens + 1),
+        _ => 0,
+    };
+    let tokens = (0..n_tokens * c.hidden).map(|i| small(seed, pe, i)).collect();
+    let mut ids = Vec::new();
+    for _ in 0..n_tokens {
+        let mut mine: Vec<i64> = Vec::new();
+        while mine.len() < c.top_k {
+            let g = if hot { 0 } else { rng.below(experts) as i64 };
+            if hot || experts < c.top_k || !mine.contains(&g) {
+                mine.push(g);
+            }
+        }
+        ids.extend(mine);
+    }
+    Routing { tokens, ids }
+}
+
+fn layer_round_trip(env: &Env) -> TestResult {
+    for (top_k, ne, align, hot) in [(1, 1, 1, false), (2, 3, 8, false), (4, 2, 16, false), (2, 2, 128, true)] {
+        round_trip::<f32>(env, MoeConfig::new(8, 12, ne, top_k).major_align(align), hot)?;
+    }
+    round_trip::<bf16>(env, MoeConfig::new(16, 9, 2, 2).major_align(8), false)?;
+    round_trip::<f16>(env, MoeConfig::new(4, 5, 3, 4), false)?;
+    round_trip::<f64>(env, MoeConfig::new(3, 7, 2, 1), false)
+}
+
+/// Dispatch, check the grouping by expert against every PE's routing,
+/// combine with identity experts and weights 1/k: the tokens come back
+/// exactly.
+fn round_trip<T: Float>(env: &Env, c: MoeConfig, hot: bool) -> TestResult {
+    let (n, me, seed) = (env.n(), env.me(), env.fresh_seed());
+    let experts = n * c.experts_per_pe;
+    let all: Vec<Routing<T>> = (0..n).map(|pe| routing(seed, pe, &c, experts, hot)).collect();
+    let moe = MoeAllToAll::<T>::new(&env.ctx, c)?;
+    let what = format!("{:?} {} hot {hot}", c, T::DTYPE);
+    for _round in 0..2 {
+        let (view, layout) = moe.dispatch(&all[me].tokens, &all[me].ids, &env.s)?;
+        let got = view.copy_to_host(&env.s)?;
+        let h = c.hidden;
+        assert_eq!(got.len(), layout.rows() * h, "{what}: view length");
+        let mut at = 0;
+        for e in 0..c.experts_per_pe {
+            let g = (me * c.experts_per_pe + e) as i64;
+            let start = at;
+            for (s, r) in all.iter().enumerate() {
+                let rows: Vec<usize> =
+                    (0..r.ids.len()).filter(|&slot| r.ids[slot] == g).map(|slot| slot / c.top_k).collect();
+                assert_eq!(layout.source_rows(e, s), at..at + rows.len(), "{what}: expert {e} from PE {s}");
+                let want: Vec<T> = rows.iter().flat_map(|&t| r.tokens[t * h..(t + 1) * h].to_vec()).collect();
+                assert_bits_eq(&got[at * h..(at + rows.len()) * h], &want, &format!("{what}: expert {e} from PE {s}"));
+                at += rows.len();
+            }
+            assert_eq!(layout.expert_rows(e), start..at, "{what}: expert {e}'s rows");
+            at = start + (at - start).div_ceil(c.major_align).max(1) * c.major_align;
+        }
+        assert_eq!(layout.rows(), at, "{what}: padded rows");
+        let weights = vec![1.0 / c.top_k as f32; all[me].ids.len()];
+        let out = moe.combine(view, &layout, &weights, &env.s)?;
+        assert_bits_eq(&out, &all[me].tokens, &format!("{what}: combined"));
+    }
+    Ok(())
+}
+
+/// The floats the weighted test computes with.
+trait Float: TestElem + CombineElement {
+    fn to_f32(self) -> f32;
+    fn from_f32(x: f32) -> Self;
+}
+
+impl Float for f32 {
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+}
+
+impl Float for f64 {
+    fn to_f32(self) -> f32 {
+        self as f32
+    }
+    fn from_f32(x: f32) -> Self {
+        x as f64
+    }
+}
+
+impl Float for bf16 {
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    fn from_f32(x: f32) -> Self {
+        bf16::from_f32(x)
+    }
+}
+
+impl Float for f16 {
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    fn from_f32(x: f32) -> Self {
+        f16::from_f32(x)
+    }
+}
+
+fn layer_weighted_combine(env: &Env) -> TestResult {
+    weighted::<f32>(env, MoeConfig::new(8, 10, 2, 2).major_align(8))?;
+    weighted::<bf16>(env, MoeConfig::new(12, 6, 3, 3))?;
+    weighted::<f16>(env, MoeConfig::new(5, 4, 1, 2).major_align(16))
+}
+
+/// Token values: small floats, exact under the tests' scalings (random
+/// bits could be NaN, or subnormal and lose bits when halved).
+fn small<T: Float>(seed: u64, pe: usize, i: usize) -> T {
+    T::from_f32(((mix(seed ^ mix((pe as u64) << 40 ^ i as u64)) % 2001) as f32 - 1000.0) / 64.0)
+}
+
+/// Expert `g` multiplies its tokens by `g + 1`; combine must return
+/// `Σ_j w_j × (g_j + 1) × x`, summed in slot order in f32.
+fn weighted<T: Float>(env: &Env, c: MoeConfig) -> TestResult {
+    let (n, me, seed) = (env.n(), env.me(), env.fresh_seed());
+    let (h, experts) = (c.hidden, n * c.experts_per_pe);
+    let mine: Routing<T> = routing(seed, me, &c, experts, false);
+    let weights: Vec<f32> = (0..mine.ids.len()).map(|i| small::<f32>(seed, me + 100, i)).collect();
+    let moe = MoeAllToAll::<T>::new(&env.ctx, c)?;
+    let (view, layout) = moe.dispatch(&mine.tokens, &mine.ids, &env.s)?;
+    let mut rows = view.copy_to_host(&env.s)?;
+    for e in 0..c.experts_per_pe {
+        let scale = (me * c.experts_per_pe + e + 1) as f32;
+        for x in &mut rows[layout.expert_rows(e).start * h..layout.expert_rows(e).end * h] {
+            *x = T::from_f32(x.to_f32() * scale);
+        }
+    }
+    view.copy_from_host(&rows, &env.s)?;
+    let out = moe.combine(view, &layout, &weights, &env.s)?;
+    let want: Vec<T> = (0..mine.tokens.len())
+        .map(|i| {
+            let t = i / h;
+            let acc = (0..c.top_k).fold(0.0f32, |acc, j| {
+                let slot = t * c.top_k + j;
+                let y = T::from_f32(mine.tokens[i].to_f32() * (mine.ids[slot] + 1) as f32);
+                acc + weights[slot] * y.to_f32()
+            });
+            T::from_f32(acc)
+        })
+        .collect();
+    assert_bits_eq(&out, &want, &format!("weighted combine {c:?} {}", T::DTYPE));
+    Ok(())
+}
+
+fn err_layer(env: &Env) -> TestResult {
+    let (n, me, s) = (env.n(), env.me(), &env.s);
+    let c = MoeConfig::new(4, 3, 2, 2);
+    if n > 1 {
+        let k = if me == 0 { 1 } else { 2 };
+        let e =
+            assert_err!(MoeAllToAll::<f32>::new(&env.ctx, MoeConfig { top_k: k, ..c }), Error::CollectiveMismatch(_));
+        assert!(e.to_string().contains("MoeAllToAll::new"), "{e}");
+    }
+    let bad_config = if me == n - 1 { MoeConfig { hidden: 0, ..c } } else { c };
+    let r = MoeAllToAll::<f32>::new(&env.ctx, bad_config);
+    assert_err!(r, Error::Invalid(_) | Error::CollectiveMismatch(_));
+
+    let moe = MoeAllToAll::<f32>::new(&env.ctx, c)?;
+    let tokens: Vec<f32> = (0..3 * 4).map(|i| (me * 100 + i) as f32).collect();
+    let ids = vec![0i64, 1, 1, 0, (2 * n - 1) as i64, 0];
+    let (view, layout) = moe.dispatch(&tokens, &ids, s)?;
+    let before = view.copy_to_host(s)?;
+    // An expert id out of range on the last PE: nothing moves anywhere.
+    let mut bad_ids = ids.clone();
+    if me == n - 1 {
+        bad_ids[3] = (2 * n) as i64;
+    }
+    match moe.dispatch(&tokens, &bad_ids, s) {
+        Err(e @ Error::Invalid(_)) if me == n - 1 => assert!(e.to_string().contains("expert"), "{e}"),
+        Err(Error::CollectiveMismatch(_)) if me != n - 1 => {}
+        Err(e) => panic!("unexpected error on PE {me}: {e}"),
+        Ok(_) => panic!("a dispatch with an expert id out of range succeeded on PE {me}"),
+    }
+    assert_bits_eq(&view.copy_to_host(s)?, &before, "the dispatched rows after a refused dispatch");
+    let negative = vec![-1i64; 6];
+    assert_err!(moe.dispatch(&tokens, &negative, s), Error::Invalid(_));
+    assert_err!(moe.dispatch(&tokens, &ids[..5], s), Error::LengthMismatch(_));
+    assert_err!(moe.dispatch(&[0.0; 4 * 4], &[0; 8], s), Error::LengthMismatch(_));
+    // Weights of the wrong length on PE 0.
+    let weights = vec![0.5f32; if me == 0 { 5 } else { 6 }];
+    let r = moe.combine(view, &layout, &weights, s);
+    assert_err!(r, Error::LengthMismatch(_) | Error::CollectiveMismatch(_));
+    // The layout still combines.
+    let out = moe.combine(view, &layout, &[0.5; 6], s)?;
+    assert_bits_eq(&out, &tokens, "combine after refusals");
     Ok(())
 }
