@@ -1,29 +1,67 @@
 // shmem's public device header: what a user's own CUDA kernel needs to
 // work on symmetric memory through a `PeerHandle` (see the Rust docs of
-// `SymmetricBuffer::handle`): every PE's address of a buffer, a signal pad
-// per PE, a barrier among the PEs over the signal pads, put-with-signal
-// over NVLink, and a bounded wait. Every wait traps after a time limit, so
-// a dead peer ends the kernel instead of hanging it.
+// `SymmetricBuffer::handle` and `shmem::DEVICE_HEADER`): every PE's address
+// of a buffer, a signal pad per PE, put and put-with-signal over NVLink,
+// waits for signals, and a barrier among the PEs over the signal pads.
+// Every wait traps after a time limit, so a dead peer ends the kernel
+// instead of hanging it. Everything is inline; the header compiles with
+// nvcc and with NVRTC (which has no C library headers).
+//
+// Signal pads. Each PE has one pad of `kPadWordsPerPeer * world_size`
+// zeroed u32 words, reachable from every PE. Word
+//
+//     pad(pe)[channel * world_size + from]
+//
+// is where PE `from` signals PE `pe` on `channel` (0 <= channel <
+// kPadWordsPerPeer): one word per ordered pair of PEs and channel, written
+// only by `from`. Values only grow (compared modulo 2^32, so they may wrap):
+// a set stores an epoch or sequence number, an add counts arrivals. Give
+// each block that synchronises its own channel, and give barriers channels
+// of their own: a barrier and a put_signal on the same channel share words.
+//
+// Who calls what: "block" functions are called by every thread of the
+// block (they use __syncthreads); "thread" functions by one thread.
 #pragma once
+#ifdef __CUDACC_RTC__
+// NVRTC ships no <cstdint>: the LP64 fixed-width types it would give.
+typedef signed char int8_t;
+typedef unsigned char uint8_t;
+typedef int int32_t;
+typedef unsigned int uint32_t;
+typedef long int64_t;
+typedef unsigned long uint64_t;
+#else
 #include <cstdint>
+#endif
 
 namespace shmem {
 
-// Memory-model helpers at system scope (peers are other GPUs).
+// ---- Memory-model helpers at system scope (peers are other GPUs) ----
+
+// Thread: load with acquire semantics: later loads see what the writer
+// released before its store of this value.
 __device__ __forceinline__ uint32_t ld_acquire(const uint32_t *p) {
     uint32_t v;
     asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
 
+// Thread: store with release semantics: this thread's earlier writes are
+// visible to whoever acquires the value.
 __device__ __forceinline__ void st_release(uint32_t *p, uint32_t v) {
     asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// Thread: atomic add with release semantics (no result returned).
+__device__ __forceinline__ void add_release(uint32_t *p, uint32_t v) {
+    asm volatile("red.release.sys.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
 // Spin budget of a wait: about 10 s of the GPU's clock before trapping.
 constexpr long long kWaitCycles = 20'000'000'000LL;
 
-// Waits until `*p - target` is non-negative (epochs wrap around).
+// Thread: waits until `*p - target` is non-negative (values wrap around),
+// with acquire semantics. Traps, after printing the word, past kWaitCycles.
 __device__ __forceinline__ void wait_at_least(const uint32_t *p, uint32_t target) {
     long long start = clock64();
     while (static_cast<int32_t>(ld_acquire(p) - target) < 0) {
@@ -34,7 +72,10 @@ __device__ __forceinline__ void wait_at_least(const uint32_t *p, uint32_t target
     }
 }
 
-// The view of one symmetric buffer a kernel gets from a PeerHandle.
+// ---- The handle ----
+
+// The view of one symmetric buffer a kernel gets from a PeerHandle (Rust:
+// `PeerHandle::device_arg`, passed by value as a kernel argument).
 struct PeerHandle {
     void *const *buffer_ptrs;        // world_size addresses (0: not reachable)
     uint32_t *const *signal_pads;    // world_size signal pads
@@ -42,21 +83,167 @@ struct PeerHandle {
     int world_size;
 };
 
-// Slots of a signal pad: `SIGNAL_PAD_WORDS_PER_PEER` words per peer.
+// Words of a signal pad per peer: the number of channels
+// (`SIGNAL_PAD_WORDS_PER_PEER` on the Rust side).
 constexpr int kPadWordsPerPeer = 32;
 
-// A barrier of the block `channel` (< kPadWordsPerPeer) of every PE: the
-// same channel must run on every PE, with the same `epoch`, which grows by
-// one per barrier (keep it in device memory to stay graph-safe). Call
-// from every thread of the block.
+// PE `pe`'s copy of the buffer, as T; null where it is not reachable.
+template <typename T = void>
+__device__ __forceinline__ T *peer_ptr(const PeerHandle &h, int pe) {
+    return static_cast<T *>(h.buffer_ptrs[pe]);
+}
+
+// Whether this PE can load and store PE `pe`'s copy (an NVLink peer).
+__device__ __forceinline__ bool reachable(const PeerHandle &h, int pe) {
+    return h.buffer_ptrs[pe] != nullptr;
+}
+
+// The word of PE `pe`'s pad where PE `from` signals on `channel`.
+__device__ __forceinline__ uint32_t *signal_word(const PeerHandle &h, int pe, int channel, int from) {
+    return h.signal_pads[pe] + channel * h.world_size + from;
+}
+
+// ---- Copies ----
+
+namespace detail {
+
+__device__ __forceinline__ uint64_t thread_in_block() {
+    return threadIdx.x + blockDim.x * (threadIdx.y + static_cast<uint64_t>(blockDim.y) * threadIdx.z);
+}
+
+__device__ __forceinline__ uint64_t threads_in_block() {
+    return static_cast<uint64_t>(blockDim.x) * blockDim.y * blockDim.z;
+}
+
+// `bytes` from src to dst in units of V, dst and src being equally aligned
+// modulo sizeof(V); the unaligned head and the tail go byte by byte.
+template <typename V>
+__device__ __forceinline__ void copy_in_units(uint8_t *dst, const uint8_t *src, uint64_t bytes) {
+    const uint64_t t = thread_in_block(), stride = threads_in_block();
+    uint64_t head = (sizeof(V) - reinterpret_cast<uint64_t>(dst) % sizeof(V)) % sizeof(V);
+    if (head > bytes) head = bytes;
+    const uint64_t units = (bytes - head) / sizeof(V);
+    const uint64_t tail = head + units * sizeof(V);
+    V *d = reinterpret_cast<V *>(dst + head);
+    const V *s = reinterpret_cast<const V *>(src + head);
+    for (uint64_t i = t; i < units; i += stride) d[i] = s[i];
+    for (uint64_t i = t; i < head; i += stride) dst[i] = src[i];
+    for (uint64_t i = tail + t; i < bytes; i += stride) dst[i] = src[i];
+}
+
+}  // namespace detail
+
+// Block: copies `bytes` from `src` to `dst` (any addresses this GPU can
+// reach, a peer's included): 16-byte vectors where the two addresses are
+// equally aligned modulo 16, 4-byte words where modulo 4, else bytes. No
+// synchronisation: __syncthreads before `src` is overwritten.
+__device__ inline void block_copy(void *dst, const void *src, uint64_t bytes) {
+    auto *d = static_cast<uint8_t *>(dst);
+    const auto *s = static_cast<const uint8_t *>(src);
+    const uint64_t skew = reinterpret_cast<uint64_t>(d) ^ reinterpret_cast<uint64_t>(s);
+    if (skew % 16 == 0) {
+        detail::copy_in_units<uint4>(d, s, bytes);
+    } else if (skew % 4 == 0) {
+        detail::copy_in_units<uint32_t>(d, s, bytes);
+    } else {
+        detail::copy_in_units<uint8_t>(d, s, bytes);
+    }
+}
+
+// ---- Puts and signals ----
+
+enum SignalOp { kSignalSet, kSignalAdd };
+
+// Thread: signals `peer` on `channel`: sets (or adds `value` to) the word
+// of peer's pad that belongs to this PE, with release semantics for this
+// thread's earlier writes. For the whole block's writes, use block_signal.
+__device__ inline void signal_op(const PeerHandle &h, int peer, int channel, uint32_t value, SignalOp op) {
+    uint32_t *word = signal_word(h, peer, channel, h.rank);
+    if (op == kSignalAdd) {
+        add_release(word, value);
+    } else {
+        st_release(word, value);
+    }
+}
+
+// Thread: signal_op that sets the word to `value`.
+__device__ inline void signal_set(const PeerHandle &h, int peer, int channel, uint32_t value) {
+    signal_op(h, peer, channel, value, kSignalSet);
+}
+
+// Thread: signal_op that adds `value` (counts arrivals, e.g. one per block
+// of the sender).
+__device__ inline void signal_add(const PeerHandle &h, int peer, int channel, uint32_t value) {
+    signal_op(h, peer, channel, value, kSignalAdd);
+}
+
+// Block: signals `peer` on `channel` once every thread of the block has
+// issued its earlier stores, and they are visible to the system.
+__device__ inline void block_signal(const PeerHandle &h, int peer, int channel, uint32_t value,
+                                    SignalOp op = kSignalSet) {
+    __syncthreads();
+    if (detail::thread_in_block() == 0) {
+        __threadfence_system();
+        signal_op(h, peer, channel, value, op);
+    }
+}
+
+// Block: copies `bytes` from `src` (this GPU) to byte `dst_offset` of
+// `peer`'s copy of the buffer, through its peer pointer (peer must be
+// reachable). No completion: signal after it (block_signal) if a peer
+// is to read the data.
+__device__ inline void put(const PeerHandle &h, int peer, uint64_t dst_offset, const void *src, uint64_t bytes) {
+    block_copy(peer_ptr<uint8_t>(h, peer) + dst_offset, src, bytes);
+}
+
+// Block: put, then signal `peer` on `channel` with `value` (set, or add):
+// once the peer sees the value (wait_signal_from), the bytes are there.
+// `src` may be overwritten when it returns.
+__device__ inline void put_signal(const PeerHandle &h, int peer, uint64_t dst_offset, const void *src,
+                                  uint64_t bytes, int channel, uint32_t value, SignalOp op = kSignalSet) {
+    put(h, peer, dst_offset, src, bytes);
+    block_signal(h, peer, channel, value, op);
+}
+
+// ---- Waits ----
+
+// Thread: waits until word `slot` (= channel * world_size + peer) of this
+// PE's own pad is at least `value`.
+__device__ inline void signal_wait(const PeerHandle &h, int slot, uint32_t value) {
+    wait_at_least(h.signal_pads[h.rank] + slot, value);
+}
+
+// Thread: waits until `peer`'s signal to this PE on `channel` is at least
+// `value`. Then this thread sees what the peer released with it; other
+// threads of the block do after a __syncthreads.
+__device__ inline void wait_signal_from(const PeerHandle &h, int peer, int channel, uint32_t value) {
+    wait_at_least(signal_word(h, h.rank, channel, peer), value);
+}
+
+// Block: waits until every other PE's signal to this PE on `channel` is at
+// least `value`; then every thread of the block sees what they released.
+__device__ inline void block_wait_signals(const PeerHandle &h, int channel, uint32_t value) {
+    for (uint64_t peer = detail::thread_in_block(); peer < static_cast<uint64_t>(h.world_size);
+         peer += detail::threads_in_block()) {
+        if (static_cast<int>(peer) != h.rank) wait_signal_from(h, static_cast<int>(peer), channel, value);
+    }
+    __syncthreads();
+}
+
+// ---- Barrier ----
+
+// Block: a barrier of the block `channel` of every PE: every thread's
+// earlier stores (peers' memory included) are visible to every PE's block
+// after it. The same channel must run on every PE, with the same `epoch`,
+// which grows by one per barrier on that channel (keep it in device memory
+// to stay graph-safe). Needs blockDim.x >= world_size.
 __device__ inline void barrier(const PeerHandle &h, int channel, uint32_t epoch) {
     __syncthreads();
     if (threadIdx.x < h.world_size) {
         int peer = threadIdx.x;
-        uint32_t *mine = h.signal_pads[h.rank] + channel * h.world_size + peer;
-        uint32_t *theirs = h.signal_pads[peer] + channel * h.world_size + h.rank;
-        st_release(theirs, epoch);
-        wait_at_least(mine, epoch);
+        __threadfence_system();
+        st_release(signal_word(h, peer, channel, h.rank), epoch);
+        wait_at_least(signal_word(h, h.rank, channel, peer), epoch);
     }
     __syncthreads();
 }

@@ -8,8 +8,44 @@ use crate::dtype::Element;
 use crate::error::Result;
 
 /// `u32` words of signal pad per PE for each peer (one word per block or
-/// channel that synchronises with that peer).
+/// channel that synchronises with that peer): `kPadWordsPerPeer` of
+/// [`DEVICE_HEADER`].
 pub const SIGNAL_PAD_WORDS_PER_PEER: usize = 32;
+
+/// The CUDA C++ header for users' own kernels, `shmem_device.cuh`: the
+/// device side of a [`PeerHandle`] (peer pointers, put and put-with-signal
+/// over NVLink, bounded waits on the signal pads, a barrier). Its comments
+/// are its documentation, the signal pads' layout included.
+///
+/// It compiles with nvcc and with NVRTC. cudarc's NVRTC takes include
+/// paths, so write it into a folder and name that folder:
+///
+/// ```no_run
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let dir = std::env::temp_dir().join(format!("shmem-device-{}", std::process::id()));
+/// std::fs::create_dir_all(&dir)?;
+/// std::fs::write(dir.join("shmem_device.cuh"), shmem::DEVICE_HEADER)?;
+/// let src = r#"
+/// #include "shmem_device.cuh"
+/// extern "C" __global__ void hello(shmem::PeerHandle h) { shmem::barrier(h, 0, 1); }
+/// "#;
+/// let opts = cudarc::nvrtc::CompileOptions {
+///     include_paths: vec![dir.display().to_string()],
+///     options: vec!["--gpu-architecture=compute_90".into()],
+///     ..Default::default()
+/// };
+/// let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, opts)?;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// Launch the kernel with [`PeerHandle::device_arg`] as its
+/// `shmem::PeerHandle` argument; `examples/device_kernel.rs` is a whole
+/// program. With nvcc, write the file out the same way and pass `-I`.
+///
+/// (The file lives in the repository's `kernels/`, outside this crate's
+/// folder: a packaged crate would have to carry a copy of it.)
+pub const DEVICE_HEADER: &str = include_str!("../../kernels/shmem_device.cuh");
 
 /// Where every PE's copy of a buffer, and its signal pad, can be reached
 /// by loads and stores from this PE.
@@ -52,7 +88,36 @@ impl<T: Element> PeerHandle<T> {
     pub fn on_device(&self) -> bool {
         matches!(self.arrays, Arrays::Gpu(_))
     }
+
+    /// The kernel argument: `shmem::PeerHandle` of [`DEVICE_HEADER`],
+    /// passed by value. Its addresses stay valid while `self` lives: keep
+    /// the handle until the kernels that got it have finished.
+    pub fn device_arg(&self) -> DevicePeerHandle<'_> {
+        DevicePeerHandle {
+            buffer_ptrs: self.buffer_ptrs_dev,
+            signal_pads: self.signal_pad_ptrs_dev,
+            rank: self.rank as i32,
+            world_size: self.world_size as i32,
+            _handle: std::marker::PhantomData,
+        }
+    }
 }
+
+/// The `shmem::PeerHandle` struct of [`DEVICE_HEADER`], field for field:
+/// a kernel argument, made by [`PeerHandle::device_arg`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct DevicePeerHandle<'a> {
+    buffer_ptrs: u64,
+    signal_pads: u64,
+    rank: i32,
+    world_size: i32,
+    _handle: std::marker::PhantomData<&'a ()>,
+}
+
+// SAFETY: `#[repr(C)]` plain data laid out as the header's struct (two
+// 8-byte addresses, two `int`s, no padding); the marker is zero-sized.
+unsafe impl cudarc::driver::DeviceRepr for DevicePeerHandle<'_> {}
 
 impl<T: Element> SymmetricBuffer<T> {
     /// Every PE's address of this buffer and of a fresh signal pad.
@@ -93,5 +158,19 @@ impl<T: Element> SymmetricBuffer<T> {
             arrays,
             _buf: std::marker::PhantomData,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_agrees_with_the_rust_side() {
+        let words = format!("constexpr int kPadWordsPerPeer = {SIGNAL_PAD_WORDS_PER_PEER};");
+        assert!(DEVICE_HEADER.contains(&words), "the header's pad size differs from SIGNAL_PAD_WORDS_PER_PEER");
+        assert_eq!(size_of::<DevicePeerHandle>(), 24);
+        assert!(DEVICE_HEADER.contains("void *const *buffer_ptrs;"));
+        assert!(DEVICE_HEADER.contains("uint32_t *const *signal_pads;"));
     }
 }

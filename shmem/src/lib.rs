@@ -46,7 +46,7 @@ pub use context::{Context, Stream};
 pub use dtype::{AtomicElement, DType, Element, ReduceOp};
 pub use error::{Error, Result};
 pub use half::{bf16, f16};
-pub use handle::{PeerHandle, SIGNAL_PAD_WORDS_PER_PEER};
+pub use handle::{DevicePeerHandle, PeerHandle, DEVICE_HEADER, SIGNAL_PAD_WORDS_PER_PEER};
 pub use moe::{CombineElement, Layout, MoeAllToAll, MoeConfig};
 pub use rma::{Cmp, SignalOp};
 pub use team::Team;
