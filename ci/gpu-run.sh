@@ -92,6 +92,7 @@ step quickstart "$bin/shmemrun" -n "$pes" --tag-output "$bin/quickstart"
 step ring "$bin/shmemrun" -n "$pes" "$bin/ring"
 step allreduce "${mpi[@]}" "$bin/allreduce"
 step peer_kernel "$bin/shmemrun" -n "$pes" --tag-output "$bin/peer_kernel"
+step device_kernel "$bin/shmemrun" -n "$pes" --tag-output "$bin/device_kernel"
 # Bad set-ups: clear errors on every PE, no hang.
 expect_fail more-pes-than-gpus "GPU(s)" 3 "$bin/shmemrun" -n 3 --no-kill --tag-output "$bin/ring"
 expect_fail heap-too-large "heap" "$pes" env SHMEM_HEAP_SIZE=1000G "$bin/shmemrun" -n "$pes" --no-kill --tag-output "$bin/ring"
