@@ -45,7 +45,8 @@
 //! barrier (barriers themselves back to back). `--graph` (GPU) captures 100
 //! operations in a CUDA graph and times replays with events, each after a
 //! barrier (after 3 untimed): the median of 5, per operation, for sizes up
-//! to `--graph-max-bytes`.
+//! to `--graph-max-bytes`; every implementation but `nvshmem`, whose
+//! collectives are called from the host.
 //!
 //! **Checks**: before timing, each row's output is poisoned (all-ones
 //! bytes: NaN, `u32::MAX`), the operation runs once, and every element is
@@ -830,12 +831,13 @@ impl Bench<'_> {
         Ok(reps[2])
     }
 
-    /// Eager and (with `--graph`) graph rows of `c`.
+    /// Eager and (with `--graph`) graph rows of `c`. NVSHMEM's collectives
+    /// are called from the host, so they have no graph rows.
     fn measure<T: Value>(&self, c: &Case<'_, T>, rows: &mut Vec<Row>) -> Res {
         if let Some(row) = self.eager(c)? {
             self.keep(rows, row)?;
         }
-        if self.graphs(c.bytes) {
+        if self.graphs(c.bytes) && c.imp != Imp::Nvshmem {
             if let Some(row) = self.graphed(c)? {
                 self.keep(rows, row)?;
             }
