@@ -8,6 +8,10 @@
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 bin=$here/bin
+# gpu-bundle.sh packs the binaries into one archive.
+if [[ -f "$here/bin.tar.xz" && ! -d "$bin" ]]; then
+    tar -C "$here" -xJf "$here/bin.tar.xz" || { echo "gpu-run: cannot unpack $here/bin.tar.xz" >&2; exit 1; }
+fi
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
 log=$out/gpu-run.log
@@ -76,8 +80,8 @@ expect_fail() {
 step gpus nvidia-smi --query-gpu=index,name,memory.total --format=csv
 # --quick: only the collectives' tests, both paths (a short device call).
 if [[ " $* " == *" --quick "* ]]; then
-    step spmd-coll "$bin/shmemrun" -n "$pes" "$bin/spmd" coll::
-    step spmd-coll-forced-rma env SHMEM_FORCE_RMA=1 "$bin/shmemrun" -n "$pes" "$bin/spmd" coll::
+    step spmd-coll env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes" "$bin/spmd" coll::
+    step spmd-coll-forced-rma env SHMEM_FORCE_RMA=1 SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes" "$bin/spmd" coll::
     if ((${#failed[@]})); then
         echo "gpu-run: FAILED: ${failed[*]}" | tee -a "$log"
         exit 1
@@ -85,9 +89,9 @@ if [[ " $* " == *" --quick "* ]]; then
     echo "gpu-run: every step passed" | tee -a "$log"
     exit 0
 fi
-step spmd-shmemrun "$bin/shmemrun" -n "$pes" "$bin/spmd"
-step spmd-mpirun "${mpi[@]}" "$bin/spmd"
-step spmd-coll-forced-rma env SHMEM_FORCE_RMA=1 "$bin/shmemrun" -n "$pes" "$bin/spmd" coll::
+step spmd-shmemrun env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes" "$bin/spmd"
+step spmd-mpirun "${mpi[@]}" -x SHMEM_HEAP_SIZE=2G "$bin/spmd"
+step spmd-coll-forced-rma env SHMEM_FORCE_RMA=1 SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes" "$bin/spmd" coll::
 step quickstart "$bin/shmemrun" -n "$pes" --tag-output "$bin/quickstart"
 step ring "$bin/shmemrun" -n "$pes" "$bin/ring"
 step allreduce "${mpi[@]}" "$bin/allreduce"

@@ -319,5 +319,102 @@ __device__ void reduce_range(const TeamSync &t, T *dst, uint64_t dst_off, uint64
     }
 }
 
+
+// The low-latency protocol (world team, every peer over NVLink, at most
+// kLLMaxBytes from one PE to another per operation): data travels as
+// 16-byte packets {4 data bytes, flag, 4 data bytes, flag} stored into the
+// receiver's buffer for the sender; the receiver polls until both flags
+// are this operation's, so data and its arrival are one store, with no
+// barrier. Two buffers alternate by epoch. A PE writes a buffer again two
+// epochs later, after it has received something from the receiver in the
+// epoch between, which the receiver sent only after it had finished
+// reading that buffer (its kernels run in stream order) — so every LL
+// operation receives at least one packet from every peer. A flag is never
+// 0 (the zeroed buffer) nor the flag of two epochs before. All kLLBlocks
+// blocks always run, so their epoch counters stay equal.
+constexpr uint64_t kLLMaxBytes = 64 << 10;
+constexpr uint64_t kLLChunks = kLLMaxBytes / 8;
+
+__device__ __forceinline__ void st_volatile_v4(uint4 *p, uint4 v) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z),
+                 "r"(v.w)
+                 : "memory");
+}
+
+__device__ __forceinline__ uint4 ld_volatile_v4(const uint4 *p) {
+    uint4 v;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
+    return v;
+}
+
+// Bytes [8c, 8c + 8) of `p` (`len` long), zero past the end; any alignment.
+__device__ __forceinline__ uint64_t load8(const uint8_t *p, uint64_t c, uint64_t len) {
+    const uint8_t *q = p + c * 8;
+    if (c * 8 + 8 <= len && reinterpret_cast<uint64_t>(q) % 8 == 0) return *reinterpret_cast<const uint64_t *>(q);
+    uint64_t v = 0;
+    for (uint64_t b = c * 8; b < len && b < c * 8 + 8; b++) v |= static_cast<uint64_t>(p[b]) << (8 * (b - c * 8));
+    return v;
+}
+
+// Stores the bytes of `v` that fall before `len` at `p + 8c`.
+__device__ __forceinline__ void store8(uint8_t *p, uint64_t c, uint64_t len, uint64_t v) {
+    uint8_t *q = p + c * 8;
+    if (c * 8 + 8 <= len && reinterpret_cast<uint64_t>(q) % 8 == 0) {
+        *reinterpret_cast<uint64_t *>(q) = v;
+        return;
+    }
+    for (uint64_t b = c * 8; b < len && b < c * 8 + 8; b++) p[b] = static_cast<uint8_t>(v >> (8 * (b - c * 8)));
+}
+
+struct LL {
+    const TeamSync &t;
+    uint64_t epoch;
+    uint32_t flag;
+    uint64_t parity;
+
+    __device__ LL(const TeamSync &team) : t(team) {
+        __shared__ uint64_t shared_epoch;
+        if (threadIdx.x == 0) shared_epoch = *t.ll_counter(blockIdx.x) + 1;
+        __syncthreads();
+        epoch = shared_epoch;
+        flag = 1 + static_cast<uint32_t>(epoch % 0xffffffffull);
+        parity = epoch & 1;
+    }
+    // Chunks of 8 bytes to move for `bytes` (at least one, so that every
+    // peer hears from every peer).
+    __device__ uint64_t chunks(uint64_t bytes) const { return bytes == 0 ? 1 : (bytes + 7) / 8; }
+    __device__ uint64_t first() const { return static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
+    __device__ uint64_t stride() const { return static_cast<uint64_t>(gridDim.x) * blockDim.x; }
+    __device__ uint64_t slot(int sender, uint64_t c) const {
+        return t.ll_offset + ((parity * t.n + sender) * kLLChunks + c) * 16;
+    }
+    __device__ void send(int pe, uint64_t c, uint64_t data) const {
+        uint4 packet = make_uint4(static_cast<uint32_t>(data), flag, static_cast<uint32_t>(data >> 32), flag);
+        st_volatile_v4(t.at<uint4>(pe, slot(t.rank, c)), packet);
+    }
+    __device__ uint64_t recv(int pe, uint64_t c) const {
+        const uint4 *p = t.mine<uint4>(slot(pe, c));
+        uint4 v = ld_volatile_v4(p);
+        if (v.y != flag || v.w != flag) {
+            long long start = clock64();
+            do {
+                if (clock64() - start > kWaitCycles) {
+                    printf("shmem: a low-latency collective waited too long for PE %d\n", pe);
+                    __trap();
+                }
+                v = ld_volatile_v4(p);
+            } while (v.y != flag || v.w != flag);
+        }
+        return static_cast<uint64_t>(v.x) | static_cast<uint64_t>(v.z) << 32;
+    }
+    __device__ void end() const {
+        __syncthreads();
+        if (threadIdx.x == 0) *t.ll_counter(blockIdx.x) = epoch;
+    }
+};
+
 }  // namespace k
 }  // namespace shmem

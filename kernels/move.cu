@@ -37,7 +37,7 @@ __device__ __forceinline__ void finish(const TeamSync &t, uint64_t epoch) {
 using shmem::k::TeamSync;
 
 // A barrier of the team on the stream (one block).
-extern "C" __global__ void shmem_barrier(TeamSync t) {
+extern "C" __global__ void __launch_bounds__(512) shmem_barrier(TeamSync t) {
     uint64_t epoch = shmem::k::begin_epoch(t);
     shmem::k::exchange(t, shmem::k::Arrive, epoch);
     shmem::k::end_epoch(t, epoch);
@@ -46,7 +46,7 @@ extern "C" __global__ void shmem_barrier(TeamSync t) {
 // All-gather: block `rank` of every member's destination (heap `dst`)
 // gets this PE's source (heap `src`, or block `rank` of its own
 // destination when `in_place`); `bytes` per member.
-extern "C" __global__ void shmem_allgather(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int in_place) {
+extern "C" __global__ void __launch_bounds__(512) shmem_allgather(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int in_place) {
     using namespace shmem::k;
     uint64_t epoch = begin_epoch(t);
     exchange(t, Arrive, epoch);
@@ -62,7 +62,7 @@ extern "C" __global__ void shmem_allgather(TeamSync t, uint64_t dst, uint64_t sr
 
 // Broadcast: `root`'s source (heap `src`) into every member's destination
 // (heap `dst`), `bytes` long; the root's may be its source.
-extern "C" __global__ void shmem_broadcast(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int root) {
+extern "C" __global__ void __launch_bounds__(512) shmem_broadcast(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int root) {
     using namespace shmem::k;
     uint64_t epoch = begin_epoch(t);
     exchange(t, Arrive, epoch);
@@ -81,7 +81,7 @@ extern "C" __global__ void shmem_broadcast(TeamSync t, uint64_t dst, uint64_t sr
 // All-to-all: block j of this PE's source (heap `src`, `bytes` per block)
 // becomes block `rank` of member j's destination (heap `dst`). Source and
 // destination are apart (in place goes through a copy on the host side).
-extern "C" __global__ void shmem_alltoall(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes) {
+extern "C" __global__ void __launch_bounds__(512) shmem_alltoall(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes) {
     using namespace shmem::k;
     uint64_t epoch = begin_epoch(t);
     exchange(t, Arrive, epoch);
@@ -95,4 +95,62 @@ extern "C" __global__ void shmem_alltoall(TeamSync t, uint64_t dst, uint64_t src
     signal_peers(t, epoch);
     wait_all(t, Data, epoch, t.rank);
     finish(t, epoch);
+}
+
+// Low-latency forms (see `LL` in common.cuh) of all-gather, broadcast and
+// all-to-all, for small payloads of the world team over NVLink.
+extern "C" __global__ void __launch_bounds__(512)
+    shmem_allgather_ll(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int in_place) {
+    using namespace shmem::k;
+    LL ll(t);
+    uint8_t *out = t.mine<uint8_t>(dst);
+    const uint8_t *in = in_place ? out + t.rank * bytes : t.mine<uint8_t>(src);
+    for (uint64_t c = ll.first(); c < ll.chunks(bytes); c += ll.stride()) {
+        uint64_t mine = load8(in, c, bytes);
+        for (int i = 1; i < t.n; i++) ll.send((t.rank + i) % t.n, c, mine);
+        for (int pe = 0; pe < t.n; pe++)
+            if (pe != t.rank || !in_place) store8(out + pe * bytes, c, bytes, pe == t.rank ? mine : ll.recv(pe, c));
+    }
+    ll.end();
+}
+
+// Every PE other than `root` sends one token to every PE, so that every
+// PE hears from every peer (see `LL`).
+extern "C" __global__ void __launch_bounds__(512)
+    shmem_broadcast_ll(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int root) {
+    using namespace shmem::k;
+    LL ll(t);
+    uint8_t *out = t.mine<uint8_t>(dst);
+    if (ll.first() == 0 && t.rank != root)
+        for (int i = 1; i < t.n; i++) ll.send((t.rank + i) % t.n, 0, 0);
+    for (uint64_t c = ll.first(); c < ll.chunks(bytes); c += ll.stride()) {
+        if (t.rank == root) {
+            uint64_t v = load8(t.mine<uint8_t>(src), c, bytes);
+            for (int i = 1; i < t.n; i++) ll.send((t.rank + i) % t.n, c, v);
+            if (dst != src) store8(out, c, bytes, v);
+        } else {
+            store8(out, c, bytes, ll.recv(root, c));
+        }
+    }
+    if (ll.first() == 0)
+        for (int pe = 0; pe < t.n; pe++)
+            if (pe != root && pe != t.rank) ll.recv(pe, 0);
+    ll.end();
+}
+
+extern "C" __global__ void __launch_bounds__(512)
+    shmem_alltoall_ll(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes) {
+    using namespace shmem::k;
+    LL ll(t);
+    uint8_t *out = t.mine<uint8_t>(dst);
+    const uint8_t *in = t.mine<uint8_t>(src);
+    for (uint64_t c = ll.first(); c < ll.chunks(bytes); c += ll.stride()) {
+        for (int i = 1; i < t.n; i++) {
+            int pe = (t.rank + i) % t.n;
+            ll.send(pe, c, load8(in + pe * bytes, c, bytes));
+        }
+        uint64_t mine = load8(in + t.rank * bytes, c, bytes);
+        for (int pe = 0; pe < t.n; pe++) store8(out + pe * bytes, c, bytes, pe == t.rank ? mine : ll.recv(pe, c));
+    }
+    ll.end();
 }

@@ -73,114 +73,82 @@ __device__ void reduce_scatter(const TeamSync &t, uint64_t dst_off, uint64_t src
     end_epoch(t, epoch);
 }
 
-// Low-latency all-reduce (world team, every peer over NVLink, at most
-// kLLMaxBytes): each thread takes 8 bytes of the source and stores them,
-// as two 8-byte packets {data, flag}, into every peer's receive buffer;
-// then it polls its own buffer until every peer's packets carry this
-// epoch's flag and reduces in team order. No barrier: two buffers
-// alternate by epoch, and a PE can only reuse one after every peer has
-// sent into the other (so has finished reading this one). A flag is never
-// 0, the zeroed buffer's value, nor the flag of two epochs before.
-constexpr uint64_t kLLMaxBytes = 64 << 10;
-constexpr uint64_t kLLChunks = kLLMaxBytes / 8;
-
-__device__ __forceinline__ void st_volatile_v4(uint4 *p, uint4 v) {
-    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z),
-                 "r"(v.w)
-                 : "memory");
-}
-
-__device__ __forceinline__ uint4 ld_volatile_v4(const uint4 *p) {
-    uint4 v;
-    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p)
-                 : "memory");
-    return v;
-}
-
+// Low-latency all-reduce (see `LL` in common.cuh): each thread takes 8
+// bytes of the source, sends them to every peer, then reduces what every
+// peer sent for the same 8 bytes in team order.
 template <typename T, int OP>
 __device__ void allreduce_ll(const TeamSync &t, uint64_t dst_off, uint64_t src_off, uint64_t count) {
     using A = typename Acc<T>::type;
     constexpr int kPer = 8 / sizeof(T);
-    __shared__ uint64_t shared_epoch;
-    if (threadIdx.x == 0) shared_epoch = *t.ll_counter(blockIdx.x) + 1;
-    __syncthreads();
-    uint64_t epoch = shared_epoch;
-    uint32_t flag = 1 + static_cast<uint32_t>(epoch % 0xffffffffull);
-    uint64_t parity = epoch & 1;
+    LL ll(t);
     uint64_t bytes = count * sizeof(T);
-    uint64_t chunks = (bytes + 7) / 8;
     const uint8_t *src = t.mine<uint8_t>(src_off);
     uint8_t *dst = t.mine<uint8_t>(dst_off);
-    auto slot = [&](uint64_t sender, uint64_t c) {
-        return t.ll_offset + ((parity * t.n + sender) * kLLChunks + c) * 16;
-    };
-    for (uint64_t c = blockIdx.x * blockDim.x + threadIdx.x; c < chunks; c += gridDim.x * blockDim.x) {
+    for (uint64_t c = ll.first(); c < ll.chunks(bytes); c += ll.stride()) {
         union {
             uint64_t u;
-            uint32_t w[2];
             T x[kPer];
         } mine, got;
-        if (c * 8 + 8 <= bytes) {
-            mine.u = *reinterpret_cast<const uint64_t *>(src + c * 8);
-        } else {
-            mine.u = 0;
-            for (uint64_t b = c * 8; b < bytes; b++) reinterpret_cast<uint8_t *>(&mine.u)[b - c * 8] = src[b];
-        }
-        uint4 packet = make_uint4(mine.w[0], flag, mine.w[1], flag);
-        for (int i = 1; i < t.n; i++) {
-            int pe = (t.rank + i) % t.n;
-            st_volatile_v4(t.at<uint4>(pe, slot(t.rank, c)), packet);
-        }
+        mine.u = load8(src, c, bytes);
+        for (int i = 1; i < t.n; i++) ll.send((t.rank + i) % t.n, c, mine.u);
         A acc[kPer];
         for (int pe = 0; pe < t.n; pe++) {
-            if (pe == t.rank) {
-                got.u = mine.u;
-            } else {
-                const uint4 *p = t.mine<uint4>(slot(pe, c));
-                uint4 v = ld_volatile_v4(p);
-                if (v.y != flag || v.w != flag) {
-                    long long start = clock64();
-                    do {
-                        if (clock64() - start > kWaitCycles) {
-                            printf("shmem: a low-latency all-reduce waited too long for PE %d\n", pe);
-                            __trap();
-                        }
-                        v = ld_volatile_v4(p);
-                    } while (v.y != flag || v.w != flag);
-                }
-                got.w[0] = v.x;
-                got.w[1] = v.z;
-            }
+            got.u = pe == t.rank ? mine.u : ll.recv(pe, c);
 #pragma unroll
             for (int e = 0; e < kPer; e++) acc[e] = pe == 0 ? to_acc(got.x[e]) : combine<OP>(acc[e], to_acc(got.x[e]));
         }
 #pragma unroll
         for (int e = 0; e < kPer; e++) mine.x[e] = from_acc<T>(acc[e]);
-        if (c * 8 + 8 <= bytes) {
-            *reinterpret_cast<uint64_t *>(dst + c * 8) = mine.u;
-        } else {
-            for (uint64_t b = c * 8; b < bytes; b++) dst[b] = reinterpret_cast<uint8_t *>(&mine.u)[b - c * 8];
-        }
+        store8(dst, c, bytes, mine.u);
     }
-    __syncthreads();
-    if (threadIdx.x == 0) *t.ll_counter(blockIdx.x) = epoch;
+    ll.end();
+}
+
+// Low-latency reduce-scatter: block r of this PE's source (`count`
+// elements) goes to PE r; PE r reduces what arrives in team order.
+template <typename T, int OP>
+__device__ void reduce_scatter_ll(const TeamSync &t, uint64_t dst_off, uint64_t src_off, uint64_t count) {
+    using A = typename Acc<T>::type;
+    constexpr int kPer = 8 / sizeof(T);
+    LL ll(t);
+    uint64_t bytes = count * sizeof(T);
+    const uint8_t *src = t.mine<uint8_t>(src_off);
+    uint8_t *dst = t.mine<uint8_t>(dst_off);
+    for (uint64_t c = ll.first(); c < ll.chunks(bytes); c += ll.stride()) {
+        for (int i = 1; i < t.n; i++) {
+            int pe = (t.rank + i) % t.n;
+            ll.send(pe, c, load8(src + pe * bytes, c, bytes));
+        }
+        union {
+            uint64_t u;
+            T x[kPer];
+        } got;
+        A acc[kPer];
+        for (int pe = 0; pe < t.n; pe++) {
+            got.u = pe == t.rank ? load8(src + pe * bytes, c, bytes) : ll.recv(pe, c);
+#pragma unroll
+            for (int e = 0; e < kPer; e++) acc[e] = pe == 0 ? to_acc(got.x[e]) : combine<OP>(acc[e], to_acc(got.x[e]));
+        }
+#pragma unroll
+        for (int e = 0; e < kPer; e++) got.x[e] = from_acc<T>(acc[e]);
+        store8(dst, c, bytes, got.u);
+    }
+    ll.end();
 }
 
 }  // namespace k
 }  // namespace shmem
 
 #define SHMEM_REDUCE_NP(NAME, T, OP, NP)                                                                           \
-    extern "C" __global__ void shmem_allreduce_oneshot_##NAME##_##NP(shmem::k::TeamSync t, uint64_t dst,         \
+    extern "C" __global__ void __launch_bounds__(512) shmem_allreduce_oneshot_##NAME##_##NP(shmem::k::TeamSync t, uint64_t dst,         \
                                                                       uint64_t src, uint64_t count) {             \
         shmem::k::allreduce_oneshot<T, shmem::k::OP, NP>(t, dst, src, count);                                    \
     }                                                                                                              \
-    extern "C" __global__ void shmem_allreduce_twoshot_##NAME##_##NP(shmem::k::TeamSync t, uint64_t dst,         \
+    extern "C" __global__ void __launch_bounds__(512) shmem_allreduce_twoshot_##NAME##_##NP(shmem::k::TeamSync t, uint64_t dst,         \
                                                                       uint64_t src, uint64_t count) {             \
         shmem::k::allreduce_twoshot<T, shmem::k::OP, NP>(t, dst, src, count);                                    \
     }                                                                                                              \
-    extern "C" __global__ void shmem_reducescatter_##NAME##_##NP(shmem::k::TeamSync t, uint64_t dst, uint64_t src, \
+    extern "C" __global__ void __launch_bounds__(512) shmem_reducescatter_##NAME##_##NP(shmem::k::TeamSync t, uint64_t dst, uint64_t src, \
                                                                   uint64_t count) {                                \
         shmem::k::reduce_scatter<T, shmem::k::OP, NP>(t, dst, src, count);                                       \
     }
@@ -188,9 +156,13 @@ __device__ void allreduce_ll(const TeamSync &t, uint64_t dst_off, uint64_t src_o
 // Every op on T: kernels for any team size (suffix _0) and the low-latency one.
 #define SHMEM_REDUCE(NAME, T, OP)                                                                                 \
     SHMEM_REDUCE_NP(NAME, T, OP, 0)                                                                               \
-    extern "C" __global__ void shmem_allreduce_ll_##NAME(shmem::k::TeamSync t, uint64_t dst, uint64_t src,       \
-                                                         uint64_t count) {                                       \
+    extern "C" __global__ void __launch_bounds__(512)                                                             \
+        shmem_allreduce_ll_##NAME(shmem::k::TeamSync t, uint64_t dst, uint64_t src, uint64_t count) {             \
         shmem::k::allreduce_ll<T, shmem::k::OP>(t, dst, src, count);                                             \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(512)                                                             \
+        shmem_reducescatter_ll_##NAME(shmem::k::TeamSync t, uint64_t dst, uint64_t src, uint64_t count) {         \
+        shmem::k::reduce_scatter_ll<T, shmem::k::OP>(t, dst, src, count);                                        \
     }
 
 // Sums also get kernels built for teams of 2, 4 and 8 (suffixes _2, _4, _8).

@@ -430,11 +430,10 @@ impl Team {
             let t = k.team(st.slot, &st.members, cfg.force_rma)?;
             let cu = g.stream(stream).cu_stream();
             let (dt, op) = (T::DTYPE, op.unwrap_or(ReduceOp::Sum));
+            let world = st.slot == 0;
             return match kind {
-                OpKind::AllReduce => {
-                    k.all_reduce(t, st.slot == 0, cfg.all_reduce, dt, op, d.offset, s.offset, d.len, cu)
-                }
-                OpKind::ReduceScatter => k.reduce_scatter(t, dt, op, d.offset, s.offset, d.len, cu),
+                OpKind::AllReduce => k.all_reduce(t, world, cfg.all_reduce, dt, op, d.offset, s.offset, d.len, cu),
+                OpKind::ReduceScatter => k.reduce_scatter(t, world, dt, op, d.offset, s.offset, d.len, cu),
                 OpKind::AllGather => {
                     let in_place = overlap(d, s, elem);
                     let ce = match cfg.all_gather {
@@ -445,14 +444,14 @@ impl Team {
                     if ce && !cfg.force_rma && st.members.iter().all(|&pe| g.peer_base[pe].is_some()) {
                         k.all_gather_ce(g, t, &st.members, d.offset, s.offset, s.len * elem, in_place, cu)
                     } else {
-                        k.all_gather(t, d.offset, s.offset, s.len * elem, in_place, cu)
+                        k.all_gather(t, world, d.offset, s.offset, s.len * elem, in_place, cu)
                     }
                 }
-                OpKind::Broadcast => k.broadcast(t, d.offset, s.offset, d.len * elem, root, cu),
+                OpKind::Broadcast => k.broadcast(t, world, d.offset, s.offset, d.len * elem, root, cu),
                 OpKind::AllToAll => {
                     let per_pe = d.len / self.n_pes() * elem;
-                    if !overlap(d, s, elem) {
-                        return k.all_to_all(t, d.offset, s.offset, per_pe, cu);
+                    if !overlap(d, s, elem) || Kernels::all_to_all_in_place(&t, world, per_pe) {
+                        return k.all_to_all(t, world, d.offset, s.offset, per_pe, cu);
                     }
                     // In place: this PE's blocks go out from a copy, as peers
                     // write into the same buffer.
@@ -465,7 +464,7 @@ impl Team {
                     }
                     let sc = self.ctx.scratch(s.len * elem)?;
                     g.copy(g.addr(sc.offset), g.addr(s.offset), s.len * elem, g.stream(stream))?;
-                    k.all_to_all(t, d.offset, sc.offset, per_pe, cu)?;
+                    k.all_to_all(t, world, d.offset, sc.offset, per_pe, cu)?;
                     g.stream(stream).synchronize()?;
                     drop(sc);
                     Ok(())

@@ -129,6 +129,7 @@ enum Reduction {
     OneShot,
     TwoShot,
     ReduceScatter,
+    ReduceScatterLowLatency,
 }
 
 impl Kernels {
@@ -333,7 +334,7 @@ impl Kernels {
         s: CUstream,
     ) -> Result<()> {
         let bytes = count * dtype.size();
-        let ll = world && t.rma == 0 && bytes <= LL_MAX_BYTES && (dst | src) % 8 == 0;
+        let ll = Self::low_latency(&t, world, bytes);
         let one_shot = dst != src;
         let how = match algo {
             AllReduceAlgo::LowLatency if ll => Reduction::LowLatency,
@@ -346,12 +347,18 @@ impl Kernels {
         self.reduce(t, how, dtype, op, dst, src, count, s)
     }
 
+    /// Whether the low-latency kernels take `bytes` per peer on this team.
+    fn low_latency(t: &TeamSync, world: bool, bytes: usize) -> bool {
+        world && t.rma == 0 && bytes <= LL_MAX_BYTES
+    }
+
     /// Reduce-scatter: `count` elements into each member's `dst` from block
     /// `rank` of every member's `src`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn reduce_scatter(
         &self,
         t: TeamSync,
+        world: bool,
         dtype: DType,
         op: ReduceOp,
         dst: usize,
@@ -359,7 +366,12 @@ impl Kernels {
         count: usize,
         s: CUstream,
     ) -> Result<()> {
-        self.reduce(t, Reduction::ReduceScatter, dtype, op, dst, src, count, s)
+        let how = if Self::low_latency(&t, world, count * dtype.size()) {
+            Reduction::ReduceScatterLowLatency
+        } else {
+            Reduction::ReduceScatter
+        };
+        self.reduce(t, how, dtype, op, dst, src, count, s)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -384,6 +396,7 @@ impl Kernels {
                 (format!("shmem_allreduce_twoshot_{dt}_{o}_{np}"), Self::blocks(&t, units.div_ceil(t.n as usize)))
             }
             Reduction::ReduceScatter => (format!("shmem_reducescatter_{dt}_{o}_{np}"), Self::blocks(&t, units)),
+            Reduction::ReduceScatterLowLatency => (format!("shmem_reducescatter_ll_{dt}_{o}"), LL_BLOCKS),
         };
         // SAFETY: (TeamSync, dst, src, count) as every reduction kernel
         // declares; regions checked and agreed by the caller.
@@ -393,16 +406,22 @@ impl Kernels {
     /// All-gather by an SM kernel: block `rank` of every member's `dst`
     /// from this PE's `src` (or its own block of `dst` when `in_place`),
     /// `bytes` per member.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn all_gather(
         &self,
         t: TeamSync,
+        world: bool,
         dst: usize,
         src: usize,
         bytes: usize,
         in_place: bool,
         s: CUstream,
     ) -> Result<()> {
-        let blocks = Self::blocks(&t, bytes.div_ceil(16));
+        let (name, blocks) = if Self::low_latency(&t, world, bytes) {
+            ("shmem_allgather_ll", LL_BLOCKS)
+        } else {
+            ("shmem_allgather", Self::blocks(&t, bytes.div_ceil(16)))
+        };
         let (mut t, mut dst, mut src, mut bytes, mut in_place) =
             (t, dst as u64, src as u64, bytes as u64, in_place as i32);
         let mut params: [*mut c_void; 5] = [
@@ -413,7 +432,7 @@ impl Kernels {
             (&raw mut in_place).cast(),
         ];
         // SAFETY: (TeamSync, u64, u64, u64, int) as the kernel declares.
-        unsafe { self.launch("shmem_allgather", blocks, THREADS, s, &mut params) }
+        unsafe { self.launch(name, blocks, THREADS, s, &mut params) }
     }
 
     /// All-gather by copy engines: a barrier kernel (every destination is
@@ -451,16 +470,22 @@ impl Kernels {
     }
 
     /// Broadcast of `bytes` from member `root`'s `src` into every member's `dst`.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn broadcast(
         &self,
         t: TeamSync,
+        world: bool,
         dst: usize,
         src: usize,
         bytes: usize,
         root: usize,
         s: CUstream,
     ) -> Result<()> {
-        let blocks = Self::blocks(&t, bytes.div_ceil(16));
+        let (name, blocks) = if Self::low_latency(&t, world, bytes) {
+            ("shmem_broadcast_ll", LL_BLOCKS)
+        } else {
+            ("shmem_broadcast", Self::blocks(&t, bytes.div_ceil(16)))
+        };
         let (mut t, mut dst, mut src, mut bytes, mut root) = (t, dst as u64, src as u64, bytes as u64, root as i32);
         let mut params: [*mut c_void; 5] = [
             (&raw mut t).cast(),
@@ -470,14 +495,34 @@ impl Kernels {
             (&raw mut root).cast(),
         ];
         // SAFETY: (TeamSync, u64, u64, u64, int) as the kernel declares.
-        unsafe { self.launch("shmem_broadcast", blocks, THREADS, s, &mut params) }
+        unsafe { self.launch(name, blocks, THREADS, s, &mut params) }
     }
 
-    /// All-to-all of `bytes` per member between apart `src` and `dst`.
-    pub(crate) fn all_to_all(&self, t: TeamSync, dst: usize, src: usize, bytes: usize, s: CUstream) -> Result<()> {
-        let blocks = Self::blocks(&t, bytes.div_ceil(16));
+    /// Whether an all-to-all of `bytes` per member may be in place (the
+    /// low-latency kernel reads every block of a chunk before writing it).
+    pub(crate) fn all_to_all_in_place(t: &TeamSync, world: bool, bytes: usize) -> bool {
+        Self::low_latency(t, world, bytes)
+    }
+
+    /// All-to-all of `bytes` per member; `src` and `dst` apart unless
+    /// [`Kernels::all_to_all_in_place`].
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn all_to_all(
+        &self,
+        t: TeamSync,
+        world: bool,
+        dst: usize,
+        src: usize,
+        bytes: usize,
+        s: CUstream,
+    ) -> Result<()> {
+        let (name, blocks) = if Self::low_latency(&t, world, bytes) {
+            ("shmem_alltoall_ll", LL_BLOCKS)
+        } else {
+            ("shmem_alltoall", Self::blocks(&t, bytes.div_ceil(16)))
+        };
         // SAFETY: (TeamSync, dst, src, bytes) as the kernel declares.
-        unsafe { self.launch4("shmem_alltoall", blocks, t, dst as u64, src as u64, bytes as u64, s) }
+        unsafe { self.launch4(name, blocks, t, dst as u64, src as u64, bytes as u64, s) }
     }
 }
 
