@@ -15,8 +15,9 @@ use crate::gpu::{dispatch, GpuWorld};
 use crate::team::{Desc, OpKind, Team};
 use rayon::prelude::*;
 
-/// From this many bytes per PE, the automatic all-gather uses copy engines.
-const CE_ALL_GATHER_MIN_BYTES: usize = 64 << 20;
+/// From this many bytes, broadcast uses copy engines: one-way, they move
+/// 395 GB/s against the SM kernel's 320 on 2×H200 (docs/perf.md).
+const CE_BROADCAST_MIN_BYTES: usize = 32 << 20;
 /// Elements per rayon task.
 const CHUNK: usize = 1 << 15;
 /// Up to this many bytes per PE, all-reduce is one-shot (each PE reduces
@@ -438,8 +439,9 @@ impl Team {
                     let in_place = overlap(d, s, elem);
                     let ce = match cfg.all_gather {
                         AllGatherAlgo::CopyEngine => true,
-                        AllGatherAlgo::Sm => false,
-                        AllGatherAlgo::Auto => s.len * elem >= CE_ALL_GATHER_MIN_BYTES,
+                        // The SM kernel measured as fast or faster at every
+                        // size on 2×H200 (docs/perf.md).
+                        AllGatherAlgo::Sm | AllGatherAlgo::Auto => false,
                     };
                     if ce && !cfg.force_rma && st.members.iter().all(|&pe| g.peer_base[pe].is_some()) {
                         k.all_gather_ce(g, t, &st.members, d.offset, s.offset, s.len * elem, in_place, cu)
@@ -447,7 +449,14 @@ impl Team {
                         k.all_gather(t, world, d.offset, s.offset, s.len * elem, in_place, cu)
                     }
                 }
-                OpKind::Broadcast => k.broadcast(t, world, d.offset, s.offset, d.len * elem, root, cu),
+                OpKind::Broadcast => {
+                    let nvlink = !cfg.force_rma && st.members.iter().all(|&pe| g.peer_base[pe].is_some());
+                    if nvlink && d.len * elem >= CE_BROADCAST_MIN_BYTES {
+                        k.broadcast_ce(g, t, &st.members, d.offset, s.offset, d.len * elem, root, cu)
+                    } else {
+                        k.broadcast(t, world, d.offset, s.offset, d.len * elem, root, cu)
+                    }
+                }
                 OpKind::AllToAll => {
                     let per_pe = d.len / self.n_pes() * elem;
                     if !overlap(d, s, elem) || Kernels::all_to_all_in_place(&t, world, per_pe) {

@@ -469,6 +469,41 @@ impl Kernels {
         self.barrier(t, s)
     }
 
+    /// Broadcast by copy engines: a barrier kernel, the root's
+    /// `cuMemcpyAsync` into every member's destination through its NVLink
+    /// address, a barrier kernel (the copies into every PE are done).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn broadcast_ce(
+        &self,
+        g: &GpuWorld,
+        t: TeamSync,
+        members: &[usize],
+        dst: usize,
+        src: usize,
+        bytes: usize,
+        root: usize,
+        s: CUstream,
+    ) -> Result<()> {
+        self.barrier(t, s)?;
+        if t.rank as usize == root {
+            for (i, &pe) in members.iter().enumerate() {
+                let to = if i == root {
+                    if dst == src {
+                        continue;
+                    }
+                    g.addr(dst)
+                } else {
+                    g.peer_base[pe].ok_or_else(|| Error::Invalid(format!("PE {pe} has no NVLink address")))?
+                        + dst as u64
+                };
+                // SAFETY: `dst` is a checked region of every member's heap
+                // (reached through the peer's mapping), `src` of the root's.
+                unsafe { cudarc::driver::result::memcpy_dtod_async(to, g.addr(src), bytes, s)? };
+            }
+        }
+        self.barrier(t, s)
+    }
+
     /// Broadcast of `bytes` from member `root`'s `src` into every member's `dst`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn broadcast(
