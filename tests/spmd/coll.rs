@@ -1,35 +1,383 @@
-//! Collectives over the world, for every element type, out of place and in
-//! place, at sizes that take each algorithm's path.
+//! Collectives checked against a host reference on fresh random data: every
+//! collective, element type and operator; sizes from one element to 256 MiB,
+//! odd ones (not a multiple of 16 bytes) included; out of place, in place
+//! and misaligned; over the world and over split teams; under each of the
+//! GPU kernels' settings ([`Variant`]).
+//!
+//! Every PE computes every PE's input from (seed, PE, index), and the
+//! reference combines them in team order, accumulating as [`Element`] does
+//! (the host backend's arithmetic), so results must match bit for bit.
+//! Outputs are poisoned before each call, and guard elements after every
+//! region must keep their poison.
 
-use crate::util::{assert_bits_eq, mix, payload, payloads, poison, Env, TestElem, TestResult};
+use crate::kernels::{self, Settings, Variant};
+use crate::util::{mix, par_fill, payload, poison, Env, TestElem, TestResult};
 use crate::{each_dtype, TestFn};
-use shmem::ReduceOp;
+use shmem::{BackendKind, Context, DType, Element, ReduceOp, Stream, SymSlice, SymmetricBuffer, Team};
+use std::ops::Range;
 
 pub const TESTS: &[(&str, TestFn)] = &[
     ("coll::barrier_orders_writes", barrier_orders_writes),
-    ("coll::broadcast_every_dtype_every_root", |e| each_dtype!(broadcast, e)),
-    ("coll::all_gather_every_dtype", |e| each_dtype!(all_gather, e)),
-    ("coll::all_reduce_every_dtype_every_op", |e| each_dtype!(all_reduce, e)),
-    ("coll::reduce_scatter_every_dtype_every_op", |e| each_dtype!(reduce_scatter, e)),
-    ("coll::all_to_all_every_dtype", |e| each_dtype!(all_to_all, e)),
-    ("coll::graph_replay_all_reduce_gpu_only", graph_replay_all_reduce),
+    ("coll::all_reduce::default", |e| world(e, Coll::AllReduce, Variant::Default)),
+    ("coll::reduce_scatter::default", |e| world(e, Coll::ReduceScatter, Variant::Default)),
+    ("coll::all_gather::default", |e| world(e, Coll::AllGather, Variant::Default)),
+    ("coll::broadcast::default", |e| world(e, Coll::Broadcast, Variant::Default)),
+    ("coll::all_to_all::default", |e| world(e, Coll::AllToAll, Variant::Default)),
+    ("coll::teams::default", |e| teams(e, Variant::Default)),
+    ("coll::all_reduce::force_rma", |e| world(e, Coll::AllReduce, Variant::ForceRma)),
+    ("coll::reduce_scatter::force_rma", |e| world(e, Coll::ReduceScatter, Variant::ForceRma)),
+    ("coll::all_gather::force_rma", |e| world(e, Coll::AllGather, Variant::ForceRma)),
+    ("coll::broadcast::force_rma", |e| world(e, Coll::Broadcast, Variant::ForceRma)),
+    ("coll::all_to_all::force_rma", |e| world(e, Coll::AllToAll, Variant::ForceRma)),
+    ("coll::teams::force_rma", |e| teams(e, Variant::ForceRma)),
+    ("coll::all_reduce::one_shot", |e| world(e, Coll::AllReduce, Variant::OneShot)),
+    ("coll::teams::one_shot", |e| teams(e, Variant::OneShot)),
+    ("coll::all_reduce::two_shot", |e| world(e, Coll::AllReduce, Variant::TwoShot)),
+    ("coll::teams::two_shot", |e| teams(e, Variant::TwoShot)),
+    ("coll::all_reduce::low_latency", |e| world(e, Coll::AllReduce, Variant::LowLatency)),
+    ("coll::teams::low_latency", |e| teams(e, Variant::LowLatency)),
+    ("coll::all_gather::sm", |e| world(e, Coll::AllGather, Variant::Sm)),
+    ("coll::all_reduce::sm", |e| world(e, Coll::AllReduce, Variant::Sm)),
+    ("coll::teams::sm", |e| teams(e, Variant::Sm)),
+    ("coll::all_gather::copy_engine", |e| world(e, Coll::AllGather, Variant::CopyEngine)),
+    ("coll::all_reduce::copy_engine", |e| world(e, Coll::AllReduce, Variant::CopyEngine)),
+    ("coll::teams::copy_engine", |e| teams(e, Variant::CopyEngine)),
+    ("coll::all_reduce::nvshmem", |e| world(e, Coll::AllReduce, Variant::Nvshmem)),
+    ("coll::reduce_scatter::nvshmem", |e| world(e, Coll::ReduceScatter, Variant::Nvshmem)),
+    ("coll::all_gather::nvshmem", |e| world(e, Coll::AllGather, Variant::Nvshmem)),
+    ("coll::broadcast::nvshmem", |e| world(e, Coll::Broadcast, Variant::Nvshmem)),
+    ("coll::all_to_all::nvshmem", |e| world(e, Coll::AllToAll, Variant::Nvshmem)),
+    ("coll::teams::nvshmem", |e| teams(e, Variant::Nvshmem)),
+    ("coll::graph_replay_gpu_only", kernels::graph_replay),
 ];
 
-/// Sizes (elements per PE) that cover tiny, odd, one-shot and two-shot.
-const SIZES: &[usize] = &[1, 7, 1000, 200_003];
+/// Elements per PE (per block for the blocked collectives): every dtype and
+/// operator runs these.
+const SMALL: &[usize] = &[1, 3, 7, 8, 31, 33, 1000, 4099];
+/// The split teams' share of them.
+const TEAM_SMALL: &[usize] = &[1, 7, 33, 4099];
+/// What the host backend runs under the settings other than the default
+/// (which it ignores).
+const HOST_VARIANT_SMALL: &[usize] = &[7, 4099];
+const MEDIUM: usize = (1 << 16) + 5;
+const LARGE: usize = (1 << 20) + 3;
+/// GPU only, f32 and bf16: the all-reduce's vector, the all-gather's output.
+const HUGE_BYTES: usize = 256 << 20;
+/// Poisoned bytes after every region, which no call may touch.
+const GUARD_BYTES: usize = 64;
 
-/// The reduction inputs: small values that keep results exact.
-fn input<T: TestElem>(seed: u64, pe: usize, i: usize, op: ReduceOp) -> T {
-    T::small(mix(seed ^ mix((pe as u64) << 40 ^ i as u64)), op)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Coll {
+    AllReduce,
+    ReduceScatter,
+    AllGather,
+    Broadcast,
+    AllToAll,
 }
 
-/// The reference: PE values combined in PE order, as the runtime promises.
-fn reduced<T: TestElem>(seed: u64, n: usize, i: usize, op: ReduceOp) -> T {
-    let mut acc = input::<T>(seed, 0, i, op).to_acc();
-    for pe in 1..n {
-        acc = T::combine(op, acc, input::<T>(seed, pe, i, op).to_acc());
+impl Coll {
+    const ALL: [Coll; 5] = [Coll::AllReduce, Coll::ReduceScatter, Coll::AllGather, Coll::Broadcast, Coll::AllToAll];
+
+    fn name(self) -> &'static str {
+        match self {
+            Coll::AllReduce => "all_reduce",
+            Coll::ReduceScatter => "reduce_scatter",
+            Coll::AllGather => "all_gather",
+            Coll::Broadcast => "broadcast",
+            Coll::AllToAll => "all_to_all",
+        }
     }
-    T::from_acc(acc)
+
+    fn reduces(self) -> bool {
+        matches!(self, Coll::AllReduce | Coll::ReduceScatter)
+    }
+
+    /// (source, destination) lengths for `len` elements per PE (per block)
+    /// over `n` PEs.
+    fn shape(self, len: usize, n: usize) -> (usize, usize) {
+        match self {
+            Coll::AllReduce | Coll::Broadcast => (len, len),
+            Coll::ReduceScatter => (len * n, len),
+            Coll::AllGather => (len, len * n),
+            Coll::AllToAll => (len * n, len * n),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Tier {
+    Small,
+    Medium,
+    Large,
+    Huge,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Placement {
+    OutOfPlace,
+    /// dst is src (all-reduce, broadcast, all-to-all) or this PE's block of it.
+    InPlace,
+    /// Out of place, both regions one element past an aligned start.
+    Misaligned,
+}
+
+impl Placement {
+    fn name(self) -> &'static str {
+        match self {
+            Placement::OutOfPlace => "out of place",
+            Placement::InPlace => "in place",
+            Placement::Misaligned => "misaligned",
+        }
+    }
+}
+
+/// Which cases a run covers.
+///
+/// GPU: every dtype and operator at the small and medium sizes; at the
+/// large size too where the variant is about the collective (sums
+/// otherwise, and on split teams); 256 MiB for f32 and bf16 sums of the
+/// world's all-reduce and all-gather where the variant is about them.
+///
+/// Host (CI: two cores; it ignores the settings, so the variants repeat the
+/// default): every dtype and operator at the small sizes under the default
+/// settings (sums and maxima on split teams), two small sizes under the
+/// others; medium and large sums of a few types over the world under the
+/// default settings.
+struct Plan {
+    gpu: bool,
+    variant: Variant,
+    coll: Coll,
+    teams: bool,
+}
+
+impl Plan {
+    fn lengths(&self, env: &Env, dtype: DType) -> Vec<(Tier, usize)> {
+        let small = match (self.teams, self.gpu || self.variant == Variant::Default) {
+            (_, false) => HOST_VARIANT_SMALL,
+            (true, true) => TEAM_SMALL,
+            (false, true) => SMALL,
+        };
+        let mut out: Vec<(Tier, usize)> = small.iter().map(|&l| (Tier::Small, l)).collect();
+        out.extend([(Tier::Medium, MEDIUM), (Tier::Large, LARGE)]);
+        let huge = match self.coll {
+            Coll::AllReduce => HUGE_BYTES / dtype.size(),
+            Coll::AllGather => HUGE_BYTES / dtype.size() / env.n(),
+            _ => 0,
+        };
+        if huge > 0 {
+            out.push((Tier::Huge, huge));
+        }
+        out
+    }
+
+    fn covers(&self, tier: Tier, dtype: DType, op: Option<ReduceOp>) -> bool {
+        let sum = matches!(op, None | Some(ReduceOp::Sum));
+        let about = self.variant.covers(self.coll);
+        let world_default = !self.teams && self.variant == Variant::Default;
+        match (self.gpu, tier) {
+            (true, Tier::Small) => true,
+            (false, Tier::Small) => !self.teams || matches!(op, None | Some(ReduceOp::Sum | ReduceOp::Max)),
+            (true, Tier::Medium) => true,
+            (true, Tier::Large) => sum || (about && !self.teams),
+            (true, Tier::Huge) => sum && about && !self.teams && matches!(dtype, DType::F32 | DType::BF16),
+            (false, Tier::Medium) => world_default && sum && matches!(dtype, DType::F32 | DType::BF16 | DType::U64),
+            (false, Tier::Large) => world_default && sum && dtype == DType::F32,
+            (false, Tier::Huge) => false,
+        }
+    }
+}
+
+fn placements(v: Variant, tier: Tier) -> &'static [Placement] {
+    if !v.in_place() {
+        &[Placement::OutOfPlace]
+    } else if tier <= Tier::Medium {
+        &[Placement::OutOfPlace, Placement::InPlace, Placement::Misaligned]
+    } else {
+        &[Placement::OutOfPlace, Placement::InPlace]
+    }
+}
+
+/// Where a collective runs: the world, through the context's methods, or a
+/// team split from it.
+struct Group {
+    name: String,
+    team: Option<Team>,
+    /// World PEs in team order.
+    members: Vec<usize>,
+    me: usize,
+}
+
+impl Group {
+    fn world(env: &Env) -> Group {
+        Group { name: "the world".into(), team: None, members: (0..env.n()).collect(), me: env.me() }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn call<T: Element>(
+        &self,
+        ctx: &Context,
+        coll: Coll,
+        dst: SymSlice<'_, T>,
+        src: SymSlice<'_, T>,
+        op: Option<ReduceOp>,
+        root: usize,
+        s: &Stream,
+    ) -> shmem::Result<()> {
+        let op = op.unwrap_or(ReduceOp::Sum);
+        match (&self.team, coll) {
+            (None, Coll::AllReduce) => ctx.all_reduce(dst, src, op, s),
+            (None, Coll::ReduceScatter) => ctx.reduce_scatter(dst, src, op, s),
+            (None, Coll::AllGather) => ctx.all_gather(dst, src, s),
+            (None, Coll::Broadcast) => ctx.broadcast(dst, src, root, s),
+            (None, Coll::AllToAll) => ctx.all_to_all(dst, src, s),
+            (Some(t), Coll::AllReduce) => t.all_reduce(dst, src, op, s),
+            (Some(t), Coll::ReduceScatter) => t.reduce_scatter(dst, src, op, s),
+            (Some(t), Coll::AllGather) => t.all_gather(dst, src, s),
+            (Some(t), Coll::Broadcast) => t.broadcast(dst, src, root, s),
+            (Some(t), Coll::AllToAll) => t.all_to_all(dst, src, s),
+        }
+    }
+}
+
+/// Teams split from the world, the ones this PE is in, in the same order on
+/// every PE: all PEs (a team, not the world), the even PEs, the odd PEs, and
+/// PEs 1.. (a team not starting at PE 0).
+fn split_teams(env: &Env) -> shmem::Result<Vec<Group>> {
+    let n = env.n();
+    let mut specs = vec![("every PE", 0, 1, n), ("even PEs", 0, 2, n.div_ceil(2))];
+    if n >= 2 {
+        specs.push(("odd PEs", 1, 2, n / 2));
+    }
+    if n >= 3 {
+        specs.push(("PEs 1..", 1, 1, n - 1));
+    }
+    let mut groups = Vec::new();
+    for (name, start, stride, size) in specs {
+        if let Some(team) = env.ctx.team_split_strided(start, stride, size)? {
+            let members = (0..team.n_pes()).map(|i| team.world_pe(i)).collect::<shmem::Result<Vec<_>>>()?;
+            let name = format!("team {name} {members:?}");
+            groups.push(Group { name, me: team.my_pe(), members, team: Some(team) });
+        }
+    }
+    Ok(groups)
+}
+
+/// PE `pe`'s input element `i`: random bits for data movement (NaNs and
+/// all), [`TestElem::random`] values for reductions.
+pub fn input<T: TestElem>(seed: u64, pe: usize, i: usize, op: Option<ReduceOp>) -> T {
+    match op {
+        None => payload(seed, pe, i),
+        Some(op) => T::random(mix(seed ^ mix((pe as u64) << 40 ^ i as u64)), op),
+    }
+}
+
+/// The reference reduction: `xs` combined in order, accumulating as the
+/// runtime does (f16 and bf16 in f32, rounded once).
+pub fn reduce<T: TestElem>(op: ReduceOp, mut xs: impl Iterator<Item = T>) -> T {
+    let first = xs.next().expect("at least one PE").to_acc();
+    T::from_acc(xs.fold(first, |acc, x| T::combine(op, acc, x.to_acc())))
+}
+
+/// The wrong results of one test on this PE. Checking goes on after a wrong
+/// value (every PE must make the same calls), and the test fails at the end.
+pub struct Report {
+    pe: usize,
+    suite_seed: u64,
+    wrong: usize,
+    first: Vec<String>,
+}
+
+impl Report {
+    pub fn new(env: &Env) -> Report {
+        Report { pe: env.me(), suite_seed: env.suite_seed(), wrong: 0, first: Vec::new() }
+    }
+
+    /// The seed of the case `label`: the same on every PE, and the same
+    /// whichever tests run before it (`SHMEM_TEST_SEED` and a filter repeat it).
+    pub fn seed(&self, label: &str) -> u64 {
+        let fnv = label.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+        mix(self.suite_seed ^ fnv)
+    }
+
+    /// Compares bits; on a difference, records the case, how many elements
+    /// differ and the first of them.
+    pub fn check<T: TestElem>(&mut self, label: &str, seed: u64, what: &str, got: &[T], want: &[T]) {
+        assert_eq!(got.len(), want.len(), "{label}: {what}: length");
+        let mut bad = (0..got.len()).filter(|&i| got[i].bits() != want[i].bits());
+        let Some(i) = bad.next() else { return };
+        let count = 1 + bad.count();
+        let msg = format!(
+            "PE {}: {label}: {what}: {count} of {} elements wrong, the first at index {i}: got {:?} ({:#x}), \
+             want {:?} ({:#x}); case seed {seed:#x}, SHMEM_TEST_SEED={}",
+            self.pe,
+            got.len(),
+            got[i],
+            got[i].bits(),
+            want[i],
+            want[i].bits(),
+            self.suite_seed
+        );
+        if self.wrong < 20 {
+            eprintln!("[pe {}] {msg}", self.pe);
+        }
+        self.wrong += 1;
+        if self.first.len() < 3 {
+            self.first.push(msg);
+        }
+    }
+
+    pub fn finish(self) -> TestResult {
+        if self.wrong == 0 {
+            return Ok(());
+        }
+        Err(format!("{} check(s) failed; the first:\n  {}", self.wrong, self.first.join("\n  ")).into())
+    }
+}
+
+/// One collective call to check.
+struct Case<'a> {
+    coll: Coll,
+    variant: Variant,
+    op: Option<ReduceOp>,
+    len: usize,
+    placement: Placement,
+    root: usize,
+    group: &'a Group,
+    /// Collectives go through RMA (the variant or `SHMEM_FORCE_RMA=1`).
+    rma: bool,
+}
+
+impl Case<'_> {
+    fn label<T: TestElem>(&self) -> String {
+        let op = self.op.map_or(String::new(), |op| format!(" {op}"));
+        let root = if self.coll == Coll::Broadcast { format!(" from root {}", self.root) } else { String::new() };
+        format!(
+            "{}{op} {} × {} {}{root} on {}, settings {}{}",
+            self.coll.name(),
+            T::DTYPE,
+            self.len,
+            self.placement.name(),
+            self.group.name,
+            self.variant.name(),
+            if self.rma { " (RMA forced)" } else { "" }
+        )
+    }
+
+    /// Element `i` of this PE's expected output, from `x(member, index)`.
+    fn expected<T: TestElem>(&self, i: usize, x: impl Fn(usize, usize) -> T) -> T {
+        let (tn, me, len) = (self.group.members.len(), self.group.me, self.len);
+        let op = self.op.unwrap_or(ReduceOp::Sum);
+        if std::env::var("SPMD_BREAK").is_ok() && me == 1 && i == 5 && len == 33 {
+            return x(0, 0);
+        }
+        match self.coll {
+            Coll::AllReduce => reduce(op, (0..tn).map(|m| x(m, i))),
+            Coll::ReduceScatter => reduce(op, (0..tn).map(|m| x(m, me * len + i))),
+            Coll::AllGather => x(i / len, i % len),
+            Coll::Broadcast => x(self.root, i),
+            Coll::AllToAll => x(i / len, me * len + i % len),
+        }
+    }
 }
 
 fn barrier_orders_writes(env: &Env) -> TestResult {
@@ -49,154 +397,151 @@ fn barrier_orders_writes(env: &Env) -> TestResult {
     Ok(())
 }
 
-fn broadcast<T: TestElem>(env: &Env) -> TestResult {
-    let (me, n, s) = (env.me(), env.n(), &env.s);
-    for &len in &SIZES[..3] {
-        let seed = env.fresh_seed();
-        let src = env.ctx.alloc::<T>(len)?;
-        let dst = env.ctx.alloc::<T>(len)?;
-        for root in 0..n {
-            src.copy_from_host(&payloads::<T>(seed, me, len), s)?;
-            dst.fill(poison(), s)?;
-            env.ctx.broadcast(&dst, &src, root, s)?;
-            assert_bits_eq(
-                &dst.copy_to_host(s)?,
-                &payloads::<T>(seed, root, len),
-                &format!("{} broadcast root {root}", T::DTYPE),
-            );
-            // In place: src is the destination too.
-            env.ctx.broadcast(&src, &src, root, s)?;
-            assert_bits_eq(&src.copy_to_host(s)?, &payloads::<T>(seed, root, len), "in-place broadcast");
+/// One collective over the world under one variant.
+fn world(env: &Env, coll: Coll, v: Variant) -> TestResult {
+    let _settings = Settings::apply(&env.ctx, v);
+    let mut rep = Report::new(env);
+    each_dtype!(one_dtype, env, &[Group::world(env)], coll, v, &mut rep)?;
+    rep.finish()
+}
+
+/// The collectives a variant is about, over split teams.
+fn teams(env: &Env, v: Variant) -> TestResult {
+    let _settings = Settings::apply(&env.ctx, v);
+    let groups = split_teams(env)?;
+    let mut rep = Report::new(env);
+    for coll in Coll::ALL.into_iter().filter(|&c| v.covers(c)) {
+        each_dtype!(one_dtype, env, &groups, coll, v, &mut rep)?;
+    }
+    rep.finish()
+}
+
+/// Every case of `coll` for one dtype over `groups` (this PE's; the buffers
+/// are allocated over the world, the same sequence on every PE).
+fn one_dtype<T: TestElem>(env: &Env, groups: &[Group], coll: Coll, v: Variant, rep: &mut Report) -> TestResult {
+    let gpu = env.ctx.backend() == BackendKind::Gpu;
+    let plan = Plan { gpu, variant: v, coll, teams: groups.iter().any(|g| g.team.is_some()) };
+    let rma = env.ctx.force_rma();
+    let ops: Vec<Option<ReduceOp>> =
+        if coll.reduces() { T::OPS.iter().copied().map(Some).collect() } else { vec![None] };
+    for (tier, len) in plan.lengths(env, T::DTYPE) {
+        let ops: Vec<_> = ops.iter().copied().filter(|&op| plan.covers(tier, T::DTYPE, op)).collect();
+        if ops.is_empty() {
+            continue;
+        }
+        let (src_len, dst_len) = coll.shape(len, env.n());
+        let pad = 1 + GUARD_BYTES / size_of::<T>();
+        let need = (src_len + dst_len + 2 * pad) * size_of::<T>();
+        let free = env.ctx.heap_size() - env.ctx.heap_used();
+        if need + (16 << 20) > free {
+            if env.me() == 0 {
+                eprintln!(
+                    "coll::{}::{}: {} × {len} skipped: it needs {need} bytes of symmetric heap, {free} are free \
+                     (raise SHMEM_HEAP_SIZE; ci/gpu-run.sh sets 2G)",
+                    coll.name(),
+                    v.name(),
+                    T::DTYPE
+                );
+            }
+            continue;
+        }
+        let src = env.ctx.alloc::<T>(src_len + pad)?;
+        let dst = env.ctx.alloc::<T>(dst_len + pad)?;
+        for group in groups {
+            let roots = match (coll, tier) {
+                (Coll::Broadcast, Tier::Small) => (0..group.members.len()).collect(),
+                (Coll::Broadcast, _) => vec![group.members.len() - 1],
+                _ => vec![0],
+            };
+            for &op in &ops {
+                for &placement in placements(v, tier) {
+                    for &root in &roots {
+                        let case = Case { coll, variant: v, op, len, placement, root, group, rma };
+                        run_case(env, rep, &case, &src, &dst)?;
+                    }
+                }
+            }
         }
     }
     Ok(())
 }
 
-fn all_gather<T: TestElem>(env: &Env) -> TestResult {
-    let (me, n, s) = (env.me(), env.n(), &env.s);
-    for &len in SIZES {
-        let seed = env.fresh_seed();
-        let src = env.ctx.alloc::<T>(len)?;
-        let dst = env.ctx.alloc::<T>(len * n)?;
-        src.copy_from_host(&payloads::<T>(seed, me, len), s)?;
-        dst.fill(poison(), s)?;
-        env.ctx.all_gather(&dst, &src, s)?;
-        let want: Vec<T> = (0..n).flat_map(|pe| payloads::<T>(seed, pe, len)).collect();
-        assert_bits_eq(&dst.copy_to_host(s)?, &want, &format!("{} all_gather of {len}", T::DTYPE));
-        // In place: this PE's block of dst is the source.
-        dst.fill(poison(), s)?;
-        dst.slice(me * len..(me + 1) * len).copy_from_host(&payloads::<T>(seed, me, len), s)?;
-        env.ctx.all_gather(&dst, dst.slice(me * len..(me + 1) * len), s)?;
-        assert_bits_eq(&dst.copy_to_host(s)?, &want, "in-place all_gather");
-    }
-    Ok(())
-}
-
-fn all_reduce<T: TestElem>(env: &Env) -> TestResult {
-    let (me, n, s) = (env.me(), env.n(), &env.s);
-    for &len in SIZES {
-        let src = env.ctx.alloc::<T>(len)?;
-        let dst = env.ctx.alloc::<T>(len)?;
-        for &op in T::OPS {
-            let seed = env.fresh_seed();
-            let mine: Vec<T> = (0..len).map(|i| input(seed, me, i, op)).collect();
-            let want: Vec<T> = (0..len).map(|i| reduced(seed, n, i, op)).collect();
-            src.copy_from_host(&mine, s)?;
-            dst.fill(poison(), s)?;
-            env.ctx.all_reduce(&dst, &src, op, s)?;
-            let what = format!("{} all_reduce {op} of {len}", T::DTYPE);
-            assert_bits_eq(&dst.copy_to_host(s)?, &want, &what);
-            assert_bits_eq(&src.copy_to_host(s)?, &mine, &format!("{what}: src changed"));
-            env.ctx.all_reduce(&src, &src, op, s)?;
-            assert_bits_eq(&src.copy_to_host(s)?, &want, &format!("in-place {what}"));
-        }
-    }
-    Ok(())
-}
-
-fn reduce_scatter<T: TestElem>(env: &Env) -> TestResult {
-    let (me, n, s) = (env.me(), env.n(), &env.s);
-    for &len in &SIZES[..3] {
-        let src = env.ctx.alloc::<T>(len * n)?;
-        let dst = env.ctx.alloc::<T>(len)?;
-        for &op in T::OPS {
-            let seed = env.fresh_seed();
-            let mine: Vec<T> = (0..len * n).map(|i| input(seed, me, i, op)).collect();
-            src.copy_from_host(&mine, s)?;
-            dst.fill(poison(), s)?;
-            env.ctx.reduce_scatter(&dst, &src, op, s)?;
-            let want: Vec<T> = (me * len..(me + 1) * len).map(|i| reduced(seed, n, i, op)).collect();
-            assert_bits_eq(&dst.copy_to_host(s)?, &want, &format!("{} reduce_scatter {op} of {len}", T::DTYPE));
-            // Into this PE's own block of src.
-            env.ctx.reduce_scatter(src.slice(me * len..(me + 1) * len), &src, op, s)?;
-            assert_bits_eq(&src.slice(me * len..(me + 1) * len).copy_to_host(s)?, &want, "in-place reduce_scatter");
-        }
-    }
-    Ok(())
-}
-
-fn all_to_all<T: TestElem>(env: &Env) -> TestResult {
-    let (me, n, s) = (env.me(), env.n(), &env.s);
-    for &c in &SIZES[..3] {
-        let seed = env.fresh_seed();
-        let src = env.ctx.alloc::<T>(c * n)?;
-        let dst = env.ctx.alloc::<T>(c * n)?;
-        src.copy_from_host(&payloads::<T>(seed, me, c * n), s)?;
-        dst.fill(poison(), s)?;
-        env.ctx.all_to_all(&dst, &src, s)?;
-        // Block j of this PE's dst is block `me` of PE j's src.
-        let want: Vec<T> = (0..n).flat_map(|j| (me * c..(me + 1) * c).map(move |i| payload::<T>(seed, j, i))).collect();
-        assert_bits_eq(&dst.copy_to_host(s)?, &want, &format!("{} all_to_all of {c} per PE", T::DTYPE));
-        env.ctx.all_to_all(&src, &src, s)?;
-        assert_bits_eq(&src.copy_to_host(s)?, &want, "in-place all_to_all");
-    }
-    Ok(())
-}
-
-/// GPU only: an all-reduce and an all-gather captured once in a CUDA graph
-/// and replayed 1000 times with new inputs each time; every result exact. (The device
-/// kernel's barrier epochs live in device memory, so replays need no host.)
-fn graph_replay_all_reduce(env: &Env) -> TestResult {
-    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-    let Some(stream) = env.s.cuda_stream() else {
-        if env.me() == 0 {
-            eprintln!(
-                "coll::graph_replay_all_reduce_gpu_only: skipped: needs the gpu backend (this run is {:?})",
-                env.ctx.backend()
-            );
-        }
-        return Ok(());
+/// Writes the inputs, poisons the outputs, makes the call, and checks the
+/// output, the guards, and (out of place) that the source is unchanged.
+fn run_case<T: TestElem>(
+    env: &Env,
+    rep: &mut Report,
+    c: &Case<'_>,
+    src_buf: &SymmetricBuffer<T>,
+    dst_buf: &SymmetricBuffer<T>,
+) -> TestResult {
+    let (s, g) = (&env.s, c.group);
+    let (tn, me, len) = (g.members.len(), g.me, c.len);
+    let (src_len, dst_len) = c.coll.shape(len, tn);
+    let label = c.label::<T>();
+    let seed = rep.seed(&label);
+    let guard = GUARD_BYTES / size_of::<T>();
+    let x = |m: usize, i: usize| input::<T>(seed, g.members[m], i, c.op);
+    let mut want = vec![poison::<T>(); dst_len];
+    par_fill(&mut want, env.threads(), |i| c.expected(i, x));
+    // Each region: poison before it (misaligned), its data, poison after.
+    let at = usize::from(c.placement == Placement::Misaligned);
+    let framed = |len: usize, data: Range<usize>, f: &(dyn Fn(usize) -> T + Sync)| {
+        let mut v = vec![poison::<T>(); at + len + guard];
+        par_fill(&mut v[at + data.start..at + data.end], env.threads(), |i| f(data.start + i));
+        v
     };
-    let (me, n, s) = (env.me(), env.n(), &env.s);
-    let len = 4099; // odd: the kernel's vector loop and its tail
-    let src = env.ctx.alloc::<f32>(len)?;
-    let dst = env.ctx.alloc::<f32>(len)?;
-    let gathered = env.ctx.alloc::<f32>(len * n)?;
-    env.ctx.barrier_all(s)?;
-    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-    let captured =
-        env.ctx.all_reduce(&dst, &src, ReduceOp::Sum, s).and_then(|()| env.ctx.all_gather(&gathered, &src, s));
-    let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
-    if env.ctx.force_rma() {
-        // NVSHMEM's host-side collectives cannot be captured: a clear error.
-        let e = crate::assert_err!(captured, shmem::Error::Invalid(_));
-        assert!(e.to_string().contains("cannot be captured"), "{e}");
-        return Ok(());
-    }
-    captured?;
-    let graph = graph.ok_or("capture gave no graph")?;
-    for replay in 0..1000u64 {
-        let seed = env.fresh_seed() ^ replay;
-        let mine: Vec<f32> = (0..len).map(|i| input(seed, me, i, ReduceOp::Sum)).collect();
-        let want: Vec<f32> = (0..len).map(|i| reduced(seed, n, i, ReduceOp::Sum)).collect();
-        src.copy_from_host(&mine, s)?;
-        dst.fill(poison(), s)?;
-        gathered.fill(poison(), s)?;
-        graph.launch()?;
-        assert_bits_eq(&dst.copy_to_host(s)?, &want, &format!("all_reduce, replay {replay}"));
-        let all: Vec<f32> = (0..n).flat_map(|pe| (0..len).map(move |i| input(seed, pe, i, ReduceOp::Sum))).collect();
-        assert_bits_eq(&gathered.copy_to_host(s)?, &all, &format!("all_gather, replay {replay}"));
-    }
-    env.ctx.barrier_all(s)?;
+    let mine = |i: usize| x(me, i);
+    let block = me * len..(me + 1) * len;
+    // (the buffer read back, its host image before the call, where the
+    // output lies in it)
+    let (out_buf, out_image, out_at) = match (c.placement, c.coll) {
+        (Placement::OutOfPlace | Placement::Misaligned, _) => {
+            let src_image = framed(src_len, 0..src_len, &mine);
+            let dst_image = framed(dst_len, 0..0, &mine);
+            src_buf.slice(..src_image.len()).copy_from_host(&src_image, s)?;
+            dst_buf.slice(..dst_image.len()).copy_from_host(&dst_image, s)?;
+            g.call(
+                &env.ctx,
+                c.coll,
+                dst_buf.slice(at..at + dst_len),
+                src_buf.slice(at..at + src_len),
+                c.op,
+                c.root,
+                s,
+            )?;
+            rep.check(
+                &label,
+                seed,
+                "source afterwards",
+                &src_buf.slice(..src_image.len()).copy_to_host(s)?,
+                &src_image,
+            );
+            (dst_buf, dst_image, at)
+        }
+        (Placement::InPlace, Coll::AllGather) => {
+            let image = framed(dst_len, block.clone(), &|i| mine(i - me * len));
+            dst_buf.slice(..image.len()).copy_from_host(&image, s)?;
+            g.call(&env.ctx, c.coll, dst_buf.slice(..dst_len), dst_buf.slice(block), c.op, c.root, s)?;
+            (dst_buf, image, 0)
+        }
+        (Placement::InPlace, Coll::ReduceScatter) => {
+            let image = framed(src_len, 0..src_len, &mine);
+            src_buf.slice(..image.len()).copy_from_host(&image, s)?;
+            g.call(&env.ctx, c.coll, src_buf.slice(block.clone()), src_buf.slice(..src_len), c.op, c.root, s)?;
+            (src_buf, image, block.start)
+        }
+        (Placement::InPlace, _) => {
+            let image = framed(src_len, 0..src_len, &mine);
+            src_buf.slice(..image.len()).copy_from_host(&image, s)?;
+            g.call(&env.ctx, c.coll, src_buf.slice(..src_len), src_buf.slice(..src_len), c.op, c.root, s)?;
+            (src_buf, image, 0)
+        }
+    };
+    let got = out_buf.slice(..out_image.len()).copy_to_host(s)?;
+    rep.check(&label, seed, "result", &got[out_at..out_at + dst_len], &want);
+    let fence = out_image.len() - guard;
+    rep.check(&label, seed, "poison before the region", &got[..at], &out_image[..at]);
+    rep.check(&label, seed, "guard after the region", &got[fence..], &out_image[fence..]);
     Ok(())
 }

@@ -10,6 +10,7 @@
 
 mod coll;
 mod errors;
+mod kernels;
 mod moe;
 mod rma;
 mod scenarios;

@@ -59,12 +59,23 @@ impl Env {
         Ok(Env { ctx, s, seed, counter: Cell::new(0), harness, flag, flags })
     }
 
+    /// The run's seed (`SHMEM_TEST_SEED` repeats the run).
+    pub fn suite_seed(&self) -> u64 {
+        self.seed
+    }
+
     /// A seed for one use, the same on every PE (tests run in the same order
     /// everywhere), different for every call.
     pub fn fresh_seed(&self) -> u64 {
         let c = self.counter.get();
         self.counter.set(c + 1);
         mix(self.seed ^ mix(c))
+    }
+
+    /// Host threads this PE may use: its share of the node's cores.
+    pub fn threads(&self) -> usize {
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        (cores / self.ctx.local_size().max(1)).max(1)
     }
 
     pub fn me(&self) -> usize {
@@ -92,24 +103,26 @@ impl Env {
 }
 
 /// Element types with what the tests need: raw bits (to compare exactly,
-/// NaNs included), random payloads, and small exact values for reductions.
+/// NaNs included), random payloads, and random inputs for reductions.
 pub trait TestElem: Element {
     const OPS: &'static [ReduceOp];
     fn from_bits(bits: u64) -> Self;
     fn bits(self) -> u64;
-    /// A small value that keeps sums and products of four PEs exact.
-    fn small(r: u64, op: ReduceOp) -> Self;
+    /// A reduction input drawn from the random bits `r`. Integers: all bits
+    /// random (sums and products wrap). Floats: random sign and mantissa,
+    /// exponent in ±6 (±2 for products), so four PEs' results stay finite
+    /// and normal, and never zero (the sign of a zero minimum is unspecified).
+    fn random(r: u64, op: ReduceOp) -> Self;
 }
 
 const FLOAT_OPS: &[ReduceOp] = &[ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max, ReduceOp::Prod];
 const INT_OPS: &[ReduceOp] = &ReduceOp::ALL;
 
-fn small_int(r: u64, op: ReduceOp) -> i64 {
-    match op {
-        ReduceOp::Prod => (r % 4) as i64 + 1 - if r & 64 != 0 { 3 } else { 0 },
-        ReduceOp::And | ReduceOp::Or | ReduceOp::Xor => (r >> 8) as i64,
-        _ => (r % 64) as i64 - 32,
-    }
+fn random_float(r: u64, op: ReduceOp) -> f64 {
+    // Built from bits: a random sign and mantissa, a biased exponent.
+    let span = if op == ReduceOp::Prod { 2 } else { 6 };
+    let exponent = 1023 - span + (r & 0xff) % (2 * span + 1);
+    f64::from_bits((r >> 8 & 1) << 63 | exponent << 52 | r >> 12)
 }
 
 macro_rules! float_elem {
@@ -122,8 +135,8 @@ macro_rules! float_elem {
             fn bits(self) -> u64 {
                 $to(self) as u64
             }
-            fn small(r: u64, op: ReduceOp) -> Self {
-                <$t>::from_f64(small_int(r, op) as f64)
+            fn random(r: u64, op: ReduceOp) -> Self {
+                <$t>::from_f64(random_float(r, op))
             }
         }
     };
@@ -168,8 +181,8 @@ macro_rules! int_elem {
             fn bits(self) -> u64 {
                 self as u64
             }
-            fn small(r: u64, op: ReduceOp) -> Self {
-                small_int(r, op) as $t
+            fn random(r: u64, _op: ReduceOp) -> Self {
+                r as $t
             }
         }
     };
@@ -203,20 +216,39 @@ pub fn assert_bits_eq<T: TestElem>(got: &[T], want: &[T], what: &str) {
     }
 }
 
-/// Runs a generic test body for every element type.
+/// Runs a generic test body for every element type (the arguments are
+/// evaluated once per type).
 #[macro_export]
 macro_rules! each_dtype {
-    ($f:ident, $env:expr) => {{
-        $f::<f32>($env)?;
-        $f::<f64>($env)?;
-        $f::<shmem::f16>($env)?;
-        $f::<shmem::bf16>($env)?;
-        $f::<i32>($env)?;
-        $f::<i64>($env)?;
-        $f::<u32>($env)?;
-        $f::<u64>($env)?;
-        Ok(())
+    ($f:ident, $($arg:expr),+) => {{
+        $f::<f32>($($arg),+)?;
+        $f::<f64>($($arg),+)?;
+        $f::<shmem::f16>($($arg),+)?;
+        $f::<shmem::bf16>($($arg),+)?;
+        $f::<i32>($($arg),+)?;
+        $f::<i64>($($arg),+)?;
+        $f::<u32>($($arg),+)?;
+        $f::<u64>($($arg),+)?;
+        $crate::util::TestResult::Ok(())
     }};
+}
+
+/// `out[i] = f(i)`, on up to `threads` threads when `out` is long (the
+/// references of the big cases).
+pub fn par_fill<T: Send>(out: &mut [T], threads: usize, f: impl Fn(usize) -> T + Sync) {
+    let chunk = out.len().div_ceil(threads.max(1)).max(1 << 16);
+    let fill = |c: usize, part: &mut [T]| part.iter_mut().enumerate().for_each(|(i, o)| *o = f(c * chunk + i));
+    let fill = &fill;
+    let mut parts = out.chunks_mut(chunk).enumerate();
+    let first = parts.next();
+    std::thread::scope(|scope| {
+        for (c, part) in parts {
+            scope.spawn(move || fill(c, part));
+        }
+        if let Some((c, part)) = first {
+            fill(c, part);
+        }
+    });
 }
 
 /// Asserts that `r` failed with an error matching `pat`.

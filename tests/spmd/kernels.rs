@@ -1,0 +1,169 @@
+//! What the GPU kernels add to the collectives' tests: the settings each
+//! test of `coll` runs under, and CUDA-graph capture replayed with new
+//! inputs. The host backend ignores the settings and cannot capture.
+
+use crate::coll::{input, reduce, Coll, Report};
+use crate::util::{payload, poison, Env, TestResult};
+use shmem::{bf16, AllGatherAlgo, AllReduceAlgo, CollImpl, Collectives, Context, ReduceOp};
+
+/// One setting of [`Collectives`], applied on top of what the run started
+/// with (so a run under `SHMEM_FORCE_RMA=1` takes every variant through RMA).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Variant {
+    Default,
+    ForceRma,
+    OneShot,
+    TwoShot,
+    LowLatency,
+    Sm,
+    CopyEngine,
+    /// NVSHMEM's own collectives, the baseline.
+    Nvshmem,
+}
+
+impl Variant {
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::Default => "default",
+            Variant::ForceRma => "force_rma",
+            Variant::OneShot => "one_shot",
+            Variant::TwoShot => "two_shot",
+            Variant::LowLatency => "low_latency",
+            Variant::Sm => "sm",
+            Variant::CopyEngine => "copy_engine",
+            Variant::Nvshmem => "nvshmem",
+        }
+    }
+
+    pub fn settings(self, base: Collectives) -> Collectives {
+        match self {
+            Variant::Default => base,
+            Variant::ForceRma => Collectives { force_rma: true, ..base },
+            Variant::OneShot => Collectives { all_reduce: AllReduceAlgo::OneShot, ..base },
+            Variant::TwoShot => Collectives { all_reduce: AllReduceAlgo::TwoShot, ..base },
+            Variant::LowLatency => Collectives { all_reduce: AllReduceAlgo::LowLatency, ..base },
+            Variant::Sm => Collectives { all_gather: AllGatherAlgo::Sm, ..base },
+            Variant::CopyEngine => Collectives { all_gather: AllGatherAlgo::CopyEngine, ..base },
+            Variant::Nvshmem => Collectives { implementation: CollImpl::Nvshmem, ..base },
+        }
+    }
+
+    /// Whether the variant is about `coll`: its split-team tests and its
+    /// 256 MiB cases run only then.
+    pub fn covers(self, coll: Coll) -> bool {
+        match self {
+            Variant::Default | Variant::ForceRma | Variant::Nvshmem => true,
+            Variant::OneShot | Variant::TwoShot | Variant::LowLatency => coll == Coll::AllReduce,
+            Variant::Sm | Variant::CopyEngine => coll == Coll::AllGather,
+        }
+    }
+
+    /// Whether the in-place and misaligned forms run: the NVSHMEM baseline
+    /// is checked out of place only.
+    pub fn in_place(self) -> bool {
+        self != Variant::Nvshmem
+    }
+}
+
+/// A variant's settings until dropped, then the ones before. Every PE
+/// applies the same at the same point, between collectives.
+pub struct Settings<'a> {
+    ctx: &'a Context,
+    before: Collectives,
+}
+
+impl<'a> Settings<'a> {
+    pub fn apply(ctx: &'a Context, v: Variant) -> Settings<'a> {
+        let before = ctx.collectives();
+        ctx.set_collectives(v.settings(before));
+        Settings { ctx, before }
+    }
+}
+
+impl Drop for Settings<'_> {
+    fn drop(&mut self) {
+        self.ctx.set_collectives(self.before);
+    }
+}
+
+/// GPU only: an all-reduce (bf16 sum), an all-gather (f32) and a
+/// reduce-scatter (f32 max) captured once into a CUDA graph, under each
+/// algorithm setting, then replayed 1000 times with new inputs written from
+/// the host between replays; every result exact.
+pub fn graph_replay(env: &Env) -> TestResult {
+    let Some(stream) = env.s.cuda_stream() else {
+        if env.me() == 0 {
+            eprintln!(
+                "coll::graph_replay_gpu_only: skipped: needs the gpu backend (this run is {:?})",
+                env.ctx.backend()
+            );
+        }
+        return Ok(());
+    };
+    let mut rep = Report::new(env);
+    for v in
+        [Variant::Default, Variant::LowLatency, Variant::OneShot, Variant::TwoShot, Variant::Sm, Variant::CopyEngine]
+    {
+        let _settings = Settings::apply(&env.ctx, v);
+        replay(env, stream, v, &mut rep)?;
+    }
+    rep.finish()
+}
+
+fn replay(env: &Env, stream: &std::sync::Arc<cudarc::driver::CudaStream>, v: Variant, rep: &mut Report) -> TestResult {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    const AR_LEN: usize = 4099; // odd: the kernels' vector loops and their tails
+    const AG_LEN: usize = 4099;
+    const RS_LEN: usize = 1031;
+    let (me, n, s, ctx) = (env.me(), env.n(), &env.s, &env.ctx);
+    let ar_src = ctx.alloc::<bf16>(AR_LEN)?;
+    let ar_dst = ctx.alloc::<bf16>(AR_LEN)?;
+    let ag_src = ctx.alloc::<f32>(AG_LEN)?;
+    let ag_dst = ctx.alloc::<f32>(AG_LEN * n)?;
+    let rs_src = ctx.alloc::<f32>(RS_LEN * n)?;
+    let rs_dst = ctx.alloc::<f32>(RS_LEN)?;
+    ctx.barrier_all(s)?;
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    let captured = ctx
+        .all_reduce(&ar_dst, &ar_src, ReduceOp::Sum, s)
+        .and_then(|()| ctx.all_gather(&ag_dst, &ag_src, s))
+        .and_then(|()| ctx.reduce_scatter(&rs_dst, &rs_src, ReduceOp::Max, s));
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
+    if let (Err(e @ shmem::Error::Invalid(m)), true) = (&captured, ctx.force_rma()) {
+        if m.contains("captured") {
+            // The documented refusal of the forced-RMA path.
+            if me == 0 {
+                eprintln!("coll::graph_replay_gpu_only: {} with forced RMA: not capturable: {e}", v.name());
+            }
+            return Ok(());
+        }
+    }
+    captured?;
+    let graph = graph.ok_or("capture gave no graph")?;
+    let rma = if ctx.force_rma() { " (RMA forced)" } else { "" };
+    let name = format!("graph of all_reduce, all_gather, reduce_scatter, settings {}{rma}", v.name());
+    for replay in 0..1000 {
+        let label = format!("{name}, replay {replay}");
+        let seed = rep.seed(&label);
+        let ar_in = |pe: usize, i: usize| input::<bf16>(seed, pe, i, Some(ReduceOp::Sum));
+        let rs_in = |pe: usize, i: usize| input::<f32>(seed ^ 1, pe, i, Some(ReduceOp::Max));
+        let ag_in = |pe: usize, i: usize| payload::<f32>(seed ^ 2, pe, i);
+        ar_src.copy_from_host(&(0..AR_LEN).map(|i| ar_in(me, i)).collect::<Vec<_>>(), s)?;
+        ag_src.copy_from_host(&(0..AG_LEN).map(|i| ag_in(me, i)).collect::<Vec<_>>(), s)?;
+        rs_src.copy_from_host(&(0..RS_LEN * n).map(|i| rs_in(me, i)).collect::<Vec<_>>(), s)?;
+        ar_dst.fill(poison(), s)?;
+        ag_dst.fill(poison(), s)?;
+        rs_dst.fill(poison(), s)?;
+        graph.launch()?;
+        let want: Vec<bf16> = (0..AR_LEN).map(|i| reduce(ReduceOp::Sum, (0..n).map(|pe| ar_in(pe, i)))).collect();
+        rep.check(&label, seed, "all_reduce bf16 sum", &ar_dst.copy_to_host(s)?, &want);
+        let want: Vec<f32> = (0..AG_LEN * n).map(|i| ag_in(i / AG_LEN, i % AG_LEN)).collect();
+        rep.check(&label, seed, "all_gather f32", &ag_dst.copy_to_host(s)?, &want);
+        let want: Vec<f32> =
+            (me * RS_LEN..(me + 1) * RS_LEN).map(|i| reduce(ReduceOp::Max, (0..n).map(|pe| rs_in(pe, i)))).collect();
+        rep.check(&label, seed, "reduce_scatter f32 max", &rs_dst.copy_to_host(s)?, &want);
+    }
+    drop(graph);
+    ctx.barrier_all(s)?;
+    Ok(())
+}
