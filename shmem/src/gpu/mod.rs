@@ -473,15 +473,15 @@ impl GpuWorld {
     }
 }
 
-/// `SHMEM_FORCE_RMA=1`: every peer takes the RMA path (NVSHMEM's own
-/// collectives for now), so that path is tested on one node. Read once, at
-/// init; [`crate::Context::set_force_rma`] changes it later.
 /// Whether `s` is being captured into a CUDA graph.
 pub(crate) fn capturing(s: &CudaStream) -> bool {
     use cudarc::driver::sys::CUstreamCaptureStatus;
     s.capture_status().is_ok_and(|st| st == CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE)
 }
 
+/// `SHMEM_FORCE_RMA=1`: the kernels reach every peer through NVSHMEM's RMA
+/// (put-with-signal, get), so that path is tested on one node. Read once, at
+/// init; [`crate::Context::set_force_rma`] changes it later.
 pub(crate) fn force_rma_from_env() -> bool {
     std::env::var_os("SHMEM_FORCE_RMA").is_some_and(|v| v != "0")
 }
