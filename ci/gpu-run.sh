@@ -43,21 +43,45 @@ if [[ -n "$nccl" ]]; then
     export LD_LIBRARY_PATH="$ncclDir:$LD_LIBRARY_PATH"
 fi
 export SHMEM_BACKEND=gpu
+# The collectives' tests name each case before running it (a hang names its case).
+export SHMEM_TEST_TRACE=${SHMEM_TEST_TRACE:-1}
 pes=${SHMEM_GPU_PES:-2}
 
 failed=()
+# What a step that is about to be killed for taking too long is doing: the
+# GPUs' load, and where each of our processes' threads wait in the kernel
+# (a device spin shows as a busy GPU and threads in the CUDA driver; a
+# host-side wait as an idle GPU and threads in futex/poll).
+hang_report() {
+    {
+        printf '==== still running after %s s; what it is doing:\n' "$1"
+        nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader
+        for p in $(pgrep -f "$bin/"); do
+            printf 'pid %s (%s):' "$p" "$(tr '\0' ' ' </proc/"$p"/cmdline 2>/dev/null | cut -c1-120)"
+            for t in /proc/"$p"/task/*; do
+                printf ' %s=%s' "$(cat "$t"/comm 2>/dev/null)" "$(cat "$t"/wchan 2>/dev/null)"
+            done
+            printf '\n'
+        done
+    } >>"$log" 2>&1
+}
+
 step() {
     local name=$1
     shift
     printf '\n==== %s: %s\n' "$name" "$*" | tee -a "$log"
-    local start=$SECONDS
-    timeout --kill-after=10 "${STEP_TIMEOUT:-300}" "$@" >>"$log" 2>&1
+    local start=$SECONDS limit=${STEP_TIMEOUT:-300}
+    (sleep $((limit > 20 ? limit - 10 : limit)) && hang_report $((limit - 10))) &
+    local watcher=$!
+    timeout --kill-after=10 "$limit" "$@" >>"$log" 2>&1
     local rc=$?
+    kill "$watcher" 2>/dev/null
+    wait "$watcher" 2>/dev/null
     printf '==== %s: exit %d after %d s\n' "$name" "$rc" $((SECONDS - start)) | tee -a "$log"
     ((rc == 0)) || failed+=("$name")
 }
 mpi=(mpirun --allow-run-as-root --oversubscribe -np "$pes" -x SHMEM_BACKEND -x LD_LIBRARY_PATH -x NVSHMEM_HOME
-    -x NVSHMEM_DISABLE_NVLS -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST)
+    -x NVSHMEM_DISABLE_NVLS -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x SHMEM_TEST_TRACE)
 
 # A command that must fail: within the time limit, non-zero, and with
 # `pattern` in the output of each of `count` PEs.

@@ -479,6 +479,9 @@ fn run_case<T: TestElem>(
     let (tn, me, len) = (g.members.len(), g.me, c.len);
     let (src_len, dst_len) = c.coll.shape(len, tn);
     let label = c.label::<T>();
+    if trace() {
+        eprintln!("[pe {}] case {label}", env.me());
+    }
     let seed = rep.seed(&label);
     let guard = GUARD_BYTES / size_of::<T>();
     let x = |m: usize, i: usize| input::<T>(seed, g.members[m], i, c.op);
@@ -544,4 +547,11 @@ fn run_case<T: TestElem>(
     rep.check(&label, seed, "poison before the region", &got[..at], &out_image[..at]);
     rep.check(&label, seed, "guard after the region", &got[fence..], &out_image[fence..]);
     Ok(())
+}
+
+/// `SHMEM_TEST_TRACE=1`: every case is named on stderr before it runs, so a
+/// run that hangs says where.
+fn trace() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("SHMEM_TEST_TRACE").is_some_and(|v| v != "0"))
 }
