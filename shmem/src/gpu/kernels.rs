@@ -417,22 +417,7 @@ impl Kernels {
         in_place: bool,
         s: CUstream,
     ) -> Result<()> {
-        let (name, blocks) = if Self::low_latency(&t, world, bytes) {
-            ("shmem_allgather_ll", LL_BLOCKS)
-        } else {
-            ("shmem_allgather", Self::blocks(&t, bytes.div_ceil(16)))
-        };
-        let (mut t, mut dst, mut src, mut bytes, mut in_place) =
-            (t, dst as u64, src as u64, bytes as u64, in_place as i32);
-        let mut params: [*mut c_void; 5] = [
-            (&raw mut t).cast(),
-            (&raw mut dst).cast(),
-            (&raw mut src).cast(),
-            (&raw mut bytes).cast(),
-            (&raw mut in_place).cast(),
-        ];
-        // SAFETY: (TeamSync, u64, u64, u64, int) as the kernel declares.
-        unsafe { self.launch(name, blocks, THREADS, s, &mut params) }
+        self.launch_move("shmem_allgather", t, world, dst, src, bytes, in_place as i32, s)
     }
 
     /// All-gather by copy engines: a barrier kernel (every destination is
@@ -516,21 +501,39 @@ impl Kernels {
         root: usize,
         s: CUstream,
     ) -> Result<()> {
+        self.launch_move("shmem_broadcast", t, world, dst, src, bytes, root as i32, s)
+    }
+
+    /// Launches a (TeamSync, dst, src, bytes, int) kernel of `move.cu`:
+    /// `{kernel}_ll` where the low-latency kernels take `bytes`, else `kernel`.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_move(
+        &self,
+        kernel: &str,
+        t: TeamSync,
+        world: bool,
+        dst: usize,
+        src: usize,
+        bytes: usize,
+        x: i32,
+        s: CUstream,
+    ) -> Result<()> {
         let (name, blocks) = if Self::low_latency(&t, world, bytes) {
-            ("shmem_broadcast_ll", LL_BLOCKS)
+            (format!("{kernel}_ll"), LL_BLOCKS)
         } else {
-            ("shmem_broadcast", Self::blocks(&t, bytes.div_ceil(16)))
+            (kernel.to_owned(), Self::blocks(&t, bytes.div_ceil(16)))
         };
-        let (mut t, mut dst, mut src, mut bytes, mut root) = (t, dst as u64, src as u64, bytes as u64, root as i32);
+        let (mut t, mut dst, mut src, mut bytes, mut x) = (t, dst as u64, src as u64, bytes as u64, x);
         let mut params: [*mut c_void; 5] = [
             (&raw mut t).cast(),
             (&raw mut dst).cast(),
             (&raw mut src).cast(),
             (&raw mut bytes).cast(),
-            (&raw mut root).cast(),
+            (&raw mut x).cast(),
         ];
-        // SAFETY: (TeamSync, u64, u64, u64, int) as the kernel declares.
-        unsafe { self.launch(name, blocks, THREADS, s, &mut params) }
+        // SAFETY: (TeamSync, u64, u64, u64, int) as these kernels declare;
+        // regions checked and agreed by the caller.
+        unsafe { self.launch(&name, blocks, THREADS, s, &mut params) }
     }
 
     /// Whether an all-to-all of `bytes` per member may be in place (the
