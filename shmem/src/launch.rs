@@ -2,8 +2,10 @@
 //!
 //! [`Launch`] starts a rendezvous server on `127.0.0.1`, spawns one process
 //! per PE with the launcher's variables (`SHMEM_RANK`, `SHMEM_WORLD_SIZE`,
-//! `SHMEM_LOCAL_RANK`, `SHMEM_LOCAL_SIZE`, `SHMEM_RENDEZVOUS`) set, and
-//! waits for all of them. When a PE fails, the others are stopped (SIGTERM,
+//! `SHMEM_LOCAL_RANK`, `SHMEM_LOCAL_SIZE`, `SHMEM_RENDEZVOUS`,
+//! `SHMEM_RENDEZVOUS_TOKEN`) set, and waits for all of them. The server
+//! listens on loopback only and turns away a connection that does not
+//! present the job's random token. When a PE fails, the others are stopped (SIGTERM,
 //! then SIGKILL after a grace period) unless told otherwise.
 //!
 //! Test binaries and examples that want several PEs can re-launch themselves:
@@ -25,7 +27,7 @@
 //! SIGHUP on to them. On Linux a PE is also killed if the launcher dies.
 
 use crate::bootstrap::env;
-use crate::bootstrap::tcp::wire;
+use crate::bootstrap::tcp::{wire, Token};
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::fmt;
@@ -152,7 +154,7 @@ impl Launch {
         let mut signals = if self.forward_signals { Some(SignalForwarding::install()?) } else { None };
         let (out_tx, out_rx) = mpsc::channel();
         let mut children = Vec::with_capacity(self.n_pes);
-        let spawned = self.spawn_all(server.addr(), &mut children, &out_tx);
+        let spawned = self.spawn_all(server.addr(), server.token(), &mut children, &out_tx);
         drop(out_tx);
         let result = spawned.and_then(|()| self.wait_all(&mut children, &server, signals.as_mut()));
         if result.is_err() {
@@ -174,7 +176,13 @@ impl Launch {
 
     /// Spawns every PE (and, with tagged output, its forwarding threads),
     /// pushing each child onto `children` as soon as it exists.
-    fn spawn_all(&self, addr: SocketAddr, children: &mut Vec<Child>, out_done: &Sender<()>) -> io::Result<()> {
+    fn spawn_all(
+        &self,
+        addr: SocketAddr,
+        token: Token,
+        children: &mut Vec<Child>,
+        out_done: &Sender<()>,
+    ) -> io::Result<()> {
         // A PE in its own process group that reads the terminal would be
         // stopped, so PEs get the terminal's stdin never; piped or
         // redirected stdin goes to PE 0 (as with mpirun).
@@ -188,6 +196,7 @@ impl Launch {
                 .env(env::LOCAL_RANK, rank.to_string())
                 .env(env::LOCAL_SIZE, self.n_pes.to_string())
                 .env(env::RENDEZVOUS, addr.to_string())
+                .env(env::RENDEZVOUS_TOKEN, token.to_hex())
                 .process_group(0)
                 .stdin(if rank == 0 && !stdin_is_tty { Stdio::inherit() } else { Stdio::null() });
             if self.tag_output {
@@ -631,6 +640,8 @@ const SERVER_WRITE_TIMEOUT: Duration = Duration::from_secs(60);
 /// (or drop) stops it and joins them all.
 pub(crate) struct RendezvousServer {
     addr: SocketAddr,
+    /// What every PE must present in its hello.
+    token: Token,
     shared: Arc<Shared>,
     events: Sender<Event>,
     threads: Vec<JoinHandle<()>>,
@@ -687,9 +698,11 @@ impl RendezvousServer {
         }
         let listener = TcpListener::bind(("127.0.0.1", 0))?;
         let addr = listener.local_addr()?;
+        let token = Token::random()?;
         let shared = Arc::new(Shared::default());
         let (events, inbox) = mpsc::channel();
-        let mut server = RendezvousServer { addr, shared: shared.clone(), events: events.clone(), threads: Vec::new() };
+        let mut server =
+            RendezvousServer { addr, token, shared: shared.clone(), events: events.clone(), threads: Vec::new() };
         let accept = thread::Builder::new().name("shmem-rendezvous-accept".into()).spawn({
             let shared = shared.clone();
             move || accept_loop(listener, &shared, &events)
@@ -698,7 +711,7 @@ impl RendezvousServer {
         // On failure, dropping `server` stops the accept thread.
         let coordinator = thread::Builder::new()
             .name("shmem-rendezvous".into())
-            .spawn(move || Coordinator::new(n, shared).run(inbox))?;
+            .spawn(move || Coordinator::new(n, token, shared).run(inbox))?;
         server.threads.push(coordinator);
         Ok(server)
     }
@@ -706,6 +719,11 @@ impl RendezvousServer {
     /// Where the PEs connect.
     pub(crate) fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The token the PEs must present (`SHMEM_RENDEZVOUS_TOKEN`).
+    pub(crate) fn token(&self) -> Token {
+        self.token
     }
 
     /// Tells the server that PE `rank`'s process has exited, so that PEs
@@ -840,6 +858,7 @@ struct Conn {
 /// The server's state, owned by one thread that handles events in order.
 struct Coordinator {
     shared: Arc<Shared>,
+    token: Token,
     conns: HashMap<u64, Conn>,
     pes: Vec<Pe>,
     joined: usize,
@@ -855,9 +874,10 @@ struct Coordinator {
 }
 
 impl Coordinator {
-    fn new(n: usize, shared: Arc<Shared>) -> Coordinator {
+    fn new(n: usize, token: Token, shared: Arc<Shared>) -> Coordinator {
         Coordinator {
             shared,
+            token,
             conns: HashMap::new(),
             pes: vec![Pe::Absent; n],
             joined: 0,
@@ -908,9 +928,15 @@ impl Coordinator {
 
     fn on_hello(&mut self, id: u64, body: &[u8]) {
         let n = self.pes.len();
-        let Some((rank, size)) = wire::parse_hello(body) else {
+        let Some((rank, size, token)) = wire::parse_hello(body) else {
             return self.reject(id, "protocol error: not a shmem bootstrap hello".into());
         };
+        if token != self.token {
+            return self.reject(
+                id,
+                format!("a process claiming PE {rank} presented a wrong {} (not this job's)", env::RENDEZVOUS_TOKEN),
+            );
+        }
         if size != n {
             return self.reject(id, format!("PE {rank} was started for a world of {size} PEs, but this job has {n}"));
         }
@@ -1313,7 +1339,8 @@ mod tests {
             server.shutdown();
         }
         let server = RendezvousServer::start(1).unwrap();
-        let mut c = Client::connect(&server.addr().to_string(), 0, 1, Duration::from_secs(2)).unwrap();
+        let tok = server.token();
+        let mut c = Client::connect(&server.addr().to_string(), 0, 1, &tok, Duration::from_secs(2)).unwrap();
         assert_eq!(c.allgather(b"z").unwrap(), vec![b"z".to_vec()]);
         drop(server); // drop stops it too
         assert!(c.allgather(b"z").is_err());

@@ -32,6 +32,9 @@ pub mod env {
     pub const LOCAL_SIZE: &str = "SHMEM_LOCAL_SIZE";
     /// `host:port` of the launcher's rendezvous server.
     pub const RENDEZVOUS: &str = "SHMEM_RENDEZVOUS";
+    /// The job's random token (32 hex digits): the rendezvous server turns
+    /// away a connection that does not present it.
+    pub const RENDEZVOUS_TOKEN: &str = "SHMEM_RENDEZVOUS_TOKEN";
 }
 
 /// The start-up channel between the PEs of one job.

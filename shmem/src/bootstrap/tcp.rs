@@ -30,7 +30,8 @@ pub(crate) mod wire {
     /// Largest error or status text.
     pub(crate) const MAX_TEXT: usize = 64 << 10;
 
-    /// Client → server: magic u32, rank u32, world size u32.
+    /// Client → server: magic u32, rank u32, world size u32, the job's
+    /// token (16 bytes).
     pub(crate) const HELLO: u8 = 1;
     /// Client → server: this PE's allgather contribution.
     pub(crate) const GATHER: u8 = 2;
@@ -58,7 +59,7 @@ pub(crate) mod wire {
     /// `None` for an unknown kind.
     pub(crate) fn max_client_body(kind: u8) -> Option<usize> {
         match kind {
-            HELLO => Some(12),
+            HELLO => Some(28),
             GATHER => Some(MAX_PAYLOAD),
             BYE | QUERY => Some(0),
             _ => None,
@@ -100,21 +101,22 @@ pub(crate) mod wire {
     }
 
     /// Body of a [`HELLO`].
-    pub(crate) fn hello(rank: u32, size: u32) -> Vec<u8> {
-        let mut out = Vec::with_capacity(12);
+    pub(crate) fn hello(rank: u32, size: u32, token: &super::Token) -> Vec<u8> {
+        let mut out = Vec::with_capacity(28);
         out.extend_from_slice(&MAGIC.to_le_bytes());
         out.extend_from_slice(&rank.to_le_bytes());
         out.extend_from_slice(&size.to_le_bytes());
+        out.extend_from_slice(&token.0);
         out
     }
 
-    /// Rank and world size of a [`HELLO`] body, or `None` if it is not one.
-    pub(crate) fn parse_hello(body: &[u8]) -> Option<(usize, usize)> {
+    /// Rank, world size and token of a [`HELLO`] body, or `None` if it is not one.
+    pub(crate) fn parse_hello(body: &[u8]) -> Option<(usize, usize, super::Token)> {
         let word = |i: usize| Some(u32::from_le_bytes(body.get(i..i + 4)?.try_into().ok()?));
-        if body.len() != 12 || word(0)? != MAGIC {
+        if body.len() != 28 || word(0)? != MAGIC {
             return None;
         }
-        Some((word(4)? as usize, word(8)? as usize))
+        Some((word(4)? as usize, word(8)? as usize, super::Token(body[12..28].try_into().ok()?)))
     }
 
     /// Body of a [`STATUS`].
@@ -175,12 +177,63 @@ pub(crate) mod wire {
 /// waiting for, so that the error can name the missing PEs.
 const QUERY_GRACE: Duration = Duration::from_secs(1);
 
+/// A job's rendezvous token: 16 random bytes the launcher makes and gives
+/// its PEs (`SHMEM_RENDEZVOUS_TOKEN`, hex). A connection to the rendezvous
+/// that does not present it is turned away, so no other local process can
+/// join a job or feed it data.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Token(pub(crate) [u8; 16]);
+
+impl Token {
+    /// 16 bytes from the kernel's random source (`getrandom(2)`).
+    pub(crate) fn random() -> std::io::Result<Token> {
+        let mut b = [0u8; 16];
+        let mut got = 0;
+        while got < b.len() {
+            // SAFETY: writes at most `b.len() - got` bytes into `b[got..]`.
+            let n = unsafe { libc::getrandom(b[got..].as_mut_ptr().cast(), b.len() - got, 0) };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            } else {
+                got += n as usize;
+            }
+        }
+        Ok(Token(b))
+    }
+
+    pub(crate) fn to_hex(self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    fn from_hex(s: &str) -> Option<Token> {
+        if s.len() != 32 || !s.is_ascii() {
+            return None;
+        }
+        let mut b = [0u8; 16];
+        for (i, out) in b.iter_mut().enumerate() {
+            *out = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
+        }
+        Some(Token(b))
+    }
+}
+
+// The token is a secret: never printed.
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(..)")
+    }
+}
+
 /// The launcher-given identity of this process.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct EnvConfig {
     rank: usize,
     size: usize,
     addr: String,
+    token: Token,
 }
 
 impl EnvConfig {
@@ -220,7 +273,11 @@ impl EnvConfig {
                 env::RENDEZVOUS
             )));
         }
-        Ok(EnvConfig { rank, size, addr })
+        let token = text(env::RENDEZVOUS_TOKEN)?;
+        let token = Token::from_hex(&token).ok_or_else(|| {
+            Error::bootstrap(format!("{} is not 32 hex digits (shmemrun sets it for every PE)", env::RENDEZVOUS_TOKEN))
+        })?;
+        Ok(EnvConfig { rank, size, addr, token })
     }
 }
 
@@ -270,11 +327,11 @@ impl Client {
     /// same `timeout`) until every PE of the job has connected.
     pub(crate) fn connect_from_env(timeout: Duration) -> Result<Client> {
         let cfg = EnvConfig::from_lookup(|name| std::env::var_os(name))?;
-        Client::connect(&cfg.addr, cfg.rank, cfg.size, timeout)
+        Client::connect(&cfg.addr, cfg.rank, cfg.size, &cfg.token, timeout)
     }
 
     /// Like [`Client::connect_from_env`], with the identity given directly.
-    pub(crate) fn connect(addr: &str, rank: usize, size: usize, timeout: Duration) -> Result<Client> {
+    pub(crate) fn connect(addr: &str, rank: usize, size: usize, token: &Token, timeout: Duration) -> Result<Client> {
         if rank >= size || u32::try_from(size).is_err() {
             return Err(Error::bootstrap(format!("rank {rank} is not valid in a world of {size} PEs")));
         }
@@ -296,7 +353,7 @@ impl Client {
             round: 0,
             broken: None,
         };
-        client.send(wire::HELLO, &wire::hello(rank as u32, size as u32))?;
+        client.send(wire::HELLO, &wire::hello(rank as u32, size as u32, token))?;
         client.wait_reply(wire::READY, deadline, Wait::Connect)?;
         Ok(client)
     }
@@ -553,9 +610,17 @@ mod tests {
             ("SHMEM_RANK", "2"),
             ("SHMEM_WORLD_SIZE", " 4"),
             ("SHMEM_RENDEZVOUS", "127.0.0.1:4000"),
+            ("SHMEM_RENDEZVOUS_TOKEN", "000102030405060708090a0b0c0d0e0f"),
         ]))
         .unwrap();
-        assert_eq!(ok, EnvConfig { rank: 2, size: 4, addr: "127.0.0.1:4000".into() });
+        let token = Token(std::array::from_fn(|i| i as u8));
+        assert_eq!(ok, EnvConfig { rank: 2, size: 4, addr: "127.0.0.1:4000".into(), token });
+        let e = env_error(&[("SHMEM_RANK", "0"), ("SHMEM_WORLD_SIZE", "1"), ("SHMEM_RENDEZVOUS", "x:1")]);
+        assert!(e.contains("SHMEM_RENDEZVOUS_TOKEN is not set"), "{e}");
+        let bad = [("SHMEM_RANK", "0"), ("SHMEM_WORLD_SIZE", "1"), ("SHMEM_RENDEZVOUS", "x:1")];
+        let e = env_error(&[bad[0], bad[1], bad[2], ("SHMEM_RENDEZVOUS_TOKEN", "0011")]);
+        assert!(e.contains("SHMEM_RENDEZVOUS_TOKEN is not 32 hex digits"), "{e}");
+        assert_eq!(Token::from_hex(&token.to_hex()), Some(token));
 
         let e = env_error(&[("SHMEM_RANK", "5"), ("SHMEM_WORLD_SIZE", "4"), ("SHMEM_RENDEZVOUS", "x:1")]);
         assert!(e.contains("SHMEM_RANK=5 is not below SHMEM_WORLD_SIZE=4"), "{e}");
@@ -573,8 +638,10 @@ mod tests {
 
     #[test]
     fn wire_helpers_round_trip() {
-        assert_eq!(wire::parse_hello(&wire::hello(3, 8)), Some((3, 8)));
+        let token = Token([7; 16]);
+        assert_eq!(wire::parse_hello(&wire::hello(3, 8, &token)), Some((3, 8, token)));
         assert_eq!(wire::parse_hello(&[0; 12]), None);
+        assert_eq!(wire::parse_hello(&[0; 28]), None);
         let st = wire::status(wire::PHASE_GATHER, 7, &[1, 4]);
         assert_eq!(wire::parse_status(&st), Some((wire::PHASE_GATHER, 7, vec![1, 4])));
         let mut body = Vec::new();
@@ -600,12 +667,13 @@ mod tests {
     #[test]
     fn allgather_rounds_with_three_clients() {
         let server = RendezvousServer::start(3).unwrap();
+        let tok = server.token();
         let addr = server.addr().to_string();
         let handles: Vec<_> = (0..3)
             .map(|rank| {
                 let addr = addr.clone();
                 thread::spawn(move || {
-                    let mut c = Client::connect(&addr, rank, 3, Duration::from_secs(5)).unwrap();
+                    let mut c = Client::connect(&addr, rank, 3, &tok, Duration::from_secs(5)).unwrap();
                     assert_eq!((c.rank(), c.size()), (rank, 3));
                     for round in 0..5 {
                         let all = c.allgather(&payload(rank, round)).unwrap();
@@ -631,7 +699,8 @@ mod tests {
     #[test]
     fn single_pe_world() {
         let server = RendezvousServer::start(1).unwrap();
-        let mut c = Client::connect(&server.addr().to_string(), 0, 1, Duration::from_secs(5)).unwrap();
+        let tok = server.token();
+        let mut c = Client::connect(&server.addr().to_string(), 0, 1, &tok, Duration::from_secs(5)).unwrap();
         assert_eq!(c.allgather(b"alone").unwrap(), vec![b"alone".to_vec()]);
         drop(c);
         server.shutdown();
@@ -640,12 +709,13 @@ mod tests {
     #[test]
     fn disconnect_without_goodbye_fails_the_others() {
         let server = RendezvousServer::start(3).unwrap();
+        let tok = server.token();
         let addr = server.addr().to_string();
         let handles: Vec<_> = (0..3)
             .map(|rank| {
                 let addr = addr.clone();
                 thread::spawn(move || {
-                    let mut c = Client::connect(&addr, rank, 3, Duration::from_secs(5)).unwrap();
+                    let mut c = Client::connect(&addr, rank, 3, &tok, Duration::from_secs(5)).unwrap();
                     c.allgather(&[rank as u8]).unwrap();
                     if rank == 1 {
                         // Vanish as a crashed process would: no goodbye.
@@ -670,13 +740,14 @@ mod tests {
     #[test]
     fn timeout_names_the_missing_pe() {
         let server = RendezvousServer::start(3).unwrap();
+        let tok = server.token();
         let addr = server.addr().to_string();
         // PE 2 never comes.
         let handles: Vec<_> = (0..2)
             .map(|rank| {
                 let addr = addr.clone();
                 thread::spawn(move || {
-                    Client::connect(&addr, rank, 3, Duration::from_millis(300)).err().unwrap().to_string()
+                    Client::connect(&addr, rank, 3, &tok, Duration::from_millis(300)).err().unwrap().to_string()
                 })
             })
             .collect();
@@ -696,17 +767,18 @@ mod tests {
         // In a round: PE 0 and 1 gather, PE 2 connects but never gathers
         // (it stays connected until they have given up).
         let server = RendezvousServer::start(3).unwrap();
+        let tok = server.token();
         let addr = server.addr().to_string();
         let handles: Vec<_> = (0..2)
             .map(|rank| {
                 let addr = addr.clone();
                 thread::spawn(move || {
-                    let mut c = Client::connect(&addr, rank, 3, Duration::from_millis(300)).unwrap();
+                    let mut c = Client::connect(&addr, rank, 3, &tok, Duration::from_millis(300)).unwrap();
                     c.allgather(b"x").unwrap_err().to_string()
                 })
             })
             .collect();
-        let idle = Client::connect(&addr, 2, 3, Duration::from_secs(5)).unwrap();
+        let idle = Client::connect(&addr, 2, 3, &tok, Duration::from_secs(5)).unwrap();
         for h in handles {
             let err = h.join().unwrap();
             assert!(err.contains("allgather #1") && err.contains("waiting for PE 2"), "{err}");
@@ -718,19 +790,20 @@ mod tests {
     #[test]
     fn bad_hellos_are_rejected() {
         let server = RendezvousServer::start(2).unwrap();
+        let tok = server.token();
         let addr = server.addr().to_string();
         let t = Duration::from_secs(2);
         let first = thread::spawn({
             let addr = addr.clone();
-            move || Client::connect(&addr, 0, 2, Duration::from_secs(5))
+            move || Client::connect(&addr, 0, 2, &tok, Duration::from_secs(5))
         });
         // Wait until PE 0 is in, then try to be PE 0 again.
         thread::sleep(Duration::from_millis(100));
-        let err = Client::connect(&addr, 0, 2, t).err().unwrap().to_string();
+        let err = Client::connect(&addr, 0, 2, &tok, t).err().unwrap().to_string();
         assert!(err.contains("PE 0 connected twice"), "{err}");
-        let err = Client::connect(&addr, 1, 3, t).err().unwrap().to_string();
+        let err = Client::connect(&addr, 1, 3, &tok, t).err().unwrap().to_string();
         assert!(err.contains("3 PEs"), "{err}");
-        let mut one = Client::connect(&addr, 1, 2, t).unwrap();
+        let mut one = Client::connect(&addr, 1, 2, &tok, t).unwrap();
         let mut zero = first.join().unwrap().unwrap();
         let h = thread::spawn(move || zero.allgather(b"0").unwrap());
         assert_eq!(one.allgather(b"1").unwrap(), vec![b"0".to_vec(), b"1".to_vec()]);
@@ -741,16 +814,17 @@ mod tests {
     #[test]
     fn goodbye_while_others_gather_is_an_error() {
         let server = RendezvousServer::start(2).unwrap();
+        let tok = server.token();
         let addr = server.addr().to_string();
         let t = Duration::from_secs(5);
         let h = thread::spawn({
             let addr = addr.clone();
             move || {
-                let mut c = Client::connect(&addr, 0, 2, t).unwrap();
+                let mut c = Client::connect(&addr, 0, 2, &tok, t).unwrap();
                 c.allgather(b"once").unwrap_err().to_string()
             }
         });
-        let c = Client::connect(&addr, 1, 2, t).unwrap();
+        let c = Client::connect(&addr, 1, 2, &tok, t).unwrap();
         drop(c); // goodbye without joining the round
                  // PE 1's goodbye may reach the server before or after PE 0's
                  // contribution; either way the error says what happened.
@@ -765,9 +839,22 @@ mod tests {
         // Bind then drop to get a port that (very likely) nobody listens on.
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let start = Instant::now();
-        let err =
-            Client::connect(&format!("127.0.0.1:{port}"), 0, 2, Duration::from_millis(200)).err().unwrap().to_string();
+        let err = Client::connect(&format!("127.0.0.1:{port}"), 0, 2, &Token([0; 16]), Duration::from_millis(200))
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.contains("cannot connect within 0.20 s"), "{err}");
         assert!(start.elapsed() < Duration::from_secs(2));
+    }
+
+    #[test]
+    fn a_wrong_token_is_turned_away_and_the_job_goes_on() {
+        let server = RendezvousServer::start(1).unwrap();
+        let addr = server.addr().to_string();
+        let t = Duration::from_secs(5);
+        let err = Client::connect(&addr, 0, 1, &Token([0; 16]), t).err().unwrap().to_string();
+        assert!(err.contains("wrong SHMEM_RENDEZVOUS_TOKEN"), "{err}");
+        let mut c = Client::connect(&addr, 0, 1, &server.token(), t).unwrap();
+        assert_eq!(c.allgather(b"x").unwrap(), vec![b"x".to_vec()]);
     }
 }
