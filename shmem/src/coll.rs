@@ -15,8 +15,9 @@ use crate::gpu::{dispatch, GpuWorld};
 use crate::team::{Desc, OpKind, Team};
 use rayon::prelude::*;
 
-/// From this many bytes, broadcast uses copy engines: one-way, they move
-/// 395 GB/s against the SM kernel's 320 on 2×H200 (docs/perf.md).
+/// From this many bytes, broadcast uses copy engines: as fast as the SM
+/// kernel on 2×H200 (829 against 839 µs at 256 MiB, docs/perf.md) while
+/// taking no SMs from concurrent work.
 const CE_BROADCAST_MIN_BYTES: usize = 32 << 20;
 /// Elements per rayon task.
 const CHUNK: usize = 1 << 15;
@@ -421,17 +422,19 @@ impl Team {
         let st = g.stream(stream);
         let elem = size_of::<T>();
         let cfg = *self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner());
-        let kernels = g.kernels.as_ref().filter(|_| {
-            cfg.implementation == CollImpl::Kernels
-                && self.n_pes() <= crate::gpu::kernels::MAX_TEAM
-                && op.is_none_or(|op| Kernels::has_reduction(T::DTYPE, op))
-        });
+        let kernels = g
+            .kernels
+            .as_ref()
+            .filter(|_| cfg.implementation == CollImpl::Kernels && self.n_pes() <= crate::gpu::kernels::MAX_TEAM);
         if let Some(k) = kernels {
-            let st = &self.state;
-            let t = k.team(st.slot, &st.members, cfg.force_rma)?;
-            let cu = g.stream(stream).cu_stream();
+            // Every (dtype, op) that `begin` accepted has a kernel.
+            let team = &self.state;
+            let t = k.team(team.slot, &team.members, cfg.force_rma)?;
+            let cu = st.cu_stream();
             let (dt, op) = (T::DTYPE, op.unwrap_or(ReduceOp::Sum));
-            let world = st.slot == 0;
+            let world = team.slot == 0;
+            // Copy engines need every member's NVLink address.
+            let nvlink = !cfg.force_rma && team.members.iter().all(|&pe| g.peer_base[pe].is_some());
             return match kind {
                 OpKind::AllReduce => k.all_reduce(t, world, cfg.all_reduce, dt, op, d.offset, s.offset, d.len, cu),
                 OpKind::ReduceScatter => k.reduce_scatter(t, world, dt, op, d.offset, s.offset, d.len, cu),
@@ -443,16 +446,15 @@ impl Team {
                         // size on 2×H200 (docs/perf.md).
                         AllGatherAlgo::Sm | AllGatherAlgo::Auto => false,
                     };
-                    if ce && !cfg.force_rma && st.members.iter().all(|&pe| g.peer_base[pe].is_some()) {
-                        k.all_gather_ce(g, t, &st.members, d.offset, s.offset, s.len * elem, in_place, cu)
+                    if ce && nvlink {
+                        k.all_gather_ce(g, t, &team.members, d.offset, s.offset, s.len * elem, in_place, cu)
                     } else {
                         k.all_gather(t, world, d.offset, s.offset, s.len * elem, in_place, cu)
                     }
                 }
                 OpKind::Broadcast => {
-                    let nvlink = !cfg.force_rma && st.members.iter().all(|&pe| g.peer_base[pe].is_some());
                     if nvlink && d.len * elem >= CE_BROADCAST_MIN_BYTES {
-                        k.broadcast_ce(g, t, &st.members, d.offset, s.offset, d.len * elem, root, cu)
+                        k.broadcast_ce(g, t, &team.members, d.offset, s.offset, d.len * elem, root, cu)
                     } else {
                         k.broadcast(t, world, d.offset, s.offset, d.len * elem, root, cu)
                     }
@@ -472,9 +474,9 @@ impl Team {
                         ));
                     }
                     let sc = self.ctx.scratch(s.len * elem)?;
-                    g.copy(g.addr(sc.offset), g.addr(s.offset), s.len * elem, g.stream(stream))?;
+                    g.copy(g.addr(sc.offset), g.addr(s.offset), s.len * elem, st)?;
                     k.all_to_all(t, world, d.offset, sc.offset, per_pe, cu)?;
-                    g.stream(stream).synchronize()?;
+                    st.synchronize()?;
                     drop(sc);
                     Ok(())
                 }

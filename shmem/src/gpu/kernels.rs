@@ -312,11 +312,6 @@ impl Kernels {
         unsafe { self.launch("shmem_barrier", 1, 32, s, &mut [(&raw mut t).cast()]) }
     }
 
-    /// Whether a reduction kernel exists for `dtype` and `op`.
-    pub(crate) fn has_reduction(dtype: DType, op: ReduceOp) -> bool {
-        op.supports(dtype)
-    }
-
     /// All-reduce of `count` elements at heap offsets `dst`/`src` (the same
     /// on every member; equal for in place) with the algorithm `algo` asks
     /// for where it applies, else the automatic choice.
