@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs on the GPU box, from a carried .gpu-bundle/ (see gpu-bundle.sh):
-# the SPMD suite on the gpu backend with 2 PEs under mpirun and under
-# shmemrun, then the examples (and, with --bench, the benchmark sweep;
-# with --quick, only the collectives' tests).
+# the SPMD suite on the gpu backend with 2 PEs under shmemrun (each
+# collective's test alone), under mpirun and with RMA forced, then the
+# examples (and, with --bench, the benchmark sweep; with --quick, only the
+# collectives' tests; with --moe, only the MoE tests and examples).
 # Finds the box's NVSHMEM by itself. Logs go to $OUT (or ./gpu-out); exits
 # non-zero if any step failed.
 set -uo pipefail
@@ -101,18 +102,33 @@ expect_fail() {
     if ((rc == 0 || rc == 124 || rc == 137 || seen < count)); then failed+=("$name"); fi
 }
 
+# Each test of the SPMD suite whose name starts with $1, as its own step
+# with its own time limit: a hang costs one test, and names it.
+each_test() {
+    local prefix=$1 t
+    shift
+    for t in $("$bin/spmd" --list 2>/dev/null | sed -n 's/: test$//p' | grep "^$prefix"); do
+        STEP_TIMEOUT=${EACH_TIMEOUT:-240} step "$t" "$@" "$bin/spmd" --exact "$t"
+    done
+}
+
 step gpus nvidia-smi --query-gpu=index,name,memory.total --format=csv
-# --quick: only the collectives' tests, both paths (then, with --bench,
-# the benchmark): a short device call.
-quick=
+# --quick: only the collectives' tests (then, with --bench, the
+# benchmark): a short device call. --moe: only the MoE tests and examples.
+quick= moe=
 [[ " $* " == *" --quick "* ]] && quick=1
+[[ " $* " == *" --moe "* ]] && moe=1
 if [[ -n $quick ]]; then
-    step spmd-coll env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes" "$bin/spmd" coll::
-    step spmd-coll-forced-rma env SHMEM_FORCE_RMA=1 SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes" "$bin/spmd" coll::
+    each_test coll:: env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
+elif [[ -n $moe ]]; then
+    each_test moe:: env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
+    each_test moe:: env SHMEM_FORCE_RMA=1 SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
+    [[ -x "$bin/moe_server" ]] && step moe_server "$bin/shmemrun" -n "$pes" --tag-output "$bin/moe_server"
 else
-    step spmd-shmemrun env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes" "$bin/spmd"
-    step spmd-mpirun "${mpi[@]}" -x SHMEM_HEAP_SIZE=2G "$bin/spmd"
-    step spmd-coll-forced-rma env SHMEM_FORCE_RMA=1 SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes" "$bin/spmd" coll::
+    each_test coll:: env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
+    step spmd-shmemrun env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes" "$bin/spmd" --skip coll::
+    step spmd-mpirun "${mpi[@]}" -x SHMEM_HEAP_SIZE=2G "$bin/spmd" --skip coll::
+    step spmd-forced-rma env SHMEM_FORCE_RMA=1 SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes" "$bin/spmd" --skip coll::
     step quickstart "$bin/shmemrun" -n "$pes" --tag-output "$bin/quickstart"
     step ring "$bin/shmemrun" -n "$pes" "$bin/ring"
     step allreduce "${mpi[@]}" "$bin/allreduce"

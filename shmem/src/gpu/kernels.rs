@@ -172,6 +172,9 @@ impl Kernels {
     /// zeroing this PE's synchronisation state of the slot. The caller
     /// makes sure every member has done so before any uses the team.
     pub(crate) fn add_team(&self, g: &GpuWorld, slot: usize, members: &[usize], me: usize) -> Result<()> {
+        // A dropped team's kernels may still run on a user's stream and
+        // write the slot's epoch counters when they end: let them finish.
+        g.cuda.synchronize()?;
         g.zero(g.addr(self.layout.slot(slot)), self.layout.slot_bytes(), g.own_stream())?;
         g.own_stream().synchronize()?;
         for force in [false, true] {
