@@ -50,6 +50,12 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
+    /// See [`Context::check_device`].
+    pub(crate) fn check_device(&self) -> Result<()> {
+        let failure = self.gpu.as_ref().and_then(|g| g.kernels.as_ref()).and_then(|k| k.take_a2av_error());
+        failure.map_or(Ok(()), |f| Err(crate::moe::device_check_error(f)))
+    }
+
     /// Fails if the context was finalized; `what` names the object used.
     pub(crate) fn check_live(&self, what: &'static str) -> Result<()> {
         if self.finalized.load(Ordering::Acquire) {
@@ -354,6 +360,19 @@ impl Context {
     /// Whether collectives are forced onto the RMA path (see [`Context::set_force_rma`]).
     pub fn force_rma(&self) -> bool {
         self.collectives().force_rma
+    }
+
+    /// Reports, and clears, a failed device-side check since the last look.
+    ///
+    /// On the GPU backend the MoE all-to-all-v ops read their splits on the
+    /// device, so a bad split cannot fail the call that enqueued it: the
+    /// kernels check the whole exchange, every PE reaches the same verdict,
+    /// nothing is written, and the failure is recorded. The next MoE call on
+    /// this context fails with it (on every PE), or this method returns it
+    /// once the bad operation has run (after synchronizing its stream, it
+    /// has). Always `Ok` on the host backend, which checks before it writes.
+    pub fn check_device(&self) -> Result<()> {
+        self.inner.check_device()
     }
 
     /// The backend in use.

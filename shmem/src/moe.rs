@@ -75,6 +75,8 @@ use crate::buffer::{Region, SymSlice};
 use crate::context::{Context, Stream};
 use crate::dtype::Element;
 use crate::error::{Error, Result};
+use crate::gpu::kernels::{A2av, DeviceCheckFailure, Kernels};
+use crate::gpu::GpuWorld;
 use crate::team::{Desc, OpKind, Team};
 use rayon::prelude::*;
 
@@ -148,18 +150,46 @@ fn overlap(a: (usize, usize), b: (usize, usize)) -> bool {
     a.0 < b.1 && b.0 < a.1 && a.0 < a.1 && b.0 < b.1
 }
 
-impl Team {
-    /// The clear error of the GPU backend until its kernels exist.
-    pub(crate) fn moe_gpu_unsupported(&self, what: &str) -> Result<()> {
-        if self.ctx.gpu.is_some() {
-            return Err(Error::BackendUnavailable(format!(
-                "{what}: the device kernels for the MoE all-to-all-v are not built yet on the gpu backend \
-                 (run on the host backend, SHMEM_BACKEND=host)"
-            )));
-        }
-        Ok(())
+/// The `kind` of `moe.cu`'s `A2av`.
+fn device_kind(kind: OpKind) -> i32 {
+    match kind {
+        OpKind::AllToAllV => 0,
+        OpKind::AllToAllV2d => 1,
+        _ => 2,
     }
+}
 
+/// The error of a failed device-side check (see `moe.cu`).
+pub(crate) fn device_check_error(f: DeviceCheckFailure) -> Error {
+    let kind = [OpKind::AllToAllV, OpKind::AllToAllV2d, OpKind::AllToAllV2dOffset]
+        .get(f.kind as usize)
+        .copied()
+        .unwrap_or(OpKind::AllToAllV);
+    let (pe, i, v, limit) = (f.pe, f.index, f.value, f.limit);
+    let what = match f.class {
+        1 => format!("PE {pe}'s split {i} is negative ({v})"),
+        2 => format!("PE {pe}'s offset {i} is negative ({v})"),
+        3 => format!(
+            "PE {pe}'s offset {i} ({v}) starts before the end of its previous chunk: offsets must be ascending and \
+             chunks must not overlap"
+        ),
+        4 => format!("PE {pe}'s chunk {i} ({v} rows) runs past its input of {limit} rows"),
+        _ => {
+            let padding = if kind == OpKind::AllToAllV2d { " (with major_align padding)" } else { "" };
+            format!("PE {pe} would receive {v} rows{padding}, but its output holds {limit} rows")
+        }
+    };
+    let more =
+        if f.count > 1 { format!(" ({} operations failed since the last check)", f.count) } else { String::new() };
+    let msg = format!("checked on the device, nothing was written: {what}{more}");
+    if f.class >= 4 {
+        mismatch(kind, msg)
+    } else {
+        invalid(kind, msg)
+    }
+}
+
+impl Team {
     /// `all_to_all_vdev`: sends `in_splits[j]` rows of `input` (packed in
     /// PE order) to PE `j`, which stores the rows from every PE packed in
     /// source order in `output`, and writes `out_splits_offsets`: row 0
@@ -183,10 +213,10 @@ impl Team {
         in_splits: impl Into<SymSlice<'c, i64>>,
         out_splits_offsets: impl Into<SymSlice<'d, i64>>,
         row_len: usize,
-        _stream: &Stream,
+        stream: &Stream,
     ) -> Result<()> {
         let args = (input.into(), output.into(), in_splits.into(), out_splits_offsets.into());
-        self.all_to_all_v_any(OpKind::AllToAllV, args, row_len, 0, Ok(()))
+        self.all_to_all_v_any(OpKind::AllToAllV, args, row_len, 0, Ok(()), stream)
     }
 
     /// `all_to_all_vdev_2d`, the MoE dispatch: `in_splits` (`n_pes × ne`
@@ -214,10 +244,10 @@ impl Team {
         out_splits_offsets: impl Into<SymSlice<'d, i64>>,
         row_len: usize,
         major_align: usize,
-        _stream: &Stream,
+        stream: &Stream,
     ) -> Result<()> {
         let args = (input.into(), output.into(), in_splits.into(), out_splits_offsets.into());
-        self.all_to_all_v_any(OpKind::AllToAllV2d, args, row_len, major_align, Ok(()))
+        self.all_to_all_v_any(OpKind::AllToAllV2d, args, row_len, major_align, Ok(()), stream)
     }
 
     /// `all_to_all_vdev_2d_offset`, the MoE combine: the reverse of
@@ -242,10 +272,10 @@ impl Team {
         in_splits_offsets: impl Into<SymSlice<'c, i64>>,
         out_splits_offsets: impl Into<SymSlice<'d, i64>>,
         row_len: usize,
-        _stream: &Stream,
+        stream: &Stream,
     ) -> Result<()> {
         let args = (input.into(), output.into(), in_splits_offsets.into(), out_splits_offsets.into());
-        self.all_to_all_v_any(OpKind::AllToAllV2dOffset, args, row_len, 0, Ok(()))
+        self.all_to_all_v_any(OpKind::AllToAllV2dOffset, args, row_len, 0, Ok(()), stream)
     }
 
     /// The three operations. `pre` is the caller's own verdict on its
@@ -258,10 +288,13 @@ impl Team {
         row_len: usize,
         major_align: usize,
         pre: Result<()>,
+        stream: &Stream,
     ) -> Result<()> {
         self.check()?;
-        self.moe_gpu_unsupported(kind.name())?;
         let n = self.n_pes();
+        // An earlier operation that failed its checks on the device fails
+        // this call (on every PE, through the exchange).
+        let pre = pre.and_then(|_| self.ctx.check_device());
         let local = pre.and_then(|_| {
             let call = Call {
                 kind,
@@ -290,6 +323,14 @@ impl Team {
                 hash,
             ];
         }
+        if let Some(g) = self.ctx.gpu.as_ref() {
+            let st = g.stream(stream);
+            if !crate::gpu::capturing(st) {
+                let rows = self.exchange(&desc, local.as_ref().err())?;
+                self.agree(&rows)?;
+            }
+            return self.all_to_all_v_gpu::<T>(g, &local?, st);
+        }
         let rows = self.exchange(&desc, local.as_ref().err())?;
         let call = local?;
         self.agree(&rows)?;
@@ -298,6 +339,39 @@ impl Team {
         let plan = self.plan(&call)?;
         self.execute::<T>(&call, &plan);
         self.raw_barrier()
+    }
+
+    /// The device kernels (`kernels/moe.cu`): splits are read and checked
+    /// on the device, every PE reaching the same verdict; a bad exchange
+    /// writes nothing and is reported by the next MoE call (or
+    /// [`Context::check_device`]).
+    fn all_to_all_v_gpu<T: Element>(&self, g: &GpuWorld, c: &Call, st: &cudarc::driver::CudaStream) -> Result<()> {
+        let k = g.kernels.as_ref().ok_or_else(crate::gpu::kernels::not_built)?;
+        let n = self.n_pes();
+        if n > crate::gpu::kernels::MAX_TEAM {
+            return Err(invalid(
+                c.kind,
+                format!(
+                    "the device kernels take teams of up to {} PEs, this one has {n}",
+                    crate::gpu::kernels::MAX_TEAM
+                ),
+            ));
+        }
+        let force = self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner()).force_rma;
+        let t = k.team(self.state.slot, &self.state.members, force)?;
+        let a = A2av::new(
+            device_kind(c.kind),
+            c.input.offset,
+            c.output.offset,
+            c.splits.offset,
+            c.out_splits_offsets.offset,
+            c.row_len * size_of::<T>(),
+            c.input.len / c.row_len,
+            c.output.len / c.row_len,
+            c.experts_per_pe(n),
+            c.major_align.max(1),
+        );
+        k.all_to_all_v(t, a, st.cu_stream())
     }
 
     /// Checks sizes and overlaps of this PE's arguments; fills `entries`.
@@ -365,6 +439,13 @@ impl Team {
         ];
         if let Some((_, _, what)) = clash.iter().find(|(a, b, _)| overlap(*a, *b)) {
             return Err(invalid(kind, format!("{what} overlap")));
+        }
+        let ne = c.experts_per_pe(n);
+        if self.ctx.gpu.is_some() && !Kernels::a2av_fits(n, ne, device_kind(kind)) {
+            return Err(invalid(
+                kind,
+                format!("{n} PEs × {ne} experts per PE is more than the device kernels' staging takes"),
+            ));
         }
         Ok(c)
     }

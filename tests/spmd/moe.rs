@@ -26,7 +26,8 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("moe::errors::sizes", err_sizes),
     ("moe::errors::bad_on_one_pe", err_bad_on_one_pe),
     ("moe::errors::layer", err_layer),
-    ("moe::gpu_backend_refuses", gpu_backend_refuses),
+    ("moe::device_error_fails_next_call", device_error_fails_next_call),
+    ("moe::graph_replay_gpu_only", graph_replay),
 ];
 
 /// Rows of each PE's input in the operation tests.
@@ -319,6 +320,12 @@ fn refused(env: &Env, op: Op, out_rows: usize, splits: &[i64], needle: &str) -> 
         Op::V2d { align, .. } => ctx.all_to_all_v_2d(&input, &output, &in_splits, &so, row_len, align, s),
         Op::V2dOffset { .. } => ctx.all_to_all_v_2d_offset(&input, &output, &in_splits, &so, row_len, s),
     };
+    // The GPU backend checks the splits on the device: the call is
+    // enqueued, and the failure reported once it has run.
+    let r = match r {
+        Ok(()) if env.ctx.backend() == BackendKind::Gpu => s.synchronize().and_then(|()| ctx.check_device()),
+        r => r,
+    };
     let e = assert_err!(r, Error::Invalid(_) | Error::LengthMismatch(_));
     assert!(e.to_string().contains(needle), "{op:?}: the error should say {needle:?}: {e}");
     assert_bits_eq(&output.copy_to_host(s)?, &vec![poison::<f32>(); out_rows * row_len], "poisoned output");
@@ -465,19 +472,94 @@ fn err_bad_on_one_pe(env: &Env) -> TestResult {
     still_usable(env)
 }
 
-/// On the GPU backend every operation refuses clearly until its kernels
-/// exist; on the host backend there is nothing to check.
-fn gpu_backend_refuses(env: &Env) -> TestResult {
+/// GPU only: a bad split enqueues fine, writes nothing, and fails the next
+/// MoE call on every PE (which writes nothing either); then all is well.
+fn device_error_fails_next_call(env: &Env) -> TestResult {
     if env.ctx.backend() != BackendKind::Gpu {
+        if env.me() == 0 {
+            eprintln!("moe::device_error_fails_next_call: skipped: needs the gpu backend (the host checks before the call returns)");
+        }
         return Ok(());
     }
-    let n = env.n();
-    let (x, y) = (env.ctx.alloc::<f32>(n)?, env.ctx.alloc::<f32>(n)?);
-    let (sp, so) = (env.ctx.alloc::<i64>(n)?, env.ctx.alloc::<i64>(2 * n)?);
-    let e = assert_err!(env.ctx.all_to_all_v(&x, &y, &sp, &so, 1, &env.s), Error::BackendUnavailable(_));
-    assert!(e.to_string().contains("not built yet"), "{e}");
-    let moe = MoeAllToAll::<f32>::new(&env.ctx, MoeConfig::new(1, 1, 1, 1))?;
-    assert_err!(moe.dispatch(&[1.0], &[0], &env.s), Error::BackendUnavailable(_));
+    let (n, me, s, ctx) = (env.n(), env.me(), &env.s, &env.ctx);
+    let row_len = 3;
+    let input = buffer(env, &vec![1u32; IN_ROWS * row_len])?;
+    let output = buffer(env, &vec![poison::<u32>(); n * IN_ROWS * row_len])?;
+    let so = buffer(env, &vec![POISON_SO; 2 * n])?;
+    let mut splits = vec![1i64; n];
+    if me == n - 1 {
+        splits[0] = -5;
+    }
+    let bad = buffer(env, &splits)?;
+    ctx.all_to_all_v(&input, &output, &bad, &so, row_len, s)?;
+    s.synchronize()?;
+    let good = buffer(env, &vec![1i64; n])?;
+    let e = assert_err!(ctx.all_to_all_v(&input, &output, &good, &so, row_len, s), Error::Invalid(_));
+    let msg = e.to_string();
+    assert!(
+        msg.contains("checked on the device") && msg.contains(&format!("PE {}'s split 0 is negative (-5)", n - 1)),
+        "{msg}"
+    );
+    assert_bits_eq(&output.copy_to_host(s)?, &vec![poison::<u32>(); n * IN_ROWS * row_len], "poisoned output");
+    assert_eq!(so.copy_to_host(s)?, vec![POISON_SO; 2 * n], "poisoned out_splits_offsets");
+    ctx.check_device()?;
+    still_usable(env)
+}
+
+/// GPU only: a dispatch and the combine that sends its output back,
+/// captured once into a CUDA graph and replayed 1000 times with new splits
+/// and inputs written between replays; every dispatch and round trip exact.
+fn graph_replay(env: &Env) -> TestResult {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let Some(stream) = env.s.cuda_stream() else {
+        if env.me() == 0 {
+            eprintln!(
+                "moe::graph_replay_gpu_only: skipped: needs the gpu backend (this run is {:?})",
+                env.ctx.backend()
+            );
+        }
+        return Ok(());
+    };
+    let (n, me, s, ctx) = (env.n(), env.me(), &env.s, &env.ctx);
+    let (row_len, ne, align) = (5, 3, 8);
+    let m = n * ne;
+    let out_rows = n * IN_ROWS + ne * align;
+    let input = ctx.alloc::<u32>(IN_ROWS * row_len)?;
+    let in_splits = ctx.alloc::<i64>(m)?;
+    let mid = ctx.alloc::<u32>(out_rows * row_len)?;
+    let back = ctx.alloc::<u32>(IN_ROWS * row_len)?;
+    let (so_mid, so_back) = (ctx.alloc::<i64>(2 * m)?, ctx.alloc::<i64>(2 * m)?);
+    ctx.barrier_all(s)?;
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    let captured = ctx
+        .all_to_all_v_2d(&input, &mid, &in_splits, &so_mid, row_len, align, s)
+        .and_then(|()| ctx.all_to_all_v_2d_offset(&mid, &back, &so_mid, &so_back, row_len, s));
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
+    captured?;
+    let graph = graph.ok_or("capture gave no graph")?;
+    for replay in 0..1000 {
+        let (case, seed) = (CASES[replay % CASES.len()], env.fresh_seed());
+        let splits: Vec<Vec<i64>> = (0..n).map(|pe| draw_splits(case, seed, pe, m, IN_ROWS)).collect();
+        let rows: Vec<u32> = (0..IN_ROWS).flat_map(|r| input_row(seed, me, r, row_len)).collect();
+        input.copy_from_host(&rows, s)?;
+        in_splits.copy_from_host(&splits[me], s)?;
+        mid.fill(poison(), s)?;
+        back.fill(poison(), s)?;
+        graph.launch()?;
+        let what = format!("replay {replay} ({case:?}, seed {seed:#x})");
+        let mut want = Expected::new(out_rows, row_len);
+        for [src, from, to, r] in dispatch_layout(&splits, me, ne, align) {
+            want.place(seed, src, from, to, r, row_len);
+        }
+        want.check(env, &mid, &so_mid, &format!("{what}: dispatch"))?;
+        let sent = splits[me].iter().sum::<i64>() as usize;
+        let mut want = rows;
+        want[sent * row_len..].fill(poison());
+        assert_bits_eq(&back.copy_to_host(s)?, &want, &format!("{what}: round trip"));
+        let so = so_back.copy_to_host(s)?;
+        assert_eq!(so[..m], splits[me][..], "{what}: splits back");
+    }
+    ctx.check_device()?;
     Ok(())
 }
 

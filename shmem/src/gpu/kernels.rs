@@ -42,6 +42,12 @@ const LL_MAX_BYTES: usize = crate::algo::LOW_LATENCY_MAX_BYTES;
 /// of place), above it two-shot.
 const ONE_SHOT_MAX_BYTES: usize = 256 << 10;
 
+/// 64-bit words of each PE's MoE all-to-all-v staging: the verdict, every
+/// PE's splits (and offsets), and the send plan (3 words per chunk).
+const A2AV_TABLE_WORDS: usize = 1 << 17;
+/// Input bytes per block of the MoE all-to-all-v's data kernel.
+const A2AV_BYTES_PER_BLOCK: usize = 64 << 10;
+
 /// Why the kernels are missing from this build, and how to build them.
 pub(crate) fn not_built() -> Error {
     Error::BackendUnavailable(
@@ -76,9 +82,13 @@ impl Layout {
     fn temp(&self) -> usize {
         self.ll() + 2 * self.n * LL_MAX_BYTES * 2
     }
+    /// This PE's staging of the MoE all-to-all-v (`A2avTable` in `moe.cu`).
+    fn a2av(&self) -> usize {
+        self.temp() + RMA_BLOCKS * self.n * RMA_CHUNK
+    }
     /// Bytes of all the kernels' state.
     pub(crate) fn bytes(&self) -> usize {
-        self.temp() + RMA_BLOCKS * self.n * RMA_CHUNK - self.base
+        self.a2av() + A2AV_TABLE_WORDS * 8 - self.base
     }
 }
 
@@ -98,6 +108,155 @@ pub(crate) struct TeamSync {
     _pad: i32,
 }
 
+/// `A2av` of `moe.cu`: one MoE all-to-all-v, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct A2av {
+    /// Heap offsets of the input, the output, the splits (and offsets) and
+    /// out_splits_offsets.
+    pub input: u64,
+    pub output: u64,
+    pub splits: u64,
+    pub out_so: u64,
+    pub row_bytes: u64,
+    /// Rows the input and the output hold.
+    pub in_rows: u64,
+    pub out_rows: u64,
+    /// Set by [`Kernels::all_to_all_v`].
+    table: u64,
+    error: u64,
+    /// 0: 1D, 1: 2D dispatch, 2: 2D combine.
+    pub kind: i32,
+    /// Experts per PE (1 for 1D).
+    pub ne: i32,
+    pub major_align: i32,
+    _pad: i32,
+}
+
+impl A2av {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        kind: i32,
+        input: usize,
+        output: usize,
+        splits: usize,
+        out_so: usize,
+        row_bytes: usize,
+        in_rows: usize,
+        out_rows: usize,
+        ne: usize,
+        major_align: usize,
+    ) -> A2av {
+        A2av {
+            input: input as u64,
+            output: output as u64,
+            splits: splits as u64,
+            out_so: out_so as u64,
+            row_bytes: row_bytes as u64,
+            in_rows: in_rows as u64,
+            out_rows: out_rows as u64,
+            table: 0,
+            error: 0,
+            kind,
+            ne: ne as i32,
+            major_align: major_align as i32,
+            _pad: 0,
+        }
+    }
+}
+
+/// What a MoE all-to-all-v's device-side check found (`A2avError` of
+/// `moe.cu`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct DeviceCheckFailure {
+    /// The operation (the `kind` of [`A2av`]).
+    pub kind: i32,
+    /// 1 negative split, 2 negative offset, 3 offset before the previous
+    /// chunk's end, 4 chunk past the input, 5 output too small.
+    pub class: u32,
+    /// The PE whose splits (classes 1–4) or output (5) are wrong.
+    pub pe: usize,
+    /// The entry of its splits (classes 1–4).
+    pub index: usize,
+    /// The offending split, offset or received rows.
+    pub value: i64,
+    /// The input's (classes 1–4) or output's (5) rows.
+    pub limit: u64,
+    /// Failed operations since the last look.
+    pub count: u64,
+}
+
+/// The error record the MoE kernels write on a failed check: pinned host
+/// memory mapped into the device (not managed memory), so the host reads it
+/// without synchronising with the stream.
+struct HostRecord {
+    ptr: *mut u64,
+}
+
+impl HostRecord {
+    const WORDS: usize = 4;
+
+    fn new() -> Result<HostRecord> {
+        // SAFETY: a plain pinned allocation; CU_MEMHOSTALLOC_DEVICEMAP maps
+        // it into the device's address space (with unified addressing at the
+        // same address).
+        let ptr = unsafe {
+            cudarc::driver::result::malloc_host(Self::WORDS * 8, cudarc::driver::sys::CU_MEMHOSTALLOC_DEVICEMAP)
+        }?
+        .cast::<u64>();
+        let record = HostRecord { ptr };
+        for w in 0..Self::WORDS {
+            record.store(w, 0);
+        }
+        Ok(record)
+    }
+
+    fn device_addr(&self) -> Result<u64> {
+        let mut dev = 0;
+        // SAFETY: `ptr` came from cuMemHostAlloc with DEVICEMAP.
+        unsafe { cudarc::driver::sys::cuMemHostGetDevicePointer_v2(&mut dev, self.ptr.cast(), 0) }.result()?;
+        Ok(dev)
+    }
+
+    fn load(&self, w: usize) -> u64 {
+        // SAFETY: `w < WORDS`; volatile, as the device writes it.
+        unsafe { self.ptr.add(w).read_volatile() }
+    }
+
+    fn store(&self, w: usize, v: u64) {
+        // SAFETY: as in `load`.
+        unsafe { self.ptr.add(w).write_volatile(v) }
+    }
+
+    /// The recorded failure, cleared; `None` if nothing failed since the last look.
+    fn take(&self) -> Option<DeviceCheckFailure> {
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        let count = self.load(2);
+        if count == 0 {
+            return None;
+        }
+        let (code, value, limit) = (self.load(0), self.load(1) as i64, self.load(3));
+        self.store(2, 0);
+        Some(DeviceCheckFailure {
+            kind: ((code >> 52) & 0xf) as i32,
+            class: (code >> 56) as u32,
+            pe: ((code >> 32) & 0xfffff) as usize,
+            index: (code & 0xffff_ffff) as usize,
+            value,
+            limit,
+            count,
+        })
+    }
+}
+
+impl Drop for HostRecord {
+    fn drop(&mut self) {
+        // SAFETY: allocated by cuMemHostAlloc, freed once; an error (a dead
+        // context) leaves nothing to free.
+        let _ = unsafe { cudarc::driver::result::free_host(self.ptr.cast()) };
+    }
+}
+
 /// A team's view for the kernels: its members' heap bases (0 where RMA)
 /// and PE numbers on the device, and the slot of its synchronisation state.
 struct View {
@@ -114,6 +273,8 @@ pub(crate) struct Kernels {
     layout: Layout,
     /// Views by (team slot, RMA forced).
     views: Mutex<HashMap<(usize, bool), View>>,
+    /// Where the MoE kernels record a failed check.
+    a2av_error: HostRecord,
 }
 
 // SAFETY: CUDA module and function handles may be used from any thread of
@@ -158,7 +319,13 @@ impl Kernels {
         // SAFETY: a module loaded in this PE's context, NVSHMEM initialised.
         let rc = unsafe { cumodule_init(g.nv, module) }?;
         check("nvshmemx_cumodule_init", rc)?;
-        let k = Kernels { module, functions: Mutex::new(HashMap::new()), layout, views: Mutex::new(HashMap::new()) };
+        let k = Kernels {
+            module,
+            functions: Mutex::new(HashMap::new()),
+            layout,
+            views: Mutex::new(HashMap::new()),
+            a2av_error: HostRecord::new()?,
+        };
         k.selfcheck(g, me, n)?;
         let world: Vec<usize> = (0..n).collect();
         for force in [false, true] {
@@ -559,6 +726,42 @@ impl Kernels {
         };
         // SAFETY: (TeamSync, dst, src, bytes) as the kernel declares.
         unsafe { self.launch4(name, blocks, t, dst as u64, src as u64, bytes as u64, s) }
+    }
+}
+
+/// The MoE all-to-all-v.
+impl Kernels {
+    /// Whether `n` PEs with `ne` experts each fit the staging (`kind` 2
+    /// stages offsets too).
+    pub(crate) fn a2av_fits(n: usize, ne: usize, kind: i32) -> bool {
+        let m = n.saturating_mul(ne);
+        let w = if kind == 2 { m.saturating_mul(2) } else { m };
+        n.saturating_mul(w).saturating_add(m.saturating_mul(3)).saturating_add(1) <= A2AV_TABLE_WORDS
+    }
+
+    /// Launches the plan kernel (one block: barrier, every PE's splits
+    /// checked, out_splits_offsets and the send plan) and the data kernel.
+    /// A failed check writes nothing but the record [`Kernels::take_a2av_error`] reads.
+    pub(crate) fn all_to_all_v(&self, t: TeamSync, a: A2av, s: CUstream) -> Result<()> {
+        let mut a = a;
+        a.table = self.layout.a2av() as u64;
+        a.error = self.a2av_error.device_addr()?;
+        let most = if t.rma != 0 { RMA_BLOCKS } else { MAX_BLOCKS };
+        let in_bytes = (a.in_rows * a.row_bytes) as usize;
+        let blocks = in_bytes.div_ceil(A2AV_BYTES_PER_BLOCK).clamp(1, most);
+        for (name, blocks) in [("shmem_a2av_plan", 1), ("shmem_a2av_move", blocks)] {
+            let (mut t, mut a) = (t, a);
+            let mut params: [*mut c_void; 2] = [(&raw mut t).cast(), (&raw mut a).cast()];
+            // SAFETY: (TeamSync, A2av) as the kernels declare; the regions
+            // were checked on the host, the splits are checked on the device.
+            unsafe { self.launch(name, blocks, THREADS, s, &mut params) }?;
+        }
+        Ok(())
+    }
+
+    /// What the MoE kernels' checks found since the last look (cleared).
+    pub(crate) fn take_a2av_error(&self) -> Option<DeviceCheckFailure> {
+        self.a2av_error.take()
     }
 }
 

@@ -258,7 +258,6 @@ impl<T: Element> MoeAllToAll<T> {
         topk_expert_ids: &[i64],
         stream: &Stream,
     ) -> Result<(SymSlice<'_, T>, Layout)> {
-        self.team.moe_gpu_unsupported("MoeAllToAll::dispatch")?;
         let (pre, routed) = match self.route(tokens, topk_expert_ids) {
             Ok((sent, slot_rows)) => (self.fill_send(tokens, &sent, &slot_rows, stream), Some((sent, slot_rows))),
             Err(e) => (Err(e), None),
@@ -266,7 +265,7 @@ impl<T: Element> MoeAllToAll<T> {
         let buffers =
             ((&self.send).into(), (&self.recv).into(), (&self.in_splits).into(), (&self.dispatch_splits).into());
         let c = &self.config;
-        self.team.all_to_all_v_any(OpKind::AllToAllV2d, buffers, c.hidden, c.major_align, pre)?;
+        self.team.all_to_all_v_any(OpKind::AllToAllV2d, buffers, c.hidden, c.major_align, pre, stream)?;
         let (sent, slot_rows) = routed.expect("the exchange fails on a PE whose routing failed");
         let n = self.team.n_pes();
         let entries = n * c.experts_per_pe;
@@ -384,7 +383,6 @@ impl<T: CombineElement> MoeAllToAll<T> {
         topk_weights: &[f32],
         stream: &Stream,
     ) -> Result<Vec<T>> {
-        self.team.moe_gpu_unsupported("MoeAllToAll::combine")?;
         let (c, n) = (&self.config, self.team.n_pes());
         let outputs: SymSlice<'a, T> = expert_outputs.into();
         let pre = if layout.config != *c || layout.n_pes != n {
@@ -416,7 +414,7 @@ impl<T: CombineElement> MoeAllToAll<T> {
         let whole_rows = outputs.buf.len.saturating_sub(outputs.start) / c.hidden * c.hidden;
         let outputs = outputs.buf.slice(outputs.start..outputs.start + whole_rows);
         let buffers = (outputs, (&self.send).into(), (&self.dispatch_splits).into(), (&self.combine_splits).into());
-        self.team.all_to_all_v_any(OpKind::AllToAllV2dOffset, buffers, c.hidden, 0, pre)?;
+        self.team.all_to_all_v_any(OpKind::AllToAllV2dOffset, buffers, c.hidden, 0, pre, stream)?;
         // What came back must be what this PE sent: otherwise the PEs
         // combined layouts of different dispatches.
         let back = self.combine_splits.slice(0..layout.sent.len()).copy_to_host(stream)?;
