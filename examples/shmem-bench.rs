@@ -309,6 +309,16 @@ impl Value for bf16 {
     }
 }
 
+impl Value for i64 {
+    const NAME: &'static str = "i64";
+    const EXACT: usize = i64::MAX as usize;
+    const POISON: i64 = -1;
+    const NCCL: ncclDataType_t = ncclDataType_t::ncclInt64;
+    fn of(x: usize) -> i64 {
+        x as i64
+    }
+}
+
 impl Value for u32 {
     const NAME: &'static str = "u32";
     const EXACT: usize = u32::MAX as usize - 1;
@@ -586,6 +596,14 @@ impl<T> Case<'_, T> {
     }
 }
 
+impl<T: Value> Case<'_, T> {
+    /// Reads this PE's output: its first difference from what was
+    /// expected, in words (`None`: right).
+    fn compare(&self) -> Res<Option<String>> {
+        Ok(difference(&(self.read)()?, self.want))
+    }
+}
+
 struct Bench<'a> {
     ctx: &'a Context,
     s: Stream,
@@ -699,12 +717,13 @@ impl Bench<'_> {
         Ok(failed)
     }
 
-    /// Whether every PE found its output right (`None`: nothing to check
-    /// on this PE). A wrong value is reported at once, by each PE, and
+    /// Whether every PE found its output right (`found`: the first
+    /// difference from [`Case::compare`]; `None` also where there is
+    /// nothing to check on this PE). A wrong value is reported at once, by each PE, and
     /// counted; an error is noted once, by the first PE that failed.
-    fn settle<T: Value>(&self, c: &Case<'_, T>, graph: bool, got: Res<Option<Vec<T>>>) -> Res<bool> {
+    fn settle<T: Value>(&self, c: &Case<'_, T>, graph: bool, found: Res<Option<String>>) -> Res<bool> {
         let me = self.ctx.my_pe();
-        let why = match got.map(|got| got.and_then(|got| difference(&got, c.want))) {
+        let why = match found {
             Ok(None) => None,
             Ok(Some(what)) => {
                 note(format_args!("WRONG RESULT: {} on PE {me}: {what}", c.label(graph)));
@@ -767,7 +786,7 @@ impl Bench<'_> {
             (c.poison)()?;
             barrier()?;
             (c.run)()?;
-            (c.read)().map(Some)
+            c.compare()
         })();
         if !self.settle(c, false, first)? {
             return Ok(None);
@@ -775,7 +794,7 @@ impl Bench<'_> {
         // Back-to-back barriers need no barrier before them.
         let setup = || if c.op == Op::Barrier { Ok(()) } else { barrier() };
         let timed = self.time(c.bytes, setup, c.run);
-        let after = timed.as_ref().map_err(|e| e.to_string().into()).and_then(|_| (c.read)().map(Some));
+        let after = timed.as_ref().map_err(|e| e.to_string().into()).and_then(|_| c.compare());
         let ok = self.settle(c, false, after)?;
         Ok(timed.ok().filter(|_| ok).map(|t| c.row(false, t)))
     }
@@ -800,12 +819,12 @@ impl Bench<'_> {
             return Ok(None);
         }
         let graph = graph.ok_or("no graph")?;
-        let first = graph.launch().map_err(Into::into).and_then(|()| (c.read)().map(Some));
+        let first = graph.launch().map_err(Into::into).and_then(|()| c.compare());
         if !self.settle(c, true, first)? {
             return Ok(None);
         }
         let timed = self.time_graph(stream, &graph);
-        let after = timed.as_ref().map_err(|e| e.to_string().into()).and_then(|_| (c.read)().map(Some));
+        let after = timed.as_ref().map_err(|e| e.to_string().into()).and_then(|_| c.compare());
         let ok = self.settle(c, true, after)?;
         Ok(timed.ok().filter(|_| ok).map(|t| c.row(true, t)))
     }
@@ -999,7 +1018,7 @@ impl Bench<'_> {
                     };
                     self.ctx.barrier_all(&self.s)?;
                     let (t, got) = match done {
-                        Ok(t) if me == checker => (t, (case.read)().map(Some)),
+                        Ok(t) if me == checker => (t, case.compare()),
                         Ok(t) => (t, Ok(None)),
                         Err(e) => (None, Err(e)),
                     };
@@ -1249,11 +1268,16 @@ impl Nccl {
         use cudarc::nccl::result::{self as nccl, NcclStatus};
         use cudarc::nccl::sys::{cudaStream_t, ncclRedOp_t::ncclSum};
         use std::ffi::c_void;
+        if op == Op::AllToAll {
+            // Block p of the source to PE p, block p of the destination from PE p.
+            let c = shape.dst / self.n;
+            let blocks: Vec<(usize, usize)> = (0..self.n).map(|p| (p * c, c)).collect();
+            return self.send_recv(op, dtype, elem, dst, src, &blocks, &blocks);
+        }
         src.fits(shape.src * elem)?;
         dst.fits(shape.dst * elem)?;
         let (s, d) = (src.addr(), dst.addr());
         let (comm, cu) = (self.comm, self.stream.cu_stream() as cudaStream_t);
-        let n = self.n;
         // SAFETY: both buffers hold the counts passed (checked above), live
         // until the stream is done with them (the case outlives its runs),
         // and every PE enqueues the same operations in the same order.
@@ -1269,23 +1293,59 @@ impl Nccl {
                 Op::Broadcast => {
                     nccl::broadcast(s as *const c_void, d as *mut c_void, shape.dst, dtype, ROOT as i32, comm, cu)
                 }
-                Op::AllToAll => {
-                    // Block p of the source to PE p, block p of the
-                    // destination from PE p: one fused group.
-                    let c = shape.dst / n;
-                    let mut sent = nccl::group_start();
-                    for p in 0..n {
-                        let at = (p * c * elem) as u64;
-                        sent = sent
-                            .and_then(|_| nccl::send((s + at) as *const c_void, c, dtype, p as i32, comm, cu))
-                            .and_then(|_| nccl::recv((d + at) as *mut c_void, c, dtype, p as i32, comm, cu));
-                    }
-                    // Ended whatever happened, so later calls are not grouped.
-                    let ended = nccl::group_end();
-                    sent.and(ended)
-                }
                 _ => Ok(NcclStatus::Success),
             }
+        };
+        status.map(drop).map_err(|e| format!("NCCL {}: {:?}", op.name(), e.0).into())
+    }
+
+    /// One fused group of sends and receives, as `op` (all_to_all and,
+    /// with splits, PyTorch's `all_to_all_single`): `send[p]` and `recv[p]`
+    /// are (first element, elements) of `src` to PE `p` and of `dst` from
+    /// PE `p`.
+    #[allow(clippy::too_many_arguments)]
+    fn send_recv(
+        &self,
+        op: Op,
+        dtype: ncclDataType_t,
+        elem: usize,
+        dst: &DeviceBuf,
+        src: &DeviceBuf,
+        send: &[(usize, usize)],
+        recv: &[(usize, usize)],
+    ) -> Res {
+        use cudarc::nccl::result as nccl;
+        use cudarc::nccl::sys::cudaStream_t;
+        use std::ffi::c_void;
+        if send.len() != self.n || recv.len() != self.n {
+            return Err(format!(
+                "NCCL {}: {} sends and {} receives over {} PEs",
+                op.name(),
+                send.len(),
+                recv.len(),
+                self.n
+            )
+            .into());
+        }
+        src.fits(send.iter().map(|&(at, len)| (at + len) * elem).max().unwrap_or(0))?;
+        dst.fits(recv.iter().map(|&(at, len)| (at + len) * elem).max().unwrap_or(0))?;
+        let (s, d) = (src.addr(), dst.addr());
+        let (comm, cu) = (self.comm, self.stream.cu_stream() as cudaStream_t);
+        // SAFETY: both buffers hold every range passed (checked above), live
+        // until the stream is done with them (the case outlives its runs),
+        // and every PE enqueues the same operations in the same order, with
+        // each send's count equal to its peer's receive.
+        let status = unsafe {
+            let mut sent = nccl::group_start();
+            for (p, (&(from, sends), &(to, recvs))) in send.iter().zip(recv).enumerate() {
+                let (from, to) = ((from * elem) as u64, (to * elem) as u64);
+                sent = sent
+                    .and_then(|_| nccl::send((s + from) as *const c_void, sends, dtype, p as i32, comm, cu))
+                    .and_then(|_| nccl::recv((d + to) as *mut c_void, recvs, dtype, p as i32, comm, cu));
+            }
+            // Ended whatever happened, so later calls are not grouped.
+            let ended = nccl::group_end();
+            sent.and(ended)
         };
         status.map(drop).map_err(|e| format!("NCCL {}: {:?}", op.name(), e.0).into())
     }
