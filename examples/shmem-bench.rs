@@ -1,21 +1,28 @@
 //! shmem-bench: time per message size of every collective (and of the
 //! barrier, put and get), next to the same operation through NCCL and
-//! through NVSHMEM's own collectives in the same run.
+//! through NVSHMEM's own collectives in the same run; and time per token
+//! count of the MoE all-to-all-v ops, next to NCCL.
 //!
 //! Run alone it starts itself as `--pes` PEs (2 by default); under
 //! `shmemrun`/`mpirun` it runs on the world it is given. PE 0 prints one
 //! table per operation, element type and timing mode, and with `--json
 //! PATH` writes one JSON object per row (`op`, `impl`, `backend`, `dtype`,
 //! `bytes`, `pes`, `graph`, `time_us`, `algbw_gbps`, `busbw_gbps`,
-//! `vs_nccl`, `vs_nvshmem`, `vs_memcpy`); rows go to `PATH.partial` as
-//! they are measured, so a crash keeps what was done.
+//! `vs_nccl`, `vs_nvshmem`, `vs_memcpy`, and for the MoE ops `tokens`,
+//! `hidden`, `experts_per_pe`, `topk`, `major_align`); rows go to
+//! `PATH.partial` as they are measured, so a crash keeps what was done.
 //!
 //! ```text
 //! shmem-bench [--backend host|gpu|auto] [--pes N] [--op all|barrier,put,get,all_reduce,all_gather,
-//!             reduce_scatter,broadcast,all_to_all] [--dtype f32,bf16] [--impl shmem,nccl,...]
+//!             reduce_scatter,broadcast,all_to_all|moe|dispatch,combine,all_to_all_v]
+//!             [--dtype f32,bf16] [--impl shmem,nccl,...]
 //!             [--min-bytes 8] [--max-bytes 64M] [--iters N] [--warmup 5]
 //!             [--graph [--graph-max-bytes 64M]] [--json PATH]
+//!             [--tokens 128,4096] [--hidden 7168] [--experts-per-pe 8] [--topk 1] [--major-align 1]
 //! ```
+//!
+//! `--op all` is every operation but the MoE ones, which `--op moe`
+//! selects (`--op all,moe`: everything); names and groups mix freely.
 //!
 //! **Sizes and bandwidths** follow nccl-tests. `bytes` is per PE: the
 //! buffer of all_reduce, broadcast and all_to_all, the whole output of
@@ -24,7 +31,25 @@
 //! bytes over time; busbw is algbw times 2(n-1)/n for all_reduce, (n-1)/n
 //! for all_gather, reduce_scatter and all_to_all, and 1 for broadcast (root
 //! 0), put and get. `--dtype` applies to all_reduce and reduce_scatter
-//! (sums); the data-moving collectives move f32, put and get u32.
+//! (sums, f32 by default) and to the MoE ops (bf16 by default); the other
+//! data-moving collectives move f32, put and get u32.
+//!
+//! **MoE ops** ([`shmem::moe`], PyTorch's `all_to_all_vdev*`): `dispatch`
+//! is `all_to_all_v_2d`, `combine` is `all_to_all_v_2d_offset` sending the
+//! dispatch's output back (its input splits and offsets are the
+//! dispatch's out_splits_offsets), `all_to_all_v` the 1D op with each
+//! peer's rows of the dispatch. One row per `--tokens` count: each PE
+//! sends `tokens × topk` rows of `--hidden` elements, each token to
+//! `--topk` distinct experts of the `n × --experts-per-pe`, drawn
+//! uniformly from a fixed seed (every PE knows every PE's routes; see
+//! `shmem-bench/moe.rs`); the dispatch pads each expert's block to
+//! `--major-align` rows. `bytes` is what a PE sends: `tokens × topk ×
+//! hidden × element` (in the combine each PE sends back what it received:
+//! that on average); algbw is bytes over time, busbw algbw × (n-1)/n.
+//! Their `nccl` rows are one group of ncclSend/ncclRecv with the same rows
+//! per peer, packed by peer (what `torch.distributed.all_to_all_single`
+//! with splits does; the combine's permutation back to expert order is not
+//! timed); they have no `nvshmem` row.
 //!
 //! **Implementations** (`impl`): on the GPU backend `shmem` is the default
 //! [`shmem::Collectives`]; `shmem-oneshot`, `shmem-twoshot`, `shmem-ll`
@@ -32,11 +57,12 @@
 //! `shmem-rma` NVSHMEM's RMA inside the kernels; `nvshmem` is NVSHMEM's own
 //! collective and `nccl` NCCL's (cudarc's bindings to the box's libnccl, on
 //! plain device buffers; all_to_all as grouped sends and receives), both
-//! with the same dtype and sizes. `memcpy` is the reference of put and
-//! get: a copy-engine copy to or from the peer's memory (GPU) or a memcpy
-//! (host). The host backend ignores the collective settings, so it has only
-//! `shmem` (and `memcpy`) rows. `vs X` is X's time over ours, for the
-//! `shmem*` rows: above 1, shmem is faster.
+//! with the same dtype and sizes (the MoE ops: `shmem` and `nccl` only).
+//! `memcpy` is the reference of put and get: a copy-engine copy to or
+//! from the peer's memory (GPU) or a memcpy (host). The host backend
+//! ignores the collective settings, so it has only `shmem` (and `memcpy`)
+//! rows. `vs X` is X's time over ours, for the `shmem*` rows: above 1,
+//! shmem is faster.
 //!
 //! **Timing** (PE 0's clock): eager, on the GPU backend, CUDA events around
 //! 5 batches of `--iters` back-to-back operations, each batch started by a
@@ -46,20 +72,33 @@
 //! operations in a CUDA graph and times replays with events, each after a
 //! barrier (after 3 untimed): the median of 5, per operation, for sizes up
 //! to `--graph-max-bytes`; every implementation but `nvshmem`, whose
-//! collectives are called from the host.
+//! collectives are called from the host (the MoE ops are captured too).
 //!
 //! **Checks**: before timing, each row's output is poisoned (all-ones
 //! bytes: NaN, `u32::MAX`), the operation runs once, and every element is
 //! compared with the exact expected value; after timing it is compared
 //! again. Inputs are small integers, exact in the dtype, that name the
-//! sending PE (`pe + 1 + n·r` with `r` pseudo-random per index and size).
+//! sending PE (`pe + 1 + n·r` with `r` pseudo-random per index and size;
+//! the MoE ops' index is row × hidden + column of the sender's input, and
+//! `r` takes as many values as stay exact, since nothing is summed). The
+//! MoE ops' data rows are compared (padding rows, never written, are not),
+//! and so is their out_splits_offsets (poisoned to -1), with the values
+//! the host computes from the known splits.
 //! A wrong result is reported with the op, impl, size and PE, its row is
 //! left out, and the run exits non-zero. An implementation that fails (an
 //! unsupported size, a capture it cannot be part of) is noted on stderr and
 //! its row left out; every PE agrees on each row before going on.
 //!
-//! **Heap**: unless `SHMEM_HEAP_SIZE` is set, 4 × `--max-bytes` + 64 MiB
-//! (source, destination and the collectives' scratch).
+//! **Heap**: unless `SHMEM_HEAP_SIZE` is set, 4 × `--max-bytes` (source,
+//! destination and the collectives' scratch) where `--op all` ops run, or
+//! what the MoE ops take where that is more (they run after the others
+//! have freed theirs), + 64 MiB. The MoE ops take, at the largest token
+//! count and in the widest dtype, `2 × tokens × topk` rows (the dispatch's
+//! input, the combine's output) and the dispatch's output: the most rows
+//! any PE receives, with padding, which the host computes from the routes
+//! before `init` over the launcher's world size (`SHMEM_WORLD_SIZE`,
+//! `OMPI_COMM_WORLD_SIZE`, `PMI_SIZE`; else `--pes`). Defaults over 8 PEs,
+//! bf16: about 3 × 56 MiB. Rows that do not fit are noted and left out.
 
 use clap::{Parser, ValueEnum};
 use cudarc::driver::{CudaGraph, CudaSlice, CudaStream, DevicePtr};
@@ -73,6 +112,10 @@ use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
+
+#[path = "shmem-bench/moe.rs"]
+mod moe;
+use moe::MoeShape;
 
 type Res<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
@@ -91,8 +134,9 @@ struct Args {
     /// Operations to measure (comma-separated)
     #[arg(long, value_enum, value_delimiter = ',', default_value = "all")]
     op: Vec<Op>,
-    /// Element types of all_reduce and reduce_scatter (comma-separated)
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "f32")]
+    /// Element types of all_reduce and reduce_scatter [default: f32] and of
+    /// the MoE ops [default: bf16] (comma-separated)
+    #[arg(long, value_enum, value_delimiter = ',')]
     dtype: Vec<Dtype>,
     /// Implementations to measure (comma-separated) [default: all]
     #[arg(long = "impl", value_enum, value_delimiter = ',')]
@@ -121,6 +165,21 @@ struct Args {
     /// Largest message timed in graph mode
     #[arg(long, default_value = "64M", value_parser = parse_bytes)]
     graph_max_bytes: usize,
+    /// MoE ops: tokens per PE, one row per count (comma-separated)
+    #[arg(long, value_delimiter = ',', default_value = "128,4096", value_parser = clap::value_parser!(u64).range(1..))]
+    tokens: Vec<u64>,
+    /// MoE ops: elements per token row
+    #[arg(long, default_value_t = 7168, value_parser = clap::value_parser!(u64).range(1..))]
+    hidden: u64,
+    /// MoE ops: experts on each PE
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..))]
+    experts_per_pe: u64,
+    /// MoE ops: distinct experts each token goes to
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    topk: u64,
+    /// MoE dispatch: each expert's block of rows starts at a multiple of this
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    major_align: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -145,12 +204,23 @@ enum Op {
     Broadcast,
     #[value(name = "all_to_all", alias = "all-to-all")]
     AllToAll,
-    /// Every operation above.
+    /// The MoE dispatch: all_to_all_v_2d
+    Dispatch,
+    /// The MoE combine: all_to_all_v_2d_offset, the dispatch's reverse
+    Combine,
+    /// The MoE ops' 1D all_to_all_v
+    #[value(name = "all_to_all_v", alias = "all-to-all-v")]
+    AllToAllV,
+    /// Every operation but the MoE ops
     All,
+    /// The MoE ops: dispatch, combine, all_to_all_v
+    Moe,
 }
 
 /// The collectives, which NCCL and NVSHMEM also run.
 const COLLECTIVES: [Op; 5] = [Op::AllReduce, Op::AllGather, Op::ReduceScatter, Op::Broadcast, Op::AllToAll];
+/// The MoE ops (`--op moe`), which NCCL also runs.
+const MOE: [Op; 3] = [Op::Dispatch, Op::Combine, Op::AllToAllV];
 
 impl Op {
     fn name(self) -> &'static str {
@@ -163,7 +233,11 @@ impl Op {
             Op::ReduceScatter => "reduce_scatter",
             Op::Broadcast => "broadcast",
             Op::AllToAll => "all_to_all",
+            Op::Dispatch => "dispatch",
+            Op::Combine => "combine",
+            Op::AllToAllV => "all_to_all_v",
             Op::All => "all",
+            Op::Moe => "moe",
         }
     }
 
@@ -171,12 +245,24 @@ impl Op {
         COLLECTIVES.contains(&self)
     }
 
+    fn is_moe(self) -> bool {
+        MOE.contains(&self)
+    }
+
+    /// Whether `--op` (`ops`) selects this operation, by name or group.
+    fn selected_by(self, ops: &[Op]) -> bool {
+        let group = if self.is_moe() { Op::Moe } else { Op::All };
+        ops.contains(&self) || ops.contains(&group)
+    }
+
     /// nccl-tests' bus bandwidth over algorithm bandwidth, over `n` PEs.
     fn bus_factor(self, n: usize) -> f64 {
         let n = n as f64;
         match self {
             Op::AllReduce => 2.0 * (n - 1.0) / n,
-            Op::AllGather | Op::ReduceScatter | Op::AllToAll => (n - 1.0) / n,
+            Op::AllGather | Op::ReduceScatter | Op::AllToAll | Op::Dispatch | Op::Combine | Op::AllToAllV => {
+                (n - 1.0) / n
+            }
             _ => 1.0,
         }
     }
@@ -205,7 +291,7 @@ enum Imp {
     ShmemRma,
     /// NVSHMEM's own collectives
     Nvshmem,
-    /// NCCL's (all_to_all: grouped sends and receives)
+    /// NCCL's (all_to_all and the MoE ops: grouped sends and receives)
     Nccl,
     /// put and get's reference: a peer copy (GPU) or a memcpy (host)
     Memcpy,
@@ -259,7 +345,8 @@ impl Imp {
             Imp::ShmemOneshot | Imp::ShmemTwoshot => op == Op::AllReduce,
             Imp::ShmemLl => op == Op::AllReduce && bytes <= shmem::algo::LOW_LATENCY_MAX_BYTES,
             Imp::ShmemCe => op == Op::AllGather,
-            Imp::ShmemRma | Imp::Nvshmem | Imp::Nccl => op.is_collective(),
+            Imp::ShmemRma | Imp::Nvshmem => op.is_collective(),
+            Imp::Nccl => op.is_collective() || op.is_moe(),
         }
     }
 }
@@ -271,10 +358,29 @@ fn parse_bytes(s: &str) -> Result<usize, String> {
     }
 }
 
-/// The symmetric heap the bench needs: source, destination and the
-/// collectives' scratch, each up to the largest message, and some slack.
-fn heap_bytes(max_bytes: usize) -> usize {
-    max_bytes.saturating_mul(4).saturating_add(64 << 20)
+/// The symmetric heap the bench needs over `n` PEs, and some slack: for
+/// the `--op all` group, source, destination and the collectives' scratch,
+/// each up to the largest message; for the MoE ops (rows made one group
+/// after the other, so the larger of the two), see [`moe::heap_bytes`].
+fn heap_bytes(args: &Args, n: usize) -> usize {
+    let all = match COLLECTIVES.iter().chain(&[Op::Barrier, Op::Put, Op::Get]).any(|op| op.selected_by(&args.op)) {
+        true => args.max_bytes.saturating_mul(4),
+        false => 0,
+    };
+    let moe = match MOE.iter().any(|op| op.selected_by(&args.op)) {
+        true => moe::heap_bytes(args, n),
+        false => 0,
+    };
+    all.max(moe).saturating_add(64 << 20)
+}
+
+/// The world's size before `init`, for the heap: from the launcher's
+/// environment (shmemrun, mpirun), else `--pes`.
+fn world_size_hint(args: &Args) -> usize {
+    [shmem::bootstrap::env::WORLD_SIZE, "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.parse().ok())
+        .unwrap_or(args.pes as usize)
 }
 
 /// The element types of the rows: inputs are small integers, exact in each.
@@ -309,6 +415,16 @@ impl Value for bf16 {
     }
 }
 
+impl Value for i64 {
+    const NAME: &'static str = "i64";
+    const EXACT: usize = i64::MAX as usize;
+    const POISON: i64 = -1;
+    const NCCL: ncclDataType_t = ncclDataType_t::ncclInt64;
+    fn of(x: usize) -> i64 {
+        x as i64
+    }
+}
+
 impl Value for u32 {
     const NAME: &'static str = "u32";
     const EXACT: usize = u32::MAX as usize - 1;
@@ -339,7 +455,7 @@ impl Shape {
             Op::AllToAll => (count / n * n, count / n * n),
             Op::AllGather => (count / n, count / n * n),
             Op::ReduceScatter => (count / n * n, count / n),
-            Op::Barrier | Op::All => return None,
+            _ => return None,
         };
         (src > 0 && dst > 0).then_some(Shape { src, dst, bytes: src.max(dst) * elem })
     }
@@ -406,7 +522,7 @@ impl Pattern {
                 let c = shape.dst / n;
                 (0..n).flat_map(|p| (0..c).map(move |i| self.value(p, me * c + i))).collect()
             }
-            Op::Barrier | Op::Put | Op::Get | Op::All => Vec::new(),
+            _ => Vec::new(),
         }
     }
 }
@@ -438,6 +554,8 @@ struct Row {
     /// Timed as CUDA-graph replays.
     graph: bool,
     time_us: f64,
+    /// The MoE ops' parameters (`None` for the others).
+    moe: Option<MoeShape>,
 }
 
 impl Row {
@@ -451,7 +569,8 @@ impl Row {
 
     /// The same operation, element type, size and timing mode.
     fn same_case(&self, other: &Row) -> bool {
-        (self.op, self.dtype, self.bytes, self.graph) == (other.op, other.dtype, other.bytes, other.graph)
+        (self.op, self.dtype, self.bytes, self.graph, self.moe)
+            == (other.op, other.dtype, other.bytes, other.graph, other.moe)
     }
 
     /// `reference`'s time over ours, for shmem's rows.
@@ -477,6 +596,13 @@ impl Row {
             num(self.algbw_gbps()),
             num(self.busbw_gbps(n)),
         );
+        if let Some(m) = self.moe {
+            let _ = write!(
+                s,
+                ",\"tokens\":{},\"hidden\":{},\"experts_per_pe\":{},\"topk\":{},\"major_align\":{}",
+                m.tokens, m.hidden, m.experts_per_pe, m.topk, m.major_align
+            );
+        }
         if let Some(rows) = rows {
             for reference in REFERENCES {
                 let _ = write!(s, ",\"vs_{}\":{}", reference.name(), num(self.vs(rows, reference)));
@@ -549,7 +675,7 @@ fn relaunch(args: &Args) -> i32 {
     // Untagged: only PE 0 prints, and the table should stay copy-pastable.
     let mut launch = Launch::new(pes, exe).args(std::env::args_os().skip(1)).tag_output(false).kill_on_failure(true);
     if std::env::var_os(HEAP_ENV).is_none() {
-        launch = launch.env(HEAP_ENV, heap_bytes(args.max_bytes).to_string());
+        launch = launch.env(HEAP_ENV, heap_bytes(args, pes).to_string());
     }
     match launch.run() {
         Ok(outcome) => outcome.exit_code(),
@@ -571,18 +697,42 @@ struct Case<'a, T> {
     /// Overwrites the output with [`Value::POISON`].
     poison: &'a dyn Fn() -> Res,
     /// This PE's output, once the stream is done.
-    read: &'a dyn Fn() -> Res<Vec<T>>,
+    read: Reader<'a, T>,
     want: &'a [T],
+    /// The MoE ops' parameters (`None` for the others).
+    moe: Option<MoeShape>,
+    /// A second output checked as the first: the MoE ops' out_splits_offsets.
+    splits: Option<(Reader<'a, i64>, &'a [i64])>,
 }
+
+/// Reads an output of a [`Case`] into host memory.
+type Reader<'a, T> = &'a dyn Fn() -> Res<Vec<T>>;
 
 impl<T> Case<'_, T> {
     fn label(&self, graph: bool) -> String {
         let mode = if graph { "graph" } else { "eager" };
-        format!("{} {} {} {} B ({mode})", self.op.name(), self.imp.name(), self.dtype.unwrap_or("-"), self.bytes)
+        let tokens = self.moe.map_or(String::new(), |m| format!(" ({} tokens)", m.tokens));
+        let (op, imp, dtype) = (self.op.name(), self.imp.name(), self.dtype.unwrap_or("-"));
+        format!("{op} {imp} {dtype} {} B{tokens} ({mode})", self.bytes)
     }
 
     fn row(&self, graph: bool, time_us: f64) -> Row {
-        Row { op: self.op, imp: self.imp, dtype: self.dtype, bytes: self.bytes, graph, time_us }
+        Row { op: self.op, imp: self.imp, dtype: self.dtype, bytes: self.bytes, graph, time_us, moe: self.moe }
+    }
+}
+
+impl<T: Value> Case<'_, T> {
+    /// Reads this PE's output: its first difference from what was
+    /// expected, in words (`None`: right).
+    fn compare(&self) -> Res<Option<String>> {
+        if let Some(what) = difference(&(self.read)()?, self.want) {
+            return Ok(Some(match self.moe {
+                Some(m) => format!("data rows of {} elements, padding left out: {what}", m.hidden),
+                None => what,
+            }));
+        }
+        let Some((read, want)) = self.splits else { return Ok(None) };
+        Ok(difference(&read()?, want).map(|what| format!("out_splits_offsets: {what}")))
     }
 }
 
@@ -610,7 +760,7 @@ impl Bench<'_> {
     }
 
     fn selected(&self, op: Op) -> bool {
-        self.args.op.contains(&Op::All) || self.args.op.contains(&op)
+        op.selected_by(&self.args.op)
     }
 
     /// Whether `imp` has a row for `op` at `bytes` in this run.
@@ -631,8 +781,13 @@ impl Bench<'_> {
 
     /// The element types of `op`'s rows.
     fn dtypes(&self, op: Op) -> Vec<Dtype> {
-        if !matches!(op, Op::AllReduce | Op::ReduceScatter) {
-            return vec![Dtype::F32];
+        let default = match op {
+            Op::AllReduce | Op::ReduceScatter => Dtype::F32,
+            _ if op.is_moe() => Dtype::Bf16,
+            _ => return vec![Dtype::F32],
+        };
+        if self.args.dtype.is_empty() {
+            return vec![default];
         }
         let mut d: Vec<Dtype> = Vec::new();
         for &t in &self.args.dtype {
@@ -646,6 +801,10 @@ impl Bench<'_> {
     /// Every row of this run, in order; PE 0's are the ones printed.
     fn all(&self) -> Res<Vec<Row>> {
         let mut rows = Vec::new();
+        let moe_ops: Vec<Op> = MOE.into_iter().filter(|&op| self.selected(op)).collect();
+        if !moe_ops.is_empty() {
+            moe::check(self.args, self.ctx.n_pes())?;
+        }
         if self.selected(Op::Put) || self.selected(Op::Get) {
             rows.extend(self.put_get()?);
         }
@@ -660,9 +819,13 @@ impl Bench<'_> {
                 });
             }
         }
+        if !moe_ops.is_empty() {
+            rows.extend(self.moe(&moe_ops)?);
+        }
         let nccl_ops: Vec<Op> = COLLECTIVES
             .into_iter()
             .filter(|&op| self.selected(op) && self.sizes.iter().any(|&b| self.runs(Imp::Nccl, op, b)))
+            .chain(moe_ops.into_iter().filter(|&op| self.runs(Imp::Nccl, op, 0)))
             .collect();
         if !nccl_ops.is_empty() {
             // Last: a failure there leaves the rows above intact.
@@ -699,12 +862,13 @@ impl Bench<'_> {
         Ok(failed)
     }
 
-    /// Whether every PE found its output right (`None`: nothing to check
-    /// on this PE). A wrong value is reported at once, by each PE, and
+    /// Whether every PE found its output right (`found`: the first
+    /// difference from [`Case::compare`]; `None` also where there is
+    /// nothing to check on this PE). A wrong value is reported at once, by each PE, and
     /// counted; an error is noted once, by the first PE that failed.
-    fn settle<T: Value>(&self, c: &Case<'_, T>, graph: bool, got: Res<Option<Vec<T>>>) -> Res<bool> {
+    fn settle<T: Value>(&self, c: &Case<'_, T>, graph: bool, found: Res<Option<String>>) -> Res<bool> {
         let me = self.ctx.my_pe();
-        let why = match got.map(|got| got.and_then(|got| difference(&got, c.want))) {
+        let why = match found {
             Ok(None) => None,
             Ok(Some(what)) => {
                 note(format_args!("WRONG RESULT: {} on PE {me}: {what}", c.label(graph)));
@@ -767,7 +931,7 @@ impl Bench<'_> {
             (c.poison)()?;
             barrier()?;
             (c.run)()?;
-            (c.read)().map(Some)
+            c.compare()
         })();
         if !self.settle(c, false, first)? {
             return Ok(None);
@@ -775,7 +939,7 @@ impl Bench<'_> {
         // Back-to-back barriers need no barrier before them.
         let setup = || if c.op == Op::Barrier { Ok(()) } else { barrier() };
         let timed = self.time(c.bytes, setup, c.run);
-        let after = timed.as_ref().map_err(|e| e.to_string().into()).and_then(|_| (c.read)().map(Some));
+        let after = timed.as_ref().map_err(|e| e.to_string().into()).and_then(|_| c.compare());
         let ok = self.settle(c, false, after)?;
         Ok(timed.ok().filter(|_| ok).map(|t| c.row(false, t)))
     }
@@ -800,12 +964,12 @@ impl Bench<'_> {
             return Ok(None);
         }
         let graph = graph.ok_or("no graph")?;
-        let first = graph.launch().map_err(Into::into).and_then(|()| (c.read)().map(Some));
+        let first = graph.launch().map_err(Into::into).and_then(|()| c.compare());
         if !self.settle(c, true, first)? {
             return Ok(None);
         }
         let timed = self.time_graph(stream, &graph);
-        let after = timed.as_ref().map_err(|e| e.to_string().into()).and_then(|_| (c.read)().map(Some));
+        let after = timed.as_ref().map_err(|e| e.to_string().into()).and_then(|_| c.compare());
         let ok = self.settle(c, true, after)?;
         Ok(timed.ok().filter(|_| ok).map(|t| c.row(true, t)))
     }
@@ -923,6 +1087,8 @@ impl Bench<'_> {
                     poison: &poison,
                     read: &read,
                     want: &want,
+                    moe: None,
+                    splits: None,
                 };
                 let measured = self.measure(&case, &mut rows);
                 self.ctx.set_collectives(Collectives::default());
@@ -947,6 +1113,8 @@ impl Bench<'_> {
             poison: &|| Ok(()),
             read: &|| Ok(Vec::new()),
             want: &[],
+            moe: None,
+            splits: None,
         };
         self.measure(&case, &mut rows)?;
         Ok(rows)
@@ -988,6 +1156,8 @@ impl Bench<'_> {
                     poison: &|| self.poison(&dst, len),
                     read: &|| Ok(dst.slice(..len).copy_to_host(&self.s)?),
                     want: &want,
+                    moe: None,
+                    splits: None,
                 };
                 // PE 0 transfers, timed or not; the barrier makes the
                 // transfer complete and visible at the checker.
@@ -999,7 +1169,7 @@ impl Bench<'_> {
                     };
                     self.ctx.barrier_all(&self.s)?;
                     let (t, got) = match done {
-                        Ok(t) if me == checker => (t, (case.read)().map(Some)),
+                        Ok(t) if me == checker => (t, case.compare()),
                         Ok(t) => (t, Ok(None)),
                         Err(e) => (None, Err(e)),
                     };
@@ -1075,13 +1245,17 @@ impl Bench<'_> {
     fn nccl(&self, ops: &[Op]) -> Res<Vec<Row>> {
         let Some(nccl) = Nccl::new(self)? else { return Ok(Vec::new()) };
         let mut rows = Vec::new();
-        for &op in ops {
+        let (moe_ops, ops): (Vec<Op>, Vec<Op>) = ops.iter().partition(|op| op.is_moe());
+        for op in ops {
             for dtype in self.dtypes(op) {
                 rows.extend(match dtype {
                     Dtype::F32 => self.nccl_collective::<f32>(&nccl, op)?,
                     Dtype::Bf16 => self.nccl_collective::<bf16>(&nccl, op)?,
                 });
             }
+        }
+        if !moe_ops.is_empty() {
+            rows.extend(self.moe_nccl(&nccl, &moe_ops)?);
         }
         Ok(rows)
     }
@@ -1110,6 +1284,8 @@ impl Bench<'_> {
                 poison: &|| dst.poison(shape.dst * elem),
                 read: &|| dst.read::<T>(shape.dst),
                 want: &want,
+                moe: None,
+                splits: None,
             };
             self.measure(&case, &mut rows)?;
         }
@@ -1249,11 +1425,16 @@ impl Nccl {
         use cudarc::nccl::result::{self as nccl, NcclStatus};
         use cudarc::nccl::sys::{cudaStream_t, ncclRedOp_t::ncclSum};
         use std::ffi::c_void;
+        if op == Op::AllToAll {
+            // Block p of the source to PE p, block p of the destination from PE p.
+            let c = shape.dst / self.n;
+            let blocks: Vec<(usize, usize)> = (0..self.n).map(|p| (p * c, c)).collect();
+            return self.send_recv(op, dtype, elem, dst, src, &blocks, &blocks);
+        }
         src.fits(shape.src * elem)?;
         dst.fits(shape.dst * elem)?;
         let (s, d) = (src.addr(), dst.addr());
         let (comm, cu) = (self.comm, self.stream.cu_stream() as cudaStream_t);
-        let n = self.n;
         // SAFETY: both buffers hold the counts passed (checked above), live
         // until the stream is done with them (the case outlives its runs),
         // and every PE enqueues the same operations in the same order.
@@ -1269,23 +1450,59 @@ impl Nccl {
                 Op::Broadcast => {
                     nccl::broadcast(s as *const c_void, d as *mut c_void, shape.dst, dtype, ROOT as i32, comm, cu)
                 }
-                Op::AllToAll => {
-                    // Block p of the source to PE p, block p of the
-                    // destination from PE p: one fused group.
-                    let c = shape.dst / n;
-                    let mut sent = nccl::group_start();
-                    for p in 0..n {
-                        let at = (p * c * elem) as u64;
-                        sent = sent
-                            .and_then(|_| nccl::send((s + at) as *const c_void, c, dtype, p as i32, comm, cu))
-                            .and_then(|_| nccl::recv((d + at) as *mut c_void, c, dtype, p as i32, comm, cu));
-                    }
-                    // Ended whatever happened, so later calls are not grouped.
-                    let ended = nccl::group_end();
-                    sent.and(ended)
-                }
                 _ => Ok(NcclStatus::Success),
             }
+        };
+        status.map(drop).map_err(|e| format!("NCCL {}: {:?}", op.name(), e.0).into())
+    }
+
+    /// One fused group of sends and receives, as `op` (all_to_all and,
+    /// with splits, PyTorch's `all_to_all_single`): `send[p]` and `recv[p]`
+    /// are (first element, elements) of `src` to PE `p` and of `dst` from
+    /// PE `p`.
+    #[allow(clippy::too_many_arguments)]
+    fn send_recv(
+        &self,
+        op: Op,
+        dtype: ncclDataType_t,
+        elem: usize,
+        dst: &DeviceBuf,
+        src: &DeviceBuf,
+        send: &[(usize, usize)],
+        recv: &[(usize, usize)],
+    ) -> Res {
+        use cudarc::nccl::result as nccl;
+        use cudarc::nccl::sys::cudaStream_t;
+        use std::ffi::c_void;
+        if send.len() != self.n || recv.len() != self.n {
+            return Err(format!(
+                "NCCL {}: {} sends and {} receives over {} PEs",
+                op.name(),
+                send.len(),
+                recv.len(),
+                self.n
+            )
+            .into());
+        }
+        src.fits(send.iter().map(|&(at, len)| (at + len) * elem).max().unwrap_or(0))?;
+        dst.fits(recv.iter().map(|&(at, len)| (at + len) * elem).max().unwrap_or(0))?;
+        let (s, d) = (src.addr(), dst.addr());
+        let (comm, cu) = (self.comm, self.stream.cu_stream() as cudaStream_t);
+        // SAFETY: both buffers hold every range passed (checked above), live
+        // until the stream is done with them (the case outlives its runs),
+        // and every PE enqueues the same operations in the same order, with
+        // each send's count equal to its peer's receive.
+        let status = unsafe {
+            let mut sent = nccl::group_start();
+            for (p, (&(from, sends), &(to, recvs))) in send.iter().zip(recv).enumerate() {
+                let (from, to) = ((from * elem) as u64, (to * elem) as u64);
+                sent = sent
+                    .and_then(|_| nccl::send((s + from) as *const c_void, sends, dtype, p as i32, comm, cu))
+                    .and_then(|_| nccl::recv((d + to) as *mut c_void, recvs, dtype, p as i32, comm, cu));
+            }
+            // Ended whatever happened, so later calls are not grouped.
+            let ended = nccl::group_end();
+            sent.and(ended)
         };
         status.map(drop).map_err(|e| format!("NCCL {}: {:?}", op.name(), e.0).into())
     }
@@ -1299,7 +1516,7 @@ fn run(args: &Args) -> Res {
     };
     let mut config = Config::new().backend(backend);
     if std::env::var_os(HEAP_ENV).is_none() {
-        config = config.heap_size(heap_bytes(args.max_bytes));
+        config = config.heap_size(heap_bytes(args, world_size_hint(args)));
     }
     let ctx = config.init()?;
     let (me, n) = (ctx.my_pe(), ctx.n_pes());
@@ -1355,6 +1572,9 @@ fn print_table(rows: &[Row], n: usize, backend: &str, args: &Args) {
     println!("# shmem-bench: {n} PEs, {backend} backend; time: µs on PE 0, median");
     println!("# eager: {iters} iterations per batch after {} warm-up; graph: replays of {PER_GRAPH}", args.warmup);
     println!("# bytes per PE: all_gather's output, reduce_scatter's input, else the buffer; busbw as nccl-tests");
+    if rows.iter().any(|r| r.moe.is_some()) {
+        println!("# MoE ops: bytes sent per PE (tokens × topk × hidden × element), busbw = algbw × (n-1)/n");
+    }
     println!("# vs X: X's time / shmem's time (above 1: shmem is faster)");
     if rows.is_empty() {
         println!("# no rows: nothing selected runs on this backend");
@@ -1371,16 +1591,31 @@ fn print_table(rows: &[Row], n: usize, backend: &str, args: &Args) {
         section.sort_by_key(|r| (r.bytes, r.imp));
         let refs: Vec<Imp> = REFERENCES.into_iter().filter(|&i| section.iter().any(|r| r.imp == i)).collect();
         let mode = if graph { "graph" } else { "eager" };
-        println!("\n## {} {}{mode}", op.name(), dtype.map_or(String::new(), |d| format!("{d} ")));
-        let mut head = format!("{:<15}{:>7}{:>12}{:>12}{:>12}", "impl", "size", "time_us", "algbw_GBps", "busbw_GBps");
+        let moe = section.first().and_then(|r| r.moe);
+        let shape = moe.map_or(String::new(), |m| {
+            let (h, e, k, a) = (m.hidden, m.experts_per_pe, m.topk, m.major_align);
+            format!(" (hidden {h}, {e} experts per PE, top-{k}, major_align {a})")
+        });
+        println!("\n## {} {}{mode}{shape}", op.name(), dtype.map_or(String::new(), |d| format!("{d} ")));
+        let tokens = |t: &dyn std::fmt::Display| moe.map_or(String::new(), |_| format!("{t:>8}"));
+        let mut head = format!(
+            "{:<15}{}{:>7}{:>12}{:>12}{:>12}",
+            "impl",
+            tokens(&"tokens"),
+            "size",
+            "time_us",
+            "algbw_GBps",
+            "busbw_GBps"
+        );
         for i in &refs {
             let _ = write!(head, "{:>12}", format!("vs_{}", i.name()));
         }
         println!("{head}");
         for r in section {
             let mut line = format!(
-                "{:<15}{:>7}{:>12.2}{}{}",
+                "{:<15}{}{:>7}{:>12.2}{}{}",
                 r.imp.name(),
+                tokens(&r.moe.map_or(0, |m| m.tokens)),
                 human(r.bytes),
                 r.time_us,
                 cell(r.algbw_gbps(), 12),
