@@ -124,6 +124,9 @@ elif [[ -n $moe ]]; then
     each_test moe:: env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
     each_test moe:: env SHMEM_FORCE_RMA=1 SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
     [[ -x "$bin/moe_server" ]] && step moe_server "$bin/shmemrun" -n "$pes" --tag-output "$bin/moe_server"
+    # MoE rows of the benchmark: 128 and 4096 tokens × 7168 bf16, 8 experts per PE.
+    STEP_TIMEOUT=${BENCH_TIMEOUT:-300} step bench-moe "$bin/shmemrun" -n "$pes" "$bin/shmem-bench" --backend gpu \
+        --op moe --graph --json "$out/bench-moe.jsonl"
 else
     each_test coll:: env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
     step spmd-shmemrun env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes" "$bin/spmd" --skip coll::

@@ -345,7 +345,8 @@ impl Imp {
             Imp::ShmemOneshot | Imp::ShmemTwoshot => op == Op::AllReduce,
             Imp::ShmemLl => op == Op::AllReduce && bytes <= shmem::algo::LOW_LATENCY_MAX_BYTES,
             Imp::ShmemCe => op == Op::AllGather,
-            Imp::ShmemRma | Imp::Nvshmem => op.is_collective(),
+            Imp::ShmemRma => op.is_collective() || op.is_moe(),
+            Imp::Nvshmem => op.is_collective(),
             Imp::Nccl => op.is_collective() || op.is_moe(),
         }
     }
