@@ -31,6 +31,8 @@ struct A2av {
     int kind;
     int ne;  // experts per PE (1 for 1D)
     int major_align;
+    int shared_splits;  // the plan kernel stages the splits in its shared memory
+    int local_blocks;   // the data kernel's last blocks, which copy this PE's own chunks
     int pad;
 };
 
@@ -57,8 +59,12 @@ enum A2avClass : unsigned long long {
 struct A2avTable {
     uint64_t *base;
     int n, m, w;
+    int64_t *staged;  // every PE's splits: in shared memory, or after the verdict
     __device__ uint64_t *verdict() const { return base; }
-    __device__ int64_t *splits(int pe) const { return reinterpret_cast<int64_t *>(base + 1) + static_cast<uint64_t>(pe) * w; }
+    __device__ int64_t *global_splits(int pe) const {
+        return reinterpret_cast<int64_t *>(base + 1) + static_cast<uint64_t>(pe) * w;
+    }
+    __device__ int64_t *splits(int pe) const { return staged + static_cast<uint64_t>(pe) * w; }
     __device__ uint64_t *plan(int d, int e, int ne) const {
         return base + 1 + static_cast<uint64_t>(n) * w + 3 * (static_cast<uint64_t>(d) * ne + e);
     }
@@ -66,7 +72,8 @@ struct A2avTable {
 
 __device__ __forceinline__ A2avTable a2av_table(const TeamSync &t, const A2av &a) {
     int m = t.n * a.ne;
-    return {t.mine<uint64_t>(a.table), t.n, m, a.kind == A2av2dOffset ? 2 * m : m};
+    uint64_t *base = t.mine<uint64_t>(a.table);
+    return {base, t.n, m, a.kind == A2av2dOffset ? 2 * m : m, reinterpret_cast<int64_t *>(base + 1)};
 }
 
 __device__ __forceinline__ uint64_t padded(uint64_t rows, uint64_t align) {
@@ -104,20 +111,27 @@ using shmem::k::TeamSync;
 
 extern "C" __global__ void __launch_bounds__(512) shmem_a2av_plan(TeamSync t, A2av a) {
     using namespace shmem::k;
+    // Every PE's splits, read over and over below: in shared memory where
+    // they fit (the host sizes it), else in the global staging.
+    extern __shared__ int64_t shared_splits[];
     A2avTable tb = a2av_table(t, a);
+    if (a.shared_splits) tb.staged = shared_splits;
     const int n = t.n, m = tb.m, ne = a.ne, kind = a.kind;
     uint64_t epoch = begin_epoch(t);
     exchange(t, Arrive, epoch);
-    // Every PE's splits into the staging.
+    const uint64_t bytes = static_cast<uint64_t>(tb.w) * 8;
     for (int s = 0; s < n; s++) {
         uint8_t *to = reinterpret_cast<uint8_t *>(tb.splits(s));
-        uint64_t bytes = static_cast<uint64_t>(tb.w) * 8;
         if (s == t.rank) {
             block_copy(to, t.mine<uint8_t>(a.splits), bytes);
         } else if (t.nvlink(s)) {
             block_copy(to, t.at<uint8_t>(s, a.splits), bytes);
         } else {
-            rma_get(to, t.mine<uint8_t>(a.splits), bytes, t.pes[s]);
+            // NVSHMEM gets into global memory; then into shared memory.
+            uint8_t *g = reinterpret_cast<uint8_t *>(tb.global_splits(s));
+            rma_get(g, t.mine<uint8_t>(a.splits), bytes, t.pes[s]);
+            __syncthreads();
+            if (to != g) block_copy(to, g, bytes);
         }
     }
     __syncthreads();
@@ -256,19 +270,25 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_plan(TeamSync t, A2
     end_epoch(t, epoch);
 }
 
+// Blocks [0, gridDim.x - local_blocks) push to the peers, each a share of
+// every peer's chunks, and then signal them on their channel; the last
+// `local_blocks` copy this PE's own chunks meanwhile (they need no signal).
 extern "C" __global__ void __launch_bounds__(512) shmem_a2av_move(TeamSync t, A2av a) {
     using namespace shmem::k;
     A2avTable tb = a2av_table(t, a);
     // The verdict is the same on every PE: all move, or none.
     if (*tb.verdict() != 0) return;
-    uint64_t epoch = begin_epoch(t);
     const int ne = a.ne;
+    const int remote = gridDim.x - a.local_blocks;
+    const bool local = static_cast<int>(blockIdx.x) >= remote;
     const uint8_t *in = t.mine<uint8_t>(a.input);
-    for (int k = 1; k <= t.n; k++) {
-        int d = (t.rank + k) % t.n;  // this PE's own chunks last
+    uint64_t epoch = local ? 0 : begin_epoch(t);
+    for (int k = local ? t.n : 1; k <= (local ? t.n : t.n - 1); k++) {
+        int d = (t.rank + k) % t.n;
         uint64_t total = 0;
         for (int e = 0; e < ne; e++) total += tb.plan(d, e, ne)[2] * a.row_bytes;
-        Range r = split((total + 15) / 16, blockIdx.x, gridDim.x);
+        Range r = local ? split((total + 15) / 16, blockIdx.x - remote, a.local_blocks)
+                        : split((total + 15) / 16, blockIdx.x, remote);
         uint64_t lo = min(r.lo * 16, total), hi = min(r.hi * 16, total), at = 0;
         for (int e = 0; e < ne && at < hi; e++) {
             const uint64_t *p = tb.plan(d, e, ne);
@@ -286,7 +306,8 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_move(TeamSync t, A2
             at += bytes;
         }
     }
-    // The move kernels' ending: every peer hears from every block.
+    if (local) return;
+    // The move kernels' ending: every peer hears from every pushing block.
     __syncthreads();
     for (int pe = threadIdx.x; pe < t.n; pe += blockDim.x)
         if (pe != t.rank) signal(t, Data, pe, epoch);

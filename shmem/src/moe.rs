@@ -324,12 +324,15 @@ impl Team {
             ];
         }
         if let Some(g) = self.ctx.gpu.as_ref() {
+            // A graph replays without the host: no exchange while capturing.
             let st = g.stream(stream);
-            if !crate::gpu::capturing(st) {
-                let rows = self.exchange(&desc, local.as_ref().err())?;
-                self.agree(&rows)?;
+            if crate::gpu::capturing(st) {
+                return self.all_to_all_v_gpu::<T>(g, &local?, st);
             }
-            return self.all_to_all_v_gpu::<T>(g, &local?, st);
+            let rows = self.exchange(&desc, local.as_ref().err())?;
+            let call = local?;
+            self.agree(&rows)?;
+            return self.all_to_all_v_gpu::<T>(g, &call, st);
         }
         let rows = self.exchange(&desc, local.as_ref().err())?;
         let call = local?;

@@ -130,6 +130,9 @@ pub(crate) struct A2av {
     /// Experts per PE (1 for 1D).
     pub ne: i32,
     pub major_align: i32,
+    /// Set by [`Kernels::all_to_all_v`].
+    shared_splits: i32,
+    local_blocks: i32,
     _pad: i32,
 }
 
@@ -160,6 +163,8 @@ impl A2av {
             kind,
             ne: ne as i32,
             major_align: major_align as i32,
+            shared_splits: 0,
+            local_blocks: 0,
             _pad: 0,
         }
     }
@@ -423,10 +428,27 @@ impl Kernels {
         stream: CUstream,
         params: &mut [*mut c_void],
     ) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { self.launch_shared(name, blocks, threads, 0, stream, params) }
+    }
+
+    /// [`Kernels::launch`] with `shared` bytes of dynamic shared memory.
+    ///
+    /// # Safety
+    /// As [`Kernels::launch`].
+    unsafe fn launch_shared(
+        &self,
+        name: &str,
+        blocks: usize,
+        threads: u32,
+        shared: u32,
+        stream: CUstream,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
         let f = self.function(name)?;
         let grid = (blocks as u32, 1, 1);
         // SAFETY: the caller's contract.
-        unsafe { cudarc::driver::result::launch_kernel(f, grid, (threads, 1, 1), 0, stream, params) }?;
+        unsafe { cudarc::driver::result::launch_kernel(f, grid, (threads, 1, 1), shared, stream, params) }?;
         Ok(())
     }
 
@@ -748,13 +770,24 @@ impl Kernels {
         a.error = self.a2av_error.device_addr()?;
         let most = if t.rma != 0 { RMA_BLOCKS } else { MAX_BLOCKS };
         let in_bytes = (a.in_rows * a.row_bytes) as usize;
-        let blocks = in_bytes.div_ceil(A2AV_BYTES_PER_BLOCK).clamp(1, most);
-        for (name, blocks) in [("shmem_a2av_plan", 1), ("shmem_a2av_move", blocks)] {
+        // Blocks that push to the peers (one signal channel each), and a
+        // quarter as many that copy this PE's own chunks meanwhile.
+        let remote = in_bytes.div_ceil(A2AV_BYTES_PER_BLOCK).clamp(1, most);
+        a.local_blocks = remote.div_ceil(4) as i32;
+        // Every PE's splits (and offsets) in the plan kernel's shared memory
+        // where they fit in the default 48 KiB.
+        let m = t.n as usize * a.ne as usize;
+        let staged = t.n as usize * if a.kind == 2 { 2 * m } else { m } * 8;
+        let shared = if staged <= 48 << 10 { staged } else { 0 };
+        a.shared_splits = (shared > 0) as i32;
+        for (name, blocks, shared) in
+            [("shmem_a2av_plan", 1, shared), ("shmem_a2av_move", remote + a.local_blocks as usize, 0)]
+        {
             let (mut t, mut a) = (t, a);
             let mut params: [*mut c_void; 2] = [(&raw mut t).cast(), (&raw mut a).cast()];
             // SAFETY: (TeamSync, A2av) as the kernels declare; the regions
             // were checked on the host, the splits are checked on the device.
-            unsafe { self.launch(name, blocks, THREADS, s, &mut params) }?;
+            unsafe { self.launch_shared(name, blocks, THREADS, shared as u32, s, &mut params) }?;
         }
         Ok(())
     }
