@@ -21,7 +21,7 @@ spmd=$(cargo test --release -p shmem --features mpi --test spmd --no-run --messa
 rm -rf .gpu-bundle
 mkdir -p .gpu-bundle/bin
 cp target/release/shmemrun .gpu-bundle/bin/
-for ex in quickstart ring allreduce peer_kernel device_kernel shmem-bench; do
+for ex in quickstart ring allreduce peer_kernel device_kernel shmem-bench moe_torch_check; do
     cp "target/release/examples/$ex" .gpu-bundle/bin/
 done
 cp "$spmd" .gpu-bundle/bin/spmd
@@ -33,4 +33,6 @@ strip --strip-debug .gpu-bundle/bin/*
 tar -C .gpu-bundle -cf - bin | xz -T1 --lzma2=preset=6,dict=192MiB >.gpu-bundle/bin.tar.xz
 rm -rf .gpu-bundle/bin
 cp ci/gpu-run.sh .gpu-bundle/
+# PyTorch's MoE dispatch, which moe_torch_check compares ours with (run there under torchrun).
+cp ci/torch_a2av_2d.py .gpu-bundle/
 du -sh .gpu-bundle
