@@ -102,36 +102,18 @@ expect_fail() {
     if ((rc == 0 || rc == 124 || rc == 137 || seen < count)); then failed+=("$name"); fi
 }
 
-# Each test of the SPMD suite whose name starts with $1, as its own step
-# with its own time limit: a hang costs one test, and names it.
+# Each test of the SPMD suite whose name matches the extended regex $1,
+# as its own step with its own time limit: a slow or stuck test costs only
+# itself, and is named.
 each_test() {
-    local prefix=$1 t
+    local pattern=$1 t
     shift
-    for t in $("$bin/spmd" --list 2>/dev/null | sed -n 's/: test$//p' | grep "^$prefix"); do
+    for t in $("$bin/spmd" --list 2>/dev/null | sed -n 's/: test$//p' | grep -E "$pattern"); do
         STEP_TIMEOUT=${EACH_TIMEOUT:-240} step "$t" "$@" "$bin/spmd" --exact "$t"
     done
 }
 
-step gpus nvidia-smi --query-gpu=index,name,memory.total --format=csv
-# --quick: only the collectives' tests (then, with --bench, the
-# benchmark): a short device call. --moe: only the MoE tests and examples.
-quick= moe=
-[[ " $* " == *" --quick "* ]] && quick=1
-[[ " $* " == *" --moe "* ]] && moe=1
-if [[ -n $quick ]]; then
-    each_test coll:: env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
-elif [[ -n $moe ]]; then
-    each_test moe:: env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
-    each_test moe:: env SHMEM_FORCE_RMA=1 SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
-    [[ -x "$bin/moe_server" ]] && step moe_server "$bin/shmemrun" -n "$pes" --tag-output "$bin/moe_server"
-    # MoE rows of the benchmark: 128 and 4096 tokens × 7168 bf16, 8 experts per PE.
-    STEP_TIMEOUT=${BENCH_TIMEOUT:-300} step bench-moe "$bin/shmemrun" -n "$pes" "$bin/shmem-bench" --backend gpu \
-        --op moe --graph --json "$out/bench-moe.jsonl"
-else
-    each_test coll:: env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
-    step spmd-shmemrun env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes" "$bin/spmd" --skip coll::
-    step spmd-mpirun "${mpi[@]}" -x SHMEM_HEAP_SIZE=2G "$bin/spmd" --skip coll::
-    step spmd-forced-rma env SHMEM_FORCE_RMA=1 SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes" "$bin/spmd" --skip coll::
+examples() {
     step quickstart "$bin/shmemrun" -n "$pes" --tag-output "$bin/quickstart"
     step ring "$bin/shmemrun" -n "$pes" "$bin/ring"
     step allreduce "${mpi[@]}" "$bin/allreduce"
@@ -141,6 +123,52 @@ else
     expect_fail more-pes-than-gpus "GPU(s)" 3 "$bin/shmemrun" -n 3 --no-kill --tag-output "$bin/ring"
     expect_fail heap-too-large "heap" "$pes" env SHMEM_HEAP_SIZE=1000G "$bin/shmemrun" -n "$pes" --no-kill --tag-output "$bin/ring"
     expect_fail nvshmem-missing "NVSHMEM_HOME" "$pes" env NVSHMEM_HOME=/nonexistent "$bin/shmemrun" -n "$pes" --no-kill --tag-output "$bin/ring"
+}
+
+step gpus nvidia-smi --query-gpu=index,name,memory.total --format=csv
+# Modes, which add up: --quick, the collectives' tests; --moe, the MoE
+# tests (both paths) and bench rows; --only REGEX, each test whose name
+# matches; --examples, the examples and the failure cases; none of them:
+# everything (the suite three ways, the examples, the failure cases).
+quick= moe= only= ex=
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+    case ${args[i]} in
+    --quick) quick=1 ;;
+    --moe) moe=1 ;;
+    --only) only=${args[i + 1]:-} ;;
+    --examples) ex=1 ;;
+    esac
+done
+[[ -n $only ]] && each_test "$only" env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
+[[ -n $quick ]] && each_test '^coll::' env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
+if [[ -n $moe ]]; then
+    step moe env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes" "$bin/spmd" moe::
+    step moe-forced-rma env SHMEM_FORCE_RMA=1 SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes" "$bin/spmd" moe::
+    [[ -x "$bin/moe_server" ]] && step moe_server "$bin/shmemrun" -n "$pes" --tag-output "$bin/moe_server"
+    # PyTorch's all_to_all_vdev_2d on the box (cases written for
+    # moe_torch_check, and its timings beside NCCL's), then ours on the same cases.
+    torchrun=$(ls /opt/*/.venv/bin/torchrun 2>/dev/null | head -n 1)
+    if [[ -n $torchrun ]]; then
+        cases=$(mktemp -d)
+        step torch-a2av-2d "$torchrun" --nproc-per-node "$pes" "$here/torch_a2av_2d.py" --out "$cases" \
+            --bench "$out/torch_a2av_2d.jsonl"
+        step moe-torch-check "$bin/shmemrun" -n "$pes" "$bin/moe_torch_check" "$cases"
+        rm -rf "$cases"
+    else
+        echo "gpu-run: no torchrun under /opt/*/.venv: the PyTorch comparison is skipped" | tee -a "$log"
+    fi
+    # MoE rows of the benchmark: 128 and 4096 tokens × 7168 bf16, 8 experts per PE.
+    STEP_TIMEOUT=${BENCH_TIMEOUT:-300} step bench-moe "$bin/shmemrun" -n "$pes" "$bin/shmem-bench" --backend gpu \
+        --op moe --graph --json "$out/bench-moe.jsonl"
+fi
+[[ -n $ex ]] && examples
+if [[ -z $quick$moe$only$ex ]]; then
+    each_test '^coll::' env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
+    step spmd-shmemrun env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes" "$bin/spmd" --skip coll::
+    step spmd-mpirun "${mpi[@]}" -x SHMEM_HEAP_SIZE=2G "$bin/spmd" --skip coll::
+    step spmd-forced-rma env SHMEM_FORCE_RMA=1 SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes" "$bin/spmd" --skip coll::
+    examples
 fi
 
 for arg in "$@"; do
