@@ -166,7 +166,17 @@ pub(crate) fn device_check_error(f: DeviceCheckFailure) -> Error {
         .copied()
         .unwrap_or(OpKind::AllToAllV);
     let (pe, i, v, limit) = (f.pe, f.index, f.value, f.limit);
+    // The marker of `moe_layer.cu`'s route kernel.
+    const ROUTE_BAD: i64 = -(1 << 62);
     let what = match f.class {
+        1 if i == 0 && v == ROUTE_BAD => {
+            format!("MoeAllToAll::dispatch_on_device: PE {pe}'s token count is negative or above max_tokens")
+        }
+        1 if i == 0 && v < ROUTE_BAD && v > ROUTE_BAD - (1 << 40) => format!(
+            "MoeAllToAll::dispatch_on_device: on PE {pe}, (token, slot) pair {} (token × top_k + slot) routes to an \
+             expert id out of range",
+            ROUTE_BAD - v - 1
+        ),
         1 => format!("PE {pe}'s split {i} is negative ({v})"),
         2 => format!("PE {pe}'s offset {i} is negative ({v})"),
         3 => format!(

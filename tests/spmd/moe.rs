@@ -16,6 +16,7 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("moe::dispatch_then_combine_ops", dispatch_then_combine_ops),
     ("moe::layer_grouping_and_round_trip", layer_round_trip),
     ("moe::layer_weighted_combine", layer_weighted_combine),
+    ("moe::layer_on_device", layer_on_device),
     ("moe::errors::negative_split", err_negative_split),
     ("moe::errors::splits_exceed_input", err_splits_exceed_input),
     ("moe::errors::output_overflow", err_output_overflow),
@@ -770,5 +771,76 @@ fn err_layer(env: &Env) -> TestResult {
     // The layout still combines.
     let out = moe.combine(view, &layout, &[0.5; 6], s)?;
     assert_bits_eq(&out, &tokens, "combine after refusals");
+    Ok(())
+}
+
+/// `dispatch_on_device` and `combine_on_device` (everything in device
+/// buffers, the token count too) give what `dispatch` and `combine` give:
+/// the same dispatched rows and layout, bit for bit the same sums with
+/// random weights; twice, with another token count the second time.
+fn layer_on_device(env: &Env) -> TestResult {
+    for (c, hot) in [
+        (MoeConfig::new(8, 12, 2, 2).major_align(8), false),
+        (MoeConfig::new(5, 9, 3, 3), true),
+        (MoeConfig::new(16, 7, 1, 1).major_align(16), false),
+    ] {
+        on_device::<f32>(env, c, hot)?;
+        on_device::<bf16>(env, c, hot)?;
+    }
+    on_device::<f64>(env, MoeConfig::new(3, 6, 2, 2), false)
+}
+
+fn on_device<T: Float>(env: &Env, c: MoeConfig, hot: bool) -> TestResult {
+    let (n, me, s) = (env.n(), env.me(), &env.s);
+    let experts = n * c.experts_per_pe;
+    let moe = MoeAllToAll::<T>::new(&env.ctx, c)?;
+    let tokens = env.ctx.alloc::<T>(c.max_tokens * c.hidden)?;
+    let ids = env.ctx.alloc::<i64>(c.max_tokens * c.top_k)?;
+    let weights = env.ctx.alloc::<f32>(c.max_tokens * c.top_k)?;
+    let count = env.ctx.alloc::<i64>(1)?;
+    let out = env.ctx.alloc::<T>(c.max_tokens * c.hidden)?;
+    for round in 0..2 {
+        let seed = env.fresh_seed();
+        let what = format!("{c:?} {} hot {hot} round {round}", T::DTYPE);
+        let mut r = routing::<T>(seed, me, &c, experts, hot);
+        if round == 1 {
+            // Fewer tokens than before: the rest of the buffers is stale.
+            let keep = r.ids.len() / c.top_k / 2;
+            r.ids.truncate(keep * c.top_k);
+            r.tokens.truncate(keep * c.hidden);
+        }
+        let nt = r.ids.len() / c.top_k;
+        let mut rng = Rng(seed ^ 0x5eed);
+        let w: Vec<f32> = (0..nt * c.top_k).map(|_| [0.5f32, 0.25, 1.0, 2.0, -1.5][rng.below(5)]).collect();
+        tokens.slice(..r.tokens.len()).copy_from_host(&r.tokens, s)?;
+        ids.slice(..r.ids.len()).copy_from_host(&r.ids, s)?;
+        weights.slice(..w.len()).copy_from_host(&w, s)?;
+        count.copy_from_host(&[nt as i64], s)?;
+        out.fill(poison(), s)?;
+        let view = moe.dispatch_on_device(&tokens, &ids, &count, s)?;
+        let got = view.copy_to_host(s)?;
+        let so = moe.device_layout().copy_to_host(s)?;
+        let (want_view, layout) = moe.dispatch(&r.tokens, &r.ids, s)?;
+        let want_rows = want_view.copy_to_host(s)?;
+        let m = n * c.experts_per_pe;
+        assert_eq!(so[..m], layout.splits()[..], "{what}: splits");
+        assert_eq!(so[m..], layout.offsets()[..], "{what}: offsets");
+        // Padding rows are never written: compare the chunks only.
+        for e in 0..c.experts_per_pe {
+            let rows = layout.expert_rows(e);
+            let (a, b) = (rows.start * c.hidden, rows.end * c.hidden);
+            assert_bits_eq(&got[a..b], &want_rows[a..b], &format!("{what}: expert {e}'s rows"));
+        }
+        // The host path's dispatch left the same rows in the receive
+        // buffer: combine them with both paths.
+        let want = moe.combine(want_view, &layout, &w, s)?;
+        moe.dispatch_on_device(&tokens, &ids, &count, s)?;
+        moe.combine_on_device(want_view, &weights, &count, &out, s)?;
+        let got = out.copy_to_host(s)?;
+        assert_bits_eq(&got[..nt * c.hidden], &want, &format!("{what}: combined"));
+        let poisoned = vec![poison::<T>(); (c.max_tokens - nt) * c.hidden];
+        assert_bits_eq(&got[nt * c.hidden..], &poisoned, &format!("{what}: rows past the tokens"));
+    }
+    env.ctx.check_device()?;
     Ok(())
 }

@@ -798,6 +798,67 @@ impl Kernels {
     }
 }
 
+/// `MoeRoute` of `moe_layer.cu`: heap offsets.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MoeRoute {
+    pub ids: u64,
+    pub n_tokens: u64,
+    pub splits: u64,
+    pub slot_rows: u64,
+    pub scratch: u64,
+    pub tokens: u64,
+    pub send: u64,
+    pub row_bytes: u64,
+    pub max_tokens: i64,
+    pub top_k: i32,
+    pub experts: i32,
+}
+
+/// `MoeCombine` of `moe_layer.cu`: heap offsets.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MoeCombine {
+    pub back: u64,
+    pub slot_rows: u64,
+    pub weights: u64,
+    pub n_tokens: u64,
+    pub out: u64,
+    pub max_tokens: i64,
+    pub hidden: i64,
+    pub top_k: i32,
+    pub _pad: i32,
+}
+
+/// Threads of the route kernel: its scratch is this × experts `u32`s.
+pub(crate) const ROUTE_THREADS: usize = THREADS as usize;
+
+/// The MoE layer's own kernels (`moe_layer.cu`): local, on the world's view.
+impl Kernels {
+    /// The route kernel (one block), then the gather (a block per slot, up to 1024).
+    pub(crate) fn moe_route(&self, t: TeamSync, r: MoeRoute, s: CUstream) -> Result<()> {
+        let slots = (r.max_tokens as usize).saturating_mul(r.top_k as usize);
+        for (name, blocks) in [("shmem_moe_route", 1), ("shmem_moe_gather", slots.clamp(1, 1024))] {
+            let (mut t, mut r) = (t, r);
+            let mut params: [*mut c_void; 2] = [(&raw mut t).cast(), (&raw mut r).cast()];
+            // SAFETY: (TeamSync, MoeRoute) as the kernels declare; regions
+            // checked by the layer; counts and ids checked on the device.
+            unsafe { self.launch(name, blocks, THREADS, s, &mut params) }?;
+        }
+        Ok(())
+    }
+
+    /// The weighted sum of each token's returned rows.
+    pub(crate) fn moe_combine(&self, dtype: DType, t: TeamSync, c: MoeCombine, s: CUstream) -> Result<()> {
+        let name = format!("shmem_moe_combine_{}", dtype.name());
+        let (mut t, mut c) = (t, c);
+        let mut params: [*mut c_void; 2] = [(&raw mut t).cast(), (&raw mut c).cast()];
+        let blocks = (c.max_tokens as usize).clamp(1, 1024);
+        // SAFETY: (TeamSync, MoeCombine) as the kernels declare; regions checked by the layer.
+        unsafe { self.launch(&name, blocks, THREADS, s, &mut params) }
+    }
+}
+
 /// # Safety
 /// `module` is loaded in the current context; NVSHMEM is initialised.
 unsafe fn cumodule_init(nv: &Nv, module: CUmodule) -> Result<i32> {

@@ -9,6 +9,7 @@ use crate::team::{Desc, OpKind, Team};
 use half::{bf16, f16};
 use rayon::prelude::*;
 use std::ops::Range;
+use std::sync::Mutex;
 
 /// The sizes a [`MoeAllToAll`] is built for; the same on every PE.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -191,6 +192,12 @@ pub struct MoeAllToAll<T: Element> {
     /// The dispatch's out splits/offsets, which the combine takes as input.
     dispatch_splits: SymmetricBuffer<i64>,
     combine_splits: SymmetricBuffer<i64>,
+    /// Each (token, slot)'s row in send order (the device path's layout).
+    slot_rows: SymmetricBuffer<i64>,
+    /// The route kernel's counts: `ROUTE_THREADS × experts` `u32`s.
+    route_scratch: SymmetricBuffer<u32>,
+    /// The host backend's layout of the last `dispatch_on_device`.
+    last: Mutex<Option<Layout>>,
 }
 
 impl<T: Element> std::fmt::Debug for MoeAllToAll<T> {
@@ -224,6 +231,9 @@ impl<T: Element> MoeAllToAll<T> {
             in_splits: ctx.alloc(entries)?,
             dispatch_splits: ctx.alloc(2 * entries)?,
             combine_splits: ctx.alloc(2 * entries)?,
+            slot_rows: ctx.alloc(send_rows)?,
+            route_scratch: ctx.alloc(crate::gpu::kernels::ROUTE_THREADS * entries)?,
+            last: Mutex::new(None),
             team,
             config,
         })
@@ -287,6 +297,117 @@ impl<T: Element> MoeAllToAll<T> {
             slot_rows,
         };
         Ok((self.recv.slice(0..rows * c.hidden), layout))
+    }
+
+    /// [`MoeAllToAll::dispatch`] with everything on the device, so that it
+    /// can be captured in a CUDA graph: `tokens` holds `max_tokens` rows,
+    /// `topk_expert_ids` `max_tokens × top_k` ids, and `n_tokens` one
+    /// count, all read on the device when the operation runs. Returns the
+    /// whole receive buffer; [`MoeAllToAll::device_layout`] says where each
+    /// expert's rows lie in it. Pair with [`MoeAllToAll::combine_on_device`].
+    ///
+    /// # Errors
+    /// Buffers too small for the configuration, at once. On the GPU backend
+    /// a token count above `max_tokens` or an expert id out of range is
+    /// found on the device: nothing is sent, and the next MoE call (or
+    /// [`Context::check_device`]) fails on every PE, naming the pair.
+    ///
+    /// # Collective
+    /// Every PE calls it.
+    pub fn dispatch_on_device<'a, 'b, 'c>(
+        &self,
+        tokens: impl Into<SymSlice<'a, T>>,
+        topk_expert_ids: impl Into<SymSlice<'b, i64>>,
+        n_tokens: impl Into<SymSlice<'c, i64>>,
+        stream: &Stream,
+    ) -> Result<SymSlice<'_, T>> {
+        let (tokens, ids, count) = (tokens.into(), topk_expert_ids.into(), n_tokens.into());
+        let c = self.config;
+        let slots = c.max_tokens * c.top_k;
+        let pre = self.check_sizes(&[
+            ("tokens", tokens.len(), c.max_tokens * c.hidden, "max_tokens × hidden"),
+            ("topk_expert_ids", ids.len(), slots, "max_tokens × top_k"),
+            ("n_tokens", count.len(), 1, "one count"),
+        ]);
+        let buffers =
+            ((&self.send).into(), (&self.recv).into(), (&self.in_splits).into(), (&self.dispatch_splits).into());
+        let Some(g) = self.team.ctx.gpu.as_ref() else {
+            // The host backend: the host path on the buffers' contents.
+            let n = match pre.and_then(|_| self.host_count(count, stream)) {
+                Ok(n) => n,
+                Err(e) => {
+                    self.team.all_to_all_v_any(
+                        OpKind::AllToAllV2d,
+                        buffers,
+                        c.hidden,
+                        c.major_align,
+                        Err(e),
+                        stream,
+                    )?;
+                    unreachable!("the exchange fails on a PE whose arguments failed");
+                }
+            };
+            let host_tokens = tokens.buf.slice(tokens.start..tokens.start + n * c.hidden).copy_to_host(stream)?;
+            let host_ids = ids.buf.slice(ids.start..ids.start + n * c.top_k).copy_to_host(stream)?;
+            let (_, layout) = self.dispatch(&host_tokens, &host_ids, stream)?;
+            let rows: Vec<i64> = layout.slot_rows.iter().map(|&r| r as i64).collect();
+            self.slot_rows.slice(0..rows.len()).copy_from_host(&rows, stream)?;
+            *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(layout);
+            return Ok((&self.recv).into());
+        };
+        let pre = pre.and_then(|_| {
+            let k = g.kernels.as_ref().ok_or_else(crate::gpu::kernels::not_built)?;
+            let world: Vec<usize> = (0..self.team.ctx.n).collect();
+            let t = k.team(0, &world, false)?;
+            let r = crate::gpu::kernels::MoeRoute {
+                ids: ids.region(&self.team.ctx)?.offset as u64,
+                n_tokens: count.region(&self.team.ctx)?.offset as u64,
+                splits: self.in_splits.offset as u64,
+                slot_rows: self.slot_rows.offset as u64,
+                scratch: self.route_scratch.offset as u64,
+                tokens: tokens.region(&self.team.ctx)?.offset as u64,
+                send: self.send.offset as u64,
+                row_bytes: (c.hidden * size_of::<T>()) as u64,
+                max_tokens: c.max_tokens as i64,
+                top_k: c.top_k as i32,
+                experts: (self.team.n_pes() * c.experts_per_pe) as i32,
+            };
+            k.moe_route(t, r, g.stream(stream).cu_stream())
+        });
+        self.team.all_to_all_v_any(OpKind::AllToAllV2d, buffers, c.hidden, c.major_align, pre, stream)?;
+        Ok((&self.recv).into())
+    }
+
+    /// The last dispatch's out_splits_offsets, on the device: entry
+    /// `e × n_pes + src` of row 0 is what PE `src` sent to local expert `e`,
+    /// of row 1 where those rows start in the dispatched view (see
+    /// [`Layout`]).
+    pub fn device_layout(&self) -> SymSlice<'_, i64> {
+        (&self.dispatch_splits).into()
+    }
+
+    /// `Ok` when every buffer holds at least what the configuration needs.
+    fn check_sizes(&self, sizes: &[(&str, usize, usize, &str)]) -> Result<()> {
+        for &(name, len, want, what) in sizes {
+            if len < want {
+                return Err(Error::LengthMismatch(format!(
+                    "MoeAllToAll: {name} has {len} elements, fewer than {what} ({want}) of {:?}",
+                    self.config
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The token count in `count` (host backend), checked.
+    fn host_count(&self, count: SymSlice<'_, i64>, stream: &Stream) -> Result<usize> {
+        let n = count.buf.slice(count.start..count.start + 1).copy_to_host(stream)?[0];
+        usize::try_from(n).ok().filter(|&n| n <= self.config.max_tokens).ok_or_else(|| {
+            Error::Invalid(format!(
+                "MoeAllToAll::dispatch_on_device: n_tokens is {n}, not in 0..={}",
+                self.config.max_tokens
+            ))
+        })
     }
 
     /// Checks the routing and sorts the (token, slot) pairs by global
@@ -358,6 +479,76 @@ impl<T: Element> MoeAllToAll<T> {
 }
 
 impl<T: CombineElement> MoeAllToAll<T> {
+    /// [`MoeAllToAll::combine`] with everything on the device, after
+    /// [`MoeAllToAll::dispatch_on_device`] (capturable in a CUDA graph with
+    /// it): `expert_outputs` as for `combine`, `topk_weights` holds
+    /// `max_tokens × top_k` weights, `n_tokens` the same count the dispatch
+    /// read, and `out` (at least `max_tokens` rows) gets each token's
+    /// weighted sum, in token order.
+    ///
+    /// # Errors
+    /// Buffers too small for the configuration; on the host backend, no
+    /// `dispatch_on_device` before.
+    ///
+    /// # Collective
+    /// Every PE calls it.
+    pub fn combine_on_device<'a, 'b, 'c, 'd>(
+        &self,
+        expert_outputs: impl Into<SymSlice<'a, T>>,
+        topk_weights: impl Into<SymSlice<'b, f32>>,
+        n_tokens: impl Into<SymSlice<'c, i64>>,
+        out: impl Into<SymSlice<'d, T>>,
+        stream: &Stream,
+    ) -> Result<()> {
+        let (outputs, weights, count, out) = (expert_outputs.into(), topk_weights.into(), n_tokens.into(), out.into());
+        let c = self.config;
+        let pre = self.check_sizes(&[
+            ("topk_weights", weights.len(), c.max_tokens * c.top_k, "max_tokens × top_k"),
+            ("n_tokens", count.len(), 1, "one count"),
+            ("out", out.len(), c.max_tokens * c.hidden, "max_tokens × hidden"),
+        ]);
+        let Some(g) = self.team.ctx.gpu.as_ref() else {
+            let layout = self.last.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let pre = pre.and_then(|_| {
+                layout.clone().ok_or_else(|| {
+                    Error::Invalid("MoeAllToAll::combine_on_device: no dispatch_on_device before it".into())
+                })
+            });
+            let layout = match pre {
+                Ok(l) => l,
+                Err(e) => {
+                    let buffers =
+                        (outputs, (&self.send).into(), (&self.dispatch_splits).into(), (&self.combine_splits).into());
+                    self.team.all_to_all_v_any(OpKind::AllToAllV2dOffset, buffers, c.hidden, 0, Err(e), stream)?;
+                    unreachable!("the exchange fails on a PE whose arguments failed");
+                }
+            };
+            let n = layout.n_tokens;
+            let w = weights.buf.slice(weights.start..weights.start + n * c.top_k).copy_to_host(stream)?;
+            let sums = self.combine(outputs, &layout, &w, stream)?;
+            return out.buf.slice(out.start..out.start + sums.len()).copy_from_host(&sums, stream);
+        };
+        let whole_rows = outputs.buf.len.saturating_sub(outputs.start) / c.hidden * c.hidden;
+        let outputs = outputs.buf.slice(outputs.start..outputs.start + whole_rows);
+        let buffers = (outputs, (&self.send).into(), (&self.dispatch_splits).into(), (&self.combine_splits).into());
+        self.team.all_to_all_v_any(OpKind::AllToAllV2dOffset, buffers, c.hidden, 0, pre, stream)?;
+        let k = g.kernels.as_ref().ok_or_else(crate::gpu::kernels::not_built)?;
+        let world: Vec<usize> = (0..self.team.ctx.n).collect();
+        let ctx = &self.team.ctx;
+        let m = crate::gpu::kernels::MoeCombine {
+            back: self.send.offset as u64,
+            slot_rows: self.slot_rows.offset as u64,
+            weights: weights.region(ctx)?.offset as u64,
+            n_tokens: count.region(ctx)?.offset as u64,
+            out: out.region(ctx)?.offset as u64,
+            max_tokens: c.max_tokens as i64,
+            hidden: c.hidden as i64,
+            top_k: c.top_k as i32,
+            _pad: 0,
+        };
+        k.moe_combine(T::DTYPE, k.team(0, &world, false)?, m, g.stream(stream).cu_stream())
+    }
+
     /// Sends the experts' outputs back to the PEs that dispatched the
     /// tokens and returns, for each of this PE's tokens in its original
     /// order, `Σ_j topk_weights[t × top_k + j] × output(t, j)`, summed over
