@@ -80,6 +80,13 @@ impl<'a, T: Element> SymSlice<'a, T> {
         self.len() == 0
     }
 
+    /// This PE's device address of the slice's first element, for the
+    /// user's own kernels (gpu backend; `None` on the host backend).
+    pub fn device_ptr(&self) -> Result<Option<u64>> {
+        let r = self.region(&self.buf.ctx)?;
+        Ok(self.buf.ctx.gpu.as_ref().map(|g| g.addr(r.offset)))
+    }
+
     /// Checks the slice against `ctx` and returns where it lies.
     pub(crate) fn region(&self, ctx: &Inner) -> Result<Region> {
         self.buf.check(ctx)?;
