@@ -140,28 +140,28 @@ for ((i = 0; i < ${#args[@]}; i++)); do
     --examples) ex=1 ;;
     esac
 done
-[[ -n $only ]] && each_test "$only" env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
 [[ -n $quick ]] && each_test '^coll::' env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
 if [[ -n $moe ]]; then
     step moe env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes" "$bin/spmd" moe::
     step moe-forced-rma env SHMEM_FORCE_RMA=1 SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes" "$bin/spmd" moe::
     [[ -x "$bin/moe_server" ]] && step moe_server "$bin/shmemrun" -n "$pes" --tag-output "$bin/moe_server"
+    # MoE rows of the benchmark: 128 and 4096 tokens × 7168 bf16, 8 experts per PE.
+    STEP_TIMEOUT=${BENCH_TIMEOUT:-300} step bench-moe "$bin/shmemrun" -n "$pes" "$bin/shmem-bench" --backend gpu \
+        --op moe --graph --json "$out/bench-moe.jsonl"
     # PyTorch's all_to_all_vdev_2d on the box (cases written for
     # moe_torch_check, and its timings beside NCCL's), then ours on the same cases.
     torchrun=$(ls /opt/*/.venv/bin/torchrun 2>/dev/null | head -n 1)
     if [[ -n $torchrun ]]; then
         cases=$(mktemp -d)
-        step torch-a2av-2d "$torchrun" --nproc-per-node "$pes" "$here/torch_a2av_2d.py" --out "$cases" \
+        STEP_TIMEOUT=${TORCH_TIMEOUT:-240} step torch-a2av-2d "$torchrun" --nproc-per-node "$pes" "$here/torch_a2av_2d.py" --out "$cases" \
             --bench "$out/torch_a2av_2d.jsonl"
         step moe-torch-check "$bin/shmemrun" -n "$pes" "$bin/moe_torch_check" "$cases"
         rm -rf "$cases"
     else
         echo "gpu-run: no torchrun under /opt/*/.venv: the PyTorch comparison is skipped" | tee -a "$log"
     fi
-    # MoE rows of the benchmark: 128 and 4096 tokens × 7168 bf16, 8 experts per PE.
-    STEP_TIMEOUT=${BENCH_TIMEOUT:-300} step bench-moe "$bin/shmemrun" -n "$pes" "$bin/shmem-bench" --backend gpu \
-        --op moe --graph --json "$out/bench-moe.jsonl"
 fi
+[[ -n $only ]] && each_test "$only" env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
 [[ -n $ex ]] && examples
 if [[ -z $quick$moe$only$ex ]]; then
     each_test '^coll::' env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
