@@ -154,7 +154,7 @@ if [[ -n $moe ]]; then
     if [[ -n $torchrun ]]; then
         cases=$(mktemp -d)
         STEP_TIMEOUT=${TORCH_TIMEOUT:-240} step torch-a2av-2d "$torchrun" --nproc-per-node "$pes" "$here/torch_a2av_2d.py" --out "$cases" \
-            --bench "$out/torch_a2av_2d.jsonl"
+            --bench "$out/torch_a2av_2d.jsonl" --bench-iters 1
         step moe-torch-check "$bin/shmemrun" -n "$pes" "$bin/moe_torch_check" "$cases"
         rm -rf "$cases"
     else

@@ -283,15 +283,26 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_move(TeamSync t, A2
     const bool local = static_cast<int>(blockIdx.x) >= remote;
     const uint8_t *in = t.mine<uint8_t>(a.input);
     uint64_t epoch = local ? 0 : begin_epoch(t);
-    for (int k = local ? t.n : 1; k <= (local ? t.n : t.n - 1); k++) {
+    // The plan, read by every thread below: into shared memory where it fits.
+    constexpr int kCachedWords = 3 * 1024;
+    __shared__ uint64_t cached[kCachedWords];
+    const int words = 3 * t.n * ne;
+    const bool fits = words <= kCachedWords;
+    if (fits)
+        for (int i = threadIdx.x; i < words; i += blockDim.x) cached[i] = tb.plan(0, 0, ne)[i];
+    __syncthreads();
+    auto plan = [&](int d, int e) { return fits ? cached + 3 * (d * ne + e) : tb.plan(d, e, ne); };
+    // Without local blocks the pushing blocks copy this PE's chunks too, last.
+    const int first = local ? t.n : 1, last = local || a.local_blocks == 0 ? t.n : t.n - 1;
+    for (int k = first; k <= last; k++) {
         int d = (t.rank + k) % t.n;
         uint64_t total = 0;
-        for (int e = 0; e < ne; e++) total += tb.plan(d, e, ne)[2] * a.row_bytes;
+        for (int e = 0; e < ne; e++) total += plan(d, e)[2] * a.row_bytes;
         Range r = local ? split((total + 15) / 16, blockIdx.x - remote, a.local_blocks)
                         : split((total + 15) / 16, blockIdx.x, remote);
         uint64_t lo = min(r.lo * 16, total), hi = min(r.hi * 16, total), at = 0;
         for (int e = 0; e < ne && at < hi; e++) {
-            const uint64_t *p = tb.plan(d, e, ne);
+            const uint64_t *p = plan(d, e);
             uint64_t bytes = p[2] * a.row_bytes, a0 = max(lo, at), a1 = min(hi, at + bytes);
             if (a0 < a1) {
                 uint64_t skip = a0 - at;

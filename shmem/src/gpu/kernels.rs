@@ -770,10 +770,11 @@ impl Kernels {
         a.error = self.a2av_error.device_addr()?;
         let most = if t.rma != 0 { RMA_BLOCKS } else { MAX_BLOCKS };
         let in_bytes = (a.in_rows * a.row_bytes) as usize;
-        // Blocks that push to the peers (one signal channel each), and a
-        // quarter as many that copy this PE's own chunks meanwhile.
+        // Blocks that push to the peers (one signal channel each), which
+        // then copy this PE's own chunks: separate blocks for those
+        // (`local_blocks`) measured slower on 2×H200 (docs/perf.md).
         let remote = in_bytes.div_ceil(A2AV_BYTES_PER_BLOCK).clamp(1, most);
-        a.local_blocks = remote.div_ceil(4) as i32;
+        a.local_blocks = 0;
         // Every PE's splits (and offsets) in the plan kernel's shared memory
         // where they fit in the default 48 KiB.
         let m = t.n as usize * a.ne as usize;
