@@ -32,9 +32,12 @@ struct A2av {
     int ne;  // experts per PE (1 for 1D)
     int major_align;
     int shared_splits;  // the plan kernel stages the splits in its shared memory
-    int local_blocks;   // the data kernel's last blocks, which copy this PE's own chunks
+    int blocks;         // the data kernel's grid
     int pad;
 };
+
+// Bytes one block of the data kernel moves at least, of the busiest PE's.
+constexpr uint64_t kA2avBytesPerBlock = 32 << 10;
 
 // The error record the host reads (`A2avError` in kernels.rs): `code` is
 // class << 56 | pe << 32 | index, `value` the offending number.
@@ -53,7 +56,8 @@ enum A2avClass : unsigned long long {
     PastOutput = 5,
 };
 
-// This PE's staging: the verdict word, every PE's splits (and offsets)
+// This PE's staging: the verdict word, the data kernel's active blocks,
+// every PE's splits (and offsets)
 // side by side (`w` words each), then the send plan: for each destination
 // `d` and each of its `ne` chunks, {source row, destination row, rows}.
 struct A2avTable {
@@ -61,19 +65,20 @@ struct A2avTable {
     int n, m, w;
     int64_t *staged;  // every PE's splits: in shared memory, or after the verdict
     __device__ uint64_t *verdict() const { return base; }
+    __device__ uint64_t *active_blocks() const { return base + 1; }
     __device__ int64_t *global_splits(int pe) const {
-        return reinterpret_cast<int64_t *>(base + 1) + static_cast<uint64_t>(pe) * w;
+        return reinterpret_cast<int64_t *>(base + 2) + static_cast<uint64_t>(pe) * w;
     }
     __device__ int64_t *splits(int pe) const { return staged + static_cast<uint64_t>(pe) * w; }
     __device__ uint64_t *plan(int d, int e, int ne) const {
-        return base + 1 + static_cast<uint64_t>(n) * w + 3 * (static_cast<uint64_t>(d) * ne + e);
+        return base + 2 + static_cast<uint64_t>(n) * w + 3 * (static_cast<uint64_t>(d) * ne + e);
     }
 };
 
 __device__ __forceinline__ A2avTable a2av_table(const TeamSync &t, const A2av &a) {
     int m = t.n * a.ne;
     uint64_t *base = t.mine<uint64_t>(a.table);
-    return {base, t.n, m, a.kind == A2av2dOffset ? 2 * m : m, reinterpret_cast<int64_t *>(base + 1)};
+    return {base, t.n, m, a.kind == A2av2dOffset ? 2 * m : m, reinterpret_cast<int64_t *>(base + 2)};
 }
 
 __device__ __forceinline__ uint64_t padded(uint64_t rows, uint64_t align) {
@@ -266,23 +271,40 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_plan(TeamSync t, A2
         so[j] = tb.splits(s)[i];
         so[m + j] = static_cast<int64_t>(at);
     }
-    if (threadIdx.x == 0) *tb.verdict() = 0;
+    // The data kernel's blocks that work: by what the busiest PE sends,
+    // the same number on every PE (the same splits everywhere), so that
+    // the idle ones skip their channel everywhere.
+    __shared__ unsigned long long busiest;
+    if (threadIdx.x == 0) busiest = 0;
+    __syncthreads();
+    for (int s = threadIdx.x; s < n; s += blockDim.x) {
+        uint64_t rows = 0;
+        for (int i = 0; i < m; i++) rows += rows_of(tb, s, i);
+        atomicMax(&busiest, static_cast<unsigned long long>(rows));
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        uint64_t bytes = busiest * a.row_bytes;
+        uint64_t want = (bytes + kA2avBytesPerBlock - 1) / kA2avBytesPerBlock;
+        *tb.active_blocks() = want < 1 ? 1 : (want > a.blocks ? a.blocks : want);
+        *tb.verdict() = 0;
+    }
     end_epoch(t, epoch);
 }
 
-// Blocks [0, gridDim.x - local_blocks) push to the peers, each a share of
-// every peer's chunks, and then signal them on their channel; the last
-// `local_blocks` copy this PE's own chunks meanwhile (they need no signal).
+// Each working block (the first `active_blocks`) pushes a share of every
+// peer's chunks, then copies its share of this PE's own, then signals the
+// peers on its channel and waits for theirs.
 extern "C" __global__ void __launch_bounds__(512) shmem_a2av_move(TeamSync t, A2av a) {
     using namespace shmem::k;
     A2avTable tb = a2av_table(t, a);
-    // The verdict is the same on every PE: all move, or none.
+    // The verdict and the active blocks are the same on every PE.
     if (*tb.verdict() != 0) return;
+    const int active = static_cast<int>(*tb.active_blocks());
+    if (static_cast<int>(blockIdx.x) >= active) return;
     const int ne = a.ne;
-    const int remote = gridDim.x - a.local_blocks;
-    const bool local = static_cast<int>(blockIdx.x) >= remote;
     const uint8_t *in = t.mine<uint8_t>(a.input);
-    uint64_t epoch = local ? 0 : begin_epoch(t);
+    uint64_t epoch = begin_epoch(t);
     // The plan, read by every thread below: into shared memory where it fits.
     constexpr int kCachedWords = 3 * 1024;
     __shared__ uint64_t cached[kCachedWords];
@@ -292,14 +314,11 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_move(TeamSync t, A2
         for (int i = threadIdx.x; i < words; i += blockDim.x) cached[i] = tb.plan(0, 0, ne)[i];
     __syncthreads();
     auto plan = [&](int d, int e) { return fits ? cached + 3 * (d * ne + e) : tb.plan(d, e, ne); };
-    // Without local blocks the pushing blocks copy this PE's chunks too, last.
-    const int first = local ? t.n : 1, last = local || a.local_blocks == 0 ? t.n : t.n - 1;
-    for (int k = first; k <= last; k++) {
-        int d = (t.rank + k) % t.n;
+    for (int k = 1; k <= t.n; k++) {
+        int d = (t.rank + k) % t.n;  // this PE's own chunks last
         uint64_t total = 0;
         for (int e = 0; e < ne; e++) total += plan(d, e)[2] * a.row_bytes;
-        Range r = local ? split((total + 15) / 16, blockIdx.x - remote, a.local_blocks)
-                        : split((total + 15) / 16, blockIdx.x, remote);
+        Range r = split((total + 15) / 16, blockIdx.x, active);
         uint64_t lo = min(r.lo * 16, total), hi = min(r.hi * 16, total), at = 0;
         for (int e = 0; e < ne && at < hi; e++) {
             const uint64_t *p = plan(d, e);
@@ -317,8 +336,7 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_move(TeamSync t, A2
             at += bytes;
         }
     }
-    if (local) return;
-    // The move kernels' ending: every peer hears from every pushing block.
+    // The move kernels' ending: every peer hears from every working block.
     __syncthreads();
     for (int pe = threadIdx.x; pe < t.n; pe += blockDim.x)
         if (pe != t.rank) signal(t, Data, pe, epoch);

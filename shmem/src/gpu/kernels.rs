@@ -45,8 +45,10 @@ const ONE_SHOT_MAX_BYTES: usize = 256 << 10;
 /// 64-bit words of each PE's MoE all-to-all-v staging: the verdict, every
 /// PE's splits (and offsets), and the send plan (3 words per chunk).
 const A2AV_TABLE_WORDS: usize = 1 << 17;
-/// Input bytes per block of the MoE all-to-all-v's data kernel.
-const A2AV_BYTES_PER_BLOCK: usize = 64 << 10;
+/// Input bytes per block of the MoE all-to-all-v's data kernel's grid
+/// (`kA2avBytesPerBlock`: the plan kernel keeps as many working as the
+/// busiest PE's bytes need).
+const A2AV_BYTES_PER_BLOCK: usize = 32 << 10;
 
 /// Why the kernels are missing from this build, and how to build them.
 pub(crate) fn not_built() -> Error {
@@ -132,7 +134,7 @@ pub(crate) struct A2av {
     pub major_align: i32,
     /// Set by [`Kernels::all_to_all_v`].
     shared_splits: i32,
-    local_blocks: i32,
+    blocks: i32,
     _pad: i32,
 }
 
@@ -164,7 +166,7 @@ impl A2av {
             ne: ne as i32,
             major_align: major_align as i32,
             shared_splits: 0,
-            local_blocks: 0,
+            blocks: 0,
             _pad: 0,
         }
     }
@@ -758,7 +760,7 @@ impl Kernels {
     pub(crate) fn a2av_fits(n: usize, ne: usize, kind: i32) -> bool {
         let m = n.saturating_mul(ne);
         let w = if kind == 2 { m.saturating_mul(2) } else { m };
-        n.saturating_mul(w).saturating_add(m.saturating_mul(3)).saturating_add(1) <= A2AV_TABLE_WORDS
+        n.saturating_mul(w).saturating_add(m.saturating_mul(3)).saturating_add(2) <= A2AV_TABLE_WORDS
     }
 
     /// Launches the plan kernel (one block: barrier, every PE's splits
@@ -770,20 +772,18 @@ impl Kernels {
         a.error = self.a2av_error.device_addr()?;
         let most = if t.rma != 0 { RMA_BLOCKS } else { MAX_BLOCKS };
         let in_bytes = (a.in_rows * a.row_bytes) as usize;
-        // Blocks that push to the peers (one signal channel each), which
-        // then copy this PE's own chunks: separate blocks for those
-        // (`local_blocks`) measured slower on 2×H200 (docs/perf.md).
-        let remote = in_bytes.div_ceil(A2AV_BYTES_PER_BLOCK).clamp(1, most);
-        a.local_blocks = 0;
+        // The data kernel's grid, by what the input can hold; the plan
+        // kernel picks how many of its blocks work, by what is sent
+        // (`kA2avBytesPerBlock` each; the idle ones exit at once).
+        let blocks = in_bytes.div_ceil(A2AV_BYTES_PER_BLOCK).clamp(1, most);
+        a.blocks = blocks as i32;
         // Every PE's splits (and offsets) in the plan kernel's shared memory
         // where they fit in the default 48 KiB.
         let m = t.n as usize * a.ne as usize;
         let staged = t.n as usize * if a.kind == 2 { 2 * m } else { m } * 8;
         let shared = if staged <= 48 << 10 { staged } else { 0 };
         a.shared_splits = (shared > 0) as i32;
-        for (name, blocks, shared) in
-            [("shmem_a2av_plan", 1, shared), ("shmem_a2av_move", remote + a.local_blocks as usize, 0)]
-        {
+        for (name, blocks, shared) in [("shmem_a2av_plan", 1, shared), ("shmem_a2av_move", blocks, 0)] {
             let (mut t, mut a) = (t, a);
             let mut params: [*mut c_void; 2] = [(&raw mut t).cast(), (&raw mut a).cast()];
             // SAFETY: (TeamSync, A2av) as the kernels declare; the regions
