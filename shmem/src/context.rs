@@ -209,7 +209,8 @@ impl Context {
         }
         if let Some((pe, h)) = hellos.iter().enumerate().find(|(_, h)| h.host != hellos[0].host) {
             return Err(Error::BackendUnavailable(format!(
-                "the host backend needs every PE on one node, but PE 0 runs on {} and PE {pe} on {}",
+                "shmem needs every PE of a job on one node (its control area is shared memory; see \
+                 docs/clusters.md), but PE 0 runs on {} and PE {pe} on {}",
                 hellos[0].host, h.host
             )));
         }
