@@ -316,7 +316,11 @@ impl Launch {
                 }
             }
         }
-        Ok(Outcome { statuses: statuses.into_iter().map(|s| s.expect("every PE was reaped")).collect(), first_failure })
+        Ok(Outcome {
+            statuses: statuses.into_iter().map(|s| s.expect("every PE was reaped")).collect(),
+            pids: children.iter().map(Child::id).collect(),
+            first_failure,
+        })
     }
 }
 
@@ -325,6 +329,10 @@ impl Launch {
 pub struct Outcome {
     /// Every PE's exit status, by rank.
     pub statuses: Vec<ExitStatus>,
+    /// Every PE's process id, by rank (all reaped by now): what names a
+    /// job's leftovers, such as the host backend's `/dev/shm/shmem-<pid of
+    /// PE 0>-…` object.
+    pub pids: Vec<u32>,
     /// The first PE seen to fail (non-zero exit code, or killed by a
     /// signal), in time order, and its status.
     pub first_failure: Option<(usize, ExitStatus)>,
