@@ -267,17 +267,26 @@ impl HostWorld {
 
 /// Whether process `pid` exists and is not a zombie.
 fn process_alive(pid: libc::pid_t) -> bool {
-    // SAFETY: signal 0 only checks for existence and permission.
-    let r = unsafe { libc::kill(pid, 0) };
-    if r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+    let exists = || {
+        // SAFETY: signal 0 only checks for existence and permission.
+        let r = unsafe { libc::kill(pid, 0) };
+        r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+    };
+    if !exists() {
         return false;
     }
     // A dead child not yet reaped by its launcher is still there as a zombie.
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => {
-            let state = stat.rfind(')').and_then(|i| stat[i + 1..].trim_start().chars().next());
-            !matches!(state, Some('Z') | Some('X'))
-        }
-        Err(_) => true,
+    match proc_state(pid) {
+        Some(state) => !matches!(state, 'Z' | 'X'),
+        // Reaped since the first look (gone), or no /proc: ask again.
+        None => exists(),
     }
+}
+
+/// The state letter of process `pid` (`R`, `S`, `Z` …) in `/proc`, if it
+/// can be read. A process whose main thread has ended shows `Z`, even
+/// while its other threads are still ending.
+pub(crate) fn proc_state(pid: libc::pid_t) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rfind(')').and_then(|i| stat[i + 1..].trim_start().chars().next())
 }
