@@ -47,6 +47,9 @@ const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(2);
 /// How long output forwarding may go on after the last PE exited (a PE's
 /// orphaned child may hold its pipe open).
 const OUTPUT_DRAIN: Duration = Duration::from_secs(1);
+/// How long the first failure waits for a PE whose main thread has ended
+/// to end (see `likely_cause`).
+const DYING_WAIT: Duration = Duration::from_secs(2);
 /// How often the wait loop looks for signals to forward.
 const SIGNAL_POLL: Duration = Duration::from_millis(50);
 
@@ -284,7 +287,7 @@ impl Launch {
                     // Only the first failure counts: later ones are often
                     // our own SIGTERM/SIGKILL or a consequence of the first.
                     if !status.success() && first_failure.is_none() {
-                        first_failure = Some((rank, status));
+                        first_failure = Some(likely_cause(children, &statuses, rank, status));
                         if self.kill_on_failure && live > 0 {
                             signal_live(children, &statuses, libc::SIGTERM);
                             kill_at = Some(Instant::now() + self.kill_grace);
@@ -459,6 +462,68 @@ fn wait_exit_nowait(pid: u32) -> io::Result<()> {
         if e.kind() != io::ErrorKind::Interrupted {
             return Err(e);
         }
+    }
+}
+
+/// The failure to report first when PE `rank` is the first seen failing,
+/// with `status`. PEs fail because a peer died, milliseconds after it, and
+/// which exit this thread hears of first is down to scheduling; so when
+/// `rank` exited with a code (what a program does after an error it saw), a
+/// PE that ended by a signal (a crash, a kill, the OOM killer: the launcher
+/// has sent none yet) is taken as the cause instead. Such a PE looks dead
+/// to its peers as soon as its main thread has ended, but can be waited for
+/// only once all its threads have: one still dying is waited for, up to
+/// [`DYING_WAIT`].
+fn likely_cause(
+    children: &[Child],
+    statuses: &[Option<ExitStatus>],
+    rank: usize,
+    status: ExitStatus,
+) -> (usize, ExitStatus) {
+    if status.signal().is_some() {
+        return (rank, status);
+    }
+    let until = Instant::now() + DYING_WAIT;
+    loop {
+        let mut dying = false;
+        for (r, child) in children.iter().enumerate().filter(|&(r, _)| statuses[r].is_none()) {
+            match exit_status_nowait(child.id()) {
+                Some(s) if s.signal().is_some() => return (r, s),
+                Some(_) => {}
+                None => dying |= crate::host::proc_state(child.id() as libc::pid_t) == Some('Z'),
+            }
+        }
+        if !dying || Instant::now() >= until {
+            return (rank, status);
+        }
+        thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Child `pid`'s exit status if it has ended, leaving it unreaped.
+fn exit_status_nowait(pid: u32) -> Option<ExitStatus> {
+    // SAFETY: siginfo_t is plain data for which all-zero is valid.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `info` is a valid, exclusively borrowed siginfo_t; WNOHANG
+    // returns at once, WNOWAIT leaves the child for Child::wait to reap.
+    let r = unsafe {
+        libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOHANG | libc::WNOWAIT)
+    };
+    if r != 0 {
+        return None;
+    }
+    // SAFETY: waitid succeeded, so `info` holds SIGCHLD information (all
+    // zero while the child runs), whose fields are si_pid and si_status.
+    let (who, code) = unsafe { (info.si_pid(), info.si_status()) };
+    if who == 0 {
+        return None;
+    }
+    // Back to a wait(2) status word.
+    match info.si_code {
+        libc::CLD_EXITED => Some(ExitStatus::from_raw((code & 0xff) << 8)),
+        libc::CLD_KILLED => Some(ExitStatus::from_raw(code & 0x7f)),
+        libc::CLD_DUMPED => Some(ExitStatus::from_raw(code & 0x7f | 0x80)),
+        _ => None,
     }
 }
 
