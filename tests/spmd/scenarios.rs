@@ -1,7 +1,15 @@
 //! Multi-process scenarios that a test launches as a job of its own: a PE
-//! that dies, a PE that never starts, mismatched start-up settings, and use
-//! after finalize. The tests run in the 1-PE world (each launches its own
-//! job; running them from every world would only repeat them).
+//! that dies (exits, or is killed by SIGKILL in the middle of a barrier, an
+//! all-reduce or a MoE dispatch), a PE that never starts, mismatched
+//! start-up settings, and use after finalize. The tests run in the 1-PE
+//! world (each launches its own job; running them from every world would
+//! only repeat them). After each job, nothing named after its PEs may be
+//! left in `/dev/shm`.
+//!
+//! `SHMEM_TEST_SCENARIO_BACKEND=gpu` runs the scenarios' PEs on the GPU
+//! backend (the suite's own PE may stay on the host backend);
+//! `SHMEM_TEST_FAULT_PES` sets the size of the `sigkill_in_*` jobs (3 by
+//! default, at most the GPUs' count on the GPU backend).
 
 use crate::util::{Env, TestResult};
 use crate::TestFn;
@@ -18,6 +26,9 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("scenario::heap_size_differs", heap_size_differs),
     ("scenario::use_after_finalize_and_foreign", use_after_finalize_and_foreign),
     ("scenario::collectives_on_different_teams", collectives_on_different_teams),
+    ("scenario::sigkill_in_barrier", sigkill_in_barrier),
+    ("scenario::sigkill_in_all_reduce", sigkill_in_all_reduce),
+    ("scenario::sigkill_in_dispatch_2d", sigkill_in_dispatch_2d),
 ];
 
 /// Exit code of a scenario PE that saw what it should.
@@ -26,6 +37,9 @@ const SAW_IT: u8 = 0;
 const DIES: i32 = 3;
 /// Exit code of a PE that saw its peer leave after the peer found the fault.
 const PEER_LEFT: i32 = 4;
+/// Exit code of a PE that saw a peer killed in the middle of an operation:
+/// an error, as a program that lost a peer ends.
+const SAW_FAULT: i32 = 5;
 
 /// The outcome of launching scenario `name` on `n` PEs.
 fn launch(name: &str, n: usize, kill_on_failure: bool, env: &[(&str, &str)]) -> (shmem::launch::Outcome, Duration) {
@@ -34,9 +48,28 @@ fn launch(name: &str, n: usize, kill_on_failure: bool, env: &[(&str, &str)]) -> 
     for (k, v) in env {
         l = l.env(k, v);
     }
+    if let Ok(backend) = std::env::var("SHMEM_TEST_SCENARIO_BACKEND") {
+        l = l.env("SHMEM_BACKEND", backend);
+    }
     let start = Instant::now();
     let outcome = l.run().expect("launching the scenario");
-    (outcome, start.elapsed())
+    let took = start.elapsed();
+    let left = shm_leftovers(&outcome.pids);
+    assert!(left.is_empty(), "scenario {name} left {left:?} in /dev/shm");
+    (outcome, took)
+}
+
+/// Entries of `/dev/shm` named after one of `pids` (a number of their name
+/// equal to one): what a job of these PEs left behind. The host backend's
+/// object is `/shmem-<pid of PE 0>-<id>`; entries of other jobs, named
+/// after their own PEs, are not counted.
+fn shm_leftovers(pids: &[u32]) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else { return Vec::new() };
+    dir.filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .filter(|name| {
+            name.split(|c: char| !c.is_ascii_digit()).any(|num| num.parse().is_ok_and(|x: u32| pids.contains(&x)))
+        })
+        .collect()
 }
 
 /// Each PE's exit code (-1 for a PE killed by a signal).
@@ -133,6 +166,69 @@ fn collectives_on_different_teams(env: &Env) -> TestResult {
     Ok(())
 }
 
+/// The PE that the `sigkill_in_*` scenarios kill: not PE 0, so that with
+/// three PEs there are survivors on both sides of it.
+const VICTIM: usize = 1;
+/// The wait timeout of the `sigkill_in_*` jobs: the bound on every
+/// survivor's wait, should noticing the dead PE fail.
+const FAULT_WAIT_TIMEOUT_S: u64 = 5;
+/// How long after the job's first barrier the victim is killed.
+const KILL_AFTER: Duration = Duration::from_millis(200);
+/// Longest a device wait spins before it traps (GPU backend), with margin.
+const DEVICE_TRAP: Duration = Duration::from_secs(12);
+
+/// Whether the scenarios' PEs run on the GPU backend.
+fn scenarios_on_gpu() -> bool {
+    std::env::var("SHMEM_TEST_SCENARIO_BACKEND").is_ok_and(|b| b.eq_ignore_ascii_case("gpu"))
+}
+
+fn sigkill_in_barrier(env: &Env) -> TestResult {
+    sigkill_in("sigkill_in_barrier", env)
+}
+
+fn sigkill_in_all_reduce(env: &Env) -> TestResult {
+    sigkill_in("sigkill_in_all_reduce", env)
+}
+
+fn sigkill_in_dispatch_2d(env: &Env) -> TestResult {
+    sigkill_in("sigkill_in_dispatch_2d", env)
+}
+
+/// PE [`VICTIM`] is killed by SIGKILL while every PE runs the scenario's
+/// operation; each survivor must fail with an error naming it, soon after
+/// the kill (checked by the survivors, see [`fault_pe`]), and exit with
+/// [`SAW_FAULT`]; the launcher reports the victim's SIGKILL as the job's
+/// first failure.
+fn sigkill_in(name: &str, env: &Env) -> TestResult {
+    if !only_in_one_pe_world(env) {
+        return Ok(());
+    }
+    let n: usize = std::env::var("SHMEM_TEST_FAULT_PES").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+    assert!(n > VICTIM, "SHMEM_TEST_FAULT_PES={n}: the job needs PE {VICTIM}");
+    let scratch = std::env::temp_dir().join(format!("shmem-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch)?;
+    let timeout = FAULT_WAIT_TIMEOUT_S.to_string();
+    let vars = [
+        ("SHMEM_WAIT_TIMEOUT", timeout.as_str()),
+        ("SHMEM_HEAP_SIZE", "64M"),
+        ("SHMEM_TEST_SCRATCH", scratch.to_str().ok_or("a temporary directory that is not UTF-8")?),
+    ];
+    // Without the launcher's help: the survivors must end by themselves.
+    let (o, took) = launch(name, n, false, &vars);
+    let _ = std::fs::remove_dir_all(&scratch);
+    eprintln!("{name}: job of {n} PEs over after {took:?}: {o}");
+    let mut want = vec![SAW_FAULT; n];
+    want[VICTIM] = -1;
+    assert_eq!(exit_codes(&o), want, "PE exit codes");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(o.first_failure.map(|(pe, s)| (pe, s.signal())), Some((VICTIM, Some(libc::SIGKILL))), "{o}");
+    // Start-up, the kill's delay and the survivors' bounded waits (on the
+    // GPU backend also NVSHMEM's start-up and a trapped device wait).
+    let bound = Duration::from_secs(if scenarios_on_gpu() { 60 } else { 30 });
+    assert!(took < bound, "took {took:?}");
+    Ok(())
+}
+
 /// Runs scenario `name` as this PE.
 pub fn run(name: &str) -> ExitCode {
     let rank: usize = std::env::var("SHMEM_RANK").ok().and_then(|r| r.parse().ok()).unwrap_or(0);
@@ -147,6 +243,7 @@ pub fn run(name: &str) -> ExitCode {
         "heap_size_differs" => heap_size_differs_pe(rank),
         "lifecycle" => lifecycle(),
         "different_teams" => different_teams(rank),
+        "sigkill_in_barrier" | "sigkill_in_all_reduce" | "sigkill_in_dispatch_2d" => fault_pe(rank, name),
         other => Err(format!("unknown scenario {other:?}")),
     };
     match result {
@@ -261,4 +358,117 @@ fn lifecycle() -> Result<(), String> {
         Ok(())
     };
     run().map_err(|e| e.to_string())
+}
+
+/// Microseconds since the Unix epoch: a clock that every process of the
+/// machine shares.
+fn unix_micros() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros())
+}
+
+/// A PE of a `sigkill_in_*` scenario. Every PE runs the operation over and
+/// over; a thread of the victim kills it with SIGKILL [`KILL_AFTER`] into
+/// the loop. The victim's main thread does nothing but the operation, so
+/// the kill lands inside one — in its exchange, its data movement or a
+/// barrier of it, wherever the thread happens to be — while the survivors
+/// are inside the same or the next one, waiting for the victim. (Killing a
+/// victim that waits outside, after the others entered, would only test
+/// the first of these.) Each survivor must then fail:
+///
+/// - host backend: with [`Error::PeerLost`] naming the victim as dead;
+/// - GPU backend: the same, or — when the kill caught the victim's kernel
+///   on the device — the trapped device wait, reported as [`Error::Cuda`]
+///   (the device printed "a collective waited too long for a peer") or a
+///   [`Error::Timeout`];
+///
+/// within the wait timeout of the kill (plus [`DEVICE_TRAP`] on the GPU
+/// backend), and exit with [`SAW_FAULT`].
+fn fault_pe(rank: usize, name: &str) -> Result<(), String> {
+    let scratch = std::path::PathBuf::from(std::env::var("SHMEM_TEST_SCRATCH").map_err(|_| "no SHMEM_TEST_SCRATCH")?);
+    let killed_at = scratch.join("killed_at");
+    let ctx = shmem::init().map_err(|e| e.to_string())?;
+    let gpu = ctx.backend() == shmem::BackendKind::Gpu;
+    let fault = {
+        let op = fault_op(&ctx, name).map_err(|e| format!("setting up: {e}"))?;
+        ctx.barrier_all(&ctx.stream()).map_err(|e| e.to_string())?;
+        if rank == VICTIM {
+            std::thread::spawn(move || {
+                std::thread::sleep(KILL_AFTER);
+                // Written before the kill, so the survivors' times since it
+                // err on the long side.
+                let _ = std::fs::write(&killed_at, unix_micros().to_string());
+                // SAFETY: kill(2) on this very process; nothing to uphold.
+                unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+            });
+            loop {
+                op().map_err(|e| format!("the victim's operation failed before it was killed: {e}"))?;
+            }
+        }
+        let bound = Duration::from_secs(FAULT_WAIT_TIMEOUT_S) + if gpu { DEVICE_TRAP } else { Duration::ZERO };
+        let looping = Instant::now();
+        let give_up = KILL_AFTER + bound + Duration::from_secs(10);
+        loop {
+            let started = Instant::now();
+            match op() {
+                Ok(()) if looping.elapsed() < give_up => {}
+                Ok(()) => return Err(format!("the operation still succeeds {give_up:?} into the loop")),
+                Err(e) => break (e, started.elapsed(), bound),
+            }
+        }
+        // The buffers and the context go here, so that this PE's peers
+        // see it leave rather than die.
+    };
+    drop(ctx);
+    let (err, in_call, bound) = fault;
+    let since_kill = std::fs::read_to_string(&killed_at)
+        .ok()
+        .and_then(|t| t.trim().parse::<u128>().ok())
+        .map(|t| Duration::from_micros(unix_micros().saturating_sub(t) as u64))
+        .ok_or_else(|| format!("failed with no record of the kill: {err}"))?;
+    eprintln!("PE {rank} failed {since_kill:?} after PE {VICTIM}'s kill ({in_call:?} into the call): {err}");
+    let expected = match &err {
+        Error::PeerLost { pe, what } => *pe == VICTIM && what.starts_with("died"),
+        Error::Cuda(_) | Error::Timeout { .. } => gpu,
+        _ => false,
+    };
+    if !expected {
+        return Err(format!("wrong error: {err}"));
+    }
+    if since_kill > bound {
+        return Err(format!("the error came {since_kill:?} after the kill, more than {bound:?}"));
+    }
+    std::process::exit(SAW_FAULT)
+}
+
+/// One call of the scenario's operation (with its stream synchronised, so
+/// the GPU backend's device work is part of it), on buffers made here.
+fn fault_op<'a>(ctx: &'a shmem::Context, name: &str) -> shmem::Result<Box<dyn Fn() -> shmem::Result<()> + 'a>> {
+    let s = ctx.stream();
+    let (n, me) = (ctx.n_pes(), ctx.my_pe());
+    Ok(match name {
+        "sigkill_in_barrier" => Box::new(move || ctx.barrier_all(&s).and_then(|()| s.synchronize())),
+        "sigkill_in_all_reduce" => {
+            // 4 MiB: the two-shot path, with a barrier between its halves.
+            let len = 1 << 20;
+            let src = ctx.alloc::<f32>(len)?;
+            src.copy_from_host(&(0..len).map(|i| (me * len + i) as f32).collect::<Vec<_>>(), &s)?;
+            let dst = ctx.alloc_zeroed::<f32>(len)?;
+            Box::new(move || ctx.all_reduce(&dst, &src, ReduceOp::Sum, &s).and_then(|()| s.synchronize()))
+        }
+        "sigkill_in_dispatch_2d" => {
+            // Every PE sends `rows` rows of 4 KiB to each expert of every PE.
+            let (ne, rows, row_len, align) = (2, 32, 1024, 8);
+            let input = ctx.alloc::<f32>(n * ne * rows * row_len)?;
+            input.copy_from_host(&(0..input.len()).map(|i| (me << 24 | i) as f32).collect::<Vec<_>>(), &s)?;
+            let splits = ctx.alloc::<i64>(n * ne)?;
+            splits.copy_from_host(&vec![rows as i64; n * ne], &s)?;
+            let out_rows = ne * (n * rows).next_multiple_of(align);
+            let output = ctx.alloc_zeroed::<f32>(out_rows * row_len)?;
+            let so = ctx.alloc_zeroed::<i64>(2 * n * ne)?;
+            Box::new(move || {
+                ctx.all_to_all_v_2d(&input, &output, &splits, &so, row_len, align, &s).and_then(|()| s.synchronize())
+            })
+        }
+        other => return Err(Error::Invalid(format!("no fault scenario {other:?}"))),
+    })
 }
