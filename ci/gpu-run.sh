@@ -3,7 +3,8 @@
 # the SPMD suite on the gpu backend with 2 PEs under shmemrun (each
 # collective's test alone), under mpirun and with RMA forced, then the
 # examples (and, with --bench, the benchmark sweep; with --quick, only the
-# collectives' tests; with --moe, only the MoE tests and examples).
+# collectives' tests; with --moe, only the MoE tests and examples; with
+# --faults, only the fault scenarios).
 # Finds the box's NVSHMEM by itself. Logs go to $OUT (or ./gpu-out); exits
 # non-zero if any step failed.
 set -uo pipefail
@@ -113,6 +114,38 @@ each_test() {
     done
 }
 
+# --faults: the SPMD suite's scenario::sigkill_in_* tests, each alone. The
+# suite's own PE runs on the host backend and launches a job of $pes PEs
+# on the gpu backend in which PE 1 is killed by SIGKILL in the middle of a
+# barrier, an all-reduce or a MoE dispatch (all_to_all_v_2d); the test
+# passes when every survivor failed (exit 5) with the dead PE named, a
+# trapped device wait or a timed-out wait, within 17 s of the kill, and the
+# job left nothing named after its PEs in /dev/shm. Here, besides: each
+# survivor's output must say so ("PE 1 died", or the device's "waited too
+# long for a peer", or "timed out"), and /dev/shm must hold nothing new.
+faults() {
+    local t r start before after new
+    before=$(find /dev/shm -mindepth 1 -maxdepth 1 -printf '%f\n' | sort)
+    for t in $("$bin/spmd" --list 2>/dev/null | sed -n 's/: test$//p' | grep -E '^scenario::sigkill_in_'); do
+        start=$(wc -l <"$log")
+        STEP_TIMEOUT=${EACH_TIMEOUT:-240} step "$t" env SHMEM_BACKEND=host SHMEM_TEST_SCENARIO_BACKEND=gpu \
+            SHMEM_TEST_FAULT_PES="$pes" "$bin/shmemrun" -n 1 "$bin/spmd" --exact "$t"
+        for ((r = 0; r < pes; r++)); do
+            ((r == 1)) && continue # the victim (VICTIM in tests/spmd/scenarios.rs)
+            if ! tail -n +"$((start + 1))" "$log" | grep -qE "^\[$r\] .*(PE 1 died|waited too long for a peer|timed out)"; then
+                echo "gpu-run: $t: PE $r's output names neither the dead PE nor a timed-out wait" | tee -a "$log"
+                failed+=("$t:pe$r")
+            fi
+        done
+    done
+    after=$(find /dev/shm -mindepth 1 -maxdepth 1 -printf '%f\n' | sort)
+    new=$(comm -13 <(echo "$before") <(echo "$after") | tr '\n' ' ')
+    if [[ -n $new ]]; then
+        echo "gpu-run: left in /dev/shm by the fault scenarios: $new" | tee -a "$log"
+        failed+=(faults-dev-shm)
+    fi
+}
+
 examples() {
     step quickstart "$bin/shmemrun" -n "$pes" --tag-output "$bin/quickstart"
     step ring "$bin/shmemrun" -n "$pes" "$bin/ring"
@@ -128,9 +161,10 @@ examples() {
 step gpus nvidia-smi --query-gpu=index,name,memory.total --format=csv
 # Modes, which add up: --quick, the collectives' tests; --moe, the MoE
 # tests (both paths) and bench rows; --only REGEX, each test whose name
-# matches; --examples, the examples and the failure cases; none of them:
+# matches; --examples, the examples and the failure cases; --faults, the
+# PE-killed-by-SIGKILL scenarios (see faults() above); none of them:
 # everything (the suite three ways, the examples, the failure cases).
-quick= moe= only= ex=
+quick= moe= only= ex= fa=
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
     case ${args[i]} in
@@ -138,6 +172,7 @@ for ((i = 0; i < ${#args[@]}; i++)); do
     --moe) moe=1 ;;
     --only) only=${args[i + 1]:-} ;;
     --examples) ex=1 ;;
+    --faults) fa=1 ;;
     esac
 done
 [[ -n $quick ]] && each_test '^coll::' env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
@@ -163,7 +198,8 @@ if [[ -n $moe ]]; then
 fi
 [[ -n $only ]] && each_test "$only" env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
 [[ -n $ex ]] && examples
-if [[ -z $quick$moe$only$ex ]]; then
+[[ -n $fa ]] && faults
+if [[ -z $quick$moe$only$ex$fa ]]; then
     each_test '^coll::' env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
     step spmd-shmemrun env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes" "$bin/spmd" --skip coll::
     step spmd-mpirun "${mpi[@]}" -x SHMEM_HEAP_SIZE=2G "$bin/spmd" --skip coll::
