@@ -141,3 +141,70 @@ pub(crate) fn plan_exchange(
     }
     Ok(mine.expect("this PE is one of the destinations"))
 }
+
+/// Cases the `moe_plan` fuzz target checks against its reference, kept here
+/// so that CI runs them: the module docs' pictures and the edges.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Error;
+
+    fn plan(kind: OpKind, me: usize, splits: &[Vec<i64>], entries: usize, rows: (u64, u64), align: usize) -> Plan {
+        plan_exchange(kind, me, splits, entries, rows.0, rows.1, align).unwrap()
+    }
+
+    fn fails(kind: OpKind, splits: &[Vec<i64>], entries: usize, rows: (u64, u64), align: usize) -> Error {
+        plan_exchange(kind, 0, splits, entries, rows.0, rows.1, align).unwrap_err()
+    }
+
+    #[test]
+    fn one_d_as_the_module_docs_draw_it() {
+        let splits = [vec![2, 1, 0], vec![1, 0, 3], vec![0, 2, 1]];
+        let p = plan(OpKind::AllToAllV, 2, &splits, 3, (4, 4), 0);
+        assert_eq!((p.out_splits, p.out_offsets), (vec![0, 3, 1], vec![0, 0, 3]));
+        let chunk = |src, from, to, rows| Chunk { src, from, to, rows };
+        assert_eq!(p.chunks, [chunk(1, 1, 0, 3), chunk(2, 2, 3, 1)]);
+    }
+
+    #[test]
+    fn two_d_pads_every_expert_block_even_an_empty_one() {
+        // 2 PEs × 2 experts; PE 1's expert 1 receives nothing but still
+        // takes major_align rows.
+        let splits = [vec![1, 1, 1, 0], vec![1, 1, 1, 0]];
+        let p = plan(OpKind::AllToAllV2d, 1, &splits, 4, (4, 8), 4);
+        assert_eq!((p.out_splits, p.out_offsets), (vec![1, 1, 0, 0], vec![0, 1, 4, 4]));
+        let e = fails(OpKind::AllToAllV2d, &splits, 4, (4, 7), 4);
+        assert!(matches!(e, Error::LengthMismatch(_)));
+        assert_eq!(
+            e.to_string().split(": ").last(),
+            Some("PE 0 would receive 8 rows (with major_align padding), but its output holds 7 rows")
+        );
+    }
+
+    #[test]
+    fn extreme_splits_and_offsets_fail_without_overflowing() {
+        let off = OpKind::AllToAllV2dOffset;
+        let e = fails(off, &[vec![i64::MIN, 0]], 1, (10, 10), 0);
+        assert!(e.to_string().contains("PE 0's split 0 is negative (-9223372036854775808)"), "{e}");
+        let e = fails(off, &[vec![0, i64::MIN]], 1, (10, 10), 0);
+        assert!(e.to_string().contains("PE 0's offset 0 is negative"), "{e}");
+        let e = fails(off, &[vec![i64::MAX, i64::MAX]], 1, (i64::MAX as u64, 10), 0);
+        assert!(
+            e.to_string().contains("PE 0's chunk 0 (9223372036854775807 rows from row 9223372036854775807)"),
+            "{e}"
+        );
+        let e = fails(off, &[vec![2, 1, 0, 1]], 2, (10, 10), 0);
+        assert!(e.to_string().contains("PE 0's offset 1 (1) starts before the end of its chunk 0 (row 2)"), "{e}");
+    }
+
+    #[test]
+    fn a_receiver_total_beyond_u64_saturates_into_an_error() {
+        // 8 PEs each send i64::MAX rows to PE 0: 8 × (2^63 - 1) rows does
+        // not fit a u64; the count saturates and the exchange fails.
+        let max = i64::MAX as u64;
+        let splits: Vec<Vec<i64>> =
+            (0..8).map(|_| (0..8).map(|d| if d == 0 { i64::MAX } else { 0 }).collect()).collect();
+        let e = fails(OpKind::AllToAllV, &splits, 8, (max, max), 0);
+        assert!(e.to_string().contains("PE 0 would receive 18446744073709551615 rows"), "{e}");
+    }
+}
