@@ -29,6 +29,9 @@ pub mod config;
 mod context;
 mod dtype;
 mod error;
+/// Internals for the fuzz targets in `fuzz/`: not API (hidden, unstable).
+#[doc(hidden)]
+pub mod fuzzing;
 mod gpu;
 mod handle;
 pub use gpu::interop::CudaView;

@@ -81,7 +81,9 @@ use crate::team::{Desc, OpKind, Team};
 use rayon::prelude::*;
 
 mod layer;
+pub(crate) mod plan;
 pub use layer::{CombineElement, Layout, MoeAllToAll, MoeConfig};
+use plan::Plan;
 
 /// Elements per rayon task when copying.
 const PIECE: usize = 1 << 15;
@@ -113,24 +115,6 @@ impl Call {
     fn rows(&self, r: Region) -> u64 {
         (r.len / self.row_len) as u64
     }
-}
-
-/// One validated chunk of rows this PE receives.
-struct Chunk {
-    /// Team index of the source.
-    src: usize,
-    /// First row in the source's input.
-    from: u64,
-    /// First row in this PE's output.
-    to: u64,
-    rows: u64,
-}
-
-/// What this PE receives and what it writes into `out_splits_offsets`.
-struct Plan {
-    chunks: Vec<Chunk>,
-    out_splits: Vec<i64>,
-    out_offsets: Vec<i64>,
 }
 
 fn invalid(kind: OpKind, msg: impl std::fmt::Display) -> Error {
@@ -475,93 +459,13 @@ impl Team {
         v
     }
 
-    /// Validates every PE's splits (and offsets) and returns this PE's part.
+    /// Reads every PE's splits (and offsets), validates them all and returns
+    /// this PE's part (see [`plan::plan_exchange`]).
     fn plan(&self, c: &Call) -> Result<Plan> {
-        let (kind, n, m) = (c.kind, self.n_pes(), c.entries);
-        let ne = c.experts_per_pe(n);
-        let in_rows = c.rows(c.input);
-        // Each source's chunks as (first row, rows), in its splits' order.
-        let mut sources: Vec<Vec<(u64, u64)>> = Vec::with_capacity(n);
-        for s in 0..n {
-            let raw = self.peer_i64s(s, c.splits.offset, c.splits.len);
-            let (splits, offsets) = raw.split_at(m);
-            let mut chunks = Vec::with_capacity(m);
-            let mut end = 0u64;
-            for i in 0..m {
-                let rows = u64::try_from(splits[i])
-                    .map_err(|_| invalid(kind, format!("PE {s}'s split {i} is negative ({})", splits[i])))?;
-                let from = if kind == OpKind::AllToAllV2dOffset {
-                    let at = u64::try_from(offsets[i])
-                        .map_err(|_| invalid(kind, format!("PE {s}'s offset {i} is negative ({})", offsets[i])))?;
-                    if at < end {
-                        return Err(invalid(
-                            kind,
-                            format!(
-                                "PE {s}'s offset {i} ({at}) starts before the end of its chunk {} (row {end}): \
-                                 offsets must be ascending and chunks must not overlap",
-                                i - 1
-                            ),
-                        ));
-                    }
-                    at
-                } else {
-                    end
-                };
-                end = from.checked_add(rows).filter(|&e| e <= in_rows).ok_or_else(|| {
-                    mismatch(
-                        kind,
-                        format!(
-                            "PE {s}'s chunk {i} ({rows} rows from row {from}) runs past its input of {in_rows} rows"
-                        ),
-                    )
-                })?;
-                chunks.push((from, rows));
-            }
-            sources.push(chunks);
-        }
-        let out_rows = c.rows(c.output);
-        let mut mine = None;
-        for d in 0..n {
-            // (source, index in the source's splits) of each output entry, in
-            // output order; entries come in groups of `group` (2d: one expert
-            // each) that are padded to `major_align`.
-            let (entries, group): (Vec<(usize, usize)>, usize) = match kind {
-                OpKind::AllToAllV => ((0..n).map(|s| (s, d)).collect(), n),
-                OpKind::AllToAllV2d => ((0..ne).flat_map(|e| (0..n).map(move |s| (s, d * ne + e))).collect(), n),
-                _ => ((0..n).flat_map(|s| (0..ne).map(move |e| (s, e * n + d))).collect(), ne),
-            };
-            let mut at = 0u64;
-            let mut out_offsets = Vec::with_capacity(m);
-            let mut chunks = Vec::new();
-            for block in entries.chunks(group) {
-                let start = at;
-                for &(s, i) in block {
-                    let (from, rows) = sources[s][i];
-                    out_offsets.push(at);
-                    chunks.push(Chunk { src: s, from, to: at, rows });
-                    at = at.saturating_add(rows);
-                }
-                if kind == OpKind::AllToAllV2d {
-                    let align = c.major_align as u64;
-                    let len = (at - start).div_ceil(align).saturating_mul(align).max(align);
-                    at = start.saturating_add(len);
-                }
-            }
-            if at > out_rows {
-                let padding = if kind == OpKind::AllToAllV2d { " (with major_align padding)" } else { "" };
-                return Err(mismatch(
-                    kind,
-                    format!("PE {d} would receive {at} rows{padding}, but its output holds {out_rows} rows"),
-                ));
-            }
-            if d == self.my_pe() {
-                let out_splits = entries.iter().map(|&(s, i)| sources[s][i].1 as i64).collect();
-                let out_offsets = out_offsets.into_iter().map(|o| o as i64).collect();
-                chunks.retain(|ch| ch.rows > 0);
-                mine = Some(Plan { chunks, out_splits, out_offsets });
-            }
-        }
-        Ok(mine.expect("this PE is one of the destinations"))
+        let n = self.n_pes();
+        let splits: Vec<Vec<i64>> = (0..n).map(|s| self.peer_i64s(s, c.splits.offset, c.splits.len)).collect();
+        let (in_rows, out_rows) = (c.rows(c.input), c.rows(c.output));
+        plan::plan_exchange(c.kind, self.my_pe(), &splits, c.entries, in_rows, out_rows, c.major_align)
     }
 
     /// Pulls this PE's chunks from the peers' inputs and writes its
