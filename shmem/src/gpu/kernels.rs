@@ -198,6 +198,8 @@ pub(crate) struct DeviceCheckFailure {
 /// without synchronising with the stream.
 struct HostRecord {
     ptr: *mut u64,
+    /// `ptr` in the device's address space.
+    device: u64,
 }
 
 impl HostRecord {
@@ -211,18 +213,15 @@ impl HostRecord {
             cudarc::driver::result::malloc_host(Self::WORDS * 8, cudarc::driver::sys::CU_MEMHOSTALLOC_DEVICEMAP)
         }?
         .cast::<u64>();
-        let record = HostRecord { ptr };
+        let mut device = 0;
+        // SAFETY: `ptr` came from cuMemHostAlloc with DEVICEMAP.
+        let mapped = unsafe { cudarc::driver::sys::cuMemHostGetDevicePointer_v2(&mut device, ptr.cast(), 0) };
+        let record = HostRecord { ptr, device };
+        mapped.result()?;
         for w in 0..Self::WORDS {
             record.store(w, 0);
         }
         Ok(record)
-    }
-
-    fn device_addr(&self) -> Result<u64> {
-        let mut dev = 0;
-        // SAFETY: `ptr` came from cuMemHostAlloc with DEVICEMAP.
-        unsafe { cudarc::driver::sys::cuMemHostGetDevicePointer_v2(&mut dev, self.ptr.cast(), 0) }.result()?;
-        Ok(dev)
     }
 
     fn load(&self, w: usize) -> u64 {
@@ -432,6 +431,26 @@ impl Kernels {
     ) -> Result<()> {
         // SAFETY: the caller's contract.
         unsafe { self.launch_shared(name, blocks, threads, 0, stream, params) }
+    }
+
+    /// Launches a `(TeamSync, A)` kernel of `THREADS` threads a block.
+    ///
+    /// # Safety
+    /// `A` is the `repr(C)` struct the kernel declares as its second
+    /// parameter; the launch's reads and writes are the caller's to allow.
+    unsafe fn launch_with<A: Copy>(
+        &self,
+        name: &str,
+        blocks: usize,
+        shared: u32,
+        t: TeamSync,
+        arg: A,
+        s: CUstream,
+    ) -> Result<()> {
+        let (mut t, mut arg) = (t, arg);
+        let mut params: [*mut c_void; 2] = [(&raw mut t).cast(), (&raw mut arg).cast()];
+        // SAFETY: the caller's contract.
+        unsafe { self.launch_shared(name, blocks, THREADS, shared, s, &mut params) }
     }
 
     /// [`Kernels::launch`] with `shared` bytes of dynamic shared memory.
@@ -769,7 +788,7 @@ impl Kernels {
     pub(crate) fn all_to_all_v(&self, t: TeamSync, a: A2av, s: CUstream) -> Result<()> {
         let mut a = a;
         a.table = self.layout.a2av() as u64;
-        a.error = self.a2av_error.device_addr()?;
+        a.error = self.a2av_error.device;
         let most = if t.rma != 0 { RMA_BLOCKS } else { MAX_BLOCKS };
         let in_bytes = (a.in_rows * a.row_bytes) as usize;
         // The data kernel's grid, by what the input can hold; the plan
@@ -783,14 +802,11 @@ impl Kernels {
         let staged = t.n as usize * if a.kind == 2 { 2 * m } else { m } * 8;
         let shared = if staged <= 48 << 10 { staged } else { 0 };
         a.shared_splits = (shared > 0) as i32;
-        for (name, blocks, shared) in [("shmem_a2av_plan", 1, shared), ("shmem_a2av_move", blocks, 0)] {
-            let (mut t, mut a) = (t, a);
-            let mut params: [*mut c_void; 2] = [(&raw mut t).cast(), (&raw mut a).cast()];
-            // SAFETY: (TeamSync, A2av) as the kernels declare; the regions
-            // were checked on the host, the splits are checked on the device.
-            unsafe { self.launch_shared(name, blocks, THREADS, shared as u32, s, &mut params) }?;
-        }
-        Ok(())
+        // SAFETY: (TeamSync, A2av) as the kernels declare; the regions were
+        // checked on the host, the splits are checked on the device.
+        unsafe { self.launch_with("shmem_a2av_plan", 1, shared as u32, t, a, s) }?;
+        // SAFETY: as above.
+        unsafe { self.launch_with("shmem_a2av_move", blocks, 0, t, a, s) }
     }
 
     /// What the MoE kernels' checks found since the last look (cleared).
@@ -839,24 +855,19 @@ impl Kernels {
     /// The route kernel (one block), then the gather (a block per slot, up to 1024).
     pub(crate) fn moe_route(&self, t: TeamSync, r: MoeRoute, s: CUstream) -> Result<()> {
         let slots = (r.max_tokens as usize).saturating_mul(r.top_k as usize);
-        for (name, blocks) in [("shmem_moe_route", 1), ("shmem_moe_gather", slots.clamp(1, 1024))] {
-            let (mut t, mut r) = (t, r);
-            let mut params: [*mut c_void; 2] = [(&raw mut t).cast(), (&raw mut r).cast()];
-            // SAFETY: (TeamSync, MoeRoute) as the kernels declare; regions
-            // checked by the layer; counts and ids checked on the device.
-            unsafe { self.launch(name, blocks, THREADS, s, &mut params) }?;
-        }
-        Ok(())
+        // SAFETY: (TeamSync, MoeRoute) as the kernels declare; regions
+        // checked by the layer; counts and ids checked on the device.
+        unsafe { self.launch_with("shmem_moe_route", 1, 0, t, r, s) }?;
+        // SAFETY: as above.
+        unsafe { self.launch_with("shmem_moe_gather", slots.clamp(1, 1024), 0, t, r, s) }
     }
 
     /// The weighted sum of each token's returned rows.
     pub(crate) fn moe_combine(&self, dtype: DType, t: TeamSync, c: MoeCombine, s: CUstream) -> Result<()> {
         let name = format!("shmem_moe_combine_{}", dtype.name());
-        let (mut t, mut c) = (t, c);
-        let mut params: [*mut c_void; 2] = [(&raw mut t).cast(), (&raw mut c).cast()];
         let blocks = (c.max_tokens as usize).clamp(1, 1024);
         // SAFETY: (TeamSync, MoeCombine) as the kernels declare; regions checked by the layer.
-        unsafe { self.launch(&name, blocks, THREADS, s, &mut params) }
+        unsafe { self.launch_with(&name, blocks, 0, t, c, s) }
     }
 }
 

@@ -357,8 +357,7 @@ impl<T: Element> MoeAllToAll<T> {
         };
         let pre = pre.and_then(|_| {
             let k = g.kernels.as_ref().ok_or_else(crate::gpu::kernels::not_built)?;
-            let world: Vec<usize> = (0..self.team.ctx.n).collect();
-            let t = k.team(0, &world, false)?;
+            let t = k.team(self.team.state.slot, &self.team.state.members, false)?;
             let r = crate::gpu::kernels::MoeRoute {
                 ids: ids.region(&self.team.ctx)?.offset as u64,
                 n_tokens: count.region(&self.team.ctx)?.offset as u64,
@@ -533,7 +532,6 @@ impl<T: CombineElement> MoeAllToAll<T> {
         let buffers = (outputs, (&self.send).into(), (&self.dispatch_splits).into(), (&self.combine_splits).into());
         self.team.all_to_all_v_any(OpKind::AllToAllV2dOffset, buffers, c.hidden, 0, pre, stream)?;
         let k = g.kernels.as_ref().ok_or_else(crate::gpu::kernels::not_built)?;
-        let world: Vec<usize> = (0..self.team.ctx.n).collect();
         let ctx = &self.team.ctx;
         let m = crate::gpu::kernels::MoeCombine {
             back: self.send.offset as u64,
@@ -546,7 +544,8 @@ impl<T: CombineElement> MoeAllToAll<T> {
             top_k: c.top_k as i32,
             _pad: 0,
         };
-        k.moe_combine(T::DTYPE, k.team(0, &world, false)?, m, g.stream(stream).cu_stream())
+        let t = k.team(self.team.state.slot, &self.team.state.members, false)?;
+        k.moe_combine(T::DTYPE, t, m, g.stream(stream).cu_stream())
     }
 
     /// Sends the experts' outputs back to the PEs that dispatched the
