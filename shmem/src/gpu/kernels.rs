@@ -42,8 +42,9 @@ const LL_MAX_BYTES: usize = crate::algo::LOW_LATENCY_MAX_BYTES;
 /// of place), above it two-shot.
 const ONE_SHOT_MAX_BYTES: usize = 256 << 10;
 
-/// 64-bit words of each PE's MoE all-to-all-v staging: the verdict, every
-/// PE's splits (and offsets), and the send plan (3 words per chunk).
+/// 64-bit words of each PE's MoE all-to-all-v staging: the verdict and
+/// active blocks, every PE's splits (and offsets), the plan kernel's work
+/// arrays, and the send plan (4 words per chunk).
 const A2AV_TABLE_WORDS: usize = 1 << 17;
 /// Input bytes per block of the MoE all-to-all-v's data kernel's grid
 /// (`kA2avBytesPerBlock`: the plan kernel keeps as many working as the
@@ -777,9 +778,15 @@ impl Kernels {
     /// Whether `n` PEs with `ne` experts each fit the staging (`kind` 2
     /// stages offsets too).
     pub(crate) fn a2av_fits(n: usize, ne: usize, kind: i32) -> bool {
+        Self::a2av_work_words(n, ne, kind).saturating_add(n.saturating_mul(ne).saturating_mul(4)).saturating_add(2)
+            <= A2AV_TABLE_WORDS
+    }
+
+    /// Words of every PE's splits and the work arrays (`A2avTable` in `moe.cu`).
+    fn a2av_work_words(n: usize, ne: usize, kind: i32) -> usize {
         let m = n.saturating_mul(ne);
         let w = if kind == 2 { m.saturating_mul(2) } else { m };
-        n.saturating_mul(w).saturating_add(m.saturating_mul(3)).saturating_add(2) <= A2AV_TABLE_WORDS
+        n.saturating_mul(w).saturating_add(n.saturating_mul(2).saturating_mul(m.saturating_add(1)))
     }
 
     /// Launches the plan kernel (one block: barrier, every PE's splits
@@ -796,10 +803,9 @@ impl Kernels {
         // (`kA2avBytesPerBlock` each; the idle ones exit at once).
         let blocks = in_bytes.div_ceil(A2AV_BYTES_PER_BLOCK).clamp(1, most);
         a.blocks = blocks as i32;
-        // Every PE's splits (and offsets) in the plan kernel's shared memory
-        // where they fit in the default 48 KiB.
-        let m = t.n as usize * a.ne as usize;
-        let staged = t.n as usize * if a.kind == 2 { 2 * m } else { m } * 8;
+        // Every PE's splits (and offsets) and the work arrays in the plan
+        // kernel's shared memory where they fit in the default 48 KiB.
+        let staged = Self::a2av_work_words(t.n as usize, a.ne as usize, a.kind) * 8;
         let shared = if staged <= 48 << 10 { staged } else { 0 };
         a.shared_splits = (shared > 0) as i32;
         // SAFETY: (TeamSync, A2av) as the kernels declare; the regions were
