@@ -9,7 +9,7 @@ use crate::heap::Allocator;
 use crate::host::{self, shm, HostWorld, PeState};
 use crate::team::{Team, TeamState};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 /// The id of the context alive (not finalized) in this process, 0 for none,
 /// `STARTING` while one starts: `init` twice is an error.
@@ -90,15 +90,31 @@ pub struct Context {
 #[derive(Debug, Default, Clone)]
 pub struct Stream {
     pub(crate) cuda: Option<Arc<cudarc::driver::CudaStream>>,
+    /// The context that made it: names a dead peer when the stream fails.
+    pub(crate) owner: Option<Weak<Inner>>,
 }
 
 impl Stream {
     /// Waits for everything issued on the stream.
+    ///
+    /// When a kernel on it trapped (a device wait for a dead peer runs out
+    /// of time and traps, see `SHMEM_WAIT_TIMEOUT`), the error names the
+    /// dead PE where the host sees one.
     pub fn synchronize(&self) -> Result<()> {
-        if let Some(s) = &self.cuda {
-            s.synchronize()?;
-        }
-        Ok(())
+        let Some(s) = &self.cuda else { return Ok(()) };
+        s.synchronize().map_err(|e| {
+            let dead =
+                self.owner.as_ref().and_then(Weak::upgrade).filter(|_| crate::gpu::sticky(&e)).and_then(|inner| {
+                    (0..inner.n)
+                        .filter(|&pe| pe != inner.me)
+                        .find_map(|pe| inner.host.peer_problem(pe).filter(|p| p.starts_with("died")).map(|p| (pe, p)))
+                });
+            let err = Error::from(e);
+            match dead {
+                Some((pe, p)) => Error::PeerLost { pe, what: format!("{p}; the device's wait for it ended in {err}") },
+                None => err,
+            }
+        })
     }
 
     /// The CUDA stream, on the GPU backend (for users' own kernels).
@@ -406,7 +422,7 @@ impl Context {
         match &self.inner.gpu {
             // A stream that cannot be made leaves operations on the
             // context's own stream, which is as ordered.
-            Some(g) => Stream { cuda: g.new_stream().ok() },
+            Some(g) => Stream { cuda: g.new_stream().ok(), owner: Some(Arc::downgrade(&self.inner)) },
             None => Stream::default(),
         }
     }

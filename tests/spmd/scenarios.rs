@@ -219,7 +219,7 @@ fn sigkill_in(name: &str, env: &Env) -> TestResult {
     eprintln!("{name}: job of {n} PEs over after {took:?}: {o}");
     let mut want = vec![SAW_FAULT; n];
     want[VICTIM] = -1;
-    assert_eq!(exit_codes(&o), want, "PE exit codes");
+    assert_eq!(exit_codes(&o), want, "PE exit codes (statuses {:?})", o.statuses);
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(o.first_failure.map(|(pe, s)| (pe, s.signal())), Some((VICTIM, Some(libc::SIGKILL))), "{o}");
     // Start-up, the kill's delay and the survivors' bounded waits (on the

@@ -13,6 +13,8 @@ use crate::bootstrap::Bootstrap;
 use crate::context::agree_ok;
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaContext, CudaStream};
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 pub(crate) use cudarc::driver::sys::CUstream;
@@ -41,8 +43,70 @@ pub(crate) mod kernels;
 
 impl From<cudarc::driver::DriverError> for Error {
     fn from(e: cudarc::driver::DriverError) -> Self {
+        if sticky(&e) {
+            note_fault();
+        }
         Error::Cuda(format!("{e:?}"))
     }
+}
+
+/// Whether `e` leaves the CUDA context unusable (a kernel trapped or
+/// faulted): every later call fails the same way.
+pub(crate) fn sticky(e: &cudarc::driver::DriverError) -> bool {
+    use cudarc::driver::sys::CUresult::*;
+    matches!(
+        e.0,
+        CUDA_ERROR_LAUNCH_FAILED
+            | CUDA_ERROR_ILLEGAL_ADDRESS
+            | CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | CUDA_ERROR_MISALIGNED_ADDRESS
+            | CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | CUDA_ERROR_INVALID_PC
+            | CUDA_ERROR_HARDWARE_STACK_ERROR
+            | CUDA_ERROR_ASSERT
+            | CUDA_ERROR_LAUNCH_TIMEOUT
+    )
+}
+
+/// Set once this process saw a peer die, a wait time out or its CUDA
+/// context fail: see [`exit_without_teardown`].
+static FAULTED: AtomicBool = AtomicBool::new(false);
+
+/// Records that this PE's job is broken (a dead peer, a timed-out wait, a
+/// trapped kernel).
+pub(crate) fn note_fault() {
+    FAULTED.store(true, Ordering::Release);
+}
+
+/// Registered with glibc's `on_exit` at GPU start-up, so it runs before
+/// the exit handlers NVSHMEM, NCCL and CUDA registered when they loaded.
+/// After a fault their teardown talks to the dead peer or a failed context
+/// and can end the process by a signal instead of the status it asked for
+/// (seen on the box: survivors of a SIGKILLed PE exited by a signal after
+/// reporting the death). A faulted process so leaves at once, with its own
+/// status; the OS frees its GPU memory and mappings.
+extern "C" fn exit_without_teardown(status: c_int, _: *mut c_void) {
+    if FAULTED.load(Ordering::Acquire) {
+        // SAFETY: flushing C stdio and leaving; nothing runs after.
+        unsafe {
+            libc::fflush(std::ptr::null_mut());
+            libc::_exit(status);
+        }
+    }
+}
+
+/// Registers [`exit_without_teardown`] once per process.
+fn guard_exit() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    // `on_exit` is glibc's (the libc crate does not bind it): `atexit`
+    // would not pass the status on.
+    extern "C" {
+        fn on_exit(f: extern "C" fn(c_int, *mut c_void), arg: *mut c_void) -> c_int;
+    }
+    // SAFETY: registers a handler that only reads an atomic and exits.
+    ONCE.call_once(|| unsafe {
+        on_exit(exit_without_teardown, std::ptr::null_mut());
+    });
 }
 
 /// NVSHMEM's handle of the world team.
@@ -152,6 +216,7 @@ impl GpuWorld {
         let uids = agree_ok(boot, uid, "making NVSHMEM's unique id")?;
         let init = init_with_unique_id(nv, version, &uids[0], me, n, device);
         agree_ok(boot, init.map(|_| Vec::new()), "initialising NVSHMEM")?;
+        guard_exit();
 
         // SAFETY: NVSHMEM is initialised; nvshmem_malloc is collective and
         // every PE asks for the same size.

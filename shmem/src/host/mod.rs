@@ -248,9 +248,13 @@ impl HostWorld {
                 if done() {
                     return Ok(());
                 }
+                if matches!(alive, Err(Error::PeerLost { .. })) {
+                    crate::gpu::note_fault();
+                }
                 alive?;
                 if let Some(limit) = self.wait_timeout {
                     if now - start > limit {
+                        crate::gpu::note_fault();
                         return Err(Error::Timeout { secs: (now - start).as_secs_f64(), what: what() });
                     }
                 }
