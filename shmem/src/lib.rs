@@ -39,6 +39,7 @@ mod heap;
 mod host;
 pub mod launch;
 pub mod moe;
+pub mod overlap;
 mod rma;
 mod team;
 
@@ -51,6 +52,7 @@ pub use error::{Error, Result};
 pub use half::{bf16, f16};
 pub use handle::{DevicePeerHandle, PeerHandle, DEVICE_HEADER, SIGNAL_PAD_WORDS_PER_PEER};
 pub use moe::{CombineElement, Layout, MoeAllToAll, MoeConfig};
+pub use overlap::{Overlap, OverlapComm};
 pub use rma::{Cmp, SignalOp};
 pub use team::Team;
 

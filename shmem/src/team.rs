@@ -32,6 +32,8 @@ pub(crate) enum OpKind {
     AllToAllV2d,
     AllToAllV2dOffset,
     MoeSetup,
+    AllGatherMatmul,
+    MatmulReduceScatter,
 }
 
 impl OpKind {
@@ -51,6 +53,8 @@ impl OpKind {
             AllToAllV2d,
             AllToAllV2dOffset,
             MoeSetup,
+            AllGatherMatmul,
+            MatmulReduceScatter,
         ]
         .into_iter()
         .find(|k| *k as u8 == v)
@@ -71,6 +75,8 @@ impl OpKind {
             OpKind::AllToAllV2d => "all_to_all_v_2d",
             OpKind::AllToAllV2dOffset => "all_to_all_v_2d_offset",
             OpKind::MoeSetup => "MoeAllToAll::new",
+            OpKind::AllGatherMatmul => "all_gather_matmul",
+            OpKind::MatmulReduceScatter => "matmul_reduce_scatter",
         }
     }
 }
@@ -139,6 +145,18 @@ impl fmt::Display for Row<'_> {
                 "hidden {}, max tokens {}, experts per PE {}, top-k {}, major_align {}",
                 w[2], w[3], w[4], w[5], w[6]
             )?,
+            Some(OpKind::AllGatherMatmul) => write!(
+                f,
+                "a_shard {} elements at heap offset {}, a_out {} elements at heap offset {}, k {}",
+                w[3],
+                if w[2] == u64::MAX { "(its block of a_out)".to_string() } else { w[2].to_string() },
+                w[5],
+                w[4],
+                w[6]
+            )?,
+            Some(OpKind::MatmulReduceScatter) => {
+                write!(f, "workspace {} elements at heap offset {}, m {}, n {}", w[3], w[2], w[4], w[5])?
+            }
             Some(_) => write!(
                 f,
                 "src {} elements at heap offset {}, dst {} elements at heap offset {}, root {}",

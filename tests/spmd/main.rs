@@ -12,6 +12,7 @@ mod coll;
 mod errors;
 mod kernels;
 mod moe;
+mod overlap;
 mod rma;
 mod scenarios;
 mod teams;
@@ -32,6 +33,7 @@ fn all_tests() -> Vec<(&'static str, TestFn)> {
     t.extend(teams::TESTS);
     t.extend(errors::TESTS);
     t.extend(moe::TESTS);
+    t.extend(overlap::TESTS);
     t.extend(scenarios::TESTS);
     t
 }

@@ -37,6 +37,7 @@ macro_rules! call {
     };
 }
 mod amo;
+pub(crate) mod blas;
 pub(crate) mod dispatch;
 pub mod interop;
 pub(crate) mod kernels;
@@ -155,6 +156,8 @@ pub(crate) struct GpuWorld {
     pub(crate) kernels: Option<kernels::Kernels>,
     /// The host-initiated atomics' kernel, built on first use.
     amo: std::sync::OnceLock<std::result::Result<amo::Amo, String>>,
+    /// cuBLAS and the side stream of the overlapped matmuls, made on first use.
+    pub(crate) blas: std::sync::Mutex<Option<blas::Blas>>,
 }
 
 // SAFETY: NVSHMEM's host API may be called from any thread once initialised;
@@ -242,8 +245,18 @@ impl GpuWorld {
             })
             .collect();
         let own = cuda.new_stream()?;
-        let mut world =
-            GpuWorld { nv, cuda, heap_base, peer_base, version, device, own, kernels: None, amo: Default::default() };
+        let mut world = GpuWorld {
+            nv,
+            cuda,
+            heap_base,
+            peer_base,
+            version,
+            device,
+            own,
+            kernels: None,
+            amo: Default::default(),
+            blas: Default::default(),
+        };
         // Zero the synchronisation state everywhere before any kernel runs.
         world.zero(world.addr(heap_size), layout.bytes(), &world.own)?;
         world.own.synchronize()?;
