@@ -52,8 +52,8 @@
 //! timed); they have no `nvshmem` row.
 //!
 //! **Implementations** (`impl`): on the GPU backend `shmem` is the default
-//! [`shmem::Collectives`]; `shmem-oneshot`, `shmem-twoshot`, `shmem-ll`
-//! force an all-reduce algorithm, `shmem-ce` the copy-engine all-gather,
+//! [`shmem::Collectives`]; `shmem-oneshot`, `shmem-twoshot`, `shmem-ll`,
+//! `shmem-push` force an all-reduce algorithm, `shmem-ce` the copy-engine all-gather,
 //! `shmem-rma` NVSHMEM's RMA inside the kernels; `nvshmem` is NVSHMEM's own
 //! collective and `nccl` NCCL's (cudarc's bindings to the box's libnccl, on
 //! plain device buffers; all_to_all as grouped sends and receives), both
@@ -285,6 +285,8 @@ enum Imp {
     ShmemTwoshot,
     /// all_reduce: the low-latency algorithm (up to 64 KiB)
     ShmemLl,
+    /// all_reduce: the push algorithm (up to 1 MiB, up to 8 PEs)
+    ShmemPush,
     /// all_gather: moved by the copy engines
     ShmemCe,
     /// shmem's kernels reaching every peer through NVSHMEM's RMA
@@ -307,6 +309,7 @@ impl Imp {
             Imp::ShmemOneshot => "shmem-oneshot",
             Imp::ShmemTwoshot => "shmem-twoshot",
             Imp::ShmemLl => "shmem-ll",
+            Imp::ShmemPush => "shmem-push",
             Imp::ShmemCe => "shmem-ce",
             Imp::ShmemRma => "shmem-rma",
             Imp::Nvshmem => "nvshmem",
@@ -328,6 +331,7 @@ impl Imp {
             Imp::ShmemOneshot => Collectives { all_reduce: AllReduceAlgo::OneShot, ..default },
             Imp::ShmemTwoshot => Collectives { all_reduce: AllReduceAlgo::TwoShot, ..default },
             Imp::ShmemLl => Collectives { all_reduce: AllReduceAlgo::LowLatency, ..default },
+            Imp::ShmemPush => Collectives { all_reduce: AllReduceAlgo::Push, ..default },
             Imp::ShmemCe => Collectives { all_gather: AllGatherAlgo::CopyEngine, ..default },
             Imp::ShmemRma => Collectives { force_rma: true, ..default },
             Imp::Nvshmem => Collectives { implementation: CollImpl::Nvshmem, ..default },
@@ -344,6 +348,7 @@ impl Imp {
             _ if !gpu => false,
             Imp::ShmemOneshot | Imp::ShmemTwoshot => op == Op::AllReduce,
             Imp::ShmemLl => op == Op::AllReduce && bytes <= shmem::algo::LOW_LATENCY_MAX_BYTES,
+            Imp::ShmemPush => op == Op::AllReduce && bytes <= shmem::algo::PUSH_MAX_BYTES,
             Imp::ShmemCe => op == Op::AllGather,
             Imp::ShmemRma => op.is_collective() || op.is_moe(),
             Imp::Nvshmem => op.is_collective(),

@@ -26,6 +26,13 @@ constexpr int kRmaBlocks = 32;
 constexpr uint64_t kRmaChunk = 8192;
 // Largest team the kernels take (checked on the host).
 constexpr int kMaxTeam = 64;
+// The push all-reduce (`allreduce_push` in reduce.cuh): its blocks (always
+// all of them, like the low-latency kernels), the most bytes it takes, and
+// the largest world it has staging for (`PUSH_*` in kernels.rs).
+constexpr int kPushBlocks = 32;
+constexpr uint64_t kPushMaxBytes = 1 << 20;
+constexpr int kPushMaxTeam = 8;
+static_assert(kPushBlocks >= kLLBlocks, "a push kernel writes every low-latency counter");
 
 // Signal arrays of a team's synchronisation state, each kMaxBlocks × n
 // 64-bit words: word [channel][sender] of a PE is set by `sender`.
@@ -34,7 +41,7 @@ enum Array { Arrive = 0, Data = 1, Depart = 2 };
 // A team's view of the symmetric heap and its synchronisation state:
 // at `sync_offset` of every member's heap, the three signal arrays, then
 // kMaxBlocks epoch counters (one per block channel, this PE's own), then
-// kLLBlocks low-latency epoch counters (world team only).
+// kLLBlocks low-latency and kPushBlocks push epoch counters (world team only).
 struct TeamSync {
     const uint64_t *peer_heap;  // n heap bases; 0 where the peer is reached through RMA
     const int *pes;             // n world PE numbers (for NVSHMEM)
@@ -53,6 +60,7 @@ struct TeamSync {
         return reinterpret_cast<uint64_t *>(heap + sync_offset) + 3 * kMaxBlocks * n + channel;
     }
     __device__ uint64_t *ll_counter(int block) const { return epoch_counter(kMaxBlocks + block); }
+    __device__ uint64_t *push_counter(int block) const { return epoch_counter(kMaxBlocks + kLLBlocks + block); }
     __device__ bool nvlink(int pe) const { return peer_heap[pe] != 0; }
     // A peer's copy of heap offset `off` (NVLink path only).
     template <typename T> __device__ T *at(int pe, uint64_t off) const {
@@ -161,12 +169,17 @@ __device__ __forceinline__ void block_copy(uint8_t *dst, const uint8_t *src, uin
         uint4 *d = reinterpret_cast<uint4 *>(dst);
         uint64_t v = bytes / 16;
         uint64_t j = threadIdx.x;
-        for (; j + blockDim.x < v; j += 2 * blockDim.x) {
-            uint4 a = s[j], b = s[j + blockDim.x];
+        const uint64_t n = blockDim.x;
+        // Four 16-byte loads in flight a thread before their stores: the
+        // stores through NVLink keep more of the link busy.
+        for (; j + 3 * n < v; j += 4 * n) {
+            uint4 a = s[j], b = s[j + n], c = s[j + 2 * n], e = s[j + 3 * n];
             d[j] = a;
-            d[j + blockDim.x] = b;
+            d[j + n] = b;
+            d[j + 2 * n] = c;
+            d[j + 3 * n] = e;
         }
-        if (j < v) d[j] = s[j];
+        for (; j < v; j += n) d[j] = s[j];
         i = v * 16;
     } else if (align % 4 == 0) {
         const uint32_t *s = reinterpret_cast<const uint32_t *>(src);
@@ -412,7 +425,12 @@ struct LL {
     }
     __device__ void end() const {
         __syncthreads();
-        if (threadIdx.x == 0) *t.ll_counter(blockIdx.x) = epoch;
+        if (threadIdx.x == 0) {
+            *t.ll_counter(blockIdx.x) = epoch;
+            // The push kernels share the epochs: each push block's counter
+            // is written by one block of either kind (see allreduce_push).
+            for (int j = blockIdx.x; j < kPushBlocks; j += kLLBlocks) *t.push_counter(j) = epoch;
+        }
     }
 };
 

@@ -28,6 +28,11 @@ pub enum AllReduceAlgo {
     /// every peer's receive buffer and reduces what arrives: no barrier,
     /// one link latency. World team, up to [`LOW_LATENCY_MAX_BYTES`], NVLink path.
     LowLatency,
+    /// Every PE stores its input into every peer's staging with one flag
+    /// per block, and reduces what arrives: no barrier, plain 16-byte
+    /// stores. World team of up to 8 PEs, up to [`PUSH_MAX_BYTES`], NVLink
+    /// path; the automatic choice above [`LOW_LATENCY_MAX_BYTES`].
+    Push,
     /// Every PE reads every peer's input and reduces all of it.
     OneShot,
     /// Every PE reduces its `1/n` share and writes it to every peer.
@@ -51,6 +56,9 @@ pub enum AllGatherAlgo {
 
 /// Largest all-reduce (bytes per PE) of the low-latency algorithm.
 pub const LOW_LATENCY_MAX_BYTES: usize = 64 << 10;
+
+/// Largest all-reduce of the push kernel ([`AllReduceAlgo::Push`]), bytes per PE.
+pub const PUSH_MAX_BYTES: usize = 1 << 20;
 
 /// The GPU backend's collective settings; see [`crate::Context::set_collectives`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

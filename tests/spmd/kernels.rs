@@ -15,6 +15,7 @@ pub enum Variant {
     OneShot,
     TwoShot,
     LowLatency,
+    Push,
     Sm,
     CopyEngine,
     /// NVSHMEM's own collectives, the baseline.
@@ -29,6 +30,7 @@ impl Variant {
             Variant::OneShot => "one_shot",
             Variant::TwoShot => "two_shot",
             Variant::LowLatency => "low_latency",
+            Variant::Push => "push",
             Variant::Sm => "sm",
             Variant::CopyEngine => "copy_engine",
             Variant::Nvshmem => "nvshmem",
@@ -42,6 +44,7 @@ impl Variant {
             Variant::OneShot => Collectives { all_reduce: AllReduceAlgo::OneShot, ..base },
             Variant::TwoShot => Collectives { all_reduce: AllReduceAlgo::TwoShot, ..base },
             Variant::LowLatency => Collectives { all_reduce: AllReduceAlgo::LowLatency, ..base },
+            Variant::Push => Collectives { all_reduce: AllReduceAlgo::Push, ..base },
             Variant::Sm => Collectives { all_gather: AllGatherAlgo::Sm, ..base },
             Variant::CopyEngine => Collectives { all_gather: AllGatherAlgo::CopyEngine, ..base },
             Variant::Nvshmem => Collectives { implementation: CollImpl::Nvshmem, ..base },
@@ -53,7 +56,7 @@ impl Variant {
     pub fn covers(self, coll: Coll) -> bool {
         match self {
             Variant::Default | Variant::ForceRma | Variant::Nvshmem => true,
-            Variant::OneShot | Variant::TwoShot | Variant::LowLatency => coll == Coll::AllReduce,
+            Variant::OneShot | Variant::TwoShot | Variant::LowLatency | Variant::Push => coll == Coll::AllReduce,
             Variant::Sm | Variant::CopyEngine => coll == Coll::AllGather,
         }
     }
@@ -101,9 +104,15 @@ pub fn graph_replay(env: &Env) -> TestResult {
         return Ok(());
     };
     let mut rep = Report::new(env);
-    for v in
-        [Variant::Default, Variant::LowLatency, Variant::OneShot, Variant::TwoShot, Variant::Sm, Variant::CopyEngine]
-    {
+    for v in [
+        Variant::Default,
+        Variant::LowLatency,
+        Variant::Push,
+        Variant::OneShot,
+        Variant::TwoShot,
+        Variant::Sm,
+        Variant::CopyEngine,
+    ] {
         let _settings = Settings::apply(&env.ctx, v);
         replay(env, stream, v, &mut rep)?;
     }

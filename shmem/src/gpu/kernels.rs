@@ -38,6 +38,11 @@ const TEAM_SLOTS: usize = 64;
 const THREADS: u32 = 512;
 /// Largest low-latency all-reduce (`kLLMaxBytes`).
 const LL_MAX_BYTES: usize = crate::algo::LOW_LATENCY_MAX_BYTES;
+/// The push all-reduce's blocks, largest size and largest world
+/// (`kPushBlocks`, `kPushMaxBytes`, `kPushMaxTeam` in `common.cuh`).
+const PUSH_BLOCKS: usize = 32;
+const PUSH_MAX_BYTES: usize = crate::algo::PUSH_MAX_BYTES;
+const PUSH_MAX_TEAM: usize = 8;
 /// Up to this many bytes per PE the automatic all-reduce is one-shot (out
 /// of place), above it two-shot.
 const ONE_SHOT_MAX_BYTES: usize = 256 << 10;
@@ -74,7 +79,7 @@ impl Layout {
         Layout { base: heap_size, n }
     }
     fn slot_bytes(&self) -> usize {
-        ((3 * MAX_BLOCKS * self.n + MAX_BLOCKS + LL_BLOCKS) * 8).next_multiple_of(256)
+        ((3 * MAX_BLOCKS * self.n + MAX_BLOCKS + LL_BLOCKS + PUSH_BLOCKS) * 8).next_multiple_of(256)
     }
     fn slot(&self, slot: usize) -> usize {
         self.base + slot * self.slot_bytes()
@@ -82,8 +87,19 @@ impl Layout {
     fn ll(&self) -> usize {
         self.slot(TEAM_SLOTS)
     }
-    fn temp(&self) -> usize {
+    /// The push all-reduce's flags and staging (`push_flags` in
+    /// `reduce.cuh`), for worlds of up to `PUSH_MAX_TEAM` PEs.
+    fn push(&self) -> usize {
         self.ll() + 2 * self.n * LL_MAX_BYTES * 2
+    }
+    fn push_bytes(&self) -> usize {
+        if self.n > PUSH_MAX_TEAM {
+            return 0;
+        }
+        (self.n * PUSH_BLOCKS * 8).next_multiple_of(256) + 2 * self.n * PUSH_MAX_BYTES
+    }
+    fn temp(&self) -> usize {
+        self.push() + self.push_bytes()
     }
     /// This PE's staging of the MoE all-to-all-v (`A2avTable` in `moe.cu`).
     fn a2av(&self) -> usize {
@@ -294,6 +310,7 @@ unsafe impl Sync for Kernels {}
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Reduction {
     LowLatency,
+    Push,
     OneShot,
     TwoShot,
     ReduceScatter,
@@ -592,12 +609,15 @@ impl Kernels {
     ) -> Result<()> {
         let bytes = count * dtype.size();
         let ll = Self::low_latency(&t, world, bytes);
+        let push = world && t.rma == 0 && t.n as usize <= PUSH_MAX_TEAM && bytes <= PUSH_MAX_BYTES;
         let one_shot = dst != src;
         let how = match algo {
             AllReduceAlgo::LowLatency if ll => Reduction::LowLatency,
+            AllReduceAlgo::Push if push => Reduction::Push,
             AllReduceAlgo::OneShot if one_shot => Reduction::OneShot,
             AllReduceAlgo::TwoShot => Reduction::TwoShot,
             _ if ll => Reduction::LowLatency,
+            _ if push => Reduction::Push,
             _ if one_shot && bytes <= ONE_SHOT_MAX_BYTES => Reduction::OneShot,
             _ => Reduction::TwoShot,
         };
@@ -648,6 +668,7 @@ impl Kernels {
         let units = (count * dtype.size()).div_ceil(16);
         let (name, blocks) = match how {
             Reduction::LowLatency => (format!("shmem_allreduce_ll_{dt}_{o}"), LL_BLOCKS),
+            Reduction::Push => (format!("shmem_allreduce_push_{dt}_{o}_{np}"), PUSH_BLOCKS),
             Reduction::OneShot => (format!("shmem_allreduce_oneshot_{dt}_{o}_{np}"), Self::blocks(&t, units)),
             Reduction::TwoShot => {
                 (format!("shmem_allreduce_twoshot_{dt}_{o}_{np}"), Self::blocks(&t, units.div_ceil(t.n as usize)))
