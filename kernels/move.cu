@@ -97,6 +97,62 @@ extern "C" __global__ void __launch_bounds__(512) shmem_alltoall(TeamSync t, uin
     finish(t, epoch);
 }
 
+// Push forms (see `Push` in common.cuh) of all-gather, broadcast and
+// all-to-all, for the world team over NVLink up to kPushMaxBytes a peer:
+// what goes to a peer lands in its staging, and each PE copies what it
+// received into its destination once the senders' flags are up.
+extern "C" __global__ void __launch_bounds__(512)
+    shmem_allgather_push(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int in_place) {
+    using namespace shmem::k;
+    Push push(t);
+    Range r = block_bytes(bytes, blockIdx.x, gridDim.x);
+    uint8_t *out = t.mine<uint8_t>(dst);
+    const uint8_t *from = t.mine<uint8_t>(in_place ? dst + t.rank * bytes : src) + r.lo;
+    for (int i = 1; i < t.n; i++) push.send((t.rank + i) % t.n, r.lo, from, r.hi - r.lo);
+    if (!in_place) block_copy(out + t.rank * bytes + r.lo, from, r.hi - r.lo);
+    push.flag_and_wait();
+    for (int pe = 0; pe < t.n; pe++)
+        if (pe != t.rank) block_copy(out + pe * bytes + r.lo, push.received<uint8_t>(pe, r.lo), r.hi - r.lo);
+    push.end();
+}
+
+extern "C" __global__ void __launch_bounds__(512)
+    shmem_broadcast_push(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int root) {
+    using namespace shmem::k;
+    Push push(t);
+    Range r = block_bytes(bytes, blockIdx.x, gridDim.x);
+    uint8_t *out = t.mine<uint8_t>(dst) + r.lo;
+    if (t.rank == root) {
+        const uint8_t *from = t.mine<uint8_t>(src) + r.lo;
+        for (int i = 1; i < t.n; i++) push.send((t.rank + i) % t.n, r.lo, from, r.hi - r.lo);
+        if (dst != src) block_copy(out, from, r.hi - r.lo);
+    }
+    // Every member flags every member, so that all hear from all.
+    push.flag_and_wait();
+    if (t.rank != root) block_copy(out, push.received<uint8_t>(root, r.lo), r.hi - r.lo);
+    push.end();
+}
+
+// In place is safe: a block sends its share of every block of the source
+// before it writes the same share of any block of the destination.
+extern "C" __global__ void __launch_bounds__(512)
+    shmem_alltoall_push(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes) {
+    using namespace shmem::k;
+    Push push(t);
+    Range r = block_bytes(bytes, blockIdx.x, gridDim.x);
+    const uint8_t *in = t.mine<uint8_t>(src);
+    uint8_t *out = t.mine<uint8_t>(dst);
+    for (int i = 1; i < t.n; i++) {
+        int pe = (t.rank + i) % t.n;
+        push.send(pe, r.lo, in + pe * bytes + r.lo, r.hi - r.lo);
+    }
+    if (dst != src) block_copy(out + t.rank * bytes + r.lo, in + t.rank * bytes + r.lo, r.hi - r.lo);
+    push.flag_and_wait();
+    for (int pe = 0; pe < t.n; pe++)
+        if (pe != t.rank) block_copy(out + pe * bytes + r.lo, push.received<uint8_t>(pe, r.lo), r.hi - r.lo);
+    push.end();
+}
+
 // Low-latency forms (see `LL` in common.cuh) of all-gather, broadcast and
 // all-to-all, for small payloads of the world team over NVLink.
 extern "C" __global__ void __launch_bounds__(512)

@@ -73,68 +73,55 @@ __device__ void reduce_scatter(const TeamSync &t, uint64_t dst_off, uint64_t src
     end_epoch(t, epoch);
 }
 
-// Push all-reduce (world team, every peer over NVLink, at most
-// kPushMaxBytes, at most kPushMaxTeam PEs): block b of kPushBlocks stores
-// its share of this PE's source into every peer's staging for this PE,
-// then raises its flag there; once every peer's flag for block b is up,
-// it reduces the same share from its own source and the staged copies, in
-// team order. One link latency and no barrier, as the low-latency
-// protocol, but with plain 16-byte stores and one flag a block.
-//
-// The staging (after the low-latency packets, at every PE alike): flags
-// [sender][block] (the epoch), then two buffers by epoch parity of
-// kPushMaxBytes per sender. A PE writes a buffer again two epochs later,
-// after it has seen every peer's flag of the epoch between, which each
-// peer raised only once its kernel of the epoch before (which read that
-// buffer) was over: the LL argument, with which it shares the epochs
-// (every kernel of either kind hears from every peer). In place is safe:
-// a block reads and writes only its own share of this PE's buffers.
-__device__ __forceinline__ uint64_t push_flags(const TeamSync &t) { return t.ll_offset + 4 * t.n * kLLMaxBytes; }
-__device__ __forceinline__ uint64_t push_staging(const TeamSync &t, uint64_t parity, int sender) {
-    uint64_t flags = (static_cast<uint64_t>(t.n) * kPushBlocks * 8 + 255) / 256 * 256;
-    return push_flags(t) + flags + (parity * t.n + sender) * kPushMaxBytes;
-}
-
+// Push all-reduce (see `Push` in common.cuh): block b stores its share of
+// this PE's source into every peer's staging, then reduces the same share
+// from its own source and the staged copies, in team order. In place is
+// safe: a block reads and writes only its own share of this PE's buffers.
 template <typename T, int OP, int NP>
 __device__ void allreduce_push(const TeamSync &t, uint64_t dst_off, uint64_t src_off, uint64_t count) {
-    __shared__ uint64_t shared_epoch;
     __shared__ const T *srcs[kPushMaxTeam];
     __shared__ T *dsts[1];
-    // The low-latency and push kernels share one epoch sequence: block b's
-    // counter is written only by block b of a push kernel and block
-    // b % kLLBlocks of a low-latency one, and read only by block b here.
-    if (threadIdx.x == 0) shared_epoch = *t.push_counter(blockIdx.x) + 1;
-    __syncthreads();
-    const uint64_t epoch = shared_epoch, parity = epoch & 1;
+    Push push(t);
     Range r = block_elems<T>(count, blockIdx.x, gridDim.x);
     const T *src = t.mine<T>(src_off);
-    const uint64_t lo_bytes = r.lo * sizeof(T), bytes = (r.hi - r.lo) * sizeof(T);
-    for (int i = 1; i < t.n; i++) {
-        int pe = (t.rank + i) % t.n;
-        block_copy(t.at<uint8_t>(pe, push_staging(t, parity, t.rank) + lo_bytes),
-                   reinterpret_cast<const uint8_t *>(src + r.lo), bytes);
-    }
-    __syncthreads();
-    uint64_t *flags = t.mine<uint64_t>(push_flags(t));
-    for (int pe = threadIdx.x; pe < t.n; pe += blockDim.x) {
-        if (pe == t.rank) continue;
-        __threadfence_system();
-        st_release64(t.at<uint64_t>(pe, push_flags(t)) + t.rank * kPushBlocks + blockIdx.x, epoch);
-    }
-    for (int pe = threadIdx.x; pe < t.n; pe += blockDim.x)
-        if (pe != t.rank) wait_geq(flags + pe * kPushBlocks + blockIdx.x, epoch);
+    const uint64_t off = r.lo * sizeof(T), bytes = (r.hi - r.lo) * sizeof(T);
+    for (int i = 1; i < t.n; i++)
+        push.send((t.rank + i) % t.n, off, reinterpret_cast<const uint8_t *>(src + r.lo), bytes);
+    push.flag_and_wait();
     if (threadIdx.x == 0) {
         dsts[0] = t.mine<T>(dst_off) + r.lo;
-        for (int pe = 0; pe < t.n; pe++)
-            srcs[pe] = pe == t.rank ? src + r.lo : t.mine<T>(push_staging(t, parity, pe)) + r.lo;
+        for (int pe = 0; pe < t.n; pe++) srcs[pe] = pe == t.rank ? src + r.lo : push.received<T>(pe, off);
     }
     __syncthreads();
     block_reduce<T, OP, NP>(dsts, 1, srcs, t.n, r.hi - r.lo);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        *t.push_counter(blockIdx.x) = epoch;
-        if (blockIdx.x < kLLBlocks) *t.ll_counter(blockIdx.x) = epoch;  // (kPushBlocks ≥ kLLBlocks)
+    push.end();
+}
+
+// Push reduce-scatter: block b stores its share of block p of this PE's
+// source into member p's staging, then reduces its share of block `rank`
+// from every member, in team order. The destination may be block `rank`
+// of the source (a block reads its share before writing it).
+template <typename T, int OP, int NP>
+__device__ void reduce_scatter_push(const TeamSync &t, uint64_t dst_off, uint64_t src_off, uint64_t count) {
+    __shared__ const T *srcs[kPushMaxTeam];
+    __shared__ T *dsts[1];
+    Push push(t);
+    Range r = block_elems<T>(count, blockIdx.x, gridDim.x);
+    const T *src = t.mine<T>(src_off);
+    const uint64_t off = r.lo * sizeof(T), bytes = (r.hi - r.lo) * sizeof(T);
+    for (int i = 1; i < t.n; i++) {
+        int pe = (t.rank + i) % t.n;
+        push.send(pe, off, reinterpret_cast<const uint8_t *>(src + pe * count + r.lo), bytes);
     }
+    push.flag_and_wait();
+    if (threadIdx.x == 0) {
+        dsts[0] = t.mine<T>(dst_off) + r.lo;
+        for (int pe = 0; pe < t.n; pe++)
+            srcs[pe] = pe == t.rank ? src + t.rank * count + r.lo : push.received<T>(pe, off);
+    }
+    __syncthreads();
+    block_reduce<T, OP, NP>(dsts, 1, srcs, t.n, r.hi - r.lo);
+    push.end();
 }
 
 // Low-latency all-reduce (see `LL` in common.cuh): each thread takes 8
@@ -219,6 +206,10 @@ __device__ void reduce_scatter_ll(const TeamSync &t, uint64_t dst_off, uint64_t 
     extern "C" __global__ void __launch_bounds__(512) shmem_allreduce_push_##NAME##_##NP(shmem::k::TeamSync t, uint64_t dst,            \
                                                                       uint64_t src, uint64_t count) {             \
         shmem::k::allreduce_push<T, shmem::k::OP, NP>(t, dst, src, count);                                       \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(512) shmem_reducescatter_push_##NAME##_##NP(shmem::k::TeamSync t, uint64_t dst,        \
+                                                                      uint64_t src, uint64_t count) {             \
+        shmem::k::reduce_scatter_push<T, shmem::k::OP, NP>(t, dst, src, count);                                  \
     }
 
 // Every op on T: kernels for any team size (suffix _0) and the low-latency one.

@@ -40,7 +40,7 @@ const THREADS: u32 = 512;
 const LL_MAX_BYTES: usize = crate::algo::LOW_LATENCY_MAX_BYTES;
 /// The push all-reduce's blocks, largest size and largest world
 /// (`kPushBlocks`, `kPushMaxBytes`, `kPushMaxTeam` in `common.cuh`).
-const PUSH_BLOCKS: usize = 32;
+const PUSH_BLOCKS: usize = 64;
 const PUSH_MAX_BYTES: usize = crate::algo::PUSH_MAX_BYTES;
 const PUSH_MAX_TEAM: usize = 8;
 /// Up to this many bytes per PE the automatic all-reduce is one-shot (out
@@ -315,6 +315,7 @@ enum Reduction {
     TwoShot,
     ReduceScatter,
     ReduceScatterLowLatency,
+    ReduceScatterPush,
 }
 
 impl Kernels {
@@ -609,7 +610,7 @@ impl Kernels {
     ) -> Result<()> {
         let bytes = count * dtype.size();
         let ll = Self::low_latency(&t, world, bytes);
-        let push = world && t.rma == 0 && t.n as usize <= PUSH_MAX_TEAM && bytes <= PUSH_MAX_BYTES;
+        let push = Self::push(&t, world, bytes);
         let one_shot = dst != src;
         let how = match algo {
             AllReduceAlgo::LowLatency if ll => Reduction::LowLatency,
@@ -629,6 +630,11 @@ impl Kernels {
         world && t.rma == 0 && bytes <= LL_MAX_BYTES
     }
 
+    /// Whether the push kernels take `bytes` per peer on this team.
+    fn push(t: &TeamSync, world: bool, bytes: usize) -> bool {
+        world && t.rma == 0 && t.n as usize <= PUSH_MAX_TEAM && bytes <= PUSH_MAX_BYTES
+    }
+
     /// Reduce-scatter: `count` elements into each member's `dst` from block
     /// `rank` of every member's `src`.
     #[allow(clippy::too_many_arguments)]
@@ -643,8 +649,11 @@ impl Kernels {
         count: usize,
         s: CUstream,
     ) -> Result<()> {
-        let how = if Self::low_latency(&t, world, count * dtype.size()) {
+        let bytes = count * dtype.size();
+        let how = if Self::low_latency(&t, world, bytes) {
             Reduction::ReduceScatterLowLatency
+        } else if Self::push(&t, world, bytes) {
+            Reduction::ReduceScatterPush
         } else {
             Reduction::ReduceScatter
         };
@@ -675,6 +684,7 @@ impl Kernels {
             }
             Reduction::ReduceScatter => (format!("shmem_reducescatter_{dt}_{o}_{np}"), Self::blocks(&t, units)),
             Reduction::ReduceScatterLowLatency => (format!("shmem_reducescatter_ll_{dt}_{o}"), LL_BLOCKS),
+            Reduction::ReduceScatterPush => (format!("shmem_reducescatter_push_{dt}_{o}_{np}"), PUSH_BLOCKS),
         };
         // SAFETY: (TeamSync, dst, src, count) as every reduction kernel
         // declares; regions checked and agreed by the caller.
@@ -798,6 +808,8 @@ impl Kernels {
     ) -> Result<()> {
         let (name, blocks) = if Self::low_latency(&t, world, bytes) {
             (format!("{kernel}_ll"), LL_BLOCKS)
+        } else if Self::push(&t, world, bytes) {
+            (format!("{kernel}_push"), PUSH_BLOCKS)
         } else {
             (kernel.to_owned(), Self::blocks(&t, bytes.div_ceil(16)))
         };
@@ -815,9 +827,10 @@ impl Kernels {
     }
 
     /// Whether an all-to-all of `bytes` per member may be in place (the
-    /// low-latency kernel reads every block of a chunk before writing it).
+    /// low-latency and push kernels read every block of a chunk before
+    /// writing it).
     pub(crate) fn all_to_all_in_place(t: &TeamSync, world: bool, bytes: usize) -> bool {
-        Self::low_latency(t, world, bytes)
+        Self::low_latency(t, world, bytes) || Self::push(t, world, bytes)
     }
 
     /// All-to-all of `bytes` per member; `src` and `dst` apart unless
@@ -834,6 +847,8 @@ impl Kernels {
     ) -> Result<()> {
         let (name, blocks) = if Self::low_latency(&t, world, bytes) {
             ("shmem_alltoall_ll", LL_BLOCKS)
+        } else if Self::push(&t, world, bytes) {
+            ("shmem_alltoall_push", PUSH_BLOCKS)
         } else {
             ("shmem_alltoall", Self::blocks(&t, bytes.div_ceil(16)))
         };
