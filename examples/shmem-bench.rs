@@ -15,7 +15,7 @@
 //! ```text
 //! shmem-bench [--backend host|gpu|auto] [--pes N] [--op all|barrier,put,get,all_reduce,all_gather,
 //!             reduce_scatter,broadcast,all_to_all|moe|dispatch,combine,all_to_all_v]
-//!             [--dtype f32,bf16] [--impl shmem,nccl,...]
+//!             [--dtype f32,f16,bf16] [--impl shmem,nccl,...]
 //!             [--min-bytes 8] [--max-bytes 64M] [--iters N] [--warmup 5]
 //!             [--graph [--graph-max-bytes 64M]] [--json PATH]
 //!             [--tokens 128,4096] [--hidden 7168] [--experts-per-pe 8] [--topk 1] [--major-align 1]
@@ -104,7 +104,7 @@ use clap::{Parser, ValueEnum};
 use cudarc::driver::{CudaGraph, CudaSlice, CudaStream, DevicePtr};
 use cudarc::nccl::sys::{ncclComm_t, ncclDataType_t};
 use shmem::launch::Launch;
-use shmem::{bf16, BackendKind, Collectives, Config, Context, ReduceOp, Stream, SymSlice, SymmetricBuffer};
+use shmem::{bf16, f16, BackendKind, Collectives, Config, Context, ReduceOp, Stream, SymSlice, SymmetricBuffer};
 use std::cell::{Cell, RefCell};
 use std::fmt::Write as _;
 use std::hint::black_box;
@@ -271,6 +271,7 @@ impl Op {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Dtype {
     F32,
+    F16,
     Bf16,
 }
 
@@ -408,6 +409,16 @@ impl Value for f32 {
     const NCCL: ncclDataType_t = ncclDataType_t::ncclFloat32;
     fn of(x: usize) -> f32 {
         x as f32
+    }
+}
+
+impl Value for f16 {
+    const NAME: &'static str = "f16";
+    const EXACT: usize = 1 << 11;
+    const POISON: f16 = f16::NAN;
+    const NCCL: ncclDataType_t = ncclDataType_t::ncclFloat16;
+    fn of(x: usize) -> f16 {
+        f16::from_f32(x as f32)
     }
 }
 
@@ -821,6 +832,7 @@ impl Bench<'_> {
             for dtype in self.dtypes(op) {
                 rows.extend(match dtype {
                     Dtype::F32 => self.collective::<f32>(op)?,
+                    Dtype::F16 => self.collective::<f16>(op)?,
                     Dtype::Bf16 => self.collective::<bf16>(op)?,
                 });
             }
@@ -1256,6 +1268,7 @@ impl Bench<'_> {
             for dtype in self.dtypes(op) {
                 rows.extend(match dtype {
                     Dtype::F32 => self.nccl_collective::<f32>(&nccl, op)?,
+                    Dtype::F16 => self.nccl_collective::<f16>(&nccl, op)?,
                     Dtype::Bf16 => self.nccl_collective::<bf16>(&nccl, op)?,
                 });
             }
