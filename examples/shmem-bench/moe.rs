@@ -361,6 +361,7 @@ impl Bench<'_> {
                     want: &want,
                     moe: Some(shape),
                     splits: Some((&read_so, &want_so)),
+                    matmul: None,
                 };
                 self.measure(&case, &mut rows)?;
             }
@@ -423,6 +424,7 @@ impl Bench<'_> {
                     want,
                     moe: Some(shape),
                     splits: None,
+                    matmul: None,
                 };
                 self.measure(&case, &mut rows)?;
             }
