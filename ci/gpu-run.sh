@@ -4,7 +4,8 @@
 # collective's test alone), under mpirun and with RMA forced, then the
 # examples (and, with --bench, the benchmark sweep; with --quick, only the
 # collectives' tests; with --moe, only the MoE tests and examples; with
-# --faults, only the fault scenarios).
+# --overlap, only the overlapped matmuls' tests, examples and bench rows;
+# with --faults, only the fault scenarios).
 # Finds the box's NVSHMEM by itself. Logs go to $OUT (or ./gpu-out); exits
 # non-zero if any step failed.
 set -uo pipefail
@@ -33,6 +34,20 @@ if [[ -z "$nvlib" ]]; then
 fi
 export NVSHMEM_HOME=${nvlib%/lib}
 export LD_LIBRARY_PATH="$nvlib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# cuBLAS for the overlapped matmuls (cudarc opens libcublas.so.13, loaded at
+# first use): the CUDA toolkit's lib64 above, else another toolkit's or the
+# nvidia-cublas wheel's lib, appended so that it shadows nothing.
+cublas=
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-13*/lib64 \
+    /opt/*/.venv/lib/python3*/site-packages/nvidia/cu13/lib /opt/*/.venv/lib/python3*/site-packages/nvidia/cublas/lib \
+    /usr/local/lib/python3*/dist-packages/nvidia/cu13/lib /usr/local/lib/python3*/dist-packages/nvidia/cublas/lib; do
+    if [[ -e "$d/libcublas.so.13" ]]; then cublas=$d; break; fi
+done
+if [[ -z "$cublas" ]]; then
+    echo "gpu-run: no libcublas.so.13 found: the overlapped matmuls will fail" | tee -a "$log"
+elif [[ ":$LD_LIBRARY_PATH:" != *":$cublas:"* ]]; then
+    export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$cublas"
+fi
 # NCCL for the benchmark's reference rows. cudarc asks for libnccl.so, which
 # runtime-only installs (pip wheel, libnccl2) lack: link it beside ours.
 nccl=
@@ -146,12 +161,20 @@ faults() {
     fi
 }
 
+# The overlapped matmuls' examples: a tensor-parallel layer's step each,
+# with copy-engine overlap, checked exactly.
+overlap_examples() {
+    step all_gather_matmul "$bin/shmemrun" -n "$pes" --tag-output "$bin/all_gather_matmul"
+    step matmul_reduce_scatter "$bin/shmemrun" -n "$pes" --tag-output "$bin/matmul_reduce_scatter"
+}
+
 examples() {
     step quickstart "$bin/shmemrun" -n "$pes" --tag-output "$bin/quickstart"
     step ring "$bin/shmemrun" -n "$pes" "$bin/ring"
     step allreduce "${mpi[@]}" "$bin/allreduce"
     step peer_kernel "$bin/shmemrun" -n "$pes" --tag-output "$bin/peer_kernel"
     step device_kernel "$bin/shmemrun" -n "$pes" --tag-output "$bin/device_kernel"
+    overlap_examples
     # Bad set-ups: clear errors on every PE, no hang.
     expect_fail more-pes-than-gpus "GPU(s)" 3 "$bin/shmemrun" -n 3 --no-kill --tag-output "$bin/ring"
     expect_fail heap-too-large "heap" "$pes" env SHMEM_HEAP_SIZE=1000G "$bin/shmemrun" -n "$pes" --no-kill --tag-output "$bin/ring"
@@ -160,16 +183,18 @@ examples() {
 
 step gpus nvidia-smi --query-gpu=index,name,memory.total --format=csv
 # Modes, which add up: --quick, the collectives' tests; --moe, the MoE
-# tests (both paths) and bench rows; --only REGEX, each test whose name
+# tests (both paths) and bench rows; --overlap, the overlapped matmuls'
+# tests, examples and bench rows; --only REGEX, each test whose name
 # matches; --examples, the examples and the failure cases; --faults, the
 # PE-killed-by-SIGKILL scenarios (see faults() above); none of them:
 # everything (the suite three ways, the examples, the failure cases).
-quick= moe= only= ex= fa=
+quick= moe= ov= only= ex= fa=
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
     case ${args[i]} in
     --quick) quick=1 ;;
     --moe) moe=1 ;;
+    --overlap) ov=1 ;;
     --only) only=${args[i + 1]:-} ;;
     --examples) ex=1 ;;
     --faults) fa=1 ;;
@@ -196,10 +221,21 @@ if [[ -n $moe ]]; then
         echo "gpu-run: no torchrun under /opt/*/.venv: the PyTorch comparison is skipped" | tee -a "$log"
     fi
 fi
+if [[ -n $ov ]]; then
+    each_test '^overlap::' env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
+    [[ -z $ex ]] && overlap_examples # else examples() runs them
+    # all_gather_matmul and matmul_reduce_scatter at m = n = k = 8192 (each
+    # PE's shard of a: 8192 / pes × 8192, 64 MiB in f16 over 2 PEs):
+    # sequential, overlapped by SM kernel and by copy engines at 2, 4 and 8
+    # chunks, and the GEMM alone; f16 and bf16. They take 640 MiB of heap.
+    STEP_TIMEOUT=${BENCH_TIMEOUT:-300} step bench-overlap env SHMEM_HEAP_SIZE=1G "$bin/shmemrun" -n "$pes" \
+        "$bin/shmem-bench" --backend gpu --op overlap --dtype f16,bf16 --m 8192 --n 8192 --k 8192 --chunks 2,4,8 \
+        --json "$out/bench-overlap.jsonl"
+fi
 [[ -n $only ]] && each_test "$only" env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
 [[ -n $ex ]] && examples
 [[ -n $fa ]] && faults
-if [[ -z $quick$moe$only$ex$fa ]]; then
+if [[ -z $quick$moe$ov$only$ex$fa ]]; then
     each_test '^coll::' env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
     step spmd-shmemrun env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes" "$bin/spmd" --skip coll::
     step spmd-mpirun "${mpi[@]}" -x SHMEM_HEAP_SIZE=2G "$bin/spmd" --skip coll::

@@ -1,28 +1,36 @@
 //! shmem-bench: time per message size of every collective (and of the
 //! barrier, put and get), next to the same operation through NCCL and
-//! through NVSHMEM's own collectives in the same run; and time per token
-//! count of the MoE all-to-all-v ops, next to NCCL.
+//! through NVSHMEM's own collectives in the same run; time per token
+//! count of the MoE all-to-all-v ops, next to NCCL; and the overlapped
+//! matmuls, sequential against overlapped.
 //!
 //! Run alone it starts itself as `--pes` PEs (2 by default); under
 //! `shmemrun`/`mpirun` it runs on the world it is given. PE 0 prints one
 //! table per operation, element type and timing mode, and with `--json
 //! PATH` writes one JSON object per row (`op`, `impl`, `backend`, `dtype`,
 //! `bytes`, `pes`, `graph`, `time_us`, `algbw_gbps`, `busbw_gbps`,
-//! `vs_nccl`, `vs_nvshmem`, `vs_memcpy`, and for the MoE ops `tokens`,
-//! `hidden`, `experts_per_pe`, `topk`, `major_align`); rows go to
-//! `PATH.partial` as they are measured, so a crash keeps what was done.
+//! `vs_nccl`, `vs_nvshmem`, `vs_memcpy`, for the MoE ops `tokens`,
+//! `hidden`, `experts_per_pe`, `topk`, `major_align`, and for the
+//! overlapped matmuls `m`, `n`, `k`, `chunks`, `tflops`, `vs_sequential`);
+//! rows go to `PATH.partial` as they are measured, so a crash keeps what
+//! was done.
 //!
 //! ```text
 //! shmem-bench [--backend host|gpu|auto] [--pes N] [--op all|barrier,put,get,all_reduce,all_gather,
-//!             reduce_scatter,broadcast,all_to_all|moe|dispatch,combine,all_to_all_v]
-//!             [--dtype f32,bf16] [--impl shmem,nccl,...]
+//!             reduce_scatter,broadcast,all_to_all|moe|dispatch,combine,all_to_all_v|
+//!             overlap|ag_matmul,matmul_rs]
+//!             [--dtype f32,f16,bf16] [--impl shmem,nccl,...]
 //!             [--min-bytes 8] [--max-bytes 64M] [--iters N] [--warmup 5]
 //!             [--graph [--graph-max-bytes 64M]] [--json PATH]
 //!             [--tokens 128,4096] [--hidden 7168] [--experts-per-pe 8] [--topk 1] [--major-align 1]
+//!             [--m 8192] [--n 8192] [--k 8192] [--chunks 4]
 //! ```
 //!
 //! `--op all` is every operation but the MoE ones, which `--op moe`
-//! selects (`--op all,moe`: everything); names and groups mix freely.
+//! selects, and the overlapped matmuls, which `--op overlap` selects (at
+//! their default size they need about 640 MiB of heap and, on the host
+//! backend, minutes of CPU); `--op all,moe,overlap`: everything. Names and
+//! groups mix freely.
 //!
 //! **Sizes and bandwidths** follow nccl-tests. `bytes` is per PE: the
 //! buffer of all_reduce, broadcast and all_to_all, the whole output of
@@ -31,8 +39,9 @@
 //! bytes over time; busbw is algbw times 2(n-1)/n for all_reduce, (n-1)/n
 //! for all_gather, reduce_scatter and all_to_all, and 1 for broadcast (root
 //! 0), put and get. `--dtype` applies to all_reduce and reduce_scatter
-//! (sums, f32 by default) and to the MoE ops (bf16 by default); the other
-//! data-moving collectives move f32, put and get u32.
+//! (sums, f32 by default), to the MoE ops (bf16 by default) and to the
+//! overlapped matmuls (f16 by default); the other data-moving collectives
+//! move f32, put and get u32.
 //!
 //! **MoE ops** ([`shmem::moe`], PyTorch's `all_to_all_vdev*`): `dispatch`
 //! is `all_to_all_v_2d`, `combine` is `all_to_all_v_2d_offset` sending the
@@ -50,6 +59,24 @@
 //! per peer, packed by peer (what `torch.distributed.all_to_all_single`
 //! with splits does; the combine's permutation back to expert order is not
 //! timed); they have no `nvshmem` row.
+//!
+//! **Overlapped matmuls** ([`shmem::overlap`]): `ag_matmul` is
+//! [`Context::all_gather_matmul`] (each PE's shard of `--m / n` rows of
+//! `--k`, gathered into `m × k` and multiplied by its own `k × --n`),
+//! `matmul_rs` [`Context::matmul_reduce_scatter`] (each PE's `m × k` times
+//! its `k × n`, reduce-scattered into `m / n × n` per PE). Rows, by
+//! `impl`: `sequential` (the collective, then one GEMM), `overlap_sm` and
+//! `overlap_ce` (chunks moved by an SM kernel or by copy engines beside
+//! the GEMMs; one row per `--chunks` count), `gemm_only` (the op's `m × k`
+//! by `k × n` GEMM alone: all_gather_matmul on a team of this PE only, in
+//! place, so nothing moves but the call's fixed costs stay; the floor an
+//! overlap can reach). `bytes` is
+//! one PE's block: its shard (ag_matmul; 64 MiB at the defaults over 2
+//! PEs in f16) or its block of the output (matmul_rs); `tflops` is `2 m n
+//! k` over the time; `vs_sequential` is sequential's time over this row's.
+//! Their checks and timing inputs are in `shmem-bench/overlap.rs`. On the
+//! host backend the three run the same code (the collective, then a host
+//! matmul). No graph rows: the calls cannot be captured.
 //!
 //! **Implementations** (`impl`): on the GPU backend `shmem` is the default
 //! [`shmem::Collectives`]; `shmem-oneshot`, `shmem-twoshot`, `shmem-ll`,
@@ -91,20 +118,25 @@
 //!
 //! **Heap**: unless `SHMEM_HEAP_SIZE` is set, 4 × `--max-bytes` (source,
 //! destination and the collectives' scratch) where `--op all` ops run, or
-//! what the MoE ops take where that is more (they run after the others
-//! have freed theirs), + 64 MiB. The MoE ops take, at the largest token
+//! what the MoE ops or the overlapped matmuls take where that is more
+//! (each group runs after the others have freed theirs), + 64 MiB. The MoE ops take, at the largest token
 //! count and in the widest dtype, `2 × tokens × topk` rows (the dispatch's
 //! input, the combine's output) and the dispatch's output: the most rows
 //! any PE receives, with padding, which the host computes from the routes
 //! before `init` over the launcher's world size (`SHMEM_WORLD_SIZE`,
 //! `OMPI_COMM_WORLD_SIZE`, `PMI_SIZE`; else `--pes`). Defaults over 8 PEs,
-//! bf16: about 3 × 56 MiB. Rows that do not fit are noted and left out.
+//! bf16: about 3 × 56 MiB. The overlapped matmuls take, per PE, in the
+//! widest dtype: ag_matmul `m k + m n + (m / n_pes) k + k n` elements
+//! (a_out, out, shard, b: 448 MiB at the defaults in f16 over 2 PEs),
+//! matmul_rs `m k + k n + (m / n_pes) n + 2 m n` (a, b, out, workspace:
+//! 576 MiB). Rows that do not fit are noted (with what they need) and
+//! left out.
 
 use clap::{Parser, ValueEnum};
 use cudarc::driver::{CudaGraph, CudaSlice, CudaStream, DevicePtr};
 use cudarc::nccl::sys::{ncclComm_t, ncclDataType_t};
 use shmem::launch::Launch;
-use shmem::{bf16, BackendKind, Collectives, Config, Context, ReduceOp, Stream, SymSlice, SymmetricBuffer};
+use shmem::{bf16, f16, BackendKind, Collectives, Config, Context, ReduceOp, Stream, SymSlice, SymmetricBuffer};
 use std::cell::{Cell, RefCell};
 use std::fmt::Write as _;
 use std::hint::black_box;
@@ -116,6 +148,9 @@ use std::time::Instant;
 #[path = "shmem-bench/moe.rs"]
 mod moe;
 use moe::MoeShape;
+#[path = "shmem-bench/overlap.rs"]
+mod overlap;
+use overlap::MatmulShape;
 
 type Res<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
@@ -134,8 +169,9 @@ struct Args {
     /// Operations to measure (comma-separated)
     #[arg(long, value_enum, value_delimiter = ',', default_value = "all")]
     op: Vec<Op>,
-    /// Element types of all_reduce and reduce_scatter [default: f32] and of
-    /// the MoE ops [default: bf16] (comma-separated)
+    /// Element types of all_reduce and reduce_scatter [default: f32], of
+    /// the MoE ops [default: bf16] and of the overlapped matmuls [default:
+    /// f16] (comma-separated)
     #[arg(long, value_enum, value_delimiter = ',')]
     dtype: Vec<Dtype>,
     /// Implementations to measure (comma-separated) [default: all]
@@ -180,6 +216,20 @@ struct Args {
     /// MoE dispatch: each expert's block of rows starts at a multiple of this
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     major_align: u64,
+    /// ag_matmul, matmul_rs: rows of a (ag_matmul: once gathered, each PE's
+    /// shard is m / PEs rows; matmul_rs: each PE's out is m / PEs rows)
+    #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..))]
+    m: u64,
+    /// ag_matmul, matmul_rs: columns of b and of out
+    #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..))]
+    n: u64,
+    /// ag_matmul, matmul_rs: columns of a, rows of b
+    #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..))]
+    k: u64,
+    /// ag_matmul, matmul_rs: chunks each PE's block moves in; one row of
+    /// each overlapped implementation per count (comma-separated)
+    #[arg(long, value_delimiter = ',', default_value = "4", value_parser = clap::value_parser!(u64).range(1..))]
+    chunks: Vec<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -211,10 +261,18 @@ enum Op {
     /// The MoE ops' 1D all_to_all_v
     #[value(name = "all_to_all_v", alias = "all-to-all-v")]
     AllToAllV,
-    /// Every operation but the MoE ops
+    /// all_gather_matmul: the all-gather of a, overlapped with the GEMM
+    #[value(name = "ag_matmul", alias = "ag-matmul")]
+    AgMatmul,
+    /// matmul_reduce_scatter: the GEMM, overlapped with the reduce-scatter
+    #[value(name = "matmul_rs", alias = "matmul-rs")]
+    MatmulRs,
+    /// Every operation but the MoE ops and the overlapped matmuls
     All,
     /// The MoE ops: dispatch, combine, all_to_all_v
     Moe,
+    /// The overlapped matmuls: ag_matmul, matmul_rs
+    Overlap,
 }
 
 /// The collectives, which NCCL and NVSHMEM also run.
@@ -236,8 +294,11 @@ impl Op {
             Op::Dispatch => "dispatch",
             Op::Combine => "combine",
             Op::AllToAllV => "all_to_all_v",
+            Op::AgMatmul => "ag_matmul",
+            Op::MatmulRs => "matmul_rs",
             Op::All => "all",
             Op::Moe => "moe",
+            Op::Overlap => "overlap",
         }
     }
 
@@ -249,9 +310,17 @@ impl Op {
         MOE.contains(&self)
     }
 
+    fn is_overlap(self) -> bool {
+        overlap::OPS.contains(&self)
+    }
+
     /// Whether `--op` (`ops`) selects this operation, by name or group.
     fn selected_by(self, ops: &[Op]) -> bool {
-        let group = if self.is_moe() { Op::Moe } else { Op::All };
+        let group = match self {
+            _ if self.is_moe() => Op::Moe,
+            _ if self.is_overlap() => Op::Overlap,
+            _ => Op::All,
+        };
         ops.contains(&self) || ops.contains(&group)
     }
 
@@ -271,6 +340,7 @@ impl Op {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Dtype {
     F32,
+    F16,
     Bf16,
 }
 
@@ -297,6 +367,17 @@ enum Imp {
     Nccl,
     /// put and get's reference: a peer copy (GPU) or a memcpy (host)
     Memcpy,
+    /// ag_matmul, matmul_rs: the collective, then one GEMM
+    Sequential,
+    /// ag_matmul, matmul_rs: chunks moved by an SM kernel beside the GEMMs
+    #[value(name = "overlap_sm", alias = "overlap-sm")]
+    OverlapSm,
+    /// ag_matmul, matmul_rs: chunks moved by copy engines beside the GEMMs
+    #[value(name = "overlap_ce", alias = "overlap-ce")]
+    OverlapCe,
+    /// ag_matmul, matmul_rs: their GEMM alone, on a team of one PE
+    #[value(name = "gemm_only", alias = "gemm-only")]
+    GemmOnly,
 }
 
 /// The implementations a `shmem*` row is compared with (its `vs` columns).
@@ -315,6 +396,10 @@ impl Imp {
             Imp::Nvshmem => "nvshmem",
             Imp::Nccl => "nccl",
             Imp::Memcpy => "memcpy",
+            Imp::Sequential => "sequential",
+            Imp::OverlapSm => "overlap_sm",
+            Imp::OverlapCe => "overlap_ce",
+            Imp::GemmOnly => "gemm_only",
         }
     }
 
@@ -336,15 +421,19 @@ impl Imp {
             Imp::ShmemRma => Collectives { force_rma: true, ..default },
             Imp::Nvshmem => Collectives { implementation: CollImpl::Nvshmem, ..default },
             Imp::Nccl | Imp::Memcpy => return None,
+            Imp::Sequential | Imp::OverlapSm | Imp::OverlapCe | Imp::GemmOnly => return None,
         })
     }
 
     /// Whether this has a row for `op` of `bytes` on the GPU backend
-    /// (`gpu`) or the host backend, which ignores the collective settings.
+    /// (`gpu`) or the host backend, which ignores the collective settings
+    /// (but runs every implementation of the overlapped matmuls: the same
+    /// code, a check of the bench itself).
     fn runs(self, op: Op, bytes: usize, gpu: bool) -> bool {
         match self {
-            Imp::Shmem => true,
+            Imp::Shmem => !op.is_overlap(),
             Imp::Memcpy => matches!(op, Op::Put | Op::Get),
+            Imp::Sequential | Imp::OverlapSm | Imp::OverlapCe | Imp::GemmOnly => op.is_overlap(),
             _ if !gpu => false,
             Imp::ShmemOneshot | Imp::ShmemTwoshot => op == Op::AllReduce,
             Imp::ShmemLl => op == Op::AllReduce && bytes <= shmem::algo::LOW_LATENCY_MAX_BYTES,
@@ -366,8 +455,9 @@ fn parse_bytes(s: &str) -> Result<usize, String> {
 
 /// The symmetric heap the bench needs over `n` PEs, and some slack: for
 /// the `--op all` group, source, destination and the collectives' scratch,
-/// each up to the largest message; for the MoE ops (rows made one group
-/// after the other, so the larger of the two), see [`moe::heap_bytes`].
+/// each up to the largest message; for the MoE ops, see
+/// [`moe::heap_bytes`]; for the overlapped matmuls, [`overlap::heap_bytes`]
+/// (rows made one group after the other, so the largest of the three).
 fn heap_bytes(args: &Args, n: usize) -> usize {
     let all = match COLLECTIVES.iter().chain(&[Op::Barrier, Op::Put, Op::Get]).any(|op| op.selected_by(&args.op)) {
         true => args.max_bytes.saturating_mul(4),
@@ -377,7 +467,7 @@ fn heap_bytes(args: &Args, n: usize) -> usize {
         true => moe::heap_bytes(args, n),
         false => 0,
     };
-    all.max(moe).saturating_add(64 << 20)
+    all.max(moe).max(overlap::heap_bytes(args, n)).saturating_add(64 << 20)
 }
 
 /// The world's size before `init`, for the heap: from the launcher's
@@ -408,6 +498,16 @@ impl Value for f32 {
     const NCCL: ncclDataType_t = ncclDataType_t::ncclFloat32;
     fn of(x: usize) -> f32 {
         x as f32
+    }
+}
+
+impl Value for f16 {
+    const NAME: &'static str = "f16";
+    const EXACT: usize = 1 << 11;
+    const POISON: f16 = f16::NAN;
+    const NCCL: ncclDataType_t = ncclDataType_t::ncclFloat16;
+    fn of(x: usize) -> f16 {
+        f16::from_f32(x as f32)
     }
 }
 
@@ -562,11 +662,15 @@ struct Row {
     time_us: f64,
     /// The MoE ops' parameters (`None` for the others).
     moe: Option<MoeShape>,
+    /// The overlapped matmuls' parameters (`None` for the others).
+    matmul: Option<MatmulShape>,
 }
 
 impl Row {
+    /// Bytes over time; none for the overlapped matmuls, which are timed
+    /// in operations (`tflops`).
     fn algbw_gbps(&self) -> Option<f64> {
-        self.dtype.map(|_| self.bytes as f64 / (self.time_us * 1e3))
+        self.dtype.filter(|_| self.matmul.is_none()).map(|_| self.bytes as f64 / (self.time_us * 1e3))
     }
 
     fn busbw_gbps(&self, n: usize) -> Option<f64> {
@@ -575,8 +679,8 @@ impl Row {
 
     /// The same operation, element type, size and timing mode.
     fn same_case(&self, other: &Row) -> bool {
-        (self.op, self.dtype, self.bytes, self.graph, self.moe)
-            == (other.op, other.dtype, other.bytes, other.graph, other.moe)
+        (self.op, self.dtype, self.bytes, self.graph, self.moe, self.matmul)
+            == (other.op, other.dtype, other.bytes, other.graph, other.moe, other.matmul)
     }
 
     /// `reference`'s time over ours, for shmem's rows.
@@ -609,9 +713,17 @@ impl Row {
                 m.tokens, m.hidden, m.experts_per_pe, m.topk, m.major_align
             );
         }
+        if let Some(m) = self.matmul {
+            let chunks = m.chunks.map_or("null".into(), |c| c.to_string());
+            let tflops = num(Some(m.flops() / (self.time_us * 1e6)));
+            let _ = write!(s, ",\"m\":{},\"n\":{},\"k\":{},\"chunks\":{chunks},\"tflops\":{tflops}", m.m, m.n, m.k);
+        }
         if let Some(rows) = rows {
             for reference in REFERENCES {
                 let _ = write!(s, ",\"vs_{}\":{}", reference.name(), num(self.vs(rows, reference)));
+            }
+            if self.matmul.is_some() {
+                let _ = write!(s, ",\"vs_sequential\":{}", num(overlap::vs_sequential(self, rows)));
             }
         }
         s.push('}');
@@ -709,6 +821,8 @@ struct Case<'a, T> {
     moe: Option<MoeShape>,
     /// A second output checked as the first: the MoE ops' out_splits_offsets.
     splits: Option<(Reader<'a, i64>, &'a [i64])>,
+    /// The overlapped matmuls' parameters (`None` for the others).
+    matmul: Option<MatmulShape>,
 }
 
 /// Reads an output of a [`Case`] into host memory.
@@ -718,12 +832,14 @@ impl<T> Case<'_, T> {
     fn label(&self, graph: bool) -> String {
         let mode = if graph { "graph" } else { "eager" };
         let tokens = self.moe.map_or(String::new(), |m| format!(" ({} tokens)", m.tokens));
+        let matmul = self.matmul.map_or(String::new(), |m| format!(" ({m})"));
         let (op, imp, dtype) = (self.op.name(), self.imp.name(), self.dtype.unwrap_or("-"));
-        format!("{op} {imp} {dtype} {} B{tokens} ({mode})", self.bytes)
+        format!("{op} {imp} {dtype} {} B{tokens}{matmul} ({mode})", self.bytes)
     }
 
     fn row(&self, graph: bool, time_us: f64) -> Row {
-        Row { op: self.op, imp: self.imp, dtype: self.dtype, bytes: self.bytes, graph, time_us, moe: self.moe }
+        let (op, imp, dtype, bytes, moe, matmul) = (self.op, self.imp, self.dtype, self.bytes, self.moe, self.matmul);
+        Row { op, imp, dtype, bytes, graph, time_us, moe, matmul }
     }
 }
 
@@ -790,6 +906,7 @@ impl Bench<'_> {
         let default = match op {
             Op::AllReduce | Op::ReduceScatter => Dtype::F32,
             _ if op.is_moe() => Dtype::Bf16,
+            _ if op.is_overlap() => Dtype::F16,
             _ => return vec![Dtype::F32],
         };
         if self.args.dtype.is_empty() {
@@ -821,12 +938,17 @@ impl Bench<'_> {
             for dtype in self.dtypes(op) {
                 rows.extend(match dtype {
                     Dtype::F32 => self.collective::<f32>(op)?,
+                    Dtype::F16 => self.collective::<f16>(op)?,
                     Dtype::Bf16 => self.collective::<bf16>(op)?,
                 });
             }
         }
         if !moe_ops.is_empty() {
             rows.extend(self.moe(&moe_ops)?);
+        }
+        let overlap_ops: Vec<Op> = overlap::OPS.into_iter().filter(|&op| self.selected(op)).collect();
+        if !overlap_ops.is_empty() {
+            rows.extend(self.overlap(&overlap_ops)?);
         }
         let nccl_ops: Vec<Op> = COLLECTIVES
             .into_iter()
@@ -929,17 +1051,23 @@ impl Bench<'_> {
         Ok(t[t.len() / 2])
     }
 
+    /// Runs `c` once on a poisoned output and compares it; whether every
+    /// PE found its output right.
+    fn check_once<T: Value>(&self, c: &Case<'_, T>) -> Res<bool> {
+        let found = (|| {
+            (c.poison)()?;
+            self.ctx.barrier_all(&self.s)?;
+            (c.run)()?;
+            c.compare()
+        })();
+        self.settle(c, false, found)
+    }
+
     /// Checks `c` once, times it, checks it again; its row if every PE
     /// agreed both times.
     fn eager<T: Value>(&self, c: &Case<'_, T>) -> Res<Option<Row>> {
         let barrier = || Ok(self.ctx.barrier_all(&self.s)?);
-        let first = (|| {
-            (c.poison)()?;
-            barrier()?;
-            (c.run)()?;
-            c.compare()
-        })();
-        if !self.settle(c, false, first)? {
+        if !self.check_once(c)? {
             return Ok(None);
         }
         // Back-to-back barriers need no barrier before them.
@@ -1095,6 +1223,7 @@ impl Bench<'_> {
                     want: &want,
                     moe: None,
                     splits: None,
+                    matmul: None,
                 };
                 let measured = self.measure(&case, &mut rows);
                 self.ctx.set_collectives(Collectives::default());
@@ -1121,6 +1250,7 @@ impl Bench<'_> {
             want: &[],
             moe: None,
             splits: None,
+            matmul: None,
         };
         self.measure(&case, &mut rows)?;
         Ok(rows)
@@ -1164,6 +1294,7 @@ impl Bench<'_> {
                     want: &want,
                     moe: None,
                     splits: None,
+                    matmul: None,
                 };
                 // PE 0 transfers, timed or not; the barrier makes the
                 // transfer complete and visible at the checker.
@@ -1256,6 +1387,7 @@ impl Bench<'_> {
             for dtype in self.dtypes(op) {
                 rows.extend(match dtype {
                     Dtype::F32 => self.nccl_collective::<f32>(&nccl, op)?,
+                    Dtype::F16 => self.nccl_collective::<f16>(&nccl, op)?,
                     Dtype::Bf16 => self.nccl_collective::<bf16>(&nccl, op)?,
                 });
             }
@@ -1292,6 +1424,7 @@ impl Bench<'_> {
                 want: &want,
                 moe: None,
                 splits: None,
+                matmul: None,
             };
             self.measure(&case, &mut rows)?;
         }
@@ -1581,12 +1714,15 @@ fn print_table(rows: &[Row], n: usize, backend: &str, args: &Args) {
     if rows.iter().any(|r| r.moe.is_some()) {
         println!("# MoE ops: bytes sent per PE (tokens × topk × hidden × element), busbw = algbw × (n-1)/n");
     }
+    if rows.iter().any(|r| r.matmul.is_some()) {
+        println!("# overlapped matmuls: bytes = one PE's block (ag_matmul: its shard; matmul_rs: its output)");
+    }
     println!("# vs X: X's time / shmem's time (above 1: shmem is faster)");
     if rows.is_empty() {
         println!("# no rows: nothing selected runs on this backend");
     }
     let mut sections: Vec<(Op, Option<&str>, bool)> = Vec::new();
-    for r in rows {
+    for r in rows.iter().filter(|r| r.matmul.is_none()) {
         if !sections.contains(&(r.op, r.dtype, r.graph)) {
             sections.push((r.op, r.dtype, r.graph));
         }
@@ -1633,4 +1769,5 @@ fn print_table(rows: &[Row], n: usize, backend: &str, args: &Args) {
             println!("{line}");
         }
     }
+    overlap::print_tables(rows, n);
 }

@@ -16,7 +16,7 @@
 //! [`Context::all_to_all_v`]: shmem::Context::all_to_all_v
 
 use super::{mix, note, seed, Args, Bench, Case, DeviceBuf, Dtype, Imp, Nccl, Op, Pattern, Res, Row, Value};
-use shmem::{bf16, SymmetricBuffer};
+use shmem::{bf16, f16, SymmetricBuffer};
 
 /// The MoE rows' parameters (from the command line; in their JSON).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -261,6 +261,7 @@ impl Bench<'_> {
         for dtype in self.dtypes(Op::Dispatch) {
             rows.extend(match dtype {
                 Dtype::F32 => self.moe_typed::<f32>(ops)?,
+                Dtype::F16 => self.moe_typed::<f16>(ops)?,
                 Dtype::Bf16 => self.moe_typed::<bf16>(ops)?,
             });
         }
@@ -360,6 +361,7 @@ impl Bench<'_> {
                     want: &want,
                     moe: Some(shape),
                     splits: Some((&read_so, &want_so)),
+                    matmul: None,
                 };
                 self.measure(&case, &mut rows)?;
             }
@@ -377,6 +379,7 @@ impl Bench<'_> {
         for dtype in self.dtypes(Op::Dispatch) {
             rows.extend(match dtype {
                 Dtype::F32 => self.moe_nccl_typed::<f32>(nccl, ops)?,
+                Dtype::F16 => self.moe_nccl_typed::<f16>(nccl, ops)?,
                 Dtype::Bf16 => self.moe_nccl_typed::<bf16>(nccl, ops)?,
             });
         }
@@ -421,6 +424,7 @@ impl Bench<'_> {
                     want,
                     moe: Some(shape),
                     splits: None,
+                    matmul: None,
                 };
                 self.measure(&case, &mut rows)?;
             }
