@@ -9,9 +9,10 @@
 //! ```
 //!
 //! 1. Warm-up: every collective below at every size, [`WARMUP_ROUNDS`]
-//!    times each, all checked, and [`WARMUP_REPLAYS`] dispatches. Then the
-//!    baseline: this PE's resident set (`/proc/self/statm`) and, on the gpu
-//!    backend, the device memory in use (`cuMemGetInfo`: total − free).
+//!    times each, all checked, as many again checked as in step 2, and
+//!    [`WARMUP_REPLAYS`] dispatches. Then the baseline: this PE's resident
+//!    set (`/proc/self/statm`) and, on the gpu backend, the device memory
+//!    in use (`cuMemGetInfo`: total − free).
 //! 2. `N` collectives (100000 by default), cycling through barrier,
 //!    all_reduce (f32 sum, bf16 sum), all_gather, reduce_scatter (f32 sum),
 //!    broadcast (the root goes round) and all_to_all, over [`SIZES`]
@@ -68,7 +69,8 @@ struct Args {
 /// the kernels' tails, up to 256 KiB of f32 and 512 KiB of u64.
 const SIZES: [usize; 6] = [1, 7, 33, 1000, 4099, 65_541];
 const MAX_LEN: usize = 65_541;
-/// Warm-up calls of each (operation, size) pair: 300 of each operation.
+/// Checked warm-up calls of each (operation, size) pair (300 of each
+/// operation), and as many again checked as the soak checks.
 const WARMUP_ROUNDS: u64 = 50;
 const CHECK_EVERY: u64 = 97;
 const WARMUP_REPLAYS: u64 = 200;
@@ -500,109 +502,125 @@ fn main() -> ExitCode {
     }
 }
 
+/// What a soak measured on this PE.
+struct Measured {
+    before: Memory,
+    after: Memory,
+    coll_secs: f64,
+    replay_secs: f64,
+}
+
+/// Warm-up, baseline, the collectives and the dispatches, memory again.
+fn soak(ctx: &Context, s: &Stream, args: &Args) -> Res<Measured> {
+    // Everything is allocated, and the graph captured, before the
+    // baseline: nothing that follows should need new memory.
+    let colls = Collectives::new(ctx)?;
+    let dispatch = Dispatch::new(ctx)?;
+    let runner = Runner::new(ctx, s, &dispatch)?;
+    // The first half checks every call; the second runs as the soak does,
+    // 97 calls queued between checks, so that whatever the driver sizes by
+    // the depth of a stream's queue has its size before the baseline.
+    let half = WARMUP_ROUNDS * (OPS.len() * SIZES.len()) as u64;
+    for it in 0..2 * half {
+        colls.step(ctx, s, it, it < half || it % CHECK_EVERY == 0)?;
+    }
+    for replay in 0..WARMUP_REPLAYS {
+        runner.replay(ctx, s, &dispatch, replay)?;
+    }
+    ctx.barrier_all(s)?;
+    s.synchronize()?;
+    let before = Memory::now(ctx)?;
+
+    let start = Instant::now();
+    for k in 0..args.collectives {
+        let check = k % CHECK_EVERY == 0 || k + 1 == args.collectives;
+        colls.step(ctx, s, 2 * half + k, check)?;
+    }
+    s.synchronize()?;
+    let coll_secs = start.elapsed().as_secs_f64();
+    let start = Instant::now();
+    for k in 0..args.replays {
+        runner.replay(ctx, s, &dispatch, WARMUP_REPLAYS + k)?;
+    }
+    ctx.barrier_all(s)?;
+    s.synchronize()?;
+    ctx.check_device()?;
+    let replay_secs = start.elapsed().as_secs_f64();
+    Ok(Measured { before, after: Memory::now(ctx)?, coll_secs, replay_secs })
+}
+
 /// Whether this PE's memory held; errors for wrong results.
 fn run(args: &Args) -> Res<bool> {
     let ctx = shmem::init()?;
     let (me, n, s) = (ctx.my_pe(), ctx.n_pes(), ctx.stream());
     let backend = if ctx.backend() == BackendKind::Gpu { "gpu" } else { "host" };
-    let fail_json = |e: &dyn std::fmt::Display| {
-        if let (0, Some(path)) = (me, &args.json) {
-            let json = format!("{{\"pes\":{n},\"backend\":\"{backend}\",\"ok\":false,\"error\":{}}}\n", json_string(e));
-            let _ = std::fs::write(path, json);
+    let json = args.json.as_ref().filter(|_| me == 0);
+    let m = soak(&ctx, &s, args).inspect_err(|e| {
+        if let Some(path) = json {
+            let text = format!("{{\"pes\":{n},\"backend\":\"{backend}\",\"ok\":false,\"error\":{}}}\n", json_string(e));
+            let _ = std::fs::write(path, text);
         }
-    };
-    let body = || -> Res<(Memory, Memory, f64, f64)> {
-        // Everything is allocated, and the graph captured, before the
-        // baseline: nothing that follows should need new memory.
-        let colls = Collectives::new(&ctx)?;
-        let dispatch = Dispatch::new(&ctx)?;
-        let runner = Runner::new(&ctx, &s, &dispatch)?;
-        let warmup = WARMUP_ROUNDS * (OPS.len() * SIZES.len()) as u64;
-        for it in 0..warmup {
-            colls.step(&ctx, &s, it, true)?;
-        }
-        for replay in 0..WARMUP_REPLAYS {
-            runner.replay(&ctx, &s, &dispatch, replay)?;
-        }
-        ctx.barrier_all(&s)?;
-        s.synchronize()?;
-        let before = Memory::now(&ctx)?;
-
-        let start = Instant::now();
-        for k in 0..args.collectives {
-            let check = k % CHECK_EVERY == 0 || k + 1 == args.collectives;
-            colls.step(&ctx, &s, warmup + k, check)?;
-        }
-        s.synchronize()?;
-        let coll_secs = start.elapsed().as_secs_f64();
-        let start = Instant::now();
-        for k in 0..args.replays {
-            runner.replay(&ctx, &s, &dispatch, WARMUP_REPLAYS + k)?;
-        }
-        ctx.barrier_all(&s)?;
-        s.synchronize()?;
-        ctx.check_device()?;
-        let replay_secs = start.elapsed().as_secs_f64();
-        let after = Memory::now(&ctx)?;
-        Ok((before, after, coll_secs, replay_secs))
-    };
-    let (before, after, coll_secs, replay_secs) = body().inspect_err(|e| fail_json(e))?;
-    let growth = after.growth(&before);
+    })?;
+    let growth = m.after.growth(&m.before);
     for g in &growth {
         eprintln!("soak: PE {me}: {g}");
     }
     let ok = growth.is_empty();
     let per = |secs: f64, count: u64| if count == 0 { 0.0 } else { secs * 1e6 / count as f64 };
-    let device = match (before.device_used, after.device_used) {
+    let device = match (m.before.device_used, m.after.device_used) {
         (Some(b), Some(a)) => format!(", device memory in use {b} → {a} bytes"),
         _ => String::new(),
     };
     println!(
-        "soak: PE {me} of {n} ({backend}): {} collectives in {coll_secs:.2} s ({:.1} µs each), {} dispatches in \
-         {replay_secs:.2} s ({:.1} µs each), RSS {} → {} KiB{device}: {}",
+        "soak: PE {me} of {n} ({backend}): {} collectives in {:.2} s ({:.1} µs each), {} dispatches in \
+         {:.2} s ({:.1} µs each), RSS {} → {} KiB{device}: {}",
         args.collectives,
-        per(coll_secs, args.collectives),
+        m.coll_secs,
+        per(m.coll_secs, args.collectives),
         args.replays,
-        per(replay_secs, args.replays),
-        before.rss_kib,
-        after.rss_kib,
+        m.replay_secs,
+        per(m.replay_secs, args.replays),
+        m.before.rss_kib,
+        m.after.rss_kib,
         if ok { "ok" } else { "FAILED" }
     );
 
-    // Every PE's numbers to PE 0, for the JSON (the buffer's memory is
-    // counted in neither measurement: it is allocated after both).
+    // Every PE's numbers to PE 0, for the JSON (this buffer is allocated
+    // after both measurements).
     let mine = [
-        before.rss_kib,
-        after.rss_kib,
-        before.device_used.unwrap_or(u64::MAX),
-        after.device_used.unwrap_or(u64::MAX),
+        m.before.rss_kib,
+        m.after.rss_kib,
+        m.before.device_used.unwrap_or(u64::MAX),
+        m.after.device_used.unwrap_or(u64::MAX),
         ok as u64,
     ];
     let (one, all) = (ctx.alloc::<u64>(mine.len())?, ctx.alloc::<u64>(mine.len() * n)?);
     one.copy_from_host(&mine, &s)?;
     ctx.all_gather(&all, &one, &s)?;
     let all = all.copy_to_host(&s)?;
-    if let (0, Some(path)) = (me, &args.json) {
+    if let Some(path) = json {
         let column = |k: usize| -> String {
             let v: Vec<String> = (0..n).map(|pe| all[pe * mine.len() + k].to_string()).collect();
             format!("[{}]", v.join(","))
         };
         let device = |k: usize| if backend == "gpu" { column(k) } else { "null".into() };
         let all_ok = (0..n).all(|pe| all[pe * mine.len() + 4] == 1);
-        let json = format!(
+        let text = format!(
             "{{\"pes\":{n},\"backend\":\"{backend}\",\"collectives\":{},\"replays\":{},\"seconds\":{:.3},\
-             \"collective_seconds\":{coll_secs:.3},\"replay_seconds\":{replay_secs:.3},\"rss_kib_before\":{},\
-             \"rss_kib_after\":{},\"rss_slack_kib\":{RSS_SLACK_KIB},\"device_used_bytes_before\":{},\
-             \"device_used_bytes_after\":{},\"ok\":{all_ok}}}\n",
+             \"collective_seconds\":{:.3},\"replay_seconds\":{:.3},\"rss_kib_before\":{},\"rss_kib_after\":{},\
+             \"rss_slack_kib\":{RSS_SLACK_KIB},\"device_used_bytes_before\":{},\"device_used_bytes_after\":{},\
+             \"ok\":{all_ok}}}\n",
             args.collectives,
             args.replays,
-            coll_secs + replay_secs,
+            m.coll_secs + m.replay_secs,
+            m.coll_secs,
+            m.replay_secs,
             column(0),
             column(1),
             device(2),
             device(3),
         );
-        std::fs::write(path, json)?;
+        std::fs::write(path, text)?;
     }
     // A barrier: no PE exits (which stops the others under shmemrun)
     // before PE 0 has written the JSON.
