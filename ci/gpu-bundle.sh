@@ -21,7 +21,7 @@ spmd=$(cargo test --release -p shmem --features mpi --test spmd --no-run --messa
 rm -rf .gpu-bundle
 mkdir -p .gpu-bundle/bin
 cp target/release/shmemrun .gpu-bundle/bin/
-for ex in quickstart ring allreduce peer_kernel device_kernel shmem-bench moe_torch_check moe_server; do
+for ex in quickstart ring allreduce peer_kernel device_kernel shmem-bench moe_torch_check moe_server soak; do
     cp "target/release/examples/$ex" .gpu-bundle/bin/
 done
 cp "$spmd" .gpu-bundle/bin/spmd
