@@ -22,7 +22,7 @@ rm -rf .gpu-bundle
 mkdir -p .gpu-bundle/bin
 cp target/release/shmemrun .gpu-bundle/bin/
 for ex in quickstart ring allreduce peer_kernel device_kernel all_gather_matmul matmul_reduce_scatter shmem-bench \
-    moe_torch_check moe_server; do
+    moe_torch_check moe_server soak; do
     cp "target/release/examples/$ex" .gpu-bundle/bin/
 done
 cp "$spmd" .gpu-bundle/bin/spmd

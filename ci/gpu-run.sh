@@ -5,7 +5,8 @@
 # examples (and, with --bench, the benchmark sweep; with --quick, only the
 # collectives' tests; with --moe, only the MoE tests and examples; with
 # --overlap, only the overlapped matmuls' tests, examples and bench rows;
-# with --faults, only the fault scenarios).
+# with --faults, only the fault scenarios; with --soak, only the soak
+# example; with --sanitize, only some SPMD tests under compute-sanitizer).
 # Finds the box's NVSHMEM by itself. Logs go to $OUT (or ./gpu-out); exits
 # non-zero if any step failed.
 set -uo pipefail
@@ -168,6 +169,71 @@ overlap_examples() {
     step matmul_reduce_scatter "$bin/shmemrun" -n "$pes" --tag-output "$bin/matmul_reduce_scatter"
 }
 
+# --soak: the soak example (examples/soak.rs) with its default counts:
+# 100000 collectives and 10000 replays of a captured MoE dispatch, checked,
+# then this PE's device memory in use must equal, and its RSS be within
+# 8 MiB of, what they were after the warm-up. PE 0 writes $out/soak.json.
+soak() {
+    if [[ ! -x "$bin/soak" ]]; then
+        echo "gpu-run: $bin/soak is missing (a bundle from before examples/soak.rs)" | tee -a "$log"
+        failed+=(soak)
+        return
+    fi
+    STEP_TIMEOUT=${SOAK_TIMEOUT:-420} step soak "$bin/shmemrun" -n "$pes" --tag-output "$bin/soak" --json "$out/soak.json"
+}
+
+# --sanitize: each SPMD test whose name matches the extended regex
+# $SANITIZE_TESTS (default: the MoE all-to-all-v ops) alone under
+# compute-sanitizer, with memcheck (out-of-bounds and misaligned device
+# accesses, device errors) and then racecheck (shared-memory hazards).
+# shmemrun starts one sanitizer per PE, which starts spmd (the launcher's
+# environment passes through); --tag-output keeps each PE's report apart in
+# the one log. A test passes when its step exits 0 and every PE's report
+# ends in a zero summary ("ERROR SUMMARY: 0 errors"; racecheck's is
+# "RACECHECK SUMMARY: 0 hazards displayed"). CUDA API errors are not
+# reported (SAN_API_ERRORS=explicit reports them): NVSHMEM's start-up probes
+# features with calls that are expected to fail. The sanitizers slow the
+# kernels, not the device's own wait budget (about 10 s of the GPU's clock
+# before a wait for a peer traps): a "waited too long" here is slowness
+# as likely as a bug. Host-side waits get the step's whole time
+# (SAN_TIMEOUT, 300 s a test).
+sanitize() {
+    local san=/usr/local/cuda/bin/compute-sanitizer tool t r start tests
+    [[ -x $san ]] || san=$(command -v compute-sanitizer)
+    if [[ -z $san ]]; then
+        echo "gpu-run: compute-sanitizer is in neither /usr/local/cuda/bin nor PATH: no sanitizer run" | tee -a "$log"
+        failed+=(sanitize)
+        return
+    fi
+    local limit=${SAN_TIMEOUT:-300} pattern=${SANITIZE_TESTS:-'^moe::(dispatch|combine|all_to_all_v)'}
+    tests=$("$bin/spmd" --list 2>/dev/null | sed -n 's/: test$//p' | grep -E "$pattern")
+    if [[ -z $tests ]]; then
+        echo "gpu-run: no SPMD test matches SANITIZE_TESTS=$pattern" | tee -a "$log"
+        failed+=(sanitize)
+        return
+    fi
+    "$san" --version 2>&1 | tail -n 1 | tee -a "$log"
+    for tool in memcheck racecheck; do
+        for t in $tests; do
+            start=$(wc -l <"$log")
+            STEP_TIMEOUT=$limit step "$tool:$t" env SHMEM_HEAP_SIZE=2G SHMEM_TEST_WAIT_TIMEOUT="$limit" \
+                SHMEM_PEER_TIMEOUT=120 "$bin/shmemrun" -n "$pes" --tag-output \
+                "$san" --tool "$tool" --target-processes all --error-exitcode 99 --print-limit 50 \
+                --report-api-errors "${SAN_API_ERRORS:-no}" "$bin/spmd" --exact "$t"
+            for ((r = 0; r < pes; r++)); do
+                if ! tail -n +"$((start + 1))" "$log" |
+                    grep -qE "^\[$r\] =+ (ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards displayed)"; then
+                    echo "gpu-run: $tool:$t: PE $r's sanitizer reported no clean summary" | tee -a "$log"
+                    failed+=("$tool:$t:pe$r")
+                elif tail -n +"$((start + 1))" "$log" | grep -qE "^\[$r\] =+ (ERROR|RACECHECK) SUMMARY: [1-9]"; then
+                    echo "gpu-run: $tool:$t: PE $r's sanitizer found errors" | tee -a "$log"
+                    failed+=("$tool:$t:pe$r")
+                fi
+            done
+        done
+    done
+}
+
 examples() {
     step quickstart "$bin/shmemrun" -n "$pes" --tag-output "$bin/quickstart"
     step ring "$bin/shmemrun" -n "$pes" "$bin/ring"
@@ -186,9 +252,12 @@ step gpus nvidia-smi --query-gpu=index,name,memory.total --format=csv
 # tests (both paths) and bench rows; --overlap, the overlapped matmuls'
 # tests, examples and bench rows; --only REGEX, each test whose name
 # matches; --examples, the examples and the failure cases; --faults, the
-# PE-killed-by-SIGKILL scenarios (see faults() above); none of them:
-# everything (the suite three ways, the examples, the failure cases).
-quick= moe= ov= only= ex= fa=
+# PE-killed-by-SIGKILL scenarios (see faults() above); --soak, the soak
+# example (see soak() above); --sanitize, SPMD tests under compute-sanitizer
+# (see sanitize() above); none of them: everything (the suite three ways,
+# the examples, the failure cases), which has neither the soak nor the
+# sanitizers.
+quick='' moe='' ov='' only='' ex='' fa='' so='' san=''
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
     case ${args[i]} in
@@ -198,6 +267,8 @@ for ((i = 0; i < ${#args[@]}; i++)); do
     --only) only=${args[i + 1]:-} ;;
     --examples) ex=1 ;;
     --faults) fa=1 ;;
+    --soak) so=1 ;;
+    --sanitize) san=1 ;;
     esac
 done
 [[ -n $quick ]] && each_test '^coll::' env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
@@ -235,7 +306,9 @@ fi
 [[ -n $only ]] && each_test "$only" env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
 [[ -n $ex ]] && examples
 [[ -n $fa ]] && faults
-if [[ -z $quick$moe$ov$only$ex$fa ]]; then
+[[ -n $so ]] && soak
+[[ -n $san ]] && sanitize
+if [[ -z $quick$moe$ov$only$ex$fa$so$san ]]; then
     each_test '^coll::' env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
     step spmd-shmemrun env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes" "$bin/spmd" --skip coll::
     step spmd-mpirun "${mpi[@]}" -x SHMEM_HEAP_SIZE=2G "$bin/spmd" --skip coll::
