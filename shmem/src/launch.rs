@@ -128,7 +128,7 @@ impl Launch {
     }
 
     /// Time between SIGTERM and SIGKILL when stopping the survivors
-    /// (default: 2 s).
+    /// (default: 2 s; `Duration::MAX`: never SIGKILL).
     pub fn kill_grace(mut self, grace: Duration) -> Launch {
         self.kill_grace = grace;
         self
@@ -290,7 +290,8 @@ impl Launch {
                         first_failure = Some(likely_cause(children, &statuses, rank, status));
                         if self.kill_on_failure && live > 0 {
                             signal_live(children, &statuses, libc::SIGTERM);
-                            kill_at = Some(Instant::now() + self.kill_grace);
+                            // A grace too long for the clock means never.
+                            kill_at = Instant::now().checked_add(self.kill_grace);
                         }
                     }
                 }

@@ -335,7 +335,7 @@ impl Client {
         if rank >= size || u32::try_from(size).is_err() {
             return Err(Error::bootstrap(format!("rank {rank} is not valid in a world of {size} PEs")));
         }
-        let deadline = Instant::now() + timeout;
+        let deadline = deadline_after(timeout);
         let stream = connect_until(addr, deadline, timeout)?;
         let prepare = |s: &TcpStream| -> io::Result<()> {
             s.set_nodelay(true)?;
@@ -380,7 +380,7 @@ impl Client {
             )));
         }
         self.round += 1;
-        let deadline = Instant::now() + self.timeout;
+        let deadline = deadline_after(self.timeout);
         self.send(wire::GATHER, data)?;
         let body = self.wait_reply(wire::RESULT, deadline, Wait::Gather(self.round))?;
         wire::parse_result(&body, self.size).ok_or_else(|| {
@@ -555,6 +555,14 @@ impl Drop for Client {
     fn drop(&mut self) {
         self.close();
     }
+}
+
+/// `timeout` from now; a timeout too long for the clock (`Duration::MAX`,
+/// `SHMEM_PEER_TIMEOUT=1e18`) waits a century instead of overflowing.
+fn deadline_after(timeout: Duration) -> Instant {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    let now = Instant::now();
+    now.checked_add(timeout).unwrap_or_else(|| now + CENTURY)
 }
 
 /// Connects to `addr`, retrying (the launcher may still be starting) until
@@ -845,6 +853,16 @@ mod tests {
             .to_string();
         assert!(err.contains("cannot connect within 0.20 s"), "{err}");
         assert!(start.elapsed() < Duration::from_secs(2));
+    }
+
+    #[test]
+    fn an_endless_timeout_does_not_overflow_the_clock() {
+        // `Instant::now() + Duration::MAX` panics: a huge SHMEM_PEER_TIMEOUT
+        // (or `Config::peer_timeout(Duration::MAX)`) once did that here.
+        let server = RendezvousServer::start(1).unwrap();
+        let mut c = Client::connect(&server.addr().to_string(), 0, 1, &server.token(), Duration::MAX).unwrap();
+        assert_eq!(c.allgather(b"x").unwrap(), vec![b"x".to_vec()]);
+        assert!(deadline_after(Duration::MAX) > Instant::now() + Duration::from_secs(1 << 30));
     }
 
     #[test]
