@@ -338,6 +338,7 @@ impl Context {
         }
         outcome?;
         let host = world.expect("agree_ok passed, so this PE mapped the heap");
+        let marks = host.heap_marks();
         let node_members: Vec<usize> = (0..n).filter(|&pe| hellos[pe].host == hello.host).collect();
         let gpu = if use_gpu {
             Some(GpuWorld::start(&mut boot, me, n, local_rank, &hello.host, heap_size, &node_members)?)
@@ -362,7 +363,7 @@ impl Context {
             local_size,
             host,
             gpu,
-            heap: Mutex::new(Allocator::new(heap_size)),
+            heap: Mutex::new(Allocator::new(heap_size).with_marks(marks)),
             heap_size,
             finalized: AtomicBool::new(false),
             collectives: Mutex::new(Collectives { force_rma: config.force_rma, ..Default::default() }),
