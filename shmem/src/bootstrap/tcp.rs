@@ -673,6 +673,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri: no sockets (a rendezvous server and TCP clients)")]
     fn allgather_rounds_with_three_clients() {
         let server = RendezvousServer::start(3).unwrap();
         let tok = server.token();
@@ -705,6 +706,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri: no sockets (a rendezvous server and TCP clients)")]
     fn single_pe_world() {
         let server = RendezvousServer::start(1).unwrap();
         let tok = server.token();
@@ -715,6 +717,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri: no sockets (a rendezvous server and TCP clients)")]
     fn disconnect_without_goodbye_fails_the_others() {
         let server = RendezvousServer::start(3).unwrap();
         let tok = server.token();
@@ -746,6 +749,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri: no sockets (a rendezvous server and TCP clients)")]
     fn timeout_names_the_missing_pe() {
         let server = RendezvousServer::start(3).unwrap();
         let tok = server.token();
@@ -796,6 +800,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri: no sockets (a rendezvous server and TCP clients)")]
     fn bad_hellos_are_rejected() {
         let server = RendezvousServer::start(2).unwrap();
         let tok = server.token();
@@ -820,6 +825,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri: no sockets (a rendezvous server and TCP clients)")]
     fn goodbye_while_others_gather_is_an_error() {
         let server = RendezvousServer::start(2).unwrap();
         let tok = server.token();
@@ -843,6 +849,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri: no sockets (a rendezvous server and TCP clients)")]
     fn nothing_listening_gives_up_at_the_deadline() {
         // Bind then drop to get a port that (very likely) nobody listens on.
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -856,6 +863,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri: no sockets (a rendezvous server and TCP clients)")]
     fn an_endless_timeout_does_not_overflow_the_clock() {
         // `Instant::now() + Duration::MAX` panics: a huge SHMEM_PEER_TIMEOUT
         // (or `Config::peer_timeout(Duration::MAX)`) once did that here.
@@ -866,6 +874,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri: no sockets (a rendezvous server and TCP clients)")]
     fn a_wrong_token_is_turned_away_and_the_job_goes_on() {
         let server = RendezvousServer::start(1).unwrap();
         let addr = server.addr().to_string();
