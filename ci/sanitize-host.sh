@@ -22,7 +22,7 @@
 # SHMEM_TEST_WORLDS (e.g. 2,4) picks the SPMD suite's worlds, as for `cargo test`.
 set -uo pipefail
 
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 
 if ! command -v cargo >/dev/null 2>&1 && [[ -d "$HOME/.cargo/bin" ]]; then
     export PATH="$HOME/.cargo/bin:$PATH"
