@@ -14,6 +14,10 @@
 //! profiles and feature sets reuse it. Without the tools the crate
 //! still builds (cfg `shmem_kernels` unset), and the GPU backend says how to
 //! build the kernels when one is needed.
+//!
+//! A build with AddressSanitizer (`-Zsanitizer=address` in the target's
+//! rustflags) also gets cfg `shmem_asan`: the host backend then tells ASan
+//! which bytes of the symmetric heap no buffer covers (`src/host/asan.rs`).
 
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
@@ -21,6 +25,11 @@ use std::process::Command;
 
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(shmem_kernels)");
+    println!("cargo::rustc-check-cfg=cfg(shmem_asan)");
+    let rustflags = std::env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
+    if rustflags.split('\x1f').collect::<Vec<_>>().join(" ").contains("sanitizer=address") {
+        println!("cargo::rustc-cfg=shmem_asan");
+    }
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
     let kernels = manifest.join("../kernels");
     let toolchain = manifest.join("../.gpu-toolchain/nvidia");

@@ -360,6 +360,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri: no file system under isolation")]
     fn patterns_expand_to_existing_folders() {
         let root = scratch("expand");
         for dir in ["venv/lib/python3.11/x", "venv/lib/python3.12/x", "venv/lib/other/x"] {
@@ -412,6 +413,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri: no dlopen or file system")]
     fn bogus_nvshmem_home_says_where_it_looked() {
         let err = load_from(&search_with(&[("NVSHMEM_HOME", "/nonexistent/nvshmem")])).unwrap_err();
         let message = err.to_string();
@@ -429,6 +431,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri: no dlopen or file system")]
     fn a_file_that_is_not_a_library_is_reported() {
         let root = scratch("not-a-library");
         let lib = root.join("venv/lib/python3.12/site-packages/nvidia/nvshmem/lib");
@@ -460,6 +463,7 @@ mod tests {
     /// `NVSHMEM_HOME` (the test harness runs tests on threads of one process, whose
     /// environment a test must not change).
     #[test]
+    #[cfg_attr(miri, ignore = "Miri: no processes")]
     fn load_reads_nvshmem_home_from_the_environment() {
         let output = std::process::Command::new(std::env::current_exe().unwrap())
             .args(["--exact", "load::tests::child_load_with_bogus_home", "--ignored", "--nocapture"])

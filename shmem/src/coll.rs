@@ -647,3 +647,34 @@ impl Context {
         self.world().split_strided(start, stride, size)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn regions_overlap_only_when_they_share_a_byte() {
+        let r = |offset, len| Region { offset, len };
+        assert!(overlap(r(0, 4), r(12, 4), 4));
+        assert!(!overlap(r(0, 4), r(16, 4), 4));
+        assert!(!overlap(r(16, 4), r(0, 4), 4));
+        assert!(!overlap(r(0, 0), r(0, 4), 4), "an empty region overlaps nothing");
+        assert!(overlap(r(8, 1), r(0, 4), 4));
+    }
+
+    #[test]
+    fn reduce_chunk_folds_every_input_in_order() {
+        let a = [1i64, -2, 3, i64::MAX];
+        let b = [10i64, 20, -30, 1];
+        let c = [100i64, 200, 300, 0];
+        let mut out = [0i64; 4];
+        reduce_chunk(ReduceOp::Sum, &mut out, &[&a, &b, &c]);
+        assert_eq!(out, [111, 218, 273, i64::MIN]);
+        reduce_chunk(ReduceOp::Max, &mut out, &[&a, &b, &c]);
+        assert_eq!(out, [100, 200, 300, i64::MAX]);
+        let h: Vec<half::f16> = [0.5f32, 1.5, -4.0].iter().map(|&x| half::f16::from_f32(x)).collect();
+        let mut hout = [half::f16::ZERO; 3];
+        reduce_chunk(ReduceOp::Prod, &mut hout, &[&h, &h]);
+        assert_eq!(hout.map(|x| x.to_f32()), [0.25, 2.25, 16.0]);
+    }
+}

@@ -186,6 +186,54 @@ pub(crate) fn agree_ok(boot: &mut Bootstrap, mine: Result<Vec<u8>>, step: &str) 
     Ok(all.into_iter().map(|m| m[1..].to_vec()).collect())
 }
 
+/// Every PE's start-up settings, checked on every PE: fails on every PE,
+/// with [`Error::Config`], when a PE could not read its settings (naming the
+/// PEs and their messages) or when the settings that must be equal differ.
+/// `mine` is this PE's heap size (in whole pages) and `SHMEM_FORCE_RMA`.
+fn agree_settings(boot: &mut Bootstrap, mine: Result<(usize, bool), String>) -> Result<usize> {
+    let msg = match &mine {
+        Ok((heap, rma)) => [&[0u8][..], &(*heap as u64).to_le_bytes(), &[*rma as u8]].concat(),
+        Err(e) => [&[1u8][..], e.as_bytes()].concat(),
+    };
+    let all = boot.allgather(&msg)?;
+    // Identical messages are told once, with the PEs that have them.
+    let mut bad: Vec<(String, Vec<usize>)> = Vec::new();
+    for (pe, m) in all.iter().enumerate() {
+        if m.first() == Some(&0) && m.len() == 10 {
+            continue;
+        }
+        let text = match m.first() {
+            Some(1) => String::from_utf8_lossy(&m[1..]).into_owned(),
+            _ => "malformed settings message".to_string(),
+        };
+        match bad.iter_mut().find(|(t, _)| *t == text) {
+            Some((_, pes)) => pes.push(pe),
+            None => bad.push((text, vec![pe])),
+        }
+    }
+    if !bad.is_empty() {
+        let on = |pes: &[usize]| {
+            if pes.len() == all.len() && pes.len() > 1 {
+                "on every PE".to_string()
+            } else {
+                format!("on {}", crate::bootstrap::tcp::wire::list_pes(pes))
+            }
+        };
+        let parts: Vec<String> = bad.iter().map(|(text, pes)| format!("{text} ({})", on(pes))).collect();
+        return Err(Error::Config(parts.join("; ")));
+    }
+    let (heap, _) = mine.expect("every PE's settings were read, this PE's too");
+    let rmas: Vec<bool> = all.iter().map(|m| m[9] != 0).collect();
+    if let Some(pe) = rmas.iter().position(|&r| r != rmas[0]) {
+        return Err(Error::config(format!(
+            "SHMEM_FORCE_RMA differs across PEs: PE 0 has it {}, PE {pe} {} (set it alike on every PE)",
+            ["off", "on"][rmas[0] as usize],
+            ["off", "on"][rmas[pe] as usize]
+        )));
+    }
+    Ok(heap)
+}
+
 impl Context {
     pub(crate) fn start(config: Config) -> Result<Context> {
         if LIVE.compare_exchange(0, STARTING, Ordering::AcqRel, Ordering::Relaxed).is_err() {
@@ -197,21 +245,24 @@ impl Context {
     }
 
     fn start_inner(config: Config) -> Result<Context> {
-        if let Some(e) = &config.env_error {
-            return Err(Error::Config(e.clone()));
-        }
-        let gpu_check = match config.backend {
-            BackendKind::Host => None,
-            BackendKind::Gpu | BackendKind::Auto => Some(gpu::available()),
+        // A PE with a bad setting still joins the job, so that every PE
+        // fails with it (below), not only the PEs that have it.
+        let settings = config.env_error.clone().map_or(Ok(()), Err).and_then(|()| {
+            crate::config::heap_pages(config.heap_size)
+                .ok_or_else(|| format!("a heap of {} bytes per PE is more than one mapping can hold", config.heap_size))
+        });
+        let gpu_check = match (config.backend, &settings) {
+            (BackendKind::Host, _) | (_, Err(_)) => None,
+            (BackendKind::Gpu | BackendKind::Auto, Ok(_)) => Some(gpu::available()),
         };
         let backend = match (&gpu_check, config.backend) {
             (Some(Ok(())), _) => 1,
             (Some(Err(_)), BackendKind::Gpu) => 2,
             _ => 0,
         };
-        let heap_size = config.heap_size.next_multiple_of(4096);
         let mut boot = Bootstrap::from_env(config.peer_timeout)?;
         let (me, n) = (boot.rank(), boot.size());
+        let heap_size = agree_settings(&mut boot, settings.map(|heap| (heap, config.force_rma)))?;
 
         let hello = Hello { host: hostname(), pid: std::process::id(), heap_size: heap_size as u64, backend };
         let hellos: Vec<Hello> =
@@ -287,6 +338,7 @@ impl Context {
         }
         outcome?;
         let host = world.expect("agree_ok passed, so this PE mapped the heap");
+        let marks = host.heap_marks();
         let node_members: Vec<usize> = (0..n).filter(|&pe| hellos[pe].host == hello.host).collect();
         let gpu = if use_gpu {
             Some(GpuWorld::start(&mut boot, me, n, local_rank, &hello.host, heap_size, &node_members)?)
@@ -311,10 +363,10 @@ impl Context {
             local_size,
             host,
             gpu,
-            heap: Mutex::new(Allocator::new(heap_size)),
+            heap: Mutex::new(Allocator::new(heap_size).with_marks(marks)),
             heap_size,
             finalized: AtomicBool::new(false),
-            collectives: Mutex::new(Collectives { force_rma: gpu::force_rma_from_env(), ..Default::default() }),
+            collectives: Mutex::new(Collectives { force_rma: config.force_rma, ..Default::default() }),
             free_team_slots: Mutex::new(!0b11),
             live_teams: Mutex::new([(WORLD_UID, 0), (NODE_UID, 1)].into_iter().collect()),
             world: Arc::new(TeamState::new(id, 0, members, me, None, gpu::TEAM_WORLD, WORLD_UID)),

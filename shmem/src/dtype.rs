@@ -270,3 +270,88 @@ atomic_element!(u32, AtomicU32);
 atomic_element!(u64, AtomicU64);
 atomic_element!(i32, AtomicI32);
 atomic_element!(i64, AtomicI64);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `Element` contract, as far as a test can see it: the stated size,
+    /// a tag that round-trips, all-zero and arbitrary bytes are values.
+    fn plain_data<T: Element>() {
+        let d = T::DTYPE;
+        assert_eq!(d.size(), std::mem::size_of::<T>(), "{d}");
+        assert_eq!(DType::from_tag(d as u64), Some(d));
+        let zeros = zeroed_vec::<T>(3);
+        // SAFETY: three initialised elements, viewed as their bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(zeros.as_ptr().cast::<u8>(), 3 * d.size()) };
+        assert!(bytes.iter().all(|&b| b == 0), "{d}");
+        let pattern: Vec<u8> = (0..=255).collect();
+        for at in (0..pattern.len() - d.size()).step_by(d.size()) {
+            // SAFETY: in bounds; any bit pattern is a value of T (the contract).
+            let x: T = unsafe { pattern.as_ptr().add(at).cast::<T>().read_unaligned() };
+            std::hint::black_box(x);
+        }
+    }
+
+    #[test]
+    fn elements_are_plain_data() {
+        plain_data::<f32>();
+        plain_data::<f64>();
+        plain_data::<f16>();
+        plain_data::<bf16>();
+        plain_data::<i32>();
+        plain_data::<i64>();
+        plain_data::<u32>();
+        plain_data::<u64>();
+        assert_eq!(DType::from_tag(0), None);
+        assert_eq!(DType::from_tag(9), None);
+    }
+
+    fn reduce<T: Element>(op: ReduceOp, xs: &[T]) -> T {
+        T::from_acc(xs[1..].iter().fold(xs[0].to_acc(), |acc, &x| T::combine(op, acc, x.to_acc())))
+    }
+
+    #[test]
+    fn reductions_accumulate_and_wrap() {
+        let h = |x: f32| f16::from_f32(x);
+        assert_eq!(reduce(ReduceOp::Sum, &[h(0.5), h(1.25), h(-2.0)]), h(-0.25));
+        let b = |x: f32| bf16::from_f32(x);
+        assert_eq!(reduce(ReduceOp::Max, &[b(-1.0), b(3.0), b(2.0)]), b(3.0));
+        assert_eq!(reduce(ReduceOp::Prod, &[2.0f64, -3.0, 0.5]), -3.0);
+        assert_eq!(reduce(ReduceOp::Sum, &[u32::MAX, 2]), 1);
+        assert_eq!(reduce(ReduceOp::Prod, &[i64::MAX, 2]), -2);
+        assert_eq!(reduce(ReduceOp::Min, &[3i32, -7, 5]), -7);
+        assert_eq!(reduce(ReduceOp::Xor, &[0b1100u64, 0b1010, 0b0001]), 0b0111);
+        assert_eq!(reduce(ReduceOp::And, &[0b1100u32, 0b1010]), 0b1000);
+        assert_eq!(reduce(ReduceOp::Or, &[0b1100i32, 0b1010]), 0b1110);
+    }
+
+    /// An element of a buffer, viewed as its atomic as `Context::atomic_*`
+    /// views symmetric memory.
+    fn atomics<T: AtomicElement + From<u8>>() {
+        let n = |x: u8| T::from(x);
+        let mut buf = vec![n(0), n(5), n(0)];
+        let p: *mut T = &mut buf[1];
+        // SAFETY: `p` is an aligned, live element; `T::Atomic` has T's
+        // layout (the trait's contract); `buf` is not used while `a` lives.
+        let a = unsafe { &*p.cast::<T::Atomic>() };
+        assert_eq!(T::atomic_op(a, AtomicOp::Fetch), n(5));
+        assert_eq!(T::atomic_op(a, AtomicOp::FetchAdd(n(3))), n(5));
+        assert_eq!(T::atomic_op(a, AtomicOp::CompareSwap { current: n(7), new: n(1) }), n(8));
+        assert_eq!(T::atomic_op(a, AtomicOp::CompareSwap { current: n(8), new: n(12) }), n(8));
+        assert_eq!(T::atomic_op(a, AtomicOp::FetchAnd(n(0b0110))), n(12));
+        assert_eq!(T::atomic_op(a, AtomicOp::FetchOr(n(0b1001))), n(0b0100));
+        assert_eq!(T::atomic_op(a, AtomicOp::FetchXor(n(0b0001))), n(0b1101));
+        assert_eq!(T::atomic_op(a, AtomicOp::Swap(n(9))), n(0b1100));
+        assert_eq!(T::atomic_op(a, AtomicOp::Set(n(2))), n(2));
+        assert_eq!(buf, [n(0), n(2), n(0)], "{}: only the element changed", T::DTYPE);
+    }
+
+    #[test]
+    fn atomics_on_a_buffer_element() {
+        atomics::<u32>();
+        atomics::<u64>();
+        atomics::<i32>();
+        atomics::<i64>();
+    }
+}

@@ -8,6 +8,7 @@
 //! caught there rather than corrupting the heap.
 
 use crate::error::{Error, Result};
+use crate::host::asan::HeapMarks;
 use std::collections::BTreeMap;
 
 /// Alignment of every allocation: enough for 16-byte vector accesses and
@@ -36,6 +37,8 @@ pub(crate) struct Allocator {
     /// does not matter).
     pub(crate) live_count: u64,
     pub(crate) live_hash: u64,
+    /// ASan builds on the host backend: what is allocated, told to ASan.
+    marks: Option<HeapMarks>,
 }
 
 impl Allocator {
@@ -44,7 +47,13 @@ impl Allocator {
         if size > 0 {
             free.insert(0, size);
         }
-        Allocator { size, free, live: BTreeMap::new(), allocs: 0, live_count: 0, live_hash: 0 }
+        Allocator { size, free, live: BTreeMap::new(), allocs: 0, live_count: 0, live_hash: 0, marks: None }
+    }
+
+    /// Tells `marks` of every allocation and free (ASan builds).
+    pub(crate) fn with_marks(mut self, marks: Option<HeapMarks>) -> Allocator {
+        self.marks = marks;
+        self
     }
 
     /// First-fit allocation of `bytes` (at least one aligned unit, so every
@@ -64,6 +73,10 @@ impl Allocator {
             self.free.insert(offset + need, len - need);
         }
         self.live.insert(offset, need);
+        if let Some(marks) = &self.marks {
+            // The padding up to `need` stays poisoned.
+            marks.allocated(offset, bytes);
+        }
         self.live_count += 1;
         self.live_hash ^= serial_hash(self.allocs);
         self.allocs += 1;
@@ -78,6 +91,9 @@ impl Allocator {
         };
         self.live_count -= 1;
         self.live_hash ^= serial_hash(serial);
+        if let Some(marks) = &self.marks {
+            marks.freed(offset, len);
+        }
         let mut start = offset;
         if let Some((&prev, &plen)) = self.free.range(..offset).next_back() {
             if prev + plen == offset {

@@ -128,7 +128,7 @@ impl Launch {
     }
 
     /// Time between SIGTERM and SIGKILL when stopping the survivors
-    /// (default: 2 s).
+    /// (default: 2 s; `Duration::MAX`: never SIGKILL).
     pub fn kill_grace(mut self, grace: Duration) -> Launch {
         self.kill_grace = grace;
         self
@@ -290,7 +290,8 @@ impl Launch {
                         first_failure = Some(likely_cause(children, &statuses, rank, status));
                         if self.kill_on_failure && live > 0 {
                             signal_live(children, &statuses, libc::SIGTERM);
-                            kill_at = Some(Instant::now() + self.kill_grace);
+                            // A grace too long for the clock means never.
+                            kill_at = Instant::now().checked_add(self.kill_grace);
                         }
                     }
                 }
@@ -1222,6 +1223,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri: no processes (it starts PEs)")]
     fn exit_codes_and_first_failure() {
         let out = sh(4, "sleep 0.$SHMEM_RANK; exit $SHMEM_RANK").kill_on_failure(false).run().unwrap();
         let codes: Vec<_> = out.statuses.iter().map(|s| s.code()).collect();
@@ -1239,6 +1241,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri: no processes (it starts PEs)")]
     fn first_failure_stops_the_others() {
         let start = Instant::now();
         // `sleep` runs as the shell's child: stopping the group ends it too.
@@ -1254,6 +1257,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri: no processes (it starts PEs)")]
     fn stubborn_pes_get_sigkill_after_the_grace() {
         let start = Instant::now();
         // PE 0 fails once PE 1 had time to ignore SIGTERM.
@@ -1265,6 +1269,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri: no processes (it starts PEs)")]
     fn killed_by_a_signal() {
         let out = sh(2, r#"[ "$SHMEM_RANK" = 1 ] && kill -KILL $$; sleep 100"#).run().unwrap();
         assert_eq!(out.first_failure.map(|(r, _)| r), Some(1));
@@ -1273,6 +1278,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri: no processes (it starts PEs)")]
     fn environment_arguments_and_tagged_output() {
         let script = r#"echo "$SHMEM_RANK $SHMEM_WORLD_SIZE $SHMEM_LOCAL_RANK $SHMEM_LOCAL_SIZE $SHMEM_RENDEZVOUS $FOO $1"
                         echo "err $SHMEM_RANK" >&2
@@ -1301,6 +1307,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri: no processes (it starts PEs)")]
     fn start_errors() {
         let e = Launch::new(0, "true").run().unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
@@ -1310,6 +1317,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri: no processes (it starts PEs)")]
     fn forwards_signals() {
         let script = r#"echo started; exec sleep 100"#;
         let (launch, buf) = captured(sh(2, script).forward_signals(true));
@@ -1382,12 +1390,14 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri: no processes (it starts PEs)")]
     fn self_launched_pes_allgather() {
         let (out, text) = self_launch(3, "allgather");
         assert!(out.success(), "{out}\n{text}");
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri: no processes (it starts PEs)")]
     fn crashed_pe_fails_the_others_bootstrap() {
         let (out, text) = self_launch(3, "crash");
         assert_eq!(out.first_failure.map(|(r, s)| (r, s.code())), Some((1, Some(7))), "{text}");
@@ -1396,6 +1406,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri: no processes (it starts PEs)")]
     fn pe_exiting_before_connecting_fails_the_others_bootstrap() {
         let (out, text) = self_launch(3, "early-exit");
         assert_eq!(out.first_failure.map(|(r, s)| (r, s.code())), Some((1, Some(5))), "{text}");
@@ -1403,6 +1414,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri: no sockets (a rendezvous server)")]
     fn server_runs_many_times() {
         for _ in 0..20 {
             let server = RendezvousServer::start(2).unwrap();

@@ -57,7 +57,14 @@ fn main() -> ExitCode {
         return util::launch_worlds();
     }
     args.test_threads = Some(1); // every PE runs the tests in the same order
-    let ctx = match shmem::Config::new().wait_timeout(Some(util::suite_wait_timeout())).init() {
+    let wait_timeout = match util::suite_wait_timeout() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let ctx = match shmem::Config::new().wait_timeout(Some(wait_timeout)).init() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("shmem init failed: {e}");

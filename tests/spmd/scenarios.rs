@@ -1,10 +1,10 @@
 //! Multi-process scenarios that a test launches as a job of its own: a PE
 //! that dies (exits, or is killed by SIGKILL in the middle of a barrier, an
 //! all-reduce or a MoE dispatch), a PE that never starts, mismatched
-//! start-up settings, and use after finalize. The tests run in the 1-PE
-//! world (each launches its own job; running them from every world would
-//! only repeat them). After each job, nothing named after its PEs may be
-//! left in `/dev/shm`.
+//! start-up settings, a setting that cannot be read, and use after
+//! finalize. The tests run in the 1-PE world (each launches its own job;
+//! running them from every world would only repeat them). After each job,
+//! nothing named after its PEs may be left in `/dev/shm`.
 //!
 //! `SHMEM_TEST_SCENARIO_BACKEND=gpu` runs the scenarios' PEs on the GPU
 //! backend (the suite's own PE may stay on the host backend);
@@ -24,6 +24,7 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("scenario::pe_that_never_starts", pe_that_never_starts),
     ("scenario::launcher_ends_job_when_a_pe_fails", launcher_ends_job_when_a_pe_fails),
     ("scenario::heap_size_differs", heap_size_differs),
+    ("scenario::bad_settings_fail_every_pe", bad_settings_fail_every_pe),
     ("scenario::use_after_finalize_and_foreign", use_after_finalize_and_foreign),
     ("scenario::collectives_on_different_teams", collectives_on_different_teams),
     ("scenario::sigkill_in_barrier", sigkill_in_barrier),
@@ -130,6 +131,40 @@ fn heap_size_differs(env: &Env) -> TestResult {
     }
     let (o, _) = launch("heap_size_differs", 2, false, &[]);
     assert_eq!(exit_codes(&o), vec![SAW_IT as i32; 2]);
+    Ok(())
+}
+
+/// A setting that cannot be read fails `init` on every PE with
+/// `Error::Config`, naming the variable, the value and the PEs that have it,
+/// also when only one PE has it; nothing is left in `/dev/shm` (checked by
+/// [`launch`]).
+fn bad_settings_fail_every_pe(env: &Env) -> TestResult {
+    if !only_in_one_pe_world(env) {
+        return Ok(());
+    }
+    // (variable, value, the one PE that has it (None: every PE), what every PE's error says)
+    let cases: &[(&str, &str, Option<usize>, &str)] = &[
+        // Used to panic in `Duration::from_secs_f64`.
+        ("SHMEM_PEER_TIMEOUT", "1e30", None, "SHMEM_PEER_TIMEOUT=\"1e30\": expected a number of seconds"),
+        // Used to overflow when rounded up to whole pages.
+        ("SHMEM_HEAP_SIZE", "18446744073709551615", None, "more than one mapping can hold (on every PE)"),
+        ("SHMEM_WAIT_TIMEOUT", "-1", None, "SHMEM_WAIT_TIMEOUT=\"-1\""),
+        ("SHMEM_BACKEND", "cuda", None, "SHMEM_BACKEND=\"cuda\": expected auto, gpu or host (on every PE)"),
+        ("SHMEM_HEAP_SIZE", "12Q", Some(1), "SHMEM_HEAP_SIZE=\"12Q\": expected bytes"),
+        ("SHMEM_FORCE_RMA", "maybe", Some(2), "SHMEM_FORCE_RMA=\"maybe\": expected 1 (on) or 0 (off) (on PE 2)"),
+        ("SHMEM_FORCE_RMA", "1", Some(0), "SHMEM_FORCE_RMA differs across PEs: PE 0 has it on, PE 1 off"),
+    ];
+    for &(var, value, on_pe, want) in cases {
+        let pe = on_pe.map_or(String::new(), |pe| pe.to_string());
+        let mut vars = vec![("SHMEM_TEST_EXPECT", want), ("SHMEM_TEST_BAD_PE", pe.as_str())];
+        match on_pe {
+            None => vars.push((var, value)),
+            Some(_) => vars.extend([("SHMEM_TEST_BAD_VAR", var), ("SHMEM_TEST_BAD_VALUE", value)]),
+        }
+        let (o, took) = launch("bad_setting", 3, false, &vars);
+        assert!(took < Duration::from_secs(20), "{var}={value:?}: took {took:?}");
+        assert_eq!(exit_codes(&o), vec![SAW_IT as i32; 3], "{var}={value:?} on {on_pe:?}: PE exit codes");
+    }
     Ok(())
 }
 
@@ -241,6 +276,7 @@ pub fn run(name: &str) -> ExitCode {
         }),
         "never_start" | "never_start_no_timeout" => never_start(rank),
         "heap_size_differs" => heap_size_differs_pe(rank),
+        "bad_setting" => bad_setting_pe(rank),
         "lifecycle" => lifecycle(),
         "different_teams" => different_teams(rank),
         "sigkill_in_barrier" | "sigkill_in_all_reduce" | "sigkill_in_dispatch_2d" => fault_pe(rank, name),
@@ -316,6 +352,26 @@ fn heap_size_differs_pe(rank: usize) -> Result<(), String> {
         Err(Error::Config(msg)) if msg.contains("heap size differs") => Ok(()),
         Err(e) => Err(format!("wrong error: {e}")),
         Ok(_) => Err("init succeeded with different heap sizes".into()),
+    }
+}
+
+/// `SHMEM_TEST_BAD_PE` (if it is this PE) sets `SHMEM_TEST_BAD_VAR` to
+/// `SHMEM_TEST_BAD_VALUE` in its own environment; every PE's `init` must
+/// fail with a configuration error that says `SHMEM_TEST_EXPECT`.
+fn bad_setting_pe(rank: usize) -> Result<(), String> {
+    let var = |name: &str| std::env::var(name).unwrap_or_default();
+    if var("SHMEM_TEST_BAD_PE") == rank.to_string() {
+        // Nothing else runs yet in this process: no thread reads the environment.
+        std::env::set_var(var("SHMEM_TEST_BAD_VAR"), var("SHMEM_TEST_BAD_VALUE"));
+    }
+    let want = var("SHMEM_TEST_EXPECT");
+    match shmem::init() {
+        Err(Error::Config(msg)) if msg.contains(&want) => {
+            eprintln!("PE {rank} saw: {msg}");
+            Ok(())
+        }
+        Err(e) => Err(format!("wrong error: {e} (expected one that says {want:?})")),
+        Ok(_) => Err("init succeeded with a bad setting".into()),
     }
 }
 

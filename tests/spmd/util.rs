@@ -10,9 +10,13 @@ pub type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 /// How long any single wait may take inside the suite before it fails
 /// (a hang becomes a failure): `SHMEM_TEST_WAIT_TIMEOUT` seconds, default 120.
-pub fn suite_wait_timeout() -> Duration {
-    let secs = std::env::var("SHMEM_TEST_WAIT_TIMEOUT").ok().and_then(|v| v.parse().ok()).unwrap_or(120.0);
-    Duration::from_secs_f64(secs)
+pub fn suite_wait_timeout() -> Result<Duration, String> {
+    let Ok(v) = std::env::var("SHMEM_TEST_WAIT_TIMEOUT") else { return Ok(Duration::from_secs(120)) };
+    v.trim()
+        .parse()
+        .ok()
+        .and_then(|secs| Duration::try_from_secs_f64(secs).ok())
+        .ok_or_else(|| format!("SHMEM_TEST_WAIT_TIMEOUT={v:?}: expected a number of seconds"))
 }
 
 /// What every test gets: the context, a stream, and fresh random seeds

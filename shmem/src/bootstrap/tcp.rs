@@ -335,7 +335,7 @@ impl Client {
         if rank >= size || u32::try_from(size).is_err() {
             return Err(Error::bootstrap(format!("rank {rank} is not valid in a world of {size} PEs")));
         }
-        let deadline = Instant::now() + timeout;
+        let deadline = deadline_after(timeout);
         let stream = connect_until(addr, deadline, timeout)?;
         let prepare = |s: &TcpStream| -> io::Result<()> {
             s.set_nodelay(true)?;
@@ -380,7 +380,7 @@ impl Client {
             )));
         }
         self.round += 1;
-        let deadline = Instant::now() + self.timeout;
+        let deadline = deadline_after(self.timeout);
         self.send(wire::GATHER, data)?;
         let body = self.wait_reply(wire::RESULT, deadline, Wait::Gather(self.round))?;
         wire::parse_result(&body, self.size).ok_or_else(|| {
@@ -557,6 +557,14 @@ impl Drop for Client {
     }
 }
 
+/// `timeout` from now; a timeout too long for the clock (`Duration::MAX`,
+/// `SHMEM_PEER_TIMEOUT=1e18`) waits a century instead of overflowing.
+fn deadline_after(timeout: Duration) -> Instant {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    let now = Instant::now();
+    now.checked_add(timeout).unwrap_or_else(|| now + CENTURY)
+}
+
 /// Connects to `addr`, retrying (the launcher may still be starting) until
 /// `deadline`.
 fn connect_until(addr: &str, deadline: Instant, timeout: Duration) -> Result<TcpStream> {
@@ -665,6 +673,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri: no sockets (a rendezvous server and TCP clients)")]
     fn allgather_rounds_with_three_clients() {
         let server = RendezvousServer::start(3).unwrap();
         let tok = server.token();
@@ -697,6 +706,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri: no sockets (a rendezvous server and TCP clients)")]
     fn single_pe_world() {
         let server = RendezvousServer::start(1).unwrap();
         let tok = server.token();
@@ -707,6 +717,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri: no sockets (a rendezvous server and TCP clients)")]
     fn disconnect_without_goodbye_fails_the_others() {
         let server = RendezvousServer::start(3).unwrap();
         let tok = server.token();
@@ -738,6 +749,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri: no sockets (a rendezvous server and TCP clients)")]
     fn timeout_names_the_missing_pe() {
         let server = RendezvousServer::start(3).unwrap();
         let tok = server.token();
@@ -788,6 +800,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri: no sockets (a rendezvous server and TCP clients)")]
     fn bad_hellos_are_rejected() {
         let server = RendezvousServer::start(2).unwrap();
         let tok = server.token();
@@ -812,6 +825,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri: no sockets (a rendezvous server and TCP clients)")]
     fn goodbye_while_others_gather_is_an_error() {
         let server = RendezvousServer::start(2).unwrap();
         let tok = server.token();
@@ -835,6 +849,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri: no sockets (a rendezvous server and TCP clients)")]
     fn nothing_listening_gives_up_at_the_deadline() {
         // Bind then drop to get a port that (very likely) nobody listens on.
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -848,6 +863,18 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri: no sockets (a rendezvous server and TCP clients)")]
+    fn an_endless_timeout_does_not_overflow_the_clock() {
+        // `Instant::now() + Duration::MAX` panics: a huge SHMEM_PEER_TIMEOUT
+        // (or `Config::peer_timeout(Duration::MAX)`) once did that here.
+        let server = RendezvousServer::start(1).unwrap();
+        let mut c = Client::connect(&server.addr().to_string(), 0, 1, &server.token(), Duration::MAX).unwrap();
+        assert_eq!(c.allgather(b"x").unwrap(), vec![b"x".to_vec()]);
+        assert!(deadline_after(Duration::MAX) > Instant::now() + Duration::from_secs(1 << 30));
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "Miri: no sockets (a rendezvous server and TCP clients)")]
     fn a_wrong_token_is_turned_away_and_the_job_goes_on() {
         let server = RendezvousServer::start(1).unwrap();
         let addr = server.addr().to_string();

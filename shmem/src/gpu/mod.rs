@@ -557,13 +557,6 @@ pub(crate) fn capturing(s: &CudaStream) -> bool {
     s.capture_status().is_ok_and(|st| st == CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE)
 }
 
-/// `SHMEM_FORCE_RMA=1`: the kernels reach every peer through NVSHMEM's RMA
-/// (put-with-signal, get), so that path is tested on one node. Read once, at
-/// init; [`crate::Context::set_force_rma`] changes it later.
-pub(crate) fn force_rma_from_env() -> bool {
-    std::env::var_os("SHMEM_FORCE_RMA").is_some_and(|v| v != "0")
-}
-
 /// An NVSHMEM status code as a result.
 pub(crate) fn check(call: &'static str, rc: i32) -> Result<()> {
     if rc == 0 {

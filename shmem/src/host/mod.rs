@@ -13,9 +13,11 @@
 //! everything in it is an atomic, so references to it are sound across
 //! processes.
 
+pub(crate) mod asan;
 pub(crate) mod shm;
 
 use crate::error::{Error, Result};
+use asan::HeapMarks;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -86,6 +88,8 @@ pub(crate) struct HostWorld {
     n: usize,
     heap_size: usize,
     wait_timeout: Option<Duration>,
+    /// ASan builds: the heaps' marks, all poisoned until allocated.
+    marks: Option<HeapMarks>,
 }
 
 impl HostWorld {
@@ -110,7 +114,11 @@ impl HostWorld {
         wait_timeout: Option<Duration>,
     ) -> Result<HostWorld> {
         assert_eq!(Some(map.len()), object_size(n, heap_size));
-        let w = HostWorld { map, me, n, heap_size, wait_timeout };
+        let mut w = HostWorld { map, me, n, heap_size, wait_timeout, marks: None };
+        w.marks = HeapMarks::new(w.heap_ptr(0, 0), heap_size, n);
+        if let Some(marks) = w.marks {
+            marks.freed(0, heap_size);
+        }
         let h = w.header();
         if h.magic.load(Ordering::Acquire) != MAGIC
             || h.n_pes.load(Ordering::Relaxed) != n as u64
@@ -144,6 +152,11 @@ impl HostWorld {
         assert!(pe < self.n && offset <= self.heap_size);
         // SAFETY: in bounds of the mapping by the asserts and `object_size`.
         unsafe { self.map.base().add(HEADER_BYTES + self.n * CELL_STRIDE + pe * self.heap_size + offset) }
+    }
+
+    /// ASan builds: the heaps' marks, for the allocator to keep.
+    pub(crate) fn heap_marks(&self) -> Option<HeapMarks> {
+        self.marks
     }
 
     pub(crate) fn set_state(&self, state: PeState) {
@@ -265,6 +278,16 @@ impl HostWorld {
                 // peers (PEs may outnumber cores, as in CI).
                 std::thread::sleep(Duration::from_micros(20));
             }
+        }
+    }
+}
+
+impl Drop for HostWorld {
+    fn drop(&mut self) {
+        // Before the mapping goes: a later mapping at these addresses (the
+        // next context's) must not start out poisoned.
+        if let Some(marks) = self.marks {
+            marks.allocated(0, self.heap_size);
         }
     }
 }
