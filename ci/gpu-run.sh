@@ -185,7 +185,8 @@ soak() {
 # --sanitize: each SPMD test whose name matches the extended regex
 # $SANITIZE_TESTS (default: the MoE all-to-all-v ops) alone under
 # compute-sanitizer, with memcheck (out-of-bounds and misaligned device
-# accesses, device errors) and then racecheck (shared-memory hazards).
+# accesses, device errors) and then racecheck (shared-memory hazards);
+# SAN_TOOLS="racecheck" (say) runs fewer.
 # shmemrun starts one sanitizer per PE, which starts spmd (the launcher's
 # environment passes through); --tag-output keeps each PE's report apart in
 # the one log. A test passes when its step exits 0 and every PE's report
@@ -213,7 +214,7 @@ sanitize() {
         return
     fi
     "$san" --version 2>&1 | tail -n 1 | tee -a "$log"
-    for tool in memcheck racecheck; do
+    for tool in ${SAN_TOOLS:-memcheck racecheck}; do
         for t in $tests; do
             start=$(wc -l <"$log")
             STEP_TIMEOUT=$limit step "$tool:$t" env SHMEM_HEAP_SIZE=2G SHMEM_TEST_WAIT_TIMEOUT="$limit" \

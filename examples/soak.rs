@@ -288,7 +288,9 @@ impl Collectives {
                 }
             }
             Op::Broadcast => {
-                let root = (it / OPS.len() as u64 % n as u64) as usize;
+                // The next root after each turn of every (operation, size)
+                // pair, so that every size has every root.
+                let root = (it / (OPS.len() * SIZES.len()) as u64 % n as u64) as usize;
                 let (src, dst) = (self.u64_src.slice(..len), self.u64_dst.slice(..len));
                 if check {
                     write(src, |i| value(me, i, it), s)?;
