@@ -161,14 +161,7 @@ impl Team {
             supported::<T>(OP)?;
             let (ro, rc, ra, rb) =
                 (a_out.region(&self.ctx)?, out.region(&self.ctx)?, a_shard.region(&self.ctx)?, b.region(&self.ctx)?);
-            check_how(OP, how)?;
-            if k == 0 || ra.len % k != 0 || rb.len % k != 0 {
-                return Err(Error::LengthMismatch(format!(
-                    "{OP}: a_shard ({} elements) and b ({} elements) must both be whole rows of k = {k}",
-                    ra.len, rb.len
-                )));
-            }
-            let (m, n) = (ra.len / k, rb.len / k);
+            let (m, n) = operand_rows(OP, "a_shard", ra, rb, k, how)?;
             if ro.len != np * m * k || rc.len != np * m * n {
                 return Err(Error::LengthMismatch(format!(
                     "{OP}: a_out has {} elements and out {}; {np} PEs × a {m} × {k} shard times b {k} × {n} need \
@@ -270,14 +263,7 @@ impl Team {
             supported::<T>(OP)?;
             let (rc, ra, rb, rw) =
                 (out.region(&self.ctx)?, a.region(&self.ctx)?, b.region(&self.ctx)?, ws.region(&self.ctx)?);
-            check_how(OP, how)?;
-            if k == 0 || ra.len % k != 0 || rb.len % k != 0 {
-                return Err(Error::LengthMismatch(format!(
-                    "{OP}: a ({} elements) and b ({} elements) must both be whole rows of k = {k}",
-                    ra.len, rb.len
-                )));
-            }
-            let (m, n) = (ra.len / k, rb.len / k);
+            let (m, n) = operand_rows(OP, "a", ra, rb, k, how)?;
             if m % np != 0 {
                 return Err(Error::LengthMismatch(format!("{OP}: a's {m} rows do not split evenly over {np} PEs")));
             }
@@ -615,11 +601,19 @@ impl crate::Context {
     }
 }
 
-fn check_how(op: &str, how: Overlap) -> Result<()> {
+/// (rows of `a`, columns of `b`) of an `a · b` with inner dimension `k`,
+/// after checking `how` and that both are whole rows of `k`.
+fn operand_rows(op: &str, a_name: &str, a: Region, b: Region, k: usize, how: Overlap) -> Result<(usize, usize)> {
     if how.chunks == 0 {
         return Err(Error::Invalid(format!("{op}: chunks must be at least 1")));
     }
-    Ok(())
+    if k == 0 || a.len % k != 0 || b.len % k != 0 {
+        return Err(Error::LengthMismatch(format!(
+            "{op}: {a_name} ({} elements) and b ({} elements) must both be whole rows of k = {k}",
+            a.len, b.len
+        )));
+    }
+    Ok((a.len / k, b.len / k))
 }
 
 #[cfg(test)]
