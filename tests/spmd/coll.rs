@@ -370,9 +370,6 @@ impl Case<'_> {
     fn expected<T: TestElem>(&self, i: usize, x: impl Fn(usize, usize) -> T) -> T {
         let (tn, me, len) = (self.group.members.len(), self.group.me, self.len);
         let op = self.op.unwrap_or(ReduceOp::Sum);
-        if std::env::var("SPMD_BREAK").is_ok() && me == 1 && i == 5 && len == 33 {
-            return x(0, 0);
-        }
         match self.coll {
             Coll::AllReduce => reduce(op, (0..tn).map(|m| x(m, i))),
             Coll::ReduceScatter => reduce(op, (0..tn).map(|m| x(m, me * len + i))),
