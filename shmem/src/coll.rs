@@ -38,7 +38,8 @@ impl Addr {
     }
 }
 
-fn overlap(a: Region, b: Region, elem: usize) -> bool {
+/// Whether two non-empty regions of `elem`-byte elements share a byte.
+pub(crate) fn overlap(a: Region, b: Region, elem: usize) -> bool {
     a.offset < b.offset + b.len * elem && b.offset < a.offset + a.len * elem && a.len > 0 && b.len > 0
 }
 

@@ -26,10 +26,12 @@
 //! (rayon-parallel, f32-accumulating) matmul: the reference.
 
 use crate::buffer::{Region, SymSlice};
+use crate::coll::overlap;
 use crate::context::Stream;
 use crate::dtype::{DType, Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::gpu::blas::Blas;
+use crate::host::DESC_WORDS;
 use crate::team::{Desc, OpKind, Team};
 use rayon::prelude::*;
 
@@ -85,10 +87,6 @@ fn chunk(rows: usize, c: usize, j: usize) -> (usize, usize) {
     let (q, r) = (rows / c, rows % c);
     let start = j * q + j.min(r);
     (start, start + q + usize::from(j < r))
-}
-
-fn overlap(a: Region, b: Region, elem: usize) -> bool {
-    a.len > 0 && b.len > 0 && a.offset < b.offset + b.len * elem && b.offset < a.offset + a.len * elem
 }
 
 fn supported<T: Element>(op: &'static str) -> Result<()> {
@@ -331,7 +329,13 @@ impl Team {
 
     /// The descriptor exchange of an overlapped matmul: every PE's rows,
     /// to check (after this PE's own error) with [`Team::agree`].
-    fn exchange_call(&self, op: &str, desc: &Desc, err: Option<&Error>, stream: &Stream) -> Result<Vec<[u64; 8]>> {
+    fn exchange_call(
+        &self,
+        op: &str,
+        desc: &Desc,
+        err: Option<&Error>,
+        stream: &Stream,
+    ) -> Result<Vec<[u64; DESC_WORDS]>> {
         if self.ctx.gpu.as_ref().is_some_and(|g| crate::gpu::capturing(g.stream(stream))) {
             return Err(Error::Invalid(format!("{op} cannot be captured in a CUDA graph")));
         }

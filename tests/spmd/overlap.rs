@@ -13,7 +13,7 @@
 //!   against the sequential one.
 //! - Refusals: bad shapes fail on every PE, with nothing written.
 
-use crate::util::{assert_bits_eq, mix, poison, Env, TestElem, TestResult};
+use crate::util::{assert_bits_eq, mix, poison, Env, Real, TestElem, TestResult};
 use crate::{assert_err, TestFn};
 use shmem::overlap::reduce_scatter_workspace_len;
 use shmem::{bf16, f16, Error, Overlap, OverlapComm, SymmetricBuffer};
@@ -32,39 +32,6 @@ const COMMS: [OverlapComm; 3] = [OverlapComm::Sequential, OverlapComm::Sm, Overl
 const SHAPES: [(usize, usize, usize, usize); 6] =
     [(5, 7, 3, 4), (37, 64, 48, 4), (2, 16, 8, 4), (64, 33, 17, 3), (0, 8, 4, 2), (29, 40, 64, 7)];
 
-/// Floats the tests build from small integers and reals.
-trait Real: TestElem {
-    fn of(x: f64) -> Self;
-    fn f64(self) -> f64;
-}
-
-impl Real for f32 {
-    fn of(x: f64) -> Self {
-        x as f32
-    }
-    fn f64(self) -> f64 {
-        self as f64
-    }
-}
-
-impl Real for f16 {
-    fn of(x: f64) -> Self {
-        f16::from_f64(x)
-    }
-    fn f64(self) -> f64 {
-        self.to_f64()
-    }
-}
-
-impl Real for bf16 {
-    fn of(x: f64) -> Self {
-        bf16::from_f64(x)
-    }
-    fn f64(self) -> f64 {
-        self.to_f64()
-    }
-}
-
 /// Element `i` of matrix `which` of PE `pe`: -1, 0 or 1.
 fn small(seed: u64, which: u64, pe: usize, i: usize) -> f64 {
     (mix(seed ^ mix(which << 56 ^ (pe as u64) << 40 ^ i as u64)) % 3) as f64 - 1.0
@@ -76,7 +43,7 @@ fn real(seed: u64, which: u64, pe: usize, i: usize) -> f64 {
 }
 
 fn matrix<T: Real>(seed: u64, which: u64, pe: usize, len: usize, f: fn(u64, u64, usize, usize) -> f64) -> Vec<T> {
-    (0..len).map(|i| T::of(f(seed, which, pe, i))).collect()
+    (0..len).map(|i| T::from_f64(f(seed, which, pe, i))).collect()
 }
 
 fn buffer<T: TestElem>(env: &Env, data: &[T]) -> shmem::Result<SymmetricBuffer<T>> {
@@ -122,8 +89,8 @@ fn ag_exact<T: Real>(env: &Env, m: usize, k: usize, n: usize, how: Overlap, in_p
     let shards: Vec<Vec<f64>> = (0..np).map(|pe| (0..m * k).map(|i| small(seed, 0, pe, i)).collect()).collect();
     let b: Vec<T> = matrix(seed, 1, me, k * n, small);
     let a_full: Vec<f64> = shards.concat();
-    let (want, _) = matmul(&a_full, &b.iter().map(|x| x.f64()).collect::<Vec<_>>(), np * m, k, n);
-    let mine: Vec<T> = shards[me].iter().map(|&x| T::of(x)).collect();
+    let (want, _) = matmul(&a_full, &b.iter().map(|x| x.to_f64()).collect::<Vec<_>>(), np * m, k, n);
+    let mine: Vec<T> = shards[me].iter().map(|&x| T::from_f64(x)).collect();
     let a_out = buffer(env, &vec![poison::<T>(); np * m * k])?;
     let out = buffer(env, &vec![poison::<T>(); np * m * n])?;
     let bb = buffer(env, &b)?;
@@ -136,9 +103,9 @@ fn ag_exact<T: Real>(env: &Env, m: usize, k: usize, n: usize, how: Overlap, in_p
         ctx.all_gather_matmul(&a_out, &out, &shard, &bb, k, how, s)?;
         assert_bits_eq(&shard.copy_to_host(s)?, &mine, &format!("{what}: a_shard untouched"));
     }
-    let a_want: Vec<T> = a_full.iter().map(|&x| T::of(x)).collect();
+    let a_want: Vec<T> = a_full.iter().map(|&x| T::from_f64(x)).collect();
     assert_bits_eq(&a_out.copy_to_host(s)?, &a_want, &format!("{what}: a_out"));
-    let want: Vec<T> = want.into_iter().map(T::of).collect();
+    let want: Vec<T> = want.into_iter().map(T::from_f64).collect();
     assert_bits_eq(&out.copy_to_host(s)?, &want, &format!("{what}: out"));
     Ok(())
 }
@@ -179,14 +146,14 @@ fn rs_exact<T: Real>(env: &Env, m_out: usize, k: usize, n: usize, how: Overlap) 
         let (c, _) = matmul(&a[me * m_out * k..(me + 1) * m_out * k], b, m_out, k, n);
         want.iter_mut().zip(c).for_each(|(w, x)| *w += x);
     }
-    let a: Vec<T> = inputs[me].0.iter().map(|&x| T::of(x)).collect();
-    let b: Vec<T> = inputs[me].1.iter().map(|&x| T::of(x)).collect();
+    let a: Vec<T> = inputs[me].0.iter().map(|&x| T::from_f64(x)).collect();
+    let b: Vec<T> = inputs[me].1.iter().map(|&x| T::from_f64(x)).collect();
     let (ab, bb) = (buffer(env, &a)?, buffer(env, &b)?);
     let out = buffer(env, &vec![poison::<T>(); m_out * n])?;
     let ws = buffer(env, &vec![poison::<T>(); reduce_scatter_workspace_len(m, n)])?;
     let s = &env.s;
     env.ctx.matmul_reduce_scatter(&out, &ab, &bb, &ws, k, how, s)?;
-    let want: Vec<T> = want.into_iter().map(T::of).collect();
+    let want: Vec<T> = want.into_iter().map(T::from_f64).collect();
     assert_bits_eq(&out.copy_to_host(s)?, &want, &format!("{what}: out"));
     assert_bits_eq(&ab.copy_to_host(s)?, &a, &format!("{what}: a untouched"));
     Ok(())
@@ -205,16 +172,16 @@ fn rounded_as<T: Real>(env: &Env, eps: f64) -> TestResult {
     let close = |got: &[T], want: &[f64], mag: &[f64], what: &str| {
         for i in 0..want.len() {
             let tol = eps * (mag[i] + want[i].abs()) + 1e-6;
-            let err = (got[i].f64() - want[i]).abs();
-            assert!(err <= tol, "{what}: element {i} is {}, expected {} (± {tol})", got[i].f64(), want[i]);
+            let err = (got[i].to_f64() - want[i]).abs();
+            assert!(err <= tol, "{what}: element {i} is {}, expected {} (± {tol})", got[i].to_f64(), want[i]);
         }
     };
     // all_gather_matmul.
     let shards: Vec<Vec<f64>> =
-        (0..np).map(|pe| (0..m * k).map(|i| T::of(real(seed, 0, pe, i)).f64()).collect()).collect();
+        (0..np).map(|pe| (0..m * k).map(|i| T::from_f64(real(seed, 0, pe, i)).to_f64()).collect()).collect();
     let b: Vec<T> = matrix(seed, 1, me, k * n, real);
-    let (want, mag) = matmul(&shards.concat(), &b.iter().map(|x| x.f64()).collect::<Vec<_>>(), np * m, k, n);
-    let shard = buffer(env, &shards[me].iter().map(|&x| T::of(x)).collect::<Vec<_>>())?;
+    let (want, mag) = matmul(&shards.concat(), &b.iter().map(|x| x.to_f64()).collect::<Vec<_>>(), np * m, k, n);
+    let shard = buffer(env, &shards[me].iter().map(|&x| T::from_f64(x)).collect::<Vec<_>>())?;
     let bb = buffer(env, &b)?;
     let a_out = env.ctx.alloc::<T>(np * m * k)?;
     let mut outs = Vec::new();
@@ -226,20 +193,20 @@ fn rounded_as<T: Real>(env: &Env, eps: f64) -> TestResult {
         outs.push(got);
     }
     for (i, o) in outs.iter().enumerate().skip(1) {
-        let seq: Vec<f64> = outs[0].iter().map(|x| x.f64()).collect();
+        let seq: Vec<f64> = outs[0].iter().map(|x| x.to_f64()).collect();
         close(o, &seq, &mag, &format!("all_gather_matmul {} {:?} against sequential", T::DTYPE, COMMS[i]));
     }
     // matmul_reduce_scatter.
     let mm = np * m;
-    let inputs = rs_inputs(seed, np, mm, k, n, |s, w, p, i| T::of(real(s, w, p, i)).f64());
+    let inputs = rs_inputs(seed, np, mm, k, n, |s, w, p, i| T::from_f64(real(s, w, p, i)).to_f64());
     let (mut want, mut mag) = (vec![0.0; m * n], vec![0.0; m * n]);
     for (a, b) in &inputs {
         let (c, g) = matmul(&a[me * m * k..(me + 1) * m * k], b, m, k, n);
         want.iter_mut().zip(c).for_each(|(w, x)| *w += x);
         mag.iter_mut().zip(g).for_each(|(w, x)| *w += x);
     }
-    let ab = buffer(env, &inputs[me].0.iter().map(|&x| T::of(x)).collect::<Vec<_>>())?;
-    let bb = buffer(env, &inputs[me].1.iter().map(|&x| T::of(x)).collect::<Vec<_>>())?;
+    let ab = buffer(env, &inputs[me].0.iter().map(|&x| T::from_f64(x)).collect::<Vec<_>>())?;
+    let bb = buffer(env, &inputs[me].1.iter().map(|&x| T::from_f64(x)).collect::<Vec<_>>())?;
     let ws = env.ctx.alloc::<T>(reduce_scatter_workspace_len(mm, n))?;
     for comm in COMMS {
         let out = buffer(env, &vec![poison::<T>(); m * n])?;

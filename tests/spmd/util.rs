@@ -140,33 +140,47 @@ macro_rules! float_elem {
                 $to(self) as u64
             }
             fn random(r: u64, op: ReduceOp) -> Self {
-                <$t>::from_f64(random_float(r, op))
+                <$t as Real>::from_f64(random_float(r, op))
             }
         }
     };
 }
 
-trait FromF64 {
+/// The float element types as and from f64 (exact where the value is).
+pub trait Real: TestElem {
     fn from_f64(x: f64) -> Self;
+    fn to_f64(self) -> f64;
 }
-impl FromF64 for f32 {
+impl Real for f32 {
     fn from_f64(x: f64) -> Self {
         x as f32
     }
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
 }
-impl FromF64 for f64 {
+impl Real for f64 {
     fn from_f64(x: f64) -> Self {
         x
     }
+    fn to_f64(self) -> f64 {
+        self
+    }
 }
-impl FromF64 for f16 {
+impl Real for f16 {
     fn from_f64(x: f64) -> Self {
         f16::from_f64(x)
     }
+    fn to_f64(self) -> f64 {
+        f16::to_f64(self)
+    }
 }
-impl FromF64 for bf16 {
+impl Real for bf16 {
     fn from_f64(x: f64) -> Self {
         bf16::from_f64(x)
+    }
+    fn to_f64(self) -> f64 {
+        bf16::to_f64(self)
     }
 }
 
