@@ -182,57 +182,127 @@ soak() {
     STEP_TIMEOUT=${SOAK_TIMEOUT:-420} step soak "$bin/shmemrun" -n "$pes" --tag-output "$bin/soak" --json "$out/soak.json"
 }
 
-# --sanitize: each SPMD test whose name matches the extended regex
-# $SANITIZE_TESTS (default: the MoE all-to-all-v ops) alone under
-# compute-sanitizer, with memcheck (out-of-bounds and misaligned device
-# accesses, device errors) and then racecheck (shared-memory hazards);
-# SAN_TOOLS="racecheck" (say) runs fewer.
-# shmemrun starts one sanitizer per PE, which starts spmd (the launcher's
-# environment passes through); --tag-output keeps each PE's report apart in
-# the one log. A test passes when its step exits 0 and every PE's report
-# ends in a zero summary ("ERROR SUMMARY: 0 errors"; racecheck's is
-# "RACECHECK SUMMARY: 0 hazards displayed"). CUDA API errors are not
-# reported (SAN_API_ERRORS=explicit reports them): NVSHMEM's start-up probes
-# features with calls that are expected to fail. The sanitizers slow the
-# kernels, not the device's own wait budget (about 10 s of the GPU's clock
-# before a wait for a peer traps): a "waited too long" here is slowness
-# as likely as a bug. Host-side waits get the step's whole time
-# (SAN_TIMEOUT, 300 s a test).
+# --sanitize: SPMD tests under compute-sanitizer, memcheck (out-of-bounds
+# and misaligned device accesses, device errors) and racecheck
+# (shared-memory hazards); SAN_TOOLS="racecheck" (say) runs fewer. The tests
+# are those whose names match the extended regex $SANITIZE_TESTS (default:
+# every test but the scenarios, which start and kill jobs of their own and
+# run on the gpu backend under --faults).
+# They run in groups (SAN_GROUPS, one per line: optional VAR=value words,
+# then a regex; the default below balances the collectives' long tests and
+# repeats the MoE tests with RMA forced), one job per group and tool (one
+# NVSHMEM start-up under the sanitizer, about 50 s with memcheck, for many
+# tests), SAN_JOBS (default 12) jobs at once; a test in no group runs in a
+# last one. shmemrun starts one sanitizer per PE, which starts spmd (the
+# launcher's environment passes through); --tag-output keeps each PE's
+# report apart. Each job's log is in san/ (packed into san-logs.tar.xz). A
+# job passes when it exits 0, its tests passed, and every PE's report ends
+# in a zero summary ("ERROR SUMMARY: 0 errors"; racecheck's is "RACECHECK
+# SUMMARY: 0 hazards displayed"). CUDA API errors are not reported
+# (SAN_API_ERRORS=explicit reports them): NVSHMEM's start-up probes features
+# with calls that are expected to fail. The sanitizers slow the kernels, not
+# the device's own wait budget (about 10 s of the GPU's clock before a wait
+# for a peer traps): a "waited too long" here is slowness as likely as a
+# bug. Host-side waits get the job's whole time (SAN_TIMEOUT, 540 s).
+san_groups='^coll::all_reduce::(default|push)$
+^coll::all_reduce::(one_shot|two_shot)$
+^coll::all_reduce::(low_latency|sm)$
+^coll::all_reduce::(copy_engine|nvshmem)$
+^coll::all_reduce::force_rma$|^coll::reduce_scatter::
+^coll::all_gather::(default|sm)$
+^coll::all_gather::(copy_engine|nvshmem|force_rma)$
+^coll::(broadcast|all_to_all)::|^coll::(graph_replay|barrier)
+^coll::teams::(default|force_rma)$
+^coll::teams::(one_shot|two_shot)$
+^coll::teams::(low_latency|sm)$
+^coll::teams::(copy_engine|nvshmem)$
+^(rma|teams|errors|moe|overlap)::
+SHMEM_FORCE_RMA=1 ^moe::'
 sanitize() {
-    local san=/usr/local/cuda/bin/compute-sanitizer tool t r start tests
+    local san=/usr/local/cuda/bin/compute-sanitizer
     [[ -x $san ]] || san=$(command -v compute-sanitizer)
     if [[ -z $san ]]; then
         echo "gpu-run: compute-sanitizer is in neither /usr/local/cuda/bin nor PATH: no sanitizer run" | tee -a "$log"
         failed+=(sanitize)
         return
     fi
-    local limit=${SAN_TIMEOUT:-300} pattern=${SANITIZE_TESTS:-'^moe::(dispatch|combine|all_to_all_v)'}
-    tests=$("$bin/spmd" --list 2>/dev/null | sed -n 's/: test$//p' | grep -E "$pattern")
+    local limit=${SAN_TIMEOUT:-540} jobs=${SAN_JOBS:-12} all tests left dir=$out/san
+    all=$("$bin/spmd" --list 2>/dev/null | sed -n 's/: test$//p')
+    tests=$(grep -E "${SANITIZE_TESTS:-.}" <<<"$all" | grep -v '^scenario::')
     if [[ -z $tests ]]; then
-        echo "gpu-run: no SPMD test matches SANITIZE_TESTS=$pattern" | tee -a "$log"
+        echo "gpu-run: no SPMD test matches SANITIZE_TESTS=${SANITIZE_TESTS:-}" | tee -a "$log"
         failed+=(sanitize)
         return
     fi
+    mkdir -p "$dir"
     "$san" --version 2>&1 | tail -n 1 | tee -a "$log"
+    # Each group: its environment words and its tests.
+    local -a envs=() picks=()
+    local line words regex pick w
+    left=$tests
+    while IFS= read -r line; do
+        [[ -z $line ]] && continue
+        read -ra words <<<"$line"
+        regex=${words[-1]}
+        unset 'words[-1]'
+        pick=$(grep -E "$regex" <<<"$tests")
+        [[ -z $pick ]] && continue
+        # A group with no environment of its own takes its tests out of
+        # the last group's.
+        ((${#words[@]} == 0)) && left=$(grep -vxF -f <(printf '%s\n' "$pick") <<<"$left")
+        envs+=("${words[*]}")
+        picks+=("$pick")
+    done <<<"${SAN_GROUPS:-$san_groups}"
+    [[ -n $left ]] && {
+        envs+=("")
+        picks+=("$left")
+    }
+    local tool k running=0 name
+    local -a names=() skips
     for tool in ${SAN_TOOLS:-memcheck racecheck}; do
-        for t in $tests; do
-            start=$(wc -l <"$log")
-            STEP_TIMEOUT=$limit step "$tool:$t" env SHMEM_HEAP_SIZE=2G SHMEM_TEST_WAIT_TIMEOUT="$limit" \
-                SHMEM_PEER_TIMEOUT=120 "$bin/shmemrun" -n "$pes" --tag-output \
-                "$san" --tool "$tool" --target-processes all --error-exitcode 99 --print-limit 50 \
-                --report-api-errors "${SAN_API_ERRORS:-no}" "$bin/spmd" --exact "$t"
-            for ((r = 0; r < pes; r++)); do
-                if ! tail -n +"$((start + 1))" "$log" |
-                    grep -qE "^\[$r\] =+ (ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards displayed)"; then
-                    echo "gpu-run: $tool:$t: PE $r's sanitizer reported no clean summary" | tee -a "$log"
-                    failed+=("$tool:$t:pe$r")
-                elif tail -n +"$((start + 1))" "$log" | grep -qE "^\[$r\] =+ (ERROR|RACECHECK) SUMMARY: [1-9]"; then
-                    echo "gpu-run: $tool:$t: PE $r's sanitizer found errors" | tee -a "$log"
-                    failed+=("$tool:$t:pe$r")
-                fi
-            done
+        for k in "${!picks[@]}"; do
+            name=$tool-$k
+            names+=("$name")
+            # spmd takes one filter but any number of skips: the group is
+            # every other test skipped, exactly.
+            skips=()
+            while IFS= read -r w; do skips+=(--skip "$w"); done < <(grep -vxF -f <(printf '%s\n' "${picks[k]}") <<<"$all")
+            {
+                printf '==== %s: %s; tests: %s\n' "$name" "${envs[k]:-default settings}" "$(tr '\n' ' ' <<<"${picks[k]}")"
+                start=$SECONDS
+                # shellcheck disable=SC2086 # the environment words split on purpose
+                timeout --kill-after=10 "$limit" env ${envs[k]} SHMEM_HEAP_SIZE=2G SHMEM_TEST_WAIT_TIMEOUT="$limit" \
+                    SHMEM_PEER_TIMEOUT=120 "$bin/shmemrun" -n "$pes" --tag-output \
+                    "$san" --tool "$tool" --target-processes all --error-exitcode 99 --print-limit 50 \
+                    --report-api-errors "${SAN_API_ERRORS:-no}" "$bin/spmd" --exact "${skips[@]}"
+                printf '==== %s: exit %d after %d s\n' "$name" $? $((SECONDS - start))
+            } >"$dir/$name.log" 2>&1 &
+            running=$((running + 1))
+            if ((running >= jobs)); then
+                wait -n
+                running=$((running - 1))
+            fi
         done
     done
+    wait
+    local r f
+    for name in "${names[@]}"; do
+        f=$dir/$name.log
+        head -n 1 "$f" | tee -a "$log"
+        grep -E '^\[0\] test result|^==== .*exit' "$f" | tee -a "$log"
+        tail -n 1 "$f" | grep -q ': exit 0 after' || failed+=("$name")
+        grep -qE '^\[0\] test result: .*ok' "$f" || {
+            echo "gpu-run: $name: no passing test result" | tee -a "$log"
+            failed+=("$name")
+        }
+        for ((r = 0; r < pes; r++)); do
+            if ! grep -qE "^\[$r\] =+ (ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards displayed)" "$f"; then
+                echo "gpu-run: $name: PE $r's sanitizer reported no clean summary" | tee -a "$log"
+                failed+=("$name:pe$r")
+            fi
+        done
+    done
+    tar -C "$out" -cJf "$out/san-logs.tar.xz" san && rm -rf "$dir"
 }
 
 examples() {
