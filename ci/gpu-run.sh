@@ -192,30 +192,28 @@ soak() {
 # then a regex; the default below balances the collectives' long tests and
 # repeats the MoE tests with RMA forced), one job per group and tool (one
 # NVSHMEM start-up under the sanitizer, about 50 s with memcheck, for many
-# tests), SAN_JOBS (default 12) jobs at once; a test in no group runs in a
-# last one. shmemrun starts one sanitizer per PE, which starts spmd (the
-# launcher's environment passes through); --tag-output keeps each PE's
-# report apart. Each job's log is in san/ (packed into san-logs.tar.xz). A
-# job passes when it exits 0, its tests passed, and every PE's report ends
-# in a zero summary ("ERROR SUMMARY: 0 errors"; racecheck's is "RACECHECK
-# SUMMARY: 0 hazards displayed"). CUDA API errors are not reported
-# (SAN_API_ERRORS=explicit reports them): NVSHMEM's start-up probes features
-# with calls that are expected to fail. The sanitizers slow the kernels, not
-# the device's own wait budget (about 10 s of the GPU's clock before a wait
-# for a peer traps): a "waited too long" here is slowness as likely as a
-# bug. Host-side waits get the job's whole time (SAN_TIMEOUT, 540 s).
-san_groups='^coll::all_reduce::(default|push)$
-^coll::all_reduce::(one_shot|two_shot)$
-^coll::all_reduce::(low_latency|sm)$
-^coll::all_reduce::(copy_engine|nvshmem)$
-^coll::all_reduce::force_rma$|^coll::reduce_scatter::
-^coll::all_gather::(default|sm)$
-^coll::all_gather::(copy_engine|nvshmem|force_rma)$
-^coll::(broadcast|all_to_all)::|^coll::(graph_replay|barrier)
-^coll::teams::(default|force_rma)$
-^coll::teams::(one_shot|two_shot)$
-^coll::teams::(low_latency|sm)$
-^coll::teams::(copy_engine|nvshmem)$
+# tests), SAN_JOBS (default 6) jobs at once: the start-ups contend for the
+# GPUs (14 jobs took 6 minutes to start); a test in no group runs in a last
+# one. The per-dtype tests run one type of each element size and the
+# kernels' three arithmetic families, SAN_DTYPES (default f32,bf16,i64),
+# and the collectives leave out their 256 MiB cases (SAN_HUGE=1 keeps
+# them): the kernels take the same paths at 1M elements, and the whole
+# matrix does not fit one device call. shmemrun starts one sanitizer per
+# PE, which starts spmd (the launcher's environment passes through);
+# --tag-output keeps each PE's report apart. Each job's log is in san/
+# (packed into san-logs.tar.xz). A job passes when it exits 0, its tests
+# passed, and every PE's report ends in a zero summary ("ERROR SUMMARY: 0
+# errors"; racecheck's is "RACECHECK SUMMARY: 0 hazards displayed"). CUDA
+# API errors are not reported (SAN_API_ERRORS=explicit reports them):
+# NVSHMEM's start-up probes features with calls that are expected to
+# fail. The sanitizers slow the kernels, not the device's own wait budget
+# (about 10 s of the GPU's clock before a wait for a peer traps): a "waited
+# too long" here is slowness as likely as a bug. Host-side waits get the
+# job's whole time (SAN_TIMEOUT, 540 s).
+san_groups='^coll::all_reduce::|^coll::barrier
+^coll::(reduce_scatter|all_gather|broadcast|all_to_all)::|^coll::graph_replay
+^coll::teams::(default|force_rma|one_shot|two_shot)$
+^coll::teams::(low_latency|sm|copy_engine|nvshmem)$
 ^(rma|teams|errors|moe|overlap)::
 SHMEM_FORCE_RMA=1 ^moe::'
 sanitize() {
@@ -226,7 +224,7 @@ sanitize() {
         failed+=(sanitize)
         return
     fi
-    local limit=${SAN_TIMEOUT:-540} jobs=${SAN_JOBS:-12} all tests left dir=$out/san
+    local limit=${SAN_TIMEOUT:-540} jobs=${SAN_JOBS:-6} all tests left dir=$out/san
     all=$("$bin/spmd" --list 2>/dev/null | sed -n 's/: test$//p')
     tests=$(grep -E "${SANITIZE_TESTS:-.}" <<<"$all" | grep -v '^scenario::')
     if [[ -z $tests ]]; then
@@ -271,7 +269,8 @@ sanitize() {
                 printf '==== %s: %s; tests: %s\n' "$name" "${envs[k]:-default settings}" "$(tr '\n' ' ' <<<"${picks[k]}")"
                 start=$SECONDS
                 # shellcheck disable=SC2086 # the environment words split on purpose
-                timeout --kill-after=10 "$limit" env ${envs[k]} SHMEM_HEAP_SIZE=2G SHMEM_TEST_WAIT_TIMEOUT="$limit" \
+                timeout --kill-after=10 "$limit" env ${envs[k]} SHMEM_TEST_DTYPES="${SAN_DTYPES-f32,bf16,i64}" \
+                    SHMEM_TEST_HUGE="${SAN_HUGE:-0}" SHMEM_HEAP_SIZE=2G SHMEM_TEST_WAIT_TIMEOUT="$limit" \
                     SHMEM_PEER_TIMEOUT=120 "$bin/shmemrun" -n "$pes" --tag-output \
                     "$san" --tool "$tool" --target-processes all --error-exitcode 99 --print-limit 50 \
                     --report-api-errors "${SAN_API_ERRORS:-no}" "$bin/spmd" --exact "${skips[@]}"

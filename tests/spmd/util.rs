@@ -239,16 +239,39 @@ pub fn assert_bits_eq<T: TestElem>(got: &[T], want: &[T], what: &str) {
 #[macro_export]
 macro_rules! each_dtype {
     ($f:ident, $($arg:expr),+) => {{
-        $f::<f32>($($arg),+)?;
-        $f::<f64>($($arg),+)?;
-        $f::<shmem::f16>($($arg),+)?;
-        $f::<shmem::bf16>($($arg),+)?;
-        $f::<i32>($($arg),+)?;
-        $f::<i64>($($arg),+)?;
-        $f::<u32>($($arg),+)?;
-        $f::<u64>($($arg),+)?;
+        $crate::each_dtype!(@one $f, f32, $($arg),+);
+        $crate::each_dtype!(@one $f, f64, $($arg),+);
+        $crate::each_dtype!(@one $f, shmem::f16, $($arg),+);
+        $crate::each_dtype!(@one $f, shmem::bf16, $($arg),+);
+        $crate::each_dtype!(@one $f, i32, $($arg),+);
+        $crate::each_dtype!(@one $f, i64, $($arg),+);
+        $crate::each_dtype!(@one $f, u32, $($arg),+);
+        $crate::each_dtype!(@one $f, u64, $($arg),+);
         $crate::util::TestResult::Ok(())
     }};
+    (@one $f:ident, $t:ty, $($arg:expr),+) => {
+        if $crate::util::dtype_selected(<$t as shmem::Element>::DTYPE) {
+            $f::<$t>($($arg),+)?;
+        }
+    };
+}
+
+/// `SHMEM_TEST_DTYPES` (comma-separated names, such as `f32,bf16,i64`):
+/// the element types the per-dtype tests run; unset, every one. For runs
+/// that cannot afford the whole matrix (the sanitizers on the box, where
+/// one of each element size covers every access pattern of the kernels).
+pub fn dtype_selected(d: shmem::DType) -> bool {
+    static ON: std::sync::OnceLock<Option<Vec<String>>> = std::sync::OnceLock::new();
+    let names = ON.get_or_init(|| {
+        let v = std::env::var("SHMEM_TEST_DTYPES").ok().filter(|v| !v.is_empty())?;
+        let names: Vec<String> = v.split(',').map(|n| n.trim().to_ascii_lowercase()).collect();
+        let known = ["f32", "f64", "f16", "bf16", "i32", "i64", "u32", "u64"];
+        for n in &names {
+            assert!(known.contains(&n.as_str()), "SHMEM_TEST_DTYPES={v}: {n:?} is not one of {known:?}");
+        }
+        Some(names)
+    });
+    names.as_ref().is_none_or(|names| names.iter().any(|n| n == d.name()))
 }
 
 /// `out[i] = f(i)`, on up to `threads` threads when `out` is long (the
