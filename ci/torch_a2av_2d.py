@@ -28,6 +28,17 @@ on the device and read back first (``nccl+splits``, what an MoE layer whose
 routing lives on the GPU pays). Every implementation's output is checked
 before and after timing.
 
+Torch's op is not safe to call again before every rank has finished the
+previous call: its splits exchange writes the source offsets into each peer's
+``out_splits_offsets``, which the peer's data kernel reads and, at its end,
+overwrites with the output offsets. A rank that starts the next call early
+gets its offsets overwritten, reads output offsets as source offsets, and
+the op reads out of bounds ("an illegal memory access", seen in runs 3-5
+of session 4, each time in another case). So every call here is fenced:
+the cases by a host barrier after the output is poisoned, the timing by a
+barrier on the stream after each call (``torch`` rows: the op and that
+barrier; ``torch_barrier`` rows: the barrier alone, to subtract).
+
 Exits non-zero when torch's output differs from the reference or a check
 fails.
 """
@@ -226,6 +237,27 @@ class Group:
             if enable is not None:
                 enable(self.name)
         self.keep = []
+        self.fence = None
+
+    def stream_barrier(self):
+        """A barrier of every rank on the current stream, without the host:
+        SymmMem's own (``barrier`` of a rendezvoused handle) where this
+        torch's NVSHMEM backend has one, else NCCL's all-reduce of one
+        element."""
+        if self.fence is None:
+            t = symm_mem.empty(1, dtype=torch.int32, device=self.device)
+            handle = symm_mem.rendezvous(t, group=self.name)
+            self.keep.append(t)
+            try:
+                handle.barrier(channel=0)
+                torch.cuda.synchronize()
+                self.fence = ("symm_mem", lambda: handle.barrier(channel=0))
+            except (RuntimeError, AttributeError, NotImplementedError) as e:
+                one = torch.zeros(1, device=self.device)
+                self.fence = (f"nccl all_reduce (symm_mem barrier: {type(e).__name__})", lambda: dist.all_reduce(one))
+            if self.rank == 0:
+                print(f"torch_a2av_2d: stream barrier: {self.fence[0]}", flush=True)
+        self.fence[1]()
 
     def symmetric(self, *size, dtype):
         """A symmetric tensor, rendezvoused, kept to the end (see the top)."""
@@ -312,12 +344,23 @@ class Dispatch:
             major_align=self.plan.align,
         )
 
+    def run_fenced(self):
+        """The op, then a barrier on the stream: the next call starts after
+        every rank's previous one has ended (see the top)."""
+        self.run()
+        self.g.stream_barrier()
+
     def result_of_run(self):
         """Runs the op on a poisoned output; its out_splits_offsets and output bits."""
         poison(self.output, self.plan.dtype)
         self.out_splits_offsets.fill_(-1)
+        torch.cuda.synchronize()
+        # No rank's op may write into this rank's buffers before they are
+        # poisoned (the splits exchange would be overwritten by the -1s).
+        dist.barrier()
         self.run()
         torch.cuda.synchronize()
+        dist.barrier()
         return self.out_splits_offsets.cpu().numpy(), to_bits(self.output, self.plan.dtype)
 
     def check(self):
@@ -428,7 +471,8 @@ def run_bench(g, path, routings, warmup, batches, iters):
                         [draw_splits(routing, seed, r, g.n, ne, tokens) for r in range(g.n)])
             d = Dispatch(g, plan)
             nccl = NcclDispatch(d)
-            impls = [("torch", d.run, d.check), ("nccl", nccl.run, lambda: nccl.check(nccl.run)),
+            impls = [("torch", d.run_fenced, d.check), ("torch_barrier", g.stream_barrier, lambda: None),
+                     ("nccl", nccl.run, lambda: nccl.check(nccl.run)),
                      ("nccl+splits", nccl.run_with_splits, lambda: nccl.check(nccl.run_with_splits))]
             for name, op, check in impls:
                 before = g.gather(check())
@@ -444,6 +488,7 @@ def run_bench(g, path, routings, warmup, batches, iters):
                     "rows_sent": sent, "bytes_sent": sent * hidden * 2,
                     "time_us": round(times[0], 2), "time_us_per_rank": [round(t, 2) for t in times],
                     "checked": not bad, "method": method, "torch": torch.__version__,
+                    "fence": g.fence[0] if name.startswith("torch") else None,
                 })
                 if g.rank == 0:
                     print(f"bench {name:>11}: {tokens:>5} tokens x {hidden} bf16, {routing:>7}: {times[0]:9.1f} us"
