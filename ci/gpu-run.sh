@@ -196,9 +196,10 @@ soak() {
 # GPUs (14 jobs took 6 minutes to start); a test in no group runs in a last
 # one. The per-dtype tests run one type of each element size and the
 # kernels' three arithmetic families, SAN_DTYPES (default f32,bf16,i64),
-# and the collectives leave out their 256 MiB cases (SAN_HUGE=1 keeps
-# them): the kernels take the same paths at 1M elements, and the whole
-# matrix does not fit one device call. shmemrun starts one sanitizer per
+# the collectives leave out their 256 MiB cases (SAN_HUGE=1 keeps them),
+# and the captured graphs replay SAN_REPLAYS (100) times, not 1000: the
+# kernels take the same paths, and the whole matrix does not fit one
+# device call. shmemrun starts one sanitizer per
 # PE, which starts spmd (the launcher's environment passes through);
 # --tag-output keeps each PE's report apart. Each job's log is in san/
 # (packed into san-logs.tar.xz). A job passes when it exits 0, its tests
@@ -211,7 +212,8 @@ soak() {
 # too long" here is slowness as likely as a bug. Host-side waits get the
 # job's whole time (SAN_TIMEOUT, 540 s).
 san_groups='^coll::all_reduce::|^coll::barrier
-^coll::(reduce_scatter|all_gather|broadcast|all_to_all)::|^coll::graph_replay
+^coll::(reduce_scatter|all_gather)::
+^coll::(broadcast|all_to_all)::|^coll::graph_replay
 ^coll::teams::(default|force_rma|one_shot|two_shot)$
 ^coll::teams::(low_latency|sm|copy_engine|nvshmem)$
 ^(rma|teams|errors|moe|overlap)::
@@ -270,7 +272,7 @@ sanitize() {
                 start=$SECONDS
                 # shellcheck disable=SC2086 # the environment words split on purpose
                 timeout --kill-after=10 "$limit" env ${envs[k]} SHMEM_TEST_DTYPES="${SAN_DTYPES-f32,bf16,i64}" \
-                    SHMEM_TEST_HUGE="${SAN_HUGE:-0}" SHMEM_HEAP_SIZE=2G SHMEM_TEST_WAIT_TIMEOUT="$limit" \
+                    SHMEM_TEST_HUGE="${SAN_HUGE:-0}" SHMEM_TEST_REPLAYS="${SAN_REPLAYS:-100}" SHMEM_HEAP_SIZE=2G SHMEM_TEST_WAIT_TIMEOUT="$limit" \
                     SHMEM_PEER_TIMEOUT=120 "$bin/shmemrun" -n "$pes" --tag-output \
                     "$san" --tool "$tool" --target-processes all --error-exitcode 99 --print-limit 50 \
                     --report-api-errors "${SAN_API_ERRORS:-no}" "$bin/spmd" --exact "${skips[@]}"

@@ -151,7 +151,13 @@ fn replay(env: &Env, stream: &std::sync::Arc<cudarc::driver::CudaStream>, v: Var
     let graph = graph.ok_or("capture gave no graph")?;
     let rma = if ctx.force_rma() { " (RMA forced)" } else { "" };
     let name = format!("graph of all_reduce, all_gather, reduce_scatter, settings {}{rma}", v.name());
-    for replay in 0..1000 {
+    // SHMEM_TEST_REPLAYS: fewer for the sanitizers' runs (each replay is
+    // checked on the host, which under a sanitizer is what takes the time).
+    let replays: usize = match std::env::var("SHMEM_TEST_REPLAYS") {
+        Ok(v) => v.parse().map_err(|_| format!("SHMEM_TEST_REPLAYS={v:?}: not a count"))?,
+        Err(_) => 1000,
+    };
+    for replay in 0..replays {
         let label = format!("{name}, replay {replay}");
         let seed = rep.seed(&label);
         let ar_in = |pe: usize, i: usize| input::<bf16>(seed, pe, i, Some(ReduceOp::Sum));

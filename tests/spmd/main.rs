@@ -8,8 +8,9 @@
 //! - `SHMEM_TEST_SCENARIO=name`: one of the multi-process scenarios that
 //!   tests launch themselves (dead PEs, start-up errors, finalize).
 //! - `SHMEM_TEST_DTYPES=f32,bf16,i64` narrows the per-dtype tests to those
-//!   element types and `SHMEM_TEST_HUGE=0` leaves out the collectives'
-//!   256 MiB cases: for the sanitizers' runs on the box
+//!   element types, `SHMEM_TEST_HUGE=0` leaves out the collectives'
+//!   256 MiB cases and `SHMEM_TEST_REPLAYS=n` replays the captured graphs
+//!   n times instead of 1000: for the sanitizers' runs on the box
 //!   (`ci/gpu-run.sh --sanitize`), which cannot afford the whole matrix.
 
 mod coll;

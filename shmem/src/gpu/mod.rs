@@ -531,17 +531,7 @@ impl GpuWorld {
                 )
             )
         };
-        check("nvshmem_team_split_strided", rc)?;
-        // NVSHMEM writes the new team into its device-side team table with
-        // a pageable cudaMemcpy, whose DMA may still be in flight when it
-        // returns, and which orders nothing on our non-blocking streams: a
-        // team barrier launched right after read a null entry under
-        // compute-sanitizer (the team's first kernel, on a one-PE team).
-        // Waiting for the whole context here makes the table current
-        // before any stream can use the team.
-        self.cuda.bind_to_thread()?;
-        self.cuda.synchronize()?;
-        Ok(team)
+        check("nvshmem_team_split_strided", rc).map(|_| team)
     }
 
     /// `nvshmem_team_destroy` of a team this PE split.
@@ -549,13 +539,6 @@ impl GpuWorld {
         if team > TEAM_NODE {
             // SAFETY: a team made by `split_team`, destroyed once.
             unsafe { call!(self.nv, nvshmem_team_destroy(team)) };
-            // As after a split: the table's entry is cleared before its
-            // slot can be given to a new team (not after a fault, when a
-            // kernel may be spinning on a dead peer).
-            if !FAULTED.load(Ordering::Acquire) {
-                self.cuda.bind_to_thread()?;
-                self.cuda.synchronize()?;
-            }
         }
         Ok(())
     }
