@@ -332,10 +332,12 @@ impl Context {
             Err(e) => (Err(e), None),
         };
         let outcome = agree_ok(&mut boot, mine, "mapping the shared heap");
-        if me == 0 {
-            // Everyone has mapped it (or failed): the name is no longer needed.
-            shm::Mapping::unlink(&name);
-        }
+        // Everyone has mapped it (or failed): the name is no longer needed.
+        // Every PE unlinks it (all but the first find it gone), so that it
+        // goes also when PE 0 died during this agreement; a PE 0 dead
+        // before its peers learnt the name is left to the launcher
+        // (`shmemrun` removes `shmem-<pid of PE 0>-…` after a failed job).
+        shm::Mapping::unlink(&name);
         outcome?;
         let host = world.expect("agree_ok passed, so this PE mapped the heap");
         let marks = host.heap_marks();

@@ -159,9 +159,20 @@ impl Launch {
         let mut children = Vec::with_capacity(self.n_pes);
         let spawned = self.spawn_all(server.addr(), server.token(), &mut children, &out_tx);
         drop(out_tx);
+        // (A second early: file times come from the kernel's coarse clock,
+        // which lags the one SystemTime reads.)
+        let started = std::time::SystemTime::now() - Duration::from_secs(1);
         let result = spawned.and_then(|()| self.wait_all(&mut children, &server, signals.as_mut()));
         if result.is_err() {
             kill_and_reap(&mut children);
+        }
+        // A PE 0 that died between creating the host backend's shared
+        // object and every PE mapping it (when any PE unlinks it) left it
+        // in /dev/shm: its name starts with PE 0's pid.
+        if !result.as_ref().is_ok_and(Outcome::success) {
+            if let Some(pe0) = children.first() {
+                remove_host_heap_leftovers(pe0.id(), started);
+            }
         }
         drop(signals);
         server.shutdown();
@@ -445,6 +456,31 @@ fn die_with_parent(cmd: &mut Command) {
     }
     #[cfg(not(target_os = "linux"))]
     let _ = cmd;
+}
+
+/// Removes `/dev/shm/shmem-<pe0>-<hex>` objects of this user made since
+/// `since`: what a PE 0 with process id `pe0` that died during start-up
+/// leaves (`Context` names the object so). The age and owner checks keep
+/// an unrelated job's object safe should the pid have been reused. A PE 0
+/// started through a wrapper (such as compute-sanitizer) has another pid,
+/// and its leftover stays.
+fn remove_host_heap_leftovers(pe0: u32, since: std::time::SystemTime) {
+    use std::os::unix::fs::MetadataExt;
+    let prefix = format!("shmem-{pe0}-");
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else { return };
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(&prefix)) else { continue };
+        if rest.is_empty() || !rest.bytes().all(|b| b.is_ascii_hexdigit()) {
+            continue;
+        }
+        let Ok(meta) = entry.metadata() else { continue };
+        if meta.uid() == me && meta.modified().is_ok_and(|m| m >= since) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
 }
 
 /// Blocks until child `pid` has exited, leaving it unreaped.
@@ -1207,6 +1243,7 @@ impl Coordinator {
 mod tests {
     use super::*;
     use crate::bootstrap::tcp::Client;
+    use std::path::Path;
 
     fn sh(n: usize, script: &str) -> Launch {
         Launch::new(n, "sh").args(["-c", script])
@@ -1238,6 +1275,30 @@ mod tests {
         assert!(out.success());
         assert_eq!(out.exit_code(), 0);
         assert_eq!(out.to_string(), "all 3 PEs exited successfully");
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "Miri: no processes (it starts PEs)")]
+    fn failed_job_removes_pe0s_host_heap_leftover() {
+        if !Path::new("/dev/shm").is_dir() {
+            eprintln!("skipped: no /dev/shm");
+            return;
+        }
+        // PE 0 leaves an object named as a host heap's, and a file that
+        // only looks like one (not hex); PE 1 fails the job.
+        let script = r#"if [ "$SHMEM_RANK" = 0 ]; then
+              : > /dev/shm/shmem-$$-1f2e; : > /dev/shm/shmem-$$-notes; echo $$ > "$PE0"; sleep 100
+            else sleep 0.3; exit 4; fi"#;
+        let pid_file = std::env::temp_dir().join(format!("shmem-launch-test-{}", std::process::id()));
+        let out = sh(2, script).env("PE0", pid_file.to_str().unwrap()).run().unwrap();
+        assert_eq!(out.first_failure.map(|(r, s)| (r, s.code())), Some((1, Some(4))));
+        let pid = std::fs::read_to_string(&pid_file).unwrap().trim().to_string();
+        let _ = std::fs::remove_file(&pid_file);
+        assert_eq!(pid, out.pids[0].to_string(), "sh -c's $$ is the PE's pid");
+        assert!(!Path::new(&format!("/dev/shm/shmem-{pid}-1f2e")).exists(), "the leftover was removed");
+        let other = format!("/dev/shm/shmem-{pid}-notes");
+        assert!(Path::new(&other).exists(), "only names of the host heap's form are removed");
+        std::fs::remove_file(other).unwrap();
     }
 
     #[test]
