@@ -93,6 +93,9 @@ step() {
     local watcher=$!
     timeout --kill-after=10 "$limit" "$@" >>"$log" 2>&1
     local rc=$?
+    # The watcher's sleep first: killing only the subshell would leave it
+    # running (and holding the step's output) until it ends.
+    pkill -P "$watcher" 2>/dev/null
     kill "$watcher" 2>/dev/null
     wait "$watcher" 2>/dev/null
     printf '==== %s: exit %d after %d s\n' "$name" "$rc" $((SECONDS - start)) | tee -a "$log"
