@@ -6,7 +6,7 @@
 # collectives' tests; with --moe, only the MoE tests and examples; with
 # --overlap, only the overlapped matmuls' tests, examples and bench rows;
 # with --faults, only the fault scenarios; with --soak, only the soak
-# example; with --sanitize, only some SPMD tests under compute-sanitizer).
+# example; with --sanitize, only the SPMD suite under compute-sanitizer).
 # Finds the box's NVSHMEM by itself. Logs go to $OUT (or ./gpu-out); exits
 # non-zero if any step failed.
 set -uo pipefail
