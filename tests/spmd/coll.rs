@@ -60,7 +60,11 @@ const TEAM_SMALL: &[usize] = &[1, 7, 33, 4099];
 /// What the host backend runs under the settings other than the default
 /// (which it ignores).
 const HOST_VARIANT_SMALL: &[usize] = &[7, 4099];
-const MEDIUM: usize = (1 << 16) + 5;
+/// Around the kernels' size boundaries: 24 579 elements are 48 KiB of f16
+/// (low-latency kernels, whose limit is 64 KiB a peer), 96 KiB of f32 (the
+/// push kernels, and where the low-latency ones could reach next) and
+/// 192 KiB of 8-byte types; 65 541 are 128 KiB + 10 bytes of f16.
+const MEDIUM: &[usize] = &[24_579, (1 << 16) + 5];
 const LARGE: usize = (1 << 20) + 3;
 /// GPU only, f32 and bf16: the all-reduce's vector, the all-gather's output.
 const HUGE_BYTES: usize = 256 << 20;
@@ -159,7 +163,8 @@ impl Plan {
             (false, true) => SMALL,
         };
         let mut out: Vec<(Tier, usize)> = small.iter().map(|&l| (Tier::Small, l)).collect();
-        out.extend([(Tier::Medium, MEDIUM), (Tier::Large, LARGE)]);
+        out.extend(MEDIUM.iter().map(|&l| (Tier::Medium, l)));
+        out.push((Tier::Large, LARGE));
         let huge = match self.coll {
             Coll::AllReduce => HUGE_BYTES / dtype.size(),
             Coll::AllGather => HUGE_BYTES / dtype.size() / env.n(),
