@@ -9,8 +9,8 @@
 //! host backend, `SHMEM_BACKEND=host`, the same call multiplies on the CPU);
 //! run alone it starts 2 PEs of itself.
 
-use shmem::launch::Launch;
 use shmem::{f16, Overlap, OverlapComm};
+use std::process::ExitCode;
 
 /// PEs started when the example is run on its own.
 const PES: usize = 2;
@@ -45,16 +45,8 @@ fn w(pe: usize, i: usize, j: usize) -> f16 {
     small(1 + pe, i, j)
 }
 
-fn main() {
-    if !shmem::bootstrap::started_by_launcher() {
-        let exe = std::env::current_exe().expect("the example's own path");
-        let outcome = Launch::new(PES, exe).tag_output(true).kill_on_failure(true).run();
-        std::process::exit(outcome.map_or(1, |o| o.exit_code()));
-    }
-    if let Err(e) = run() {
-        eprintln!("all_gather_matmul failed: {e}");
-        std::process::exit(1);
-    }
+fn main() -> ExitCode {
+    shmem::launch::spmd_main("all_gather_matmul", PES, run)
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {

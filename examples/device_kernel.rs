@@ -71,18 +71,7 @@ fn input(pe: usize, i: usize) -> f32 {
 }
 
 fn main() -> ExitCode {
-    if !shmem::bootstrap::started_by_launcher() {
-        let exe = std::env::current_exe().expect("own path");
-        let outcome = shmem::launch::Launch::new(2, exe).tag_output(true).run().expect("launching 2 PEs");
-        return ExitCode::from(outcome.exit_code().clamp(0, 255) as u8);
-    }
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("device_kernel failed: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    shmem::launch::spmd_main("device_kernel", 2, run)
 }
 
 /// The kernels' PTX for this GPU, compiled against the header written to

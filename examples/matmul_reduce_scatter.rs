@@ -11,9 +11,9 @@
 //! the host backend, `SHMEM_BACKEND=host`, the same call multiplies on the
 //! CPU); run alone it starts 2 PEs of itself.
 
-use shmem::launch::Launch;
 use shmem::overlap::reduce_scatter_workspace_len;
 use shmem::{f16, Overlap, OverlapComm};
+use std::process::ExitCode;
 
 /// PEs started when the example is run on its own.
 const PES: usize = 2;
@@ -49,16 +49,8 @@ fn w(i: usize, j: usize) -> f16 {
     small(1, i, j)
 }
 
-fn main() {
-    if !shmem::bootstrap::started_by_launcher() {
-        let exe = std::env::current_exe().expect("the example's own path");
-        let outcome = Launch::new(PES, exe).tag_output(true).kill_on_failure(true).run();
-        std::process::exit(outcome.map_or(1, |o| o.exit_code()));
-    }
-    if let Err(e) = run() {
-        eprintln!("matmul_reduce_scatter failed: {e}");
-        std::process::exit(1);
-    }
+fn main() -> ExitCode {
+    shmem::launch::spmd_main("matmul_reduce_scatter", PES, run)
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {

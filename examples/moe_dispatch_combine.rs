@@ -6,8 +6,8 @@
 //! `cargo run --example moe_dispatch_combine` starts 2 PEs of itself on
 //! the host backend; under `shmemrun` it runs on the world it is given.
 
-use shmem::launch::Launch;
 use shmem::{bf16, BackendKind, MoeAllToAll, MoeConfig};
+use std::process::ExitCode;
 use std::time::Instant;
 
 /// PEs started when the example is run on its own.
@@ -19,17 +19,8 @@ const TOP_K: usize = 2;
 /// Each expert's rows start at a multiple of this (a grouped GEMM's tile).
 const ALIGN: usize = 16;
 
-fn main() {
-    if !shmem::bootstrap::started_by_launcher() {
-        let exe = std::env::current_exe().expect("the example's own path");
-        // kill_on_failure: a PE that fails a check must not leave the other waiting.
-        let outcome = Launch::new(PES, exe).tag_output(true).kill_on_failure(true).run();
-        std::process::exit(outcome.map_or(1, |o| o.exit_code()));
-    }
-    if let Err(e) = run() {
-        eprintln!("moe_dispatch_combine failed: {e}");
-        std::process::exit(1);
-    }
+fn main() -> ExitCode {
+    shmem::launch::spmd_main("moe_dispatch_combine", PES, run)
 }
 
 /// Token `t` of PE `pe`: small values, exact in bf16.

@@ -25,18 +25,7 @@ extern "C" __global__ void negate(float *x, unsigned int n) {
 const N: usize = 1 << 20;
 
 fn main() -> ExitCode {
-    if !shmem::bootstrap::started_by_launcher() {
-        let exe = std::env::current_exe().expect("own path");
-        let outcome = shmem::launch::Launch::new(2, exe).tag_output(true).run().expect("launching 2 PEs");
-        return ExitCode::from(outcome.exit_code().clamp(0, 255) as u8);
-    }
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("peer_kernel failed: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    shmem::launch::spmd_main("peer_kernel", 2, run)
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {

@@ -4,10 +4,10 @@
 //! `cargo run --release --example quickstart` starts 4 PEs of itself; under
 //! `shmemrun` or `mpirun` it runs on the world it is given.
 
-use shmem::launch::Launch;
 use shmem::{Cmp, Context, ReduceOp, SignalOp, Stream};
 use std::error::Error;
 use std::fmt::Debug;
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 type Res<T = ()> = Result<T, Box<dyn Error>>;
@@ -21,33 +21,8 @@ const REDUCE_LEN: usize = 1 << 20;
 /// Elements each PE sends to each other PE in the all-to-all.
 const A2A_BLOCK: usize = 1024;
 
-fn main() {
-    if !shmem::bootstrap::started_by_launcher() {
-        std::process::exit(relaunch());
-    }
-    if let Err(e) = run() {
-        eprintln!("quickstart failed: {e}");
-        std::process::exit(1);
-    }
-}
-
-/// Runs this program again as PEs of a job of `PES`; returns its exit code.
-fn relaunch() -> i32 {
-    let exe = match std::env::current_exe() {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("quickstart: cannot find my own executable: {e}");
-            return 1;
-        }
-    };
-    // kill_on_failure: a PE that fails a check must not leave the others waiting.
-    match Launch::new(PES, exe).tag_output(true).kill_on_failure(true).run() {
-        Ok(outcome) => outcome.exit_code(),
-        Err(e) => {
-            eprintln!("quickstart: launching {PES} PEs failed: {e}");
-            1
-        }
-    }
+fn main() -> ExitCode {
+    shmem::launch::spmd_main("quickstart", PES, run)
 }
 
 fn run() -> Res {

@@ -8,7 +8,21 @@
 //! present the job's random token. When a PE fails, the others are stopped (SIGTERM,
 //! then SIGKILL after a grace period) unless told otherwise.
 //!
-//! Test binaries and examples that want several PEs can re-launch themselves:
+//! A program that should also run on its own hands its body to
+//! [`spmd_main`]: under a launcher the body runs as this PE; run directly,
+//! the program starts a job of itself.
+//!
+//! ```no_run
+//! fn main() -> std::process::ExitCode {
+//!     shmem::launch::spmd_main("hello", 2, || -> shmem::Result<()> {
+//!         let ctx = shmem::init()?;
+//!         println!("PE {} of {}", ctx.my_pe(), ctx.n_pes());
+//!         Ok(())
+//!     })
+//! }
+//! ```
+//!
+//! Test binaries that want more control re-launch themselves with [`Launch`]:
 //!
 //! ```no_run
 //! use shmem::launch::Launch;
@@ -35,12 +49,46 @@ use std::io::{self, BufRead, BufReader, IsTerminal, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
+
+/// The `main` of an SPMD program that also runs on its own (the examples,
+/// a quick test). Started by a launcher (`shmemrun`, `mpirun`, `srun`: see
+/// [`crate::bootstrap::started_by_launcher`]), it runs `body` as this PE
+/// and, if `body` fails, prints `name failed: <error>` and returns 1.
+/// Started directly, it runs `pes` PEs of this same program with the same
+/// arguments (each output line tagged with its PE; the job stopped at the
+/// first failure), says which PE failed if one did, and returns the job's
+/// exit code (see [`Outcome::exit_code`], saturated to 255).
+pub fn spmd_main<E: fmt::Display>(name: &str, pes: usize, body: impl FnOnce() -> Result<(), E>) -> ExitCode {
+    if crate::bootstrap::started_by_launcher() {
+        return match body() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("{name} failed: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let job = std::env::current_exe()
+        .map(|exe| Launch::new(pes, exe).args(std::env::args_os().skip(1)).tag_output(true).kill_on_failure(true));
+    match job.and_then(|j| j.run()) {
+        Ok(outcome) => {
+            if !outcome.success() {
+                eprintln!("{name}: {outcome}");
+            }
+            ExitCode::from(outcome.exit_code().clamp(0, 255) as u8)
+        }
+        Err(e) => {
+            eprintln!("{name}: starting {pes} PEs of this program failed: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
 
 /// Default time between SIGTERM and SIGKILL when stopping the survivors.
 const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(2);
