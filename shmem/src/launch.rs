@@ -77,12 +77,7 @@ pub fn spmd_main<E: fmt::Display>(name: &str, pes: usize, body: impl FnOnce() ->
     let job = std::env::current_exe()
         .map(|exe| Launch::new(pes, exe).args(std::env::args_os().skip(1)).tag_output(true).kill_on_failure(true));
     match job.and_then(|j| j.run()) {
-        Ok(outcome) => {
-            if !outcome.success() {
-                eprintln!("{name}: {outcome}");
-            }
-            ExitCode::from(outcome.exit_code().clamp(0, 255) as u8)
-        }
+        Ok(outcome) => outcome.report(name),
         Err(e) => {
             eprintln!("{name}: starting {pes} PEs of this program failed: {e}");
             ExitCode::FAILURE
@@ -402,6 +397,17 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// What a launcher program ends with: says which PE failed, if one did
+    /// (`who: PE 1 exited with status 3`, on stderr), and returns
+    /// [`Outcome::exit_code`] as the process's exit code.
+    pub fn report(&self, who: &str) -> ExitCode {
+        if !self.success() {
+            eprintln!("{who}: {self}");
+        }
+        // Codes above 255 cannot happen on Unix; clamp anyway.
+        ExitCode::from(self.exit_code().clamp(0, 255) as u8)
+    }
+
     /// Whether every PE exited with status 0.
     pub fn success(&self) -> bool {
         self.first_failure.is_none()

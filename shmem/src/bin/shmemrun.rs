@@ -47,13 +47,7 @@ fn main() -> ExitCode {
         .kill_on_failure(!cli.no_kill)
         .forward_signals(true);
     match launch.run() {
-        Ok(outcome) => {
-            if !outcome.success() {
-                eprintln!("shmemrun: {outcome}");
-            }
-            // Exit codes above 255 cannot happen on Unix; clamp anyway.
-            ExitCode::from(outcome.exit_code().clamp(0, 255) as u8)
-        }
+        Ok(outcome) => outcome.report("shmemrun"),
         Err(e) => {
             eprintln!("shmemrun: {e}");
             // Shell conventions for a command that cannot be run.
