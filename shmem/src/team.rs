@@ -387,8 +387,8 @@ impl Team {
         match &self.ctx.gpu {
             // A one-PE team waits for nobody: the barrier is the quiet.
             // (NVSHMEM's barrier kernel on a one-PE team read address 0x10
-            // on the box, under compute-sanitizer and, once, without
-            // memcheck's interception: an illegal address.)
+            // on the box: invalid reads under memcheck, an illegal address
+            // under racecheck.)
             Some(g) if self.state.members.len() == 1 => g.quiet(g.stream(stream)),
             Some(g) => g.barrier(self.state.nv_team, g.stream(stream)),
             None => Ok(()),
