@@ -166,15 +166,19 @@ impl HostWorld {
     /// How `pe` is doing: its published state, and whether its process lives.
     pub(crate) fn peer_problem(&self, pe: usize) -> Option<String> {
         let cell = self.cell(pe);
-        match cell.state.load(Ordering::SeqCst) {
-            s if s == PeState::Finalized as u64 => return Some("has finalized".into()),
-            s if s == PeState::Exited as u64 => {
-                return Some("has left (its context was dropped without finalize)".into())
-            }
-            _ => {}
+        let left = || match cell.state.load(Ordering::SeqCst) {
+            s if s == PeState::Finalized as u64 => Some("has finalized".to_string()),
+            s if s == PeState::Exited as u64 => Some("has left (its context was dropped without finalize)".to_string()),
+            _ => None,
+        };
+        if let Some(p) = left() {
+            return Some(p);
         }
         let pid = cell.pid.load(Ordering::SeqCst) as libc::pid_t;
-        (pid > 0 && !process_alive(pid)).then(|| format!("died (process {pid} is gone)"))
+        // A PE that left and exited between the two looks is gone with its
+        // final state written: look again before calling it dead (seen in
+        // CI: a PE that had left reported as died).
+        (pid > 0 && !process_alive(pid)).then(|| left().unwrap_or_else(|| format!("died (process {pid} is gone)")))
     }
 
     /// Waits until `done()` holds. Spins briefly, then yields, then sleeps;
