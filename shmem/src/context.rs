@@ -301,7 +301,7 @@ impl Context {
         let total = host::object_size(n, host_heap)
             .ok_or_else(|| Error::config(format!("{n} heaps of {heap_size} bytes overflow the address space")))?;
         // PE 0 names and creates the object; the name travels with its "ok".
-        let name = format!("/shmem-{}-{:x}", hellos[0].pid, NEXT_ID.load(Ordering::Relaxed) ^ nanos());
+        let name = shm::object_name(hellos[0].pid, NEXT_ID.load(Ordering::Relaxed) ^ nanos());
         let created = if me == 0 {
             match shm::shm_space_available() {
                 Some(free) if (free as u128) < total as u128 => Err(Error::config(format!(

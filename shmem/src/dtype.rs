@@ -19,6 +19,10 @@ pub enum DType {
 }
 
 impl DType {
+    /// Every element type.
+    pub const ALL: [DType; 8] =
+        [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::I64, DType::U32, DType::U64];
+
     /// The name users know the type by.
     pub const fn name(self) -> &'static str {
         match self {
@@ -43,9 +47,7 @@ impl DType {
     }
 
     pub(crate) fn from_tag(tag: u64) -> Option<DType> {
-        [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::I64, DType::U32, DType::U64]
-            .into_iter()
-            .find(|d| *d as u64 == tag)
+        DType::ALL.into_iter().find(|d| *d as u64 == tag)
     }
 
     /// Whether bitwise reductions are defined.

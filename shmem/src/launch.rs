@@ -512,22 +512,19 @@ fn die_with_parent(cmd: &mut Command) {
     let _ = cmd;
 }
 
-/// Removes `/dev/shm/shmem-<pe0>-<hex>` objects of this user made since
-/// `since`: what a PE 0 with process id `pe0` that died during start-up
-/// leaves (`Context` names the object so). The age and owner checks keep
-/// an unrelated job's object safe should the pid have been reused. A PE 0
-/// started through a wrapper (such as compute-sanitizer) has another pid,
-/// and its leftover stays.
+/// Removes the host heap objects (`/dev/shm/shmem-<pe0>-<hex>`) of this
+/// user made since `since`: what a PE 0 with process id `pe0` that died
+/// during start-up leaves. The age and owner checks keep an unrelated
+/// job's object safe should the pid have been reused. A PE 0 started
+/// through a wrapper (such as compute-sanitizer) has another pid, and its
+/// leftover stays.
 fn remove_host_heap_leftovers(pe0: u32, since: std::time::SystemTime) {
     use std::os::unix::fs::MetadataExt;
-    let prefix = format!("shmem-{pe0}-");
     let Ok(dir) = std::fs::read_dir("/dev/shm") else { return };
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
     for entry in dir.flatten() {
-        let name = entry.file_name();
-        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(&prefix)) else { continue };
-        if rest.is_empty() || !rest.bytes().all(|b| b.is_ascii_hexdigit()) {
+        if !entry.file_name().to_str().is_some_and(|f| crate::host::shm::is_object_of(f, pe0)) {
             continue;
         }
         let Ok(meta) = entry.metadata() else { continue };

@@ -61,9 +61,8 @@ const TEAM_SMALL: &[usize] = &[1, 7, 33, 4099];
 /// (which it ignores).
 const HOST_VARIANT_SMALL: &[usize] = &[7, 4099];
 /// Around the kernels' size boundaries: 24 579 elements are 48 KiB of f16
-/// (low-latency kernels, whose limit is 64 KiB a peer), 96 KiB of f32 (the
-/// push kernels, and where the low-latency ones could reach next) and
-/// 192 KiB of 8-byte types; 65 541 are 128 KiB + 10 bytes of f16.
+/// (low-latency kernels, up to 64 KiB a peer), 96 KiB of f32 and 192 KiB
+/// of 8-byte types (push kernels); 65 541 are 128 KiB + 10 bytes of f16.
 const MEDIUM: &[usize] = &[24_579, (1 << 16) + 5];
 const LARGE: usize = (1 << 20) + 3;
 /// GPU only, f32 and bf16: the all-reduce's vector, the all-gather's output.

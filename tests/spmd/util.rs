@@ -265,7 +265,7 @@ pub fn dtype_selected(d: shmem::DType) -> bool {
     let names = ON.get_or_init(|| {
         let v = std::env::var("SHMEM_TEST_DTYPES").ok().filter(|v| !v.is_empty())?;
         let names: Vec<String> = v.split(',').map(|n| n.trim().to_ascii_lowercase()).collect();
-        let known = ["f32", "f64", "f16", "bf16", "i32", "i64", "u32", "u64"];
+        let known = shmem::DType::ALL.map(shmem::DType::name);
         for n in &names {
             assert!(known.contains(&n.as_str()), "SHMEM_TEST_DTYPES={v}: {n:?} is not one of {known:?}");
         }

@@ -7,7 +7,9 @@ use std::ptr::NonNull;
 /// A `MAP_SHARED` mapping of a POSIX shared-memory object, unmapped on drop.
 ///
 /// The object's name is unlinked as soon as every PE has mapped it (see
-/// [`Mapping::unlink`]), so a crash never leaves it behind in `/dev/shm`.
+/// [`Mapping::unlink`]), so a crash after start-up never leaves it behind
+/// in `/dev/shm`; what a PE 0 that dies before then leaves, the launcher
+/// removes (see [`is_object_of`]).
 pub(crate) struct Mapping {
     base: NonNull<u8>,
     len: usize,
@@ -18,6 +20,20 @@ pub(crate) struct Mapping {
 unsafe impl Send for Mapping {}
 // SAFETY: as above.
 unsafe impl Sync for Mapping {}
+
+/// The name of a job's object: `/shmem-<pid of PE 0>-<unique, hex>`.
+pub(crate) fn object_name(pe0: u32, unique: u64) -> String {
+    format!("/shmem-{pe0}-{unique:x}")
+}
+
+/// Whether `file`, an entry of `/dev/shm`, is named as [`object_name`]
+/// names the objects of a job whose PE 0 had process id `pe0`.
+pub(crate) fn is_object_of(file: &str, pe0: u32) -> bool {
+    file.strip_prefix("shmem-")
+        .and_then(|f| f.strip_prefix(pe0.to_string().as_str()))
+        .and_then(|f| f.strip_prefix('-'))
+        .is_some_and(|hex| !hex.is_empty() && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+}
 
 fn c_name(name: &str) -> Result<CString> {
     CString::new(name).map_err(|_| Error::config(format!("shared-memory name {name:?} contains a NUL")))
@@ -119,4 +135,24 @@ pub(crate) fn shm_space_available() -> Option<u64> {
         let st = unsafe { st.assume_init() };
         (st.f_bavail as u128 * st.f_frsize as u128).min(u64::MAX as u128) as u64
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn object_names_are_recognised_by_their_pe0() {
+        let name = object_name(12, 0xbeef);
+        assert_eq!(name, "/shmem-12-beef");
+        let file = &name[1..];
+        assert!(is_object_of(file, 12));
+        // Another job's PE 0 (a pid that shares a prefix, or another one).
+        assert!(!is_object_of(file, 1));
+        assert!(!is_object_of(&object_name(123, 0xbeef)[1..], 12));
+        // Not a heap's name: no hex after the pid, or something else.
+        for other in ["shmem-12-", "shmem-12-notes", "shmem-12", "shmem-asan-test-12", "other-12-beef"] {
+            assert!(!is_object_of(other, 12), "{other}");
+        }
+    }
 }
