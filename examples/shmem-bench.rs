@@ -359,6 +359,9 @@ enum Imp {
     ShmemPush,
     /// all_gather: moved by the copy engines
     ShmemCe,
+    /// the MoE ops: a plan kernel, then a data kernel (not the one-kernel form)
+    #[value(name = "shmem-2k", alias = "shmem_2k")]
+    Shmem2k,
     /// shmem's kernels reaching every peer through NVSHMEM's RMA
     ShmemRma,
     /// NVSHMEM's own collectives
@@ -392,6 +395,7 @@ impl Imp {
             Imp::ShmemLl => "shmem-ll",
             Imp::ShmemPush => "shmem-push",
             Imp::ShmemCe => "shmem-ce",
+            Imp::Shmem2k => "shmem-2k",
             Imp::ShmemRma => "shmem-rma",
             Imp::Nvshmem => "nvshmem",
             Imp::Nccl => "nccl",
@@ -409,7 +413,7 @@ impl Imp {
 
     /// The collective settings of the rows shmem runs; `None` for NCCL and memcpy.
     fn settings(self) -> Option<Collectives> {
-        use shmem::{AllGatherAlgo, AllReduceAlgo, CollImpl};
+        use shmem::{AllGatherAlgo, AllReduceAlgo, CollImpl, MoeKernels};
         let default = Collectives::default();
         Some(match self {
             Imp::Shmem => default,
@@ -418,6 +422,7 @@ impl Imp {
             Imp::ShmemLl => Collectives { all_reduce: AllReduceAlgo::LowLatency, ..default },
             Imp::ShmemPush => Collectives { all_reduce: AllReduceAlgo::Push, ..default },
             Imp::ShmemCe => Collectives { all_gather: AllGatherAlgo::CopyEngine, ..default },
+            Imp::Shmem2k => Collectives { moe: MoeKernels::PlanThenMove, ..default },
             Imp::ShmemRma => Collectives { force_rma: true, ..default },
             Imp::Nvshmem => Collectives { implementation: CollImpl::Nvshmem, ..default },
             Imp::Nccl | Imp::Memcpy => return None,
@@ -439,6 +444,7 @@ impl Imp {
             Imp::ShmemLl => op == Op::AllReduce && bytes <= shmem::algo::LOW_LATENCY_MAX_BYTES,
             Imp::ShmemPush => op == Op::AllReduce && bytes <= shmem::algo::PUSH_MAX_BYTES,
             Imp::ShmemCe => op == Op::AllGather,
+            Imp::Shmem2k => op.is_moe(),
             Imp::ShmemRma => op.is_collective() || op.is_moe(),
             Imp::Nvshmem => op.is_collective(),
             Imp::Nccl => op.is_collective() || op.is_moe(),

@@ -1,18 +1,27 @@
 // The MoE all-to-all-v (1D, 2D dispatch, 2D combine; see shmem/src/moe.rs
-// for the semantics) as two kernels on the caller's stream:
+// for the semantics), in one of two forms on the caller's stream.
 //
+// One kernel (`shmem_a2av_fused`; a team whose peers are all reached over
+// NVLink, and splits that fit its packets): block 0 of every PE stores its
+// splits into every peer's packets (`A2avPackets`), each word with the
+// operation's flag, so a split's arrival is its own signal and no barrier
+// runs first; every block waits for every PE's splits, checks the *whole*
+// exchange in its shared memory (the same data everywhere, so every block
+// of every PE reaches the same verdict), plans its share of the sends, and
+// pushes it, then signals as the move kernel below does.
+//
+// Two kernels (any team, RMA included):
 // 1. `shmem_a2av_plan` (one block): a barrier (every PE's splits and input
 //    are ready, and its output is free), then every PE copies every PE's
-//    splits into its own staging, checks the *whole* exchange — the same
-//    data in the same order, so every PE reaches the same verdict without
-//    another round — and, if it is good, writes its out_splits_offsets and
-//    its send plan (where each of its chunks lands); if not, it writes
-//    nothing but the verdict and an error record the host reads later.
+//    splits into its own staging, checks the whole exchange, and, if it is
+//    good, writes its out_splits_offsets and its send plan (where each of
+//    its chunks lands); if not, it writes nothing but the verdict and an
+//    error record the host reads later.
 // 2. `shmem_a2av_move` (many blocks): pushes the planned chunks — stores
 //    through NVLink addresses or RMA puts — then signals every peer and
 //    waits for every peer's signal, as the all-to-all kernel does.
 //
-// Nothing is read from the host, so both kernels can be captured in a CUDA
+// Nothing is read from the host, so either form can be captured in a CUDA
 // graph and replayed with new splits.
 #include "common.cuh"
 
@@ -56,12 +65,14 @@ enum A2avClass : unsigned long long {
     PastOutput = 5,
 };
 
-// This PE's staging (global memory), in 64-bit words: the verdict, the
-// data kernel's active blocks, every PE's splits (and offsets) as fetched
-// (`w` words each), the work arrays (below) where they do not fit in the
-// plan kernel's shared memory, and the send plan: for each destination
-// `d` and each of its `ne` chunks, {source row, destination row, rows,
-// first row of the chunk among this PE's rows for `d`}.
+// This PE's staging (global memory) for the two-kernel form, in 64-bit
+// words: the verdict, the data kernel's active blocks, every PE's splits
+// (and offsets) as fetched (`w` words each), the work arrays (below) where
+// they do not fit in the plan kernel's shared memory, and the send plan:
+// for each destination `d` and each of its `ne` chunks, {source row,
+// destination row, rows, first row of the chunk among this PE's rows for
+// `d`}. The one-kernel form keeps the same arrays in each block's shared
+// memory.
 //
 // Work arrays, `n` segments of `m + 1` words each: `rp[s]`, the rows of
 // PE s's splits in its order, then their exclusive prefix sums (the last
@@ -74,6 +85,7 @@ struct A2avTable {
     int n, m, w;
     int64_t *staged;  // every PE's splits: in shared memory, or `fetched`
     uint64_t *work;   // rp then op: in shared memory, or after `fetched`
+    uint64_t *plans;  // the send plan: in shared memory, or after the work arrays
     __device__ uint64_t *verdict() const { return base; }
     __device__ uint64_t *active_blocks() const { return base + 1; }
     __device__ int64_t *fetched(int pe) const {
@@ -82,17 +94,28 @@ struct A2avTable {
     __device__ int64_t *splits(int pe) const { return staged + static_cast<uint64_t>(pe) * w; }
     __device__ uint64_t *rp(int s) const { return work + static_cast<uint64_t>(s) * (m + 1); }
     __device__ uint64_t *op(int d) const { return work + static_cast<uint64_t>(n + d) * (m + 1); }
-    __device__ uint64_t *plan(int d, int e, int ne) const {
-        return base + 2 + static_cast<uint64_t>(n) * w + 2ull * n * (m + 1) + 4 * (static_cast<uint64_t>(d) * ne + e);
-    }
+    __device__ uint64_t *plan(int d, int e, int ne) const { return plans + 4 * (static_cast<uint64_t>(d) * ne + e); }
 };
 
+__device__ __forceinline__ int split_words(const A2av &a, int m) { return a.kind == A2av2dOffset ? 2 * m : m; }
+
+// The two-kernel form's table, in this PE's staging.
 __device__ __forceinline__ A2avTable a2av_table(const TeamSync &t, const A2av &a) {
     int m = t.n * a.ne;
     uint64_t *base = t.mine<uint64_t>(a.table);
-    int w = a.kind == A2av2dOffset ? 2 * m : m;
+    int w = split_words(a, m);
     int64_t *fetched = reinterpret_cast<int64_t *>(base + 2);
-    return {base, t.n, m, w, fetched, base + 2 + static_cast<uint64_t>(t.n) * w};
+    uint64_t *work = base + 2 + static_cast<uint64_t>(t.n) * w;
+    return {base, t.n, m, w, fetched, work, work + 2ull * t.n * (m + 1)};
+}
+
+// The one-kernel form's table: every array in the block's dynamic shared
+// memory (`a2av_fused_shared_words` in kernels.rs), nothing in global.
+__device__ __forceinline__ A2avTable a2av_shared_table(const TeamSync &t, const A2av &a, uint64_t *shared) {
+    int m = t.n * a.ne;
+    int w = split_words(a, m);
+    uint64_t *work = shared + static_cast<uint64_t>(t.n) * w;
+    return {nullptr, t.n, m, w, reinterpret_cast<int64_t *>(shared), work, work + 2ull * t.n * (m + 1)};
 }
 
 __device__ __forceinline__ uint64_t sat_add(uint64_t a, uint64_t b) { return a > ~0ull - b ? ~0ull : a + b; }
@@ -144,41 +167,12 @@ __device__ __forceinline__ void out_entry(int kind, int n, int ne, int d, int j,
     }
 }
 
-}  // namespace k
-}  // namespace shmem
-
-using shmem::k::A2av;
-using shmem::k::TeamSync;
-
-extern "C" __global__ void __launch_bounds__(512) shmem_a2av_plan(TeamSync t, A2av a) {
-    using namespace shmem::k;
-    // Every PE's splits and the work arrays, read over and over below: in
-    // shared memory where they fit (the host sizes it), else global.
-    extern __shared__ uint64_t shared_work[];
-    A2avTable tb = a2av_table(t, a);
-    const int n = t.n, m = tb.m, ne = a.ne, kind = a.kind, me = t.rank;
-    if (a.shared_splits) {
-        tb.staged = reinterpret_cast<int64_t *>(shared_work);
-        tb.work = shared_work + static_cast<uint64_t>(n) * tb.w;
-    }
-    uint64_t epoch = begin_epoch(t);
-    exchange(t, Arrive, epoch);
-    const uint64_t bytes = static_cast<uint64_t>(tb.w) * 8;
-    for (int s = 0; s < n; s++) {
-        uint8_t *to = reinterpret_cast<uint8_t *>(tb.splits(s));
-        if (s == me) {
-            block_copy(to, t.mine<uint8_t>(a.splits), bytes);
-        } else if (t.nvlink(s)) {
-            block_copy(to, t.at<uint8_t>(s, a.splits), bytes);
-        } else {
-            // NVSHMEM gets into global memory; then into shared memory.
-            uint8_t *g = reinterpret_cast<uint8_t *>(tb.fetched(s));
-            rma_get(g, t.mine<uint8_t>(a.splits), bytes, t.pes[s]);
-            __syncthreads();
-            if (to != g) block_copy(to, g, bytes);
-        }
-    }
-    __syncthreads();
+// The first error of the whole exchange (by class, PE, entry), the same
+// in every thread, or ~0 when it is good; `*value` is its offending
+// number. Whole block, once every PE's splits are staged: fills the work
+// arrays first.
+__device__ unsigned long long a2av_check(const A2av &a, const A2avTable &tb, long long *value) {
+    const int n = tb.n, m = tb.m, ne = a.ne, kind = a.kind;
     // The work arrays' rows, then their prefix sums (a negative split
     // counts as 0 here; it fails below).
     const int runs = n * (m + 1);
@@ -202,14 +196,13 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_plan(TeamSync t, A2
     segmented_exclusive_scan(tb.work, 2 * n, m + 1);
     __syncthreads();
 
-    // The first error by (class, PE, entry).
     __shared__ unsigned long long first;
     __shared__ long long first_value;
-    if (threadIdx.x == 0) first = ~0ull;
+    if (threadIdx.x == 0) first = ~0ull, first_value = 0;
     unsigned long long code = ~0ull;
-    long long value = 0;
-    auto note = [&](unsigned long long c, long long v) {
-        if (c < code) code = c, value = v;
+    long long v = 0;
+    auto note = [&](unsigned long long c, long long x) {
+        if (c < code) code = c, v = x;
     };
     // Each chunk lies in its source's input, in order.
     for (int x = threadIdx.x; x < n * m; x += blockDim.x) {
@@ -243,28 +236,34 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_plan(TeamSync t, A2
     __syncthreads();
     if (code != ~0ull) atomicMin(&first, code);
     __syncthreads();
-    if (code != ~0ull && code == first) first_value = value;
+    if (code != ~0ull && code == first) first_value = v;
     __syncthreads();
-    if (first != ~0ull) {
-        if (threadIdx.x == 0) {
-            *tb.verdict() = 1;
-            if (a.error) {
-                // Host-mapped: the host reads it without synchronising.
-                volatile A2avError *e = reinterpret_cast<volatile A2avError *>(a.error);
-                if (e->count == 0) {
-                    e->code = first | static_cast<unsigned long long>(kind) << 52;
-                    e->value = first_value;
-                    e->limit = first >> 56 == PastOutput ? a.out_rows : a.in_rows;
-                }
-                __threadfence_system();
-                e->count = e->count + 1;
-            }
-        }
-        end_epoch(t, epoch);
-        return;
+    *value = first_value;
+    unsigned long long verdict = first;
+    __syncthreads();  // `first` is read before any thread may set it again
+    return verdict;
+}
+
+// Records a failed check for the host (one thread).
+__device__ void a2av_report(const A2av &a, unsigned long long code, long long value) {
+    if (!a.error) return;
+    // Host-mapped: the host reads it without synchronising.
+    volatile A2avError *e = reinterpret_cast<volatile A2avError *>(a.error);
+    if (e->count == 0) {
+        e->code = code | static_cast<unsigned long long>(a.kind) << 52;
+        e->value = value;
+        e->limit = code >> 56 == PastOutput ? a.out_rows : a.in_rows;
     }
-    // Where each of this PE's chunks goes: entry i of its splits is chunk
-    // e for destination d, output entry j there.
+    __threadfence_system();
+    e->count = e->count + 1;
+}
+
+// After a good check: where each of this PE's chunks goes (entry i of its
+// splits is chunk e for destination d, output entry j there), into the
+// send plan, and, when `write_so`, what this PE receives into its
+// out_splits_offsets.
+__device__ void a2av_plan_sends(const TeamSync &t, const A2av &a, const A2avTable &tb, bool write_so) {
+    const int n = tb.n, m = tb.m, ne = a.ne, kind = a.kind, me = t.rank;
     const int64_t *mine = tb.splits(me);
     for (int i = threadIdx.x; i < m; i += blockDim.x) {
         int d, e, j;
@@ -283,7 +282,7 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_plan(TeamSync t, A2
         uint64_t *p = tb.plan(d, e, ne);
         p[0] = src_row, p[1] = tb.op(d)[j], p[2] = mine[i], p[3] = start;
     }
-    // What this PE receives: out_splits_offsets.
+    if (!write_so) return;
     int64_t *so = t.mine<int64_t>(a.out_so);
     for (int j = threadIdx.x; j < m; j += blockDim.x) {
         int s, i;
@@ -291,41 +290,26 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_plan(TeamSync t, A2
         so[j] = tb.splits(s)[i];
         so[m + j] = static_cast<int64_t>(tb.op(me)[j]);
     }
-    // The data kernel's blocks that work: by what the busiest PE sends,
-    // the same number on every PE (the same splits everywhere), so that
-    // the idle ones skip their channel everywhere.
-    if (threadIdx.x == 0) {
-        uint64_t busiest = 0;
-        for (int s = 0; s < n; s++) busiest = max(busiest, tb.rp(s)[m]);
-        uint64_t want = (busiest * a.row_bytes + kA2avBytesPerBlock - 1) / kA2avBytesPerBlock;
-        *tb.active_blocks() = want < 1 ? 1 : (want > static_cast<uint64_t>(a.blocks) ? a.blocks : want);
-        *tb.verdict() = 0;
-    }
-    end_epoch(t, epoch);
 }
 
-// Each working block (the first `active_blocks`) pushes a share of every
-// peer's chunks, then copies its share of this PE's own, then signals the
-// peers on its channel and waits for theirs.
-extern "C" __global__ void __launch_bounds__(512) shmem_a2av_move(TeamSync t, A2av a) {
-    using namespace shmem::k;
-    A2avTable tb = a2av_table(t, a);
-    // The verdict and the active blocks are the same on every PE.
-    if (*tb.verdict() != 0) return;
-    const int active = static_cast<int>(*tb.active_blocks());
-    if (static_cast<int>(blockIdx.x) >= active) return;
+// The data blocks that work: by what the busiest PE sends, the same
+// number on every PE (the same splits everywhere), so that the idle ones
+// skip their channel everywhere.
+__device__ __forceinline__ int a2av_active(const A2av &a, const A2avTable &tb) {
+    uint64_t busiest = 0;
+    for (int s = 0; s < tb.n; s++) busiest = max(busiest, tb.rp(s)[tb.m]);
+    uint64_t want = (busiest * a.row_bytes + kA2avBytesPerBlock - 1) / kA2avBytesPerBlock;
+    return want < 1 ? 1 : (want > static_cast<uint64_t>(a.blocks) ? a.blocks : static_cast<int>(want));
+}
+
+// Working block `blockIdx.x` of `active` pushes its share of every
+// peer's chunks (planned at `plans`, 4 words a chunk), then copies its
+// share of this PE's own, then signals the peers on its channel and waits
+// for theirs.
+__device__ void a2av_push(const TeamSync &t, const A2av &a, const uint64_t *plans, int active, uint64_t epoch) {
     const int ne = a.ne;
     const uint8_t *in = t.mine<uint8_t>(a.input);
-    uint64_t epoch = begin_epoch(t);
-    // The plan, read by every thread below: into shared memory where it fits.
-    constexpr int kCachedWords = 4 * 768;
-    __shared__ uint64_t cached[kCachedWords];
-    const int words = 4 * t.n * ne;
-    const bool fits = words <= kCachedWords;
-    if (fits)
-        for (int i = threadIdx.x; i < words; i += blockDim.x) cached[i] = tb.plan(0, 0, ne)[i];
-    __syncthreads();
-    auto plan = [&](int d, int e) { return fits ? cached + 4 * (d * ne + e) : tb.plan(d, e, ne); };
+    auto plan = [&](int d, int e) { return plans + 4 * (d * ne + e); };
     for (int k = 1; k <= t.n; k++) {
         int d = (t.rank + k) % t.n;  // this PE's own chunks last
         const uint64_t *tail = plan(d, ne - 1);
@@ -361,5 +345,189 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_move(TeamSync t, A2
     wait_all(t, Data, epoch, t.rank);
     __syncthreads();
     if (t.rma && threadIdx.x == 0) nvshmem_quiet();
+}
+
+// The one-kernel form's state, in the team's synchronisation slot after
+// its epoch counters (`Layout::slot_bytes` in kernels.rs), zeroed with
+// the slot: the operation counter (its own, advanced only by this kernel,
+// so that operations alternate between the two packet buffers), a count
+// of the blocks done with the current operation, then two buffers, by
+// the operation's parity, of kA2avPacketWords 16-byte packets {low half,
+// flag, high half, flag}: [sender][word] holds word `word` of `sender`'s
+// splits.
+//
+// A PE writes a buffer again two operations later, after it has received
+// every peer's splits of the operation between, which each peer sent when
+// that operation's kernel began, after its kernel before (every block of
+// which read the buffer) had ended: the low-latency argument of
+// common.cuh. A flag is never 0 (the zeroed buffer) nor that of two
+// operations before. The counter is read by every block as it starts and
+// written by the last block to finish, so every block sees the same.
+constexpr int kA2avPacketWords = 1024;
+
+struct A2avPackets {
+    const TeamSync &t;
+    uint64_t base;  // heap offset
+    uint64_t op;
+    uint32_t flag;
+    uint64_t parity;
+
+    __device__ A2avPackets(const TeamSync &team) : t(team) {
+        uint64_t words = 3ull * kMaxBlocks * t.n + kMaxBlocks + kLLBlocks + kPushBlocks;
+        base = t.sync_offset + (words * 8 + 255) / 256 * 256;
+        __shared__ uint64_t shared_op;
+        if (threadIdx.x == 0) shared_op = *t.mine<uint64_t>(base) + 1;
+        __syncthreads();
+        op = shared_op;
+        flag = 1 + static_cast<uint32_t>(op % 0xffffffffull);
+        parity = op & 1;
+    }
+    __device__ uint64_t slot(int sender, int word, int w) const {
+        return base + 256 + (parity * kA2avPacketWords + static_cast<uint64_t>(sender) * w + word) * 16;
+    }
+    __device__ void send(int pe, int word, int w, int64_t v) const {
+        uint64_t u = static_cast<uint64_t>(v);
+        uint4 packet = make_uint4(static_cast<uint32_t>(u), flag, static_cast<uint32_t>(u >> 32), flag);
+        st_volatile_v4(t.at<uint4>(pe, slot(t.rank, word, w)), packet);
+    }
+    __device__ int64_t recv(int pe, int word, int w) const {
+        const uint4 *p = t.mine<uint4>(slot(pe, word, w));
+        uint4 v = ld_volatile_v4(p);
+        if (v.y != flag || v.w != flag) {
+            long long start = clock64();
+            do {
+                if (clock64() - start > kWaitCycles) {
+                    printf("shmem: a MoE all-to-all-v waited too long for PE %d's splits\n", pe);
+                    __trap();
+                }
+                v = ld_volatile_v4(p);
+            } while (v.y != flag || v.w != flag);
+        }
+        return static_cast<int64_t>(static_cast<uint64_t>(v.x) | static_cast<uint64_t>(v.z) << 32);
+    }
+    // The last block to finish advances the counter (whole block).
+    __device__ void end() const {
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            unsigned int *done = t.mine<unsigned int>(base + 8);
+            __threadfence();
+            if (atomicAdd(done, 1u) == gridDim.x - 1) {
+                *done = 0;
+                *t.mine<uint64_t>(base) = op;
+            }
+        }
+    }
+};
+
+}  // namespace k
+}  // namespace shmem
+
+using shmem::k::A2av;
+using shmem::k::TeamSync;
+
+extern "C" __global__ void __launch_bounds__(512) shmem_a2av_plan(TeamSync t, A2av a) {
+    using namespace shmem::k;
+    // Every PE's splits and the work arrays, read over and over below: in
+    // shared memory where they fit (the host sizes it), else global.
+    extern __shared__ uint64_t shared_work[];
+    A2avTable tb = a2av_table(t, a);
+    const int n = t.n, me = t.rank;
+    if (a.shared_splits) {
+        tb.staged = reinterpret_cast<int64_t *>(shared_work);
+        tb.work = shared_work + static_cast<uint64_t>(n) * tb.w;
+    }
+    uint64_t epoch = begin_epoch(t);
+    exchange(t, Arrive, epoch);
+    const uint64_t bytes = static_cast<uint64_t>(tb.w) * 8;
+    for (int s = 0; s < n; s++) {
+        uint8_t *to = reinterpret_cast<uint8_t *>(tb.splits(s));
+        if (s == me) {
+            block_copy(to, t.mine<uint8_t>(a.splits), bytes);
+        } else if (t.nvlink(s)) {
+            block_copy(to, t.at<uint8_t>(s, a.splits), bytes);
+        } else {
+            // NVSHMEM gets into global memory; then into shared memory.
+            uint8_t *g = reinterpret_cast<uint8_t *>(tb.fetched(s));
+            rma_get(g, t.mine<uint8_t>(a.splits), bytes, t.pes[s]);
+            __syncthreads();
+            if (to != g) block_copy(to, g, bytes);
+        }
+    }
+    __syncthreads();
+    long long value;
+    unsigned long long first = a2av_check(a, tb, &value);
+    if (first != ~0ull) {
+        if (threadIdx.x == 0) {
+            *tb.verdict() = 1;
+            a2av_report(a, first, value);
+        }
+        end_epoch(t, epoch);
+        return;
+    }
+    a2av_plan_sends(t, a, tb, true);
+    if (threadIdx.x == 0) {
+        *tb.active_blocks() = a2av_active(a, tb);
+        *tb.verdict() = 0;
+    }
     end_epoch(t, epoch);
+}
+
+// Each working block (the first `active_blocks`) pushes its share of the
+// planned chunks (`a2av_push`).
+extern "C" __global__ void __launch_bounds__(512) shmem_a2av_move(TeamSync t, A2av a) {
+    using namespace shmem::k;
+    A2avTable tb = a2av_table(t, a);
+    // The verdict and the active blocks are the same on every PE.
+    if (*tb.verdict() != 0) return;
+    const int active = static_cast<int>(*tb.active_blocks());
+    if (static_cast<int>(blockIdx.x) >= active) return;
+    uint64_t epoch = begin_epoch(t);
+    // The plan, read by every thread of the block: into shared memory where it fits.
+    constexpr int kCachedWords = 4 * 768;
+    __shared__ uint64_t cached[kCachedWords];
+    const int words = 4 * t.n * a.ne;
+    const bool fits = words <= kCachedWords;
+    if (fits)
+        for (int i = threadIdx.x; i < words; i += blockDim.x) cached[i] = tb.plan(0, 0, a.ne)[i];
+    __syncthreads();
+    a2av_push(t, a, fits ? cached : tb.plan(0, 0, a.ne), active, epoch);
+    end_epoch(t, epoch);
+}
+
+// The one-kernel form (see the top of this file): the world or any team
+// whose peers are all reached over NVLink, n × w ≤ kA2avPacketWords.
+extern "C" __global__ void __launch_bounds__(512) shmem_a2av_fused(TeamSync t, A2av a) {
+    using namespace shmem::k;
+    extern __shared__ uint64_t shared_table[];
+    A2avTable tb = a2av_shared_table(t, a, shared_table);
+    A2avPackets pk(t);
+    const int n = t.n, w = tb.w, me = t.rank;
+    const int64_t *mine = t.mine<int64_t>(a.splits);
+    // Block 0 sends this PE's splits to every peer; every block gathers
+    // every PE's.
+    if (blockIdx.x == 0)
+        for (int x = threadIdx.x; x < (n - 1) * w; x += blockDim.x) {
+            int d = (me + 1 + x / w) % n, i = x % w;
+            pk.send(d, i, w, mine[i]);
+        }
+    for (int x = threadIdx.x; x < n * w; x += blockDim.x) {
+        int s = x / w, i = x % w;
+        tb.staged[x] = s == me ? mine[i] : pk.recv(s, i, w);
+    }
+    __syncthreads();
+    long long value;
+    unsigned long long first = a2av_check(a, tb, &value);
+    if (first != ~0ull) {
+        if (blockIdx.x == 0 && threadIdx.x == 0) a2av_report(a, first, value);
+    } else {
+        a2av_plan_sends(t, a, tb, blockIdx.x == 0);
+        const int active = a2av_active(a, tb);
+        __syncthreads();
+        if (static_cast<int>(blockIdx.x) < active) {
+            uint64_t epoch = begin_epoch(t);
+            a2av_push(t, a, tb.plans, active, epoch);
+            end_epoch(t, epoch);
+        }
+    }
+    pk.end();
 }

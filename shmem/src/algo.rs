@@ -54,6 +54,22 @@ pub enum AllGatherAlgo {
     CopyEngine,
 }
 
+/// How shmem's kernels run the MoE all-to-all-v (`all_to_all_v`,
+/// `all_to_all_v_2d`, `all_to_all_v_2d_offset` and [`crate::MoeAllToAll`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MoeKernels {
+    /// One kernel where every peer is reached over NVLink and the splits
+    /// are small enough (`n_pes² × experts_per_pe` words up to 1024, twice
+    /// that for the combine): each PE's splits travel with a flag in every
+    /// word, no barrier runs first, and every block plans its own share.
+    /// Otherwise as [`MoeKernels::PlanThenMove`].
+    #[default]
+    Auto,
+    /// A barrier and plan kernel (one block), then a data kernel: any
+    /// team, RMA included.
+    PlanThenMove,
+}
+
 /// Largest all-reduce (bytes per PE) of the low-latency algorithm.
 pub const LOW_LATENCY_MAX_BYTES: usize = 64 << 10;
 
@@ -72,4 +88,6 @@ pub struct Collectives {
     pub all_reduce: AllReduceAlgo,
     /// The all-gather algorithm.
     pub all_gather: AllGatherAlgo,
+    /// The MoE all-to-all-v's kernels.
+    pub moe: MoeKernels,
 }

@@ -71,6 +71,7 @@
 //! anything is written. PyTorch checks less (a negative split or a short
 //! input trips a device assert; an output overflow is not checked).
 
+use crate::algo::MoeKernels;
 use crate::buffer::{Region, SymSlice};
 use crate::context::{Context, Stream};
 use crate::dtype::Element;
@@ -354,8 +355,8 @@ impl Team {
                 ),
             ));
         }
-        let force = self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner()).force_rma;
-        let t = k.team(self.state.slot, &self.state.members, force)?;
+        let settings = *self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner());
+        let t = k.team(self.state.slot, &self.state.members, settings.force_rma)?;
         let a = A2av::new(
             device_kind(c.kind),
             c.input.offset,
@@ -368,7 +369,7 @@ impl Team {
             c.experts_per_pe(n),
             c.major_align.max(1),
         );
-        k.all_to_all_v(t, a, st.cu_stream())
+        k.all_to_all_v(t, a, settings.moe == MoeKernels::PlanThenMove, st.cu_stream())
     }
 
     /// Checks sizes and overlaps of this PE's arguments; fills `entries`.

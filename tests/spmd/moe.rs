@@ -7,7 +7,9 @@
 
 use crate::util::{assert_bits_eq, mix, payload, poison, Env, TestElem, TestResult};
 use crate::{assert_err, TestFn};
-use shmem::{bf16, f16, BackendKind, CombineElement, Error, MoeAllToAll, MoeConfig, SymmetricBuffer};
+use shmem::{
+    bf16, f16, BackendKind, Collectives, CombineElement, Error, MoeAllToAll, MoeConfig, MoeKernels, SymmetricBuffer,
+};
 
 pub const TESTS: &[(&str, TestFn)] = &[
     ("moe::all_to_all_v", all_to_all_v),
@@ -29,7 +31,23 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("moe::errors::layer", err_layer),
     ("moe::device_error_fails_next_call", device_error_fails_next_call),
     ("moe::graph_replay_gpu_only", graph_replay),
+    // The two-kernel form where the one-kernel form would run (the GPU
+    // backend; SHMEM_FORCE_RMA=1 runs it everywhere).
+    ("moe::plan_then_move::all_to_all_v", |e| plan_then_move(e, all_to_all_v)),
+    ("moe::plan_then_move::all_to_all_v_2d", |e| plan_then_move(e, all_to_all_v_2d)),
+    ("moe::plan_then_move::all_to_all_v_2d_offset", |e| plan_then_move(e, all_to_all_v_2d_offset)),
+    ("moe::plan_then_move::errors::bad_on_one_pe", |e| plan_then_move(e, err_bad_on_one_pe)),
+    ("moe::plan_then_move::graph_replay_gpu_only", |e| plan_then_move(e, graph_replay)),
 ];
+
+/// `test` with the MoE ops in their two-kernel form.
+fn plan_then_move(env: &Env, test: TestFn) -> TestResult {
+    let before = env.ctx.collectives();
+    env.ctx.set_collectives(Collectives { moe: MoeKernels::PlanThenMove, ..before });
+    let r = test(env);
+    env.ctx.set_collectives(before);
+    r
+}
 
 /// Rows of each PE's input in the operation tests.
 const IN_ROWS: usize = 40;
@@ -147,7 +165,8 @@ fn all_to_all_v(env: &Env) -> TestResult {
         one_1d::<i32>(env, case, 3)?;
         one_1d::<u64>(env, case, 3)?;
     }
-    one_1d::<f32>(env, Case::Random, 64)
+    one_1d::<f32>(env, Case::Random, 64)?;
+    one_1d::<bf16>(env, Case::Skewed, 7168)
 }
 
 fn one_1d<T: TestElem>(env: &Env, case: Case, row_len: usize) -> TestResult {
@@ -180,7 +199,10 @@ fn all_to_all_v_2d(env: &Env) -> TestResult {
         }
     }
     one_2d::<bf16>(env, Case::Random, 4, 16, 8)?;
-    one_2d::<u64>(env, Case::Maximal, 2, 8, 1)
+    one_2d::<u64>(env, Case::Maximal, 2, 8, 1)?;
+    // DeepSeek-sized rows: many data blocks, some of them idle.
+    one_2d::<bf16>(env, Case::Random, 4, 1, 7168)?;
+    one_2d::<bf16>(env, Case::Skewed, 2, 16, 7168)
 }
 
 /// Where the dispatch puts PE `me`'s received chunks, by `all_to_all_v_2d`'s
@@ -226,7 +248,8 @@ fn all_to_all_v_2d_offset(env: &Env) -> TestResult {
             one_2d_offset::<f32>(env, case, ne, 7)?;
         }
     }
-    one_2d_offset::<f16>(env, Case::Random, 2, 16)
+    one_2d_offset::<f16>(env, Case::Random, 2, 16)?;
+    one_2d_offset::<bf16>(env, Case::Maximal, 2, 7168)
 }
 
 fn one_2d_offset<T: TestElem>(env: &Env, case: Case, ne: usize, row_len: usize) -> TestResult {

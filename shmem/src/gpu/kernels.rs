@@ -51,6 +51,12 @@ const ONE_SHOT_MAX_BYTES: usize = 256 << 10;
 /// active blocks, every PE's splits (and offsets), the plan kernel's work
 /// arrays, and the send plan (4 words per chunk).
 const A2AV_TABLE_WORDS: usize = 1 << 17;
+/// Split words (`n × n × experts`, twice that for the combine) that the
+/// one-kernel MoE all-to-all-v takes at most (`kA2avPacketWords`).
+const A2AV_PACKET_WORDS: usize = 1024;
+/// Most dynamic shared memory of a MoE kernel: the default limit, less
+/// what the kernels declare statically.
+const A2AV_SHARED_MAX_BYTES: usize = 46 << 10;
 /// Input bytes per block of the MoE all-to-all-v's data kernel's grid
 /// (`kA2avBytesPerBlock`: the plan kernel keeps as many working as the
 /// busiest PE's bytes need).
@@ -78,8 +84,13 @@ impl Layout {
     pub(crate) fn new(heap_size: usize, n: usize) -> Layout {
         Layout { base: heap_size, n }
     }
+    /// A team's synchronisation slot: the signal arrays and epoch
+    /// counters, then the one-kernel MoE all-to-all-v's counters and its
+    /// two buffers of splits packets (`A2avPackets` in `moe.cu`).
     fn slot_bytes(&self) -> usize {
         ((3 * MAX_BLOCKS * self.n + MAX_BLOCKS + LL_BLOCKS + PUSH_BLOCKS) * 8).next_multiple_of(256)
+            + 256
+            + 2 * A2AV_PACKET_WORDS * 16
     }
     fn slot(&self, slot: usize) -> usize {
         self.base + slot * self.slot_bytes()
@@ -873,27 +884,38 @@ impl Kernels {
         n.saturating_mul(w).saturating_add(n.saturating_mul(2).saturating_mul(m.saturating_add(1)))
     }
 
-    /// Launches the plan kernel (one block: barrier, every PE's splits
-    /// checked, out_splits_offsets and the send plan) and the data kernel.
-    /// A failed check writes nothing but the record [`Kernels::take_a2av_error`] reads.
-    pub(crate) fn all_to_all_v(&self, t: TeamSync, a: A2av, s: CUstream) -> Result<()> {
+    /// Launches the MoE all-to-all-v: one kernel where every peer is
+    /// reached over NVLink and the splits fit its packets and its shared
+    /// memory (unless `two_kernels`), else the plan kernel (one block:
+    /// barrier, every PE's splits checked, out_splits_offsets and the send
+    /// plan) and the data kernel. Every PE makes the same choice (the same
+    /// team, sizes and setting). A failed check writes nothing but the
+    /// record [`Kernels::take_a2av_error`] reads.
+    pub(crate) fn all_to_all_v(&self, t: TeamSync, a: A2av, two_kernels: bool, s: CUstream) -> Result<()> {
         let mut a = a;
         a.table = self.layout.a2av() as u64;
         a.error = self.a2av_error.device;
         let most = if t.rma != 0 { RMA_BLOCKS } else { MAX_BLOCKS };
         let in_bytes = (a.in_rows * a.row_bytes) as usize;
-        // The data kernel's grid, by what the input can hold; the plan
-        // kernel picks how many of its blocks work, by what is sent
-        // (`kA2avBytesPerBlock` each; the idle ones exit at once).
+        // The data blocks, by what the input can hold; the kernels keep as
+        // many working as what is sent needs (`kA2avBytesPerBlock` each;
+        // the idle ones skip their channel).
         let blocks = in_bytes.div_ceil(A2AV_BYTES_PER_BLOCK).clamp(1, most);
         a.blocks = blocks as i32;
+        let (n, ne) = (t.n as usize, a.ne as usize);
+        let w = if a.kind == 2 { 2 * n * ne } else { n * ne };
+        let fused = (Self::a2av_work_words(n, ne, a.kind) + 4 * n * ne) * 8;
+        if !two_kernels && t.rma == 0 && n * w <= A2AV_PACKET_WORDS && fused <= A2AV_SHARED_MAX_BYTES {
+            // SAFETY: (TeamSync, A2av) as the kernel declares; the regions
+            // were checked on the host, the splits are checked on the device.
+            return unsafe { self.launch_with("shmem_a2av_fused", blocks, fused as u32, t, a, s) };
+        }
         // Every PE's splits (and offsets) and the work arrays in the plan
-        // kernel's shared memory where they fit in the default 48 KiB.
-        let staged = Self::a2av_work_words(t.n as usize, a.ne as usize, a.kind) * 8;
-        let shared = if staged <= 48 << 10 { staged } else { 0 };
+        // kernel's shared memory where they fit.
+        let staged = Self::a2av_work_words(n, ne, a.kind) * 8;
+        let shared = if staged <= A2AV_SHARED_MAX_BYTES { staged } else { 0 };
         a.shared_splits = (shared > 0) as i32;
-        // SAFETY: (TeamSync, A2av) as the kernels declare; the regions were
-        // checked on the host, the splits are checked on the device.
+        // SAFETY: as above.
         unsafe { self.launch_with("shmem_a2av_plan", 1, shared as u32, t, a, s) }?;
         // SAFETY: as above.
         unsafe { self.launch_with("shmem_a2av_move", blocks, 0, t, a, s) }
