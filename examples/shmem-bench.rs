@@ -216,6 +216,10 @@ struct Args {
     /// MoE dispatch: each expert's block of rows starts at a multiple of this
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     major_align: u64,
+    /// MoE ops: data blocks that copy each PE's own rows while the others
+    /// push (`Collectives::moe_local_blocks`; 0: each block does both)
+    #[arg(long, default_value_t = 0)]
+    moe_local_blocks: u32,
     /// ag_matmul, matmul_rs: rows of a (ag_matmul: once gathered, each PE's
     /// shard is m / PEs rows; matmul_rs: each PE's out is m / PEs rows)
     #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..))]

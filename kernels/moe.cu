@@ -42,7 +42,7 @@ struct A2av {
     int major_align;
     int shared_splits;  // the plan kernel stages the splits in its shared memory
     int blocks;         // the data kernel's grid
-    int pad;
+    int local_blocks;   // of the working blocks, how many copy this PE's own chunks (0: each block does both)
 };
 
 // Bytes one block of the data kernel moves at least, of the busiest PE's.
@@ -305,16 +305,28 @@ __device__ __forceinline__ int a2av_active(const A2av &a, const A2avTable &tb) {
 // Working block `blockIdx.x` of `active` pushes its share of every
 // peer's chunks (planned at `plans`, 4 words a chunk), then copies its
 // share of this PE's own, then signals the peers on its channel and waits
-// for theirs.
+// for theirs. With `a.local_blocks` (fewer than `active`), the last that
+// many blocks copy this PE's own chunks while the others push, so the
+// local copy runs beside the link's transfers instead of after them.
 __device__ void a2av_push(const TeamSync &t, const A2av &a, const uint64_t *plans, int active, uint64_t epoch) {
     const int ne = a.ne;
     const uint8_t *in = t.mine<uint8_t>(a.input);
     auto plan = [&](int d, int e) { return plans + 4 * (d * ne + e); };
+    const int local = a.local_blocks > 0 && a.local_blocks < active ? a.local_blocks : 0;
+    const int remote = active - local;
+    const int b = static_cast<int>(blockIdx.x);
     for (int k = 1; k <= t.n; k++) {
         int d = (t.rank + k) % t.n;  // this PE's own chunks last
+        // This block's part of destination d's chunks, of how many.
+        int part = b, parts = active;
+        if (local > 0) {
+            bool own = d == t.rank;
+            if (own != (b >= remote)) continue;
+            part = own ? b - remote : b, parts = own ? local : remote;
+        }
         const uint64_t *tail = plan(d, ne - 1);
         uint64_t total = (tail[3] + tail[2]) * a.row_bytes;
-        Range r = split((total + 15) / 16, blockIdx.x, active);
+        Range r = split((total + 15) / 16, part, parts);
         uint64_t lo = min(r.lo * 16, total), hi = min(r.hi * 16, total);
         if (lo >= hi) continue;
         // The last chunk that starts at or before `lo` (starts never decrease).

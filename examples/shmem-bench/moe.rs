@@ -16,7 +16,7 @@
 //! [`Context::all_to_all_v`]: shmem::Context::all_to_all_v
 
 use super::{mix, note, seed, Args, Bench, Case, DeviceBuf, Dtype, Imp, Nccl, Op, Pattern, Res, Row, Value};
-use shmem::{bf16, f16, SymmetricBuffer};
+use shmem::{bf16, f16, Collectives, SymmetricBuffer};
 
 /// The MoE rows' parameters (from the command line; in their JSON).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -309,7 +309,7 @@ impl Bench<'_> {
             b.tokens.slice(..own.len()).copy_from_host(&own, s)?;
             b.splits_2d.copy_from_host(&r.counts[me].iter().map(|&c| c as i64).collect::<Vec<_>>(), s)?;
             b.splits_1d.copy_from_host(&(0..n).map(|q| r.to_pe(me, q) as i64).collect::<Vec<_>>(), s)?;
-            for &op in ops.iter().filter(|&&op| self.runs(Imp::Shmem, op, shape.bytes(elem))) {
+            for &op in ops {
                 let (input, output, splits, out_so) = match op {
                     Op::Dispatch => (&b.tokens, &b.experts, &b.splits_2d, &b.so_2d),
                     Op::Combine => (&b.experts, &b.back, &b.so_2d, &b.so_back),
@@ -350,20 +350,31 @@ impl Bench<'_> {
                 };
                 let read = || gather(&output.slice(..out_len).copy_to_host(s)?, &chunks, hidden);
                 let read_so = || Ok(out_so.copy_to_host(s)?);
-                let case = Case {
-                    op,
-                    imp: Imp::Shmem,
-                    dtype: Some(T::NAME),
-                    bytes: shape.bytes(elem),
-                    run: &run,
-                    poison: &poison,
-                    read: &read,
-                    want: &want,
-                    moe: Some(shape),
-                    splits: Some((&read_so, &want_so)),
-                    matmul: None,
-                };
-                self.measure(&case, &mut rows)?;
+                // The default form, the two-kernel form and forced RMA, as selected.
+                for imp in [Imp::Shmem, Imp::Shmem2k, Imp::ShmemRma] {
+                    if !self.runs(imp, op, shape.bytes(elem)) {
+                        continue;
+                    }
+                    let settings = imp.settings().expect("a shmem row");
+                    // Every PE, between operations (after the last agreement).
+                    ctx.set_collectives(Collectives { moe_local_blocks: self.args.moe_local_blocks, ..settings });
+                    let case = Case {
+                        op,
+                        imp,
+                        dtype: Some(T::NAME),
+                        bytes: shape.bytes(elem),
+                        run: &run,
+                        poison: &poison,
+                        read: &read,
+                        want: &want,
+                        moe: Some(shape),
+                        splits: Some((&read_so, &want_so)),
+                        matmul: None,
+                    };
+                    let measured = self.measure(&case, &mut rows);
+                    ctx.set_collectives(Collectives::default());
+                    measured?;
+                }
             }
         }
         Ok(rows)

@@ -90,4 +90,10 @@ pub struct Collectives {
     pub all_gather: AllGatherAlgo,
     /// The MoE all-to-all-v's kernels.
     pub moe: MoeKernels,
+    /// Of the MoE all-to-all-v's data blocks, how many copy this PE's own
+    /// chunks while the others push to the peers (0, the default: each
+    /// block pushes its share, then copies its share; a value not below
+    /// the working blocks counts as 0). A tuning knob; each PE may choose
+    /// its own.
+    pub moe_local_blocks: u32,
 }

@@ -163,7 +163,8 @@ pub(crate) struct A2av {
     /// Set by [`Kernels::all_to_all_v`].
     shared_splits: i32,
     blocks: i32,
-    _pad: i32,
+    /// Set by [`Kernels::all_to_all_v`].
+    local_blocks: i32,
 }
 
 impl A2av {
@@ -195,7 +196,7 @@ impl A2av {
             major_align: major_align as i32,
             shared_splits: 0,
             blocks: 0,
-            _pad: 0,
+            local_blocks: 0,
         }
     }
 }
@@ -310,12 +311,6 @@ pub(crate) struct Kernels {
     /// Where the MoE kernels record a failed check.
     a2av_error: HostRecord,
 }
-
-// SAFETY: CUDA module and function handles may be used from any thread of
-// the context; the maps are behind mutexes.
-unsafe impl Send for Kernels {}
-// SAFETY: as above.
-unsafe impl Sync for Kernels {}
 
 /// How a reduction runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -889,9 +884,18 @@ impl Kernels {
     /// memory (unless `two_kernels`), else the plan kernel (one block:
     /// barrier, every PE's splits checked, out_splits_offsets and the send
     /// plan) and the data kernel. Every PE makes the same choice (the same
-    /// team, sizes and setting). A failed check writes nothing but the
-    /// record [`Kernels::take_a2av_error`] reads.
-    pub(crate) fn all_to_all_v(&self, t: TeamSync, a: A2av, two_kernels: bool, s: CUstream) -> Result<()> {
+    /// team, sizes and setting). `local_blocks` of the data blocks copy
+    /// this PE's own chunks while the others push (0: each pushes, then
+    /// copies). A failed check writes nothing but the record
+    /// [`Kernels::take_a2av_error`] reads.
+    pub(crate) fn all_to_all_v(
+        &self,
+        t: TeamSync,
+        a: A2av,
+        two_kernels: bool,
+        local_blocks: u32,
+        s: CUstream,
+    ) -> Result<()> {
         let mut a = a;
         a.table = self.layout.a2av() as u64;
         a.error = self.a2av_error.device;
@@ -902,6 +906,7 @@ impl Kernels {
         // the idle ones skip their channel).
         let blocks = in_bytes.div_ceil(A2AV_BYTES_PER_BLOCK).clamp(1, most);
         a.blocks = blocks as i32;
+        a.local_blocks = local_blocks.min(MAX_BLOCKS as u32) as i32;
         let (n, ne) = (t.n as usize, a.ne as usize);
         let w = if a.kind == 2 { 2 * n * ne } else { n * ne };
         let fused = (Self::a2av_work_words(n, ne, a.kind) + 4 * n * ne) * 8;
