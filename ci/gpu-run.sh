@@ -354,6 +354,12 @@ if [[ -n $moe ]]; then
     # MoE rows of the benchmark: 128 and 4096 tokens × 7168 bf16, 8 experts per PE.
     STEP_TIMEOUT=${BENCH_TIMEOUT:-300} step bench-moe "$bin/shmemrun" -n "$pes" "$bin/shmem-bench" --backend gpu \
         --op moe --graph --json "$out/bench-moe.jsonl"
+    # MOE_LOCAL_BLOCKS="8 16": the same rows of shmem's default form with
+    # that many data blocks copying each PE's own rows beside the pushes.
+    for lb in ${MOE_LOCAL_BLOCKS:-}; do
+        STEP_TIMEOUT=${BENCH_TIMEOUT:-300} step "bench-moe-local-$lb" "$bin/shmemrun" -n "$pes" "$bin/shmem-bench" \
+            --backend gpu --op moe --graph --impl shmem --moe-local-blocks "$lb" --json "$out/bench-moe-local-$lb.jsonl"
+    done
     # PyTorch's all_to_all_vdev_2d on the box (cases written for
     # moe_torch_check, and its timings beside NCCL's), then ours on the same cases.
     torchrun=$(ls /opt/*/.venv/bin/torchrun 2>/dev/null | head -n 1)
