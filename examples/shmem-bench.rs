@@ -218,8 +218,9 @@ struct Args {
     major_align: u64,
     /// MoE ops: data blocks that copy each PE's own rows while the others
     /// push (`Collectives::moe_local_blocks`; 0: each block does both)
-    #[arg(long, default_value_t = 0)]
-    moe_local_blocks: u32,
+    /// [default: the kernel's choice]
+    #[arg(long)]
+    moe_local_blocks: Option<u32>,
     /// ag_matmul, matmul_rs: rows of a (ag_matmul: once gathered, each PE's
     /// shard is m / PEs rows; matmul_rs: each PE's out is m / PEs rows)
     #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..))]
@@ -363,7 +364,10 @@ enum Imp {
     ShmemPush,
     /// all_gather: moved by the copy engines
     ShmemCe,
-    /// the MoE ops: a plan kernel, then a data kernel (not the one-kernel form)
+    /// the MoE ops: one kernel, no staging (MoeKernels::OneKernel)
+    #[value(name = "shmem-1k", alias = "shmem_1k")]
+    Shmem1k,
+    /// the MoE ops: a plan kernel, then a data kernel (MoeKernels::PlanThenMove)
     #[value(name = "shmem-2k", alias = "shmem_2k")]
     Shmem2k,
     /// shmem's kernels reaching every peer through NVSHMEM's RMA
@@ -399,6 +403,7 @@ impl Imp {
             Imp::ShmemLl => "shmem-ll",
             Imp::ShmemPush => "shmem-push",
             Imp::ShmemCe => "shmem-ce",
+            Imp::Shmem1k => "shmem-1k",
             Imp::Shmem2k => "shmem-2k",
             Imp::ShmemRma => "shmem-rma",
             Imp::Nvshmem => "nvshmem",
@@ -426,6 +431,7 @@ impl Imp {
             Imp::ShmemLl => Collectives { all_reduce: AllReduceAlgo::LowLatency, ..default },
             Imp::ShmemPush => Collectives { all_reduce: AllReduceAlgo::Push, ..default },
             Imp::ShmemCe => Collectives { all_gather: AllGatherAlgo::CopyEngine, ..default },
+            Imp::Shmem1k => Collectives { moe: MoeKernels::OneKernel, ..default },
             Imp::Shmem2k => Collectives { moe: MoeKernels::PlanThenMove, ..default },
             Imp::ShmemRma => Collectives { force_rma: true, ..default },
             Imp::Nvshmem => Collectives { implementation: CollImpl::Nvshmem, ..default },
@@ -448,7 +454,7 @@ impl Imp {
             Imp::ShmemLl => op == Op::AllReduce && bytes <= shmem::algo::LOW_LATENCY_MAX_BYTES,
             Imp::ShmemPush => op == Op::AllReduce && bytes <= shmem::algo::PUSH_MAX_BYTES,
             Imp::ShmemCe => op == Op::AllGather,
-            Imp::Shmem2k => op.is_moe(),
+            Imp::Shmem1k | Imp::Shmem2k => op.is_moe(),
             Imp::ShmemRma => op.is_collective() || op.is_moe(),
             Imp::Nvshmem => op.is_collective(),
             Imp::Nccl => op.is_collective() || op.is_moe(),

@@ -37,12 +37,14 @@ struct A2av {
     uint64_t in_rows, out_rows;  // rows the input and the output hold
     uint64_t table;              // heap offset of this PE's staging
     uint64_t error;              // device address of the host-mapped error record
+    uint64_t stage;              // heap offset of the staged form's buffers (`A2avStage`)
     int kind;
     int ne;  // experts per PE (1 for 1D)
     int major_align;
     int shared_splits;  // the plan kernel stages the splits in its shared memory
     int blocks;         // the data kernel's grid
-    int local_blocks;   // of the working blocks, how many copy this PE's own chunks (0: each block does both)
+    int local_blocks;   // of the working blocks, how many copy this PE's own chunks (0: each block
+                        // does both; negative: chosen by `a2av_local_blocks`)
 };
 
 // Bytes one block of the data kernel moves at least, of the busiest PE's.
@@ -302,6 +304,12 @@ __device__ __forceinline__ int a2av_active(const A2av &a, const A2avTable &tb) {
     return want < 1 ? 1 : (want > static_cast<uint64_t>(a.blocks) ? a.blocks : static_cast<int>(want));
 }
 
+// The local-copy blocks when the host leaves the choice to the kernel:
+// measured on 2×H200 (docs/perf.md, session 6) over 1 to 4096 tokens of
+// 7168 bf16, with 0, 4, 8, 12, 16 and 24 of them: half of a small grid,
+// an eighth of a large one (16 of 128 took 4096 tokens from 106 to 93 µs).
+__device__ __forceinline__ int a2av_local_blocks(int active) { return active >= 64 ? active / 8 : active / 2; }
+
 // Working block `blockIdx.x` of `active` pushes its share of every
 // peer's chunks (planned at `plans`, 4 words a chunk), then copies its
 // share of this PE's own, then signals the peers on its channel and waits
@@ -312,7 +320,8 @@ __device__ void a2av_push(const TeamSync &t, const A2av &a, const uint64_t *plan
     const int ne = a.ne;
     const uint8_t *in = t.mine<uint8_t>(a.input);
     auto plan = [&](int d, int e) { return plans + 4 * (d * ne + e); };
-    const int local = a.local_blocks > 0 && a.local_blocks < active ? a.local_blocks : 0;
+    const int chosen = a.local_blocks < 0 ? a2av_local_blocks(active) : a.local_blocks;
+    const int local = chosen > 0 && chosen < active ? chosen : 0;
     const int remote = active - local;
     const int b = static_cast<int>(blockIdx.x);
     for (int k = 1; k <= t.n; k++) {
@@ -539,6 +548,175 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_fused(TeamSync t, A
             uint64_t epoch = begin_epoch(t);
             a2av_push(t, a, tb.plans, active, epoch);
             end_epoch(t, epoch);
+        }
+    }
+    pk.end();
+}
+
+namespace shmem {
+namespace k {
+
+// The staged one-kernel form's buffers (world team over NVLink, at most
+// kPushMaxTeam PEs; `Layout::a2av_stage` in kernels.rs), at `a.stage` of
+// every PE alike: flags [sender][block] (the operation counter of
+// `A2avPackets`, which only grows), then two buffers by the operation's
+// parity of kA2avStageBytes per sender, into which each sender packs what
+// it sends this PE (its chunks for this PE in expert order). Reused two
+// operations later under the packets' argument: every operation receives
+// every peer's splits, sent when its kernel began.
+constexpr uint64_t kA2avStageBytes = 2 << 20;
+
+struct A2avStage {
+    const TeamSync &t;
+    uint64_t base;
+    __device__ uint64_t flag_word(int sender, int block) const {
+        return base + (static_cast<uint64_t>(sender) * kMaxBlocks + block) * 8;
+    }
+    __device__ uint64_t buffer(uint64_t parity, int sender) const {
+        uint64_t flags = (static_cast<uint64_t>(t.n) * kMaxBlocks * 8 + 255) / 256 * 256;
+        return base + flags + (parity * t.n + sender) * kA2avStageBytes;
+    }
+};
+
+// The entry of a PE's splits that is chunk `e` of what it sends PE `d`.
+__device__ __forceinline__ int chunk_entry(int kind, int n, int ne, int d, int e) {
+    return kind == A2avV ? d : kind == A2av2d ? d * ne + e : e * n + d;
+}
+
+// Copies the bytes of a chunk (`len` bytes from `from` to `to`, at byte
+// `at` of a stream of chunks) that fall in [lo, hi), the block's share of
+// the stream, by the whole block.
+__device__ __forceinline__ void copy_part(uint8_t *to, const uint8_t *from, uint64_t at, uint64_t len, uint64_t lo,
+                                          uint64_t hi) {
+    uint64_t a0 = max(lo, at), a1 = min(hi, at + len);
+    if (a0 < a1) block_copy(to + (a0 - at), from + (a0 - at), a1 - a0);
+}
+
+}  // namespace k
+}  // namespace shmem
+
+// The staged one-kernel form, for inputs of at most kA2avStageBytes: no
+// step waits for another PE before this PE's data is on its way. Block b
+// of every PE packs its share of what goes to each peer (its own splits
+// suffice) into that peer's staging, raises its flag there, then — once
+// every PE's splits have arrived and passed the check — copies its share
+// of every sender's stream from its staging (and of its own chunks from
+// its input) into its output. Only the receiving PE writes its output, so
+// nothing it did before needs to be over first; a failed check writes
+// nothing the user sees.
+extern "C" __global__ void __launch_bounds__(512) shmem_a2av_staged(TeamSync t, A2av a) {
+    using namespace shmem::k;
+    extern __shared__ uint64_t shared_table[];
+    A2avTable tb = a2av_shared_table(t, a, shared_table);
+    A2avPackets pk(t);
+    A2avStage st{t, a.stage};
+    const int n = t.n, w = tb.w, me = t.rank, ne = a.ne, kind = a.kind, b = blockIdx.x, blocks = gridDim.x;
+    const int64_t *mine = t.mine<int64_t>(a.splits);
+    const uint8_t *in = t.mine<uint8_t>(a.input);
+    const uint64_t in_bytes = a.in_rows * a.row_bytes;
+    if (b == 0)
+        for (int x = threadIdx.x; x < (n - 1) * w; x += blockDim.x) {
+            int d = (me + 1 + x / w) % n, i = x % w;
+            pk.send(d, i, w, mine[i]);
+        }
+    // Send: this block's share of each peer's stream, its chunks in
+    // expert order, from this PE's own splits as they stand (negative as
+    // 0; whatever is wrong fails the check below, and nothing is read past
+    // the input).
+    auto own_rows = [&](int i) -> uint64_t { return mine[i] < 0 ? 0 : static_cast<uint64_t>(mine[i]); };
+    for (int k = 1; k < n; k++) {
+        const int d = (me + k) % n;
+        uint64_t total = 0;
+        for (int e = 0; e < ne; e++) total = sat_add(total, own_rows(chunk_entry(kind, n, ne, d, e)));
+        total = min(total, a.in_rows) * a.row_bytes;
+        Range r = split((total + 15) / 16, b, blocks);
+        const uint64_t lo = min(r.lo * 16, total), hi = min(r.hi * 16, total);
+        if (lo >= hi) continue;
+        uint8_t *to = t.at<uint8_t>(d, st.buffer(pk.parity, me));
+        // The 1D and dispatch inputs hold the chunks for d together, after
+        // those for the PEs before it.
+        uint64_t row = 0;
+        if (kind != A2av2dOffset)
+            for (int x = 0; x < chunk_entry(kind, n, ne, d, 0); x++) row = sat_add(row, own_rows(x));
+        uint64_t at = 0;
+        for (int e = 0; e < ne && at < hi; e++) {
+            const int i = chunk_entry(kind, n, ne, d, e);
+            uint64_t first = row;
+            if (kind == A2av2dOffset) first = mine[tb.m + i] < 0 ? 0 : static_cast<uint64_t>(mine[tb.m + i]);
+            row = sat_add(row, own_rows(i));
+            const uint64_t from = first > a.in_rows ? in_bytes : first * a.row_bytes;
+            const uint64_t len = min(min(own_rows(i), a.in_rows) * a.row_bytes, min(in_bytes - from, total - at));
+            copy_part(to + at, in + from, at, len, lo, hi);
+            at += len;
+        }
+    }
+    __syncthreads();
+    for (int pe = threadIdx.x; pe < n; pe += blockDim.x)
+        if (pe != me) {
+            __threadfence_system();
+            st_release64(t.at<uint64_t>(pe, st.flag_word(me, b)), pk.op);
+        }
+    // Every PE's splits, then the check.
+    for (int x = threadIdx.x; x < n * w; x += blockDim.x) {
+        int s = x / w, i = x % w;
+        tb.staged[x] = s == me ? mine[i] : pk.recv(s, i, w);
+    }
+    __syncthreads();
+    long long value;
+    unsigned long long first = a2av_check(a, tb, &value);
+    if (first != ~0ull) {
+        if (b == 0 && threadIdx.x == 0) a2av_report(a, first, value);
+        pk.end();
+        return;
+    }
+    // What this PE receives: for each source s and its chunk e, {first
+    // row in s's stream (or this PE's input row), output row, rows}.
+    const int m = tb.m;
+    for (int j = threadIdx.x; j < m; j += blockDim.x) {
+        int s, i;
+        out_entry(kind, n, ne, me, j, &s, &i);
+        const int e = kind == A2avV ? 0 : kind == A2av2d ? j / n : j % ne;
+        uint64_t from = 0;
+        if (s == me) {
+            from = kind == A2av2dOffset ? static_cast<uint64_t>(tb.splits(me)[m + i]) : tb.rp(me)[i];
+        } else {
+            for (int x = 0; x < e; x++) from += rows_of(tb, s, chunk_entry(kind, n, ne, me, x));
+        }
+        uint64_t *p = tb.plan(s, e, ne);
+        p[0] = from, p[1] = tb.op(me)[j], p[2] = rows_of(tb, s, i);
+    }
+    if (b == 0) {
+        int64_t *so = t.mine<int64_t>(a.out_so);
+        for (int j = threadIdx.x; j < m; j += blockDim.x) {
+            int s, i;
+            out_entry(kind, n, ne, me, j, &s, &i);
+            so[j] = tb.splits(s)[i];
+            so[m + j] = static_cast<int64_t>(tb.op(me)[j]);
+        }
+    }
+    __syncthreads();
+    // Receive: this block's share of each sender's stream, this PE's own first.
+    uint8_t *out = t.mine<uint8_t>(a.output);
+    for (int k = 0; k < n; k++) {
+        const int s = (me + k) % n;
+        uint64_t total = 0;
+        for (int e = 0; e < ne; e++) total += tb.plan(s, e, ne)[2];
+        total *= a.row_bytes;
+        Range r = split((total + 15) / 16, b, blocks);
+        const uint64_t lo = min(r.lo * 16, total), hi = min(r.hi * 16, total);
+        if (s != me) {
+            if (threadIdx.x == 0) wait_geq(t.mine<uint64_t>(st.flag_word(s, b)), pk.op);
+            __syncthreads();
+        }
+        if (lo >= hi) continue;
+        const uint8_t *src = s == me ? in : t.mine<uint8_t>(st.buffer(pk.parity, s));
+        uint64_t at = 0;
+        for (int e = 0; e < ne && at < hi; e++) {
+            const uint64_t *p = tb.plan(s, e, ne);
+            const uint64_t len = p[2] * a.row_bytes;
+            copy_part(out + p[1] * a.row_bytes, src + (s == me ? p[0] : 0) * a.row_bytes + (s == me ? 0 : at), at, len,
+                      lo, hi);
+            at += len;
         }
     }
     pk.end();

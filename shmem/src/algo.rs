@@ -56,15 +56,23 @@ pub enum AllGatherAlgo {
 
 /// How shmem's kernels run the MoE all-to-all-v (`all_to_all_v`,
 /// `all_to_all_v_2d`, `all_to_all_v_2d_offset` and [`crate::MoeAllToAll`]).
+/// The one-kernel forms need every peer reached over NVLink and splits
+/// small enough (`n_pes² × experts_per_pe` words up to 1024, twice that
+/// for the combine); each PE's splits travel with a flag in every word.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum MoeKernels {
-    /// One kernel where every peer is reached over NVLink and the splits
-    /// are small enough (`n_pes² × experts_per_pe` words up to 1024, twice
-    /// that for the combine): each PE's splits travel with a flag in every
-    /// word, no barrier runs first, and every block plans its own share.
-    /// Otherwise as [`MoeKernels::PlanThenMove`].
+    /// Staged where it can be (the world team of up to 8 PEs, inputs of
+    /// up to 2 MiB per PE): each PE packs what it sends each peer into the
+    /// peer's staging at once, without waiting for anyone, and each PE
+    /// copies what it received into its output once every PE's splits
+    /// have passed the check. Otherwise as [`MoeKernels::OneKernel`].
     #[default]
     Auto,
+    /// One kernel, no staging: every block checks the whole exchange once
+    /// every PE's splits have arrived, then pushes its share of the rows
+    /// straight into the peers' outputs. Otherwise as
+    /// [`MoeKernels::PlanThenMove`].
+    OneKernel,
     /// A barrier and plan kernel (one block), then a data kernel: any
     /// team, RMA included.
     PlanThenMove,
@@ -91,9 +99,11 @@ pub struct Collectives {
     /// The MoE all-to-all-v's kernels.
     pub moe: MoeKernels,
     /// Of the MoE all-to-all-v's data blocks, how many copy this PE's own
-    /// chunks while the others push to the peers (0, the default: each
-    /// block pushes its share, then copies its share; a value not below
-    /// the working blocks counts as 0). A tuning knob; each PE may choose
+    /// chunks while the others push to the peers: `None` (the default)
+    /// lets the kernel choose by the blocks at work (half of a small grid,
+    /// an eighth of a large one, as measured on 2×H200); `Some(0)` has
+    /// each block push its share, then copy its share; a number not below
+    /// the working blocks counts as 0. A tuning knob; each PE may choose
     /// its own.
-    pub moe_local_blocks: u32,
+    pub moe_local_blocks: Option<u32>,
 }

@@ -71,7 +71,6 @@
 //! anything is written. PyTorch checks less (a negative split or a short
 //! input trips a device assert; an output overflow is not checked).
 
-use crate::algo::MoeKernels;
 use crate::buffer::{Region, SymSlice};
 use crate::context::{Context, Stream};
 use crate::dtype::Element;
@@ -369,7 +368,8 @@ impl Team {
             c.experts_per_pe(n),
             c.major_align.max(1),
         );
-        k.all_to_all_v(t, a, settings.moe == MoeKernels::PlanThenMove, settings.moe_local_blocks, st.cu_stream())
+        let world = self.state.slot == 0;
+        k.all_to_all_v(t, world, a, settings.moe, settings.moe_local_blocks, st.cu_stream())
     }
 
     /// Checks sizes and overlaps of this PE's arguments; fills `entries`.

@@ -31,19 +31,24 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("moe::errors::layer", err_layer),
     ("moe::device_error_fails_next_call", device_error_fails_next_call),
     ("moe::graph_replay_gpu_only", graph_replay),
-    // The two-kernel form where the one-kernel form would run (the GPU
-    // backend; SHMEM_FORCE_RMA=1 runs it everywhere).
-    ("moe::plan_then_move::all_to_all_v", |e| plan_then_move(e, all_to_all_v)),
-    ("moe::plan_then_move::all_to_all_v_2d", |e| plan_then_move(e, all_to_all_v_2d)),
-    ("moe::plan_then_move::all_to_all_v_2d_offset", |e| plan_then_move(e, all_to_all_v_2d_offset)),
-    ("moe::plan_then_move::errors::bad_on_one_pe", |e| plan_then_move(e, err_bad_on_one_pe)),
-    ("moe::plan_then_move::graph_replay_gpu_only", |e| plan_then_move(e, graph_replay)),
+    // The GPU backend's other forms (the default is staged where it can
+    // be; SHMEM_FORCE_RMA=1 runs plan-then-move everywhere).
+    ("moe::one_kernel::all_to_all_v", |e| with_form(e, MoeKernels::OneKernel, all_to_all_v)),
+    ("moe::one_kernel::all_to_all_v_2d", |e| with_form(e, MoeKernels::OneKernel, all_to_all_v_2d)),
+    ("moe::one_kernel::all_to_all_v_2d_offset", |e| with_form(e, MoeKernels::OneKernel, all_to_all_v_2d_offset)),
+    ("moe::one_kernel::errors::bad_on_one_pe", |e| with_form(e, MoeKernels::OneKernel, err_bad_on_one_pe)),
+    ("moe::one_kernel::graph_replay_gpu_only", |e| with_form(e, MoeKernels::OneKernel, graph_replay)),
+    ("moe::plan_then_move::all_to_all_v", |e| with_form(e, MoeKernels::PlanThenMove, all_to_all_v)),
+    ("moe::plan_then_move::all_to_all_v_2d", |e| with_form(e, MoeKernels::PlanThenMove, all_to_all_v_2d)),
+    ("moe::plan_then_move::all_to_all_v_2d_offset", |e| with_form(e, MoeKernels::PlanThenMove, all_to_all_v_2d_offset)),
+    ("moe::plan_then_move::errors::bad_on_one_pe", |e| with_form(e, MoeKernels::PlanThenMove, err_bad_on_one_pe)),
+    ("moe::plan_then_move::graph_replay_gpu_only", |e| with_form(e, MoeKernels::PlanThenMove, graph_replay)),
 ];
 
-/// `test` with the MoE ops in their two-kernel form.
-fn plan_then_move(env: &Env, test: TestFn) -> TestResult {
+/// `test` with the MoE ops in `form`.
+fn with_form(env: &Env, form: MoeKernels, test: TestFn) -> TestResult {
     let before = env.ctx.collectives();
-    env.ctx.set_collectives(Collectives { moe: MoeKernels::PlanThenMove, ..before });
+    env.ctx.set_collectives(Collectives { moe: form, ..before });
     let r = test(env);
     env.ctx.set_collectives(before);
     r
