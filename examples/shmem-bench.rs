@@ -358,7 +358,7 @@ enum Imp {
     ShmemOneshot,
     /// all_reduce: the two-shot algorithm
     ShmemTwoshot,
-    /// all_reduce: the low-latency algorithm (up to 64 KiB)
+    /// all_reduce: the low-latency algorithm (up to 128 KiB)
     ShmemLl,
     /// all_reduce: the push algorithm (up to 1 MiB, up to 8 PEs)
     ShmemPush,

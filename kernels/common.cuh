@@ -344,8 +344,10 @@ __device__ void reduce_range(const TeamSync &t, T *dst, uint64_t dst_off, uint64
 // reading that buffer (its kernels run in stream order) — so every LL
 // operation receives at least one packet from every peer. A flag is never
 // 0 (the zeroed buffer) nor the flag of two epochs before. All kLLBlocks
-// blocks always run, so their epoch counters stay equal.
-constexpr uint64_t kLLMaxBytes = 64 << 10;
+// blocks always run, so their epoch counters stay equal. A thread sends
+// all its chunks before it waits for any (kLLMaxBytes is two chunks a
+// thread), so one round trip, not one per chunk, is on its critical path.
+constexpr uint64_t kLLMaxBytes = 128 << 10;
 constexpr uint64_t kLLChunks = kLLMaxBytes / 8;
 
 __device__ __forceinline__ void st_volatile_v4(uint4 *p, uint4 v) {

@@ -164,9 +164,11 @@ extern "C" __global__ void __launch_bounds__(512)
     for (uint64_t c = ll.first(); c < ll.chunks(bytes); c += ll.stride()) {
         uint64_t mine = load8(in, c, bytes);
         for (int i = 1; i < t.n; i++) ll.send((t.rank + i) % t.n, c, mine);
-        for (int pe = 0; pe < t.n; pe++)
-            if (pe != t.rank || !in_place) store8(out + pe * bytes, c, bytes, pe == t.rank ? mine : ll.recv(pe, c));
+        if (!in_place) store8(out + t.rank * bytes, c, bytes, mine);
     }
+    for (uint64_t c = ll.first(); c < ll.chunks(bytes); c += ll.stride())
+        for (int pe = 0; pe < t.n; pe++)
+            if (pe != t.rank) store8(out + pe * bytes, c, bytes, ll.recv(pe, c));
     ll.end();
 }
 
@@ -185,6 +187,7 @@ extern "C" __global__ void __launch_bounds__(512)
             for (int i = 1; i < t.n; i++) ll.send((t.rank + i) % t.n, c, v);
             if (dst != src) store8(out, c, bytes, v);
         } else {
+            // Receivers have nothing to send first but the token above.
             store8(out, c, bytes, ll.recv(root, c));
         }
     }
@@ -205,8 +208,9 @@ extern "C" __global__ void __launch_bounds__(512)
             int pe = (t.rank + i) % t.n;
             ll.send(pe, c, load8(in + pe * bytes, c, bytes));
         }
-        uint64_t mine = load8(in + t.rank * bytes, c, bytes);
-        for (int pe = 0; pe < t.n; pe++) store8(out + pe * bytes, c, bytes, pe == t.rank ? mine : ll.recv(pe, c));
     }
+    for (uint64_t c = ll.first(); c < ll.chunks(bytes); c += ll.stride())
+        for (int pe = 0; pe < t.n; pe++)
+            store8(out + pe * bytes, c, bytes, pe == t.rank ? load8(in + t.rank * bytes, c, bytes) : ll.recv(pe, c));
     ll.end();
 }

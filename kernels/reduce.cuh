@@ -136,12 +136,17 @@ __device__ void allreduce_ll(const TeamSync &t, uint64_t dst_off, uint64_t src_o
     const uint8_t *src = t.mine<uint8_t>(src_off);
     uint8_t *dst = t.mine<uint8_t>(dst_off);
     for (uint64_t c = ll.first(); c < ll.chunks(bytes); c += ll.stride()) {
+        uint64_t v = load8(src, c, bytes);
+        for (int i = 1; i < t.n; i++) ll.send((t.rank + i) % t.n, c, v);
+    }
+    for (uint64_t c = ll.first(); c < ll.chunks(bytes); c += ll.stride()) {
         union {
             uint64_t u;
             T x[kPer];
         } mine, got;
+        // In place, only this thread wrote chunk c of dst (= src), and it
+        // does so below: the source is still unchanged here.
         mine.u = load8(src, c, bytes);
-        for (int i = 1; i < t.n; i++) ll.send((t.rank + i) % t.n, c, mine.u);
         A acc[kPer];
         for (int pe = 0; pe < t.n; pe++) {
             got.u = pe == t.rank ? mine.u : ll.recv(pe, c);
@@ -170,6 +175,8 @@ __device__ void reduce_scatter_ll(const TeamSync &t, uint64_t dst_off, uint64_t 
             int pe = (t.rank + i) % t.n;
             ll.send(pe, c, load8(src + pe * bytes, c, bytes));
         }
+    }
+    for (uint64_t c = ll.first(); c < ll.chunks(bytes); c += ll.stride()) {
         union {
             uint64_t u;
             T x[kPer];

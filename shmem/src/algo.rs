@@ -42,7 +42,7 @@ pub enum AllReduceAlgo {
 /// The all-gather algorithm of shmem's kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AllGatherAlgo {
-    /// The low-latency kernel up to 64 KiB per PE (world team, NVLink),
+    /// The low-latency kernel up to 128 KiB per PE (world team, NVLink),
     /// else the SM kernel, which measured as fast as copy engines or faster
     /// at every size on 2×H200 (`docs/perf.md`).
     #[default]
@@ -79,7 +79,7 @@ pub enum MoeKernels {
 }
 
 /// Largest all-reduce (bytes per PE) of the low-latency algorithm.
-pub const LOW_LATENCY_MAX_BYTES: usize = 64 << 10;
+pub const LOW_LATENCY_MAX_BYTES: usize = 128 << 10;
 
 /// Largest all-reduce of the push kernel ([`AllReduceAlgo::Push`]), bytes per PE.
 pub const PUSH_MAX_BYTES: usize = 1 << 20;
