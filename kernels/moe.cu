@@ -611,9 +611,13 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_staged(TeamSync t, 
     A2avPackets pk(t);
     A2avStage st{t, a.stage};
     const int n = t.n, w = tb.w, me = t.rank, ne = a.ne, kind = a.kind, b = blockIdx.x, blocks = gridDim.x;
-    const int64_t *mine = t.mine<int64_t>(a.splits);
     const uint8_t *in = t.mine<uint8_t>(a.input);
     const uint64_t in_bytes = a.in_rows * a.row_bytes;
+    // This PE's splits into shared memory first, in one round trip: the
+    // loops below read them over and over.
+    int64_t *mine = tb.splits(me);
+    for (int i = threadIdx.x; i < w; i += blockDim.x) mine[i] = t.mine<int64_t>(a.splits)[i];
+    __syncthreads();
     if (b == 0)
         for (int x = threadIdx.x; x < (n - 1) * w; x += blockDim.x) {
             int d = (me + 1 + x / w) % n, i = x % w;
@@ -659,7 +663,7 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_staged(TeamSync t, 
     // Every PE's splits, then the check.
     for (int x = threadIdx.x; x < n * w; x += blockDim.x) {
         int s = x / w, i = x % w;
-        tb.staged[x] = s == me ? mine[i] : pk.recv(s, i, w);
+        if (s != me) tb.staged[x] = pk.recv(s, i, w);
     }
     __syncthreads();
     long long value;

@@ -4,7 +4,7 @@
 // tokens into send order, and `shmem_moe_combine_<dtype>` sums each
 // token's returned rows with its weights. The token count is read on the
 // device. A bad expert id or token count poisons the dispatch's first
-// split with a marker, so the dispatch's plan kernel fails on every PE and
+// split with a marker, so the dispatch's check fails on every PE and
 // the host names the token.
 #include "common.cuh"
 
