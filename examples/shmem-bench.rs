@@ -364,9 +364,6 @@ enum Imp {
     ShmemPush,
     /// all_gather: moved by the copy engines
     ShmemCe,
-    /// the MoE ops: one kernel, no staging (MoeKernels::OneKernel)
-    #[value(name = "shmem-1k", alias = "shmem_1k")]
-    Shmem1k,
     /// the MoE ops: a plan kernel, then a data kernel (MoeKernels::PlanThenMove)
     #[value(name = "shmem-2k", alias = "shmem_2k")]
     Shmem2k,
@@ -403,7 +400,6 @@ impl Imp {
             Imp::ShmemLl => "shmem-ll",
             Imp::ShmemPush => "shmem-push",
             Imp::ShmemCe => "shmem-ce",
-            Imp::Shmem1k => "shmem-1k",
             Imp::Shmem2k => "shmem-2k",
             Imp::ShmemRma => "shmem-rma",
             Imp::Nvshmem => "nvshmem",
@@ -431,7 +427,6 @@ impl Imp {
             Imp::ShmemLl => Collectives { all_reduce: AllReduceAlgo::LowLatency, ..default },
             Imp::ShmemPush => Collectives { all_reduce: AllReduceAlgo::Push, ..default },
             Imp::ShmemCe => Collectives { all_gather: AllGatherAlgo::CopyEngine, ..default },
-            Imp::Shmem1k => Collectives { moe: MoeKernels::OneKernel, ..default },
             Imp::Shmem2k => Collectives { moe: MoeKernels::PlanThenMove, ..default },
             Imp::ShmemRma => Collectives { force_rma: true, ..default },
             Imp::Nvshmem => Collectives { implementation: CollImpl::Nvshmem, ..default },
@@ -454,7 +449,7 @@ impl Imp {
             Imp::ShmemLl => op == Op::AllReduce && bytes <= shmem::algo::LOW_LATENCY_MAX_BYTES,
             Imp::ShmemPush => op == Op::AllReduce && bytes <= shmem::algo::PUSH_MAX_BYTES,
             Imp::ShmemCe => op == Op::AllGather,
-            Imp::Shmem1k | Imp::Shmem2k => op.is_moe(),
+            Imp::Shmem2k => op.is_moe(),
             Imp::ShmemRma => op.is_collective() || op.is_moe(),
             Imp::Nvshmem => op.is_collective(),
             Imp::Nccl => op.is_collective() || op.is_moe(),

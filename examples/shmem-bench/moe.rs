@@ -350,8 +350,8 @@ impl Bench<'_> {
                 };
                 let read = || gather(&output.slice(..out_len).copy_to_host(s)?, &chunks, hidden);
                 let read_so = || Ok(out_so.copy_to_host(s)?);
-                // The default form, the other forms and forced RMA, as selected.
-                for imp in [Imp::Shmem, Imp::Shmem1k, Imp::Shmem2k, Imp::ShmemRma] {
+                // The default form, the two-kernel form and forced RMA, as selected.
+                for imp in [Imp::Shmem, Imp::Shmem2k, Imp::ShmemRma] {
                     if !self.runs(imp, op, shape.bytes(elem)) {
                         continue;
                     }

@@ -56,23 +56,16 @@ pub enum AllGatherAlgo {
 
 /// How shmem's kernels run the MoE all-to-all-v (`all_to_all_v`,
 /// `all_to_all_v_2d`, `all_to_all_v_2d_offset` and [`crate::MoeAllToAll`]).
-/// The one-kernel forms need every peer reached over NVLink and splits
-/// small enough (`n_pes² × experts_per_pe` words up to 1024, twice that
-/// for the combine); each PE's splits travel with a flag in every word.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum MoeKernels {
-    /// Staged where it can be (the world team of up to 8 PEs, inputs of
-    /// up to 2 MiB per PE): each PE packs what it sends each peer into the
-    /// peer's staging at once, without waiting for anyone, and each PE
-    /// copies what it received into its output once every PE's splits
-    /// have passed the check. Otherwise as [`MoeKernels::OneKernel`].
+    /// One kernel where every peer is reached over NVLink and the splits
+    /// are small enough (`n_pes² × experts_per_pe` words up to 1024, twice
+    /// that for the combine): each PE's splits travel with a flag in every
+    /// word, no barrier runs first, every block checks the whole exchange
+    /// and pushes its share of the rows straight into the peers' outputs.
+    /// Otherwise as [`MoeKernels::PlanThenMove`].
     #[default]
     Auto,
-    /// One kernel, no staging: every block checks the whole exchange once
-    /// every PE's splits have arrived, then pushes its share of the rows
-    /// straight into the peers' outputs. Otherwise as
-    /// [`MoeKernels::PlanThenMove`].
-    OneKernel,
     /// A barrier and plan kernel (one block), then a data kernel: any
     /// team, RMA included.
     PlanThenMove,

@@ -31,13 +31,8 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("moe::errors::layer", err_layer),
     ("moe::device_error_fails_next_call", device_error_fails_next_call),
     ("moe::graph_replay_gpu_only", graph_replay),
-    // The GPU backend's other forms (the default is staged where it can
-    // be; SHMEM_FORCE_RMA=1 runs plan-then-move everywhere).
-    ("moe::one_kernel::all_to_all_v", |e| with_form(e, MoeKernels::OneKernel, all_to_all_v)),
-    ("moe::one_kernel::all_to_all_v_2d", |e| with_form(e, MoeKernels::OneKernel, all_to_all_v_2d)),
-    ("moe::one_kernel::all_to_all_v_2d_offset", |e| with_form(e, MoeKernels::OneKernel, all_to_all_v_2d_offset)),
-    ("moe::one_kernel::errors::bad_on_one_pe", |e| with_form(e, MoeKernels::OneKernel, err_bad_on_one_pe)),
-    ("moe::one_kernel::graph_replay_gpu_only", |e| with_form(e, MoeKernels::OneKernel, graph_replay)),
+    // The two-kernel form where the one-kernel form would run (the GPU
+    // backend; SHMEM_FORCE_RMA=1 runs it everywhere).
     ("moe::plan_then_move::all_to_all_v", |e| with_form(e, MoeKernels::PlanThenMove, all_to_all_v)),
     ("moe::plan_then_move::all_to_all_v_2d", |e| with_form(e, MoeKernels::PlanThenMove, all_to_all_v_2d)),
     ("moe::plan_then_move::all_to_all_v_2d_offset", |e| with_form(e, MoeKernels::PlanThenMove, all_to_all_v_2d_offset)),

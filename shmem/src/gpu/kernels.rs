@@ -54,9 +54,6 @@ const A2AV_TABLE_WORDS: usize = 1 << 17;
 /// Split words (`n × n × experts`, twice that for the combine) that the
 /// one-kernel MoE all-to-all-v takes at most (`kA2avPacketWords`).
 const A2AV_PACKET_WORDS: usize = 1024;
-/// Largest input (bytes per PE) of the staged MoE all-to-all-v: each
-/// sender's buffer at each receiver (`kA2avStageBytes`).
-const A2AV_STAGE_BYTES: usize = 2 << 20;
 /// Most dynamic shared memory of a MoE kernel: the default limit, less
 /// what the kernels declare statically.
 const A2AV_SHARED_MAX_BYTES: usize = 46 << 10;
@@ -119,20 +116,9 @@ impl Layout {
     fn a2av(&self) -> usize {
         self.temp() + RMA_BLOCKS * self.n * RMA_CHUNK
     }
-    /// The staged MoE all-to-all-v's flags and buffers (`A2avStage` in
-    /// `moe.cu`), for worlds of up to `PUSH_MAX_TEAM` PEs.
-    fn a2av_stage(&self) -> usize {
-        self.a2av() + A2AV_TABLE_WORDS * 8
-    }
-    fn a2av_stage_bytes(&self) -> usize {
-        if self.n > PUSH_MAX_TEAM {
-            return 0;
-        }
-        (self.n * MAX_BLOCKS * 8).next_multiple_of(256) + 2 * self.n * A2AV_STAGE_BYTES
-    }
     /// Bytes of all the kernels' state.
     pub(crate) fn bytes(&self) -> usize {
-        self.a2av_stage() + self.a2av_stage_bytes() - self.base
+        self.a2av() + A2AV_TABLE_WORDS * 8 - self.base
     }
 }
 
@@ -169,7 +155,6 @@ pub(crate) struct A2av {
     /// Set by [`Kernels::all_to_all_v`].
     table: u64,
     error: u64,
-    stage: u64,
     /// 0: 1D, 1: 2D dispatch, 2: 2D combine.
     pub kind: i32,
     /// Experts per PE (1 for 1D).
@@ -206,7 +191,6 @@ impl A2av {
             out_rows: out_rows as u64,
             table: 0,
             error: 0,
-            stage: 0,
             kind,
             ne: ne as i32,
             major_align: major_align as i32,
@@ -895,26 +879,19 @@ impl Kernels {
         n.saturating_mul(w).saturating_add(n.saturating_mul(2).saturating_mul(m.saturating_add(1)))
     }
 
-    /// Launches the MoE all-to-all-v in the form `form` allows (every PE
-    /// makes the same choice: the same team, sizes and setting):
-    /// - staged (`shmem_a2av_staged`): the world team of up to
-    ///   `PUSH_MAX_TEAM` PEs over NVLink, inputs of up to
-    ///   `A2AV_STAGE_BYTES`, under [`MoeKernels::Auto`];
-    /// - one kernel (`shmem_a2av_fused`): every peer over NVLink, splits
-    ///   that fit its packets and shared memory, unless
-    ///   [`MoeKernels::PlanThenMove`]; `local_blocks` of its data blocks
-    ///   copy this PE's own chunks while the others push (0: each pushes,
-    ///   then copies; `None`: the kernel chooses);
-    /// - else the plan kernel (one block: barrier, every PE's splits
-    ///   checked, out_splits_offsets and the send plan) and the data kernel.
-    ///
-    /// A failed check writes nothing but the record
-    /// [`Kernels::take_a2av_error`] reads.
-    #[allow(clippy::too_many_arguments)]
+    /// Launches the MoE all-to-all-v: one kernel (`shmem_a2av_fused`)
+    /// where every peer is reached over NVLink and the splits fit its
+    /// packets and shared memory, unless `form` is
+    /// [`MoeKernels::PlanThenMove`]; else the plan kernel (one block:
+    /// barrier, every PE's splits checked, out_splits_offsets and the send
+    /// plan) and the data kernel. Every PE makes the same choice (the same
+    /// team, sizes and setting). `local_blocks` of the data blocks copy
+    /// this PE's own chunks while the others push (0: each pushes, then
+    /// copies; `None`: the kernel chooses). A failed check writes nothing
+    /// but the record [`Kernels::take_a2av_error`] reads.
     pub(crate) fn all_to_all_v(
         &self,
         t: TeamSync,
-        world: bool,
         a: A2av,
         form: MoeKernels,
         local_blocks: Option<u32>,
@@ -923,26 +900,21 @@ impl Kernels {
         let mut a = a;
         a.table = self.layout.a2av() as u64;
         a.error = self.a2av_error.device;
-        a.stage = self.layout.a2av_stage() as u64;
         let most = if t.rma != 0 { RMA_BLOCKS } else { MAX_BLOCKS };
         let in_bytes = (a.in_rows * a.row_bytes) as usize;
-        // The data blocks, by what the input can hold; the direct forms
-        // keep as many working as what is sent needs (`kA2avBytesPerBlock`
-        // each; the idle ones skip their channel).
+        // The data blocks, by what the input can hold; the kernels keep as
+        // many working as what is sent needs (`kA2avBytesPerBlock` each;
+        // the idle ones skip their channel).
         let blocks = in_bytes.div_ceil(A2AV_BYTES_PER_BLOCK).clamp(1, most);
         a.blocks = blocks as i32;
         a.local_blocks = local_blocks.map_or(-1, |b| b.min(MAX_BLOCKS as u32) as i32);
         let (n, ne) = (t.n as usize, a.ne as usize);
         let w = if a.kind == 2 { 2 * n * ne } else { n * ne };
         let one = (Self::a2av_work_words(n, ne, a.kind) + 4 * n * ne) * 8;
-        let one_fits = t.rma == 0 && n * w <= A2AV_PACKET_WORDS && one <= A2AV_SHARED_MAX_BYTES;
-        if one_fits && form == MoeKernels::Auto && world && n <= PUSH_MAX_TEAM && in_bytes <= A2AV_STAGE_BYTES {
+        if form != MoeKernels::PlanThenMove && t.rma == 0 && n * w <= A2AV_PACKET_WORDS && one <= A2AV_SHARED_MAX_BYTES
+        {
             // SAFETY: (TeamSync, A2av) as the kernel declares; the regions
             // were checked on the host, the splits are checked on the device.
-            return unsafe { self.launch_with("shmem_a2av_staged", blocks, one as u32, t, a, s) };
-        }
-        if one_fits && form != MoeKernels::PlanThenMove {
-            // SAFETY: as above.
             return unsafe { self.launch_with("shmem_a2av_fused", blocks, one as u32, t, a, s) };
         }
         // Every PE's splits (and offsets) and the work arrays in the plan
