@@ -384,6 +384,29 @@ __device__ __forceinline__ void store8(uint8_t *p, uint64_t c, uint64_t len, uin
     for (uint64_t b = c * 8; b < len && b < c * 8 + 8; b++) p[b] = static_cast<uint8_t>(v >> (8 * (b - c * 8)));
 }
 
+// One packet: 8 data bytes with `flag` beside each half, in one 16-byte
+// store (each 8-byte half arrives whole).
+__device__ __forceinline__ void packet_store(uint4 *p, uint64_t data, uint32_t flag) {
+    st_volatile_v4(p, make_uint4(static_cast<uint32_t>(data), flag, static_cast<uint32_t>(data >> 32), flag));
+}
+
+// Waits until both halves of the packet at `p` carry `flag`, and returns
+// its data; traps after kWaitCycles, naming `what` and the sender.
+__device__ __forceinline__ uint64_t packet_load(const uint4 *p, uint32_t flag, const char *what, int pe) {
+    uint4 v = ld_volatile_v4(p);
+    if (v.y != flag || v.w != flag) {
+        long long start = clock64();
+        do {
+            if (clock64() - start > kWaitCycles) {
+                printf("shmem: waited too long for %s from PE %d\n", what, pe);
+                __trap();
+            }
+            v = ld_volatile_v4(p);
+        } while (v.y != flag || v.w != flag);
+    }
+    return static_cast<uint64_t>(v.x) | static_cast<uint64_t>(v.z) << 32;
+}
+
 struct LL {
     const TeamSync &t;
     uint64_t epoch;
@@ -407,23 +430,10 @@ struct LL {
         return t.ll_offset + ((parity * t.n + sender) * kLLChunks + c) * 16;
     }
     __device__ void send(int pe, uint64_t c, uint64_t data) const {
-        uint4 packet = make_uint4(static_cast<uint32_t>(data), flag, static_cast<uint32_t>(data >> 32), flag);
-        st_volatile_v4(t.at<uint4>(pe, slot(t.rank, c)), packet);
+        packet_store(t.at<uint4>(pe, slot(t.rank, c)), data, flag);
     }
     __device__ uint64_t recv(int pe, uint64_t c) const {
-        const uint4 *p = t.mine<uint4>(slot(pe, c));
-        uint4 v = ld_volatile_v4(p);
-        if (v.y != flag || v.w != flag) {
-            long long start = clock64();
-            do {
-                if (clock64() - start > kWaitCycles) {
-                    printf("shmem: a low-latency collective waited too long for PE %d\n", pe);
-                    __trap();
-                }
-                v = ld_volatile_v4(p);
-            } while (v.y != flag || v.w != flag);
-        }
-        return static_cast<uint64_t>(v.x) | static_cast<uint64_t>(v.z) << 32;
+        return packet_load(t.mine<uint4>(slot(pe, c)), flag, "a low-latency collective's data", pe);
     }
     __device__ void end() const {
         __syncthreads();

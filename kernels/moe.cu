@@ -406,24 +406,11 @@ struct A2avPackets {
         return base + 256 + (parity * kA2avPacketWords + static_cast<uint64_t>(sender) * w + word) * 16;
     }
     __device__ void send(int pe, int word, int w, int64_t v) const {
-        uint64_t u = static_cast<uint64_t>(v);
-        uint4 packet = make_uint4(static_cast<uint32_t>(u), flag, static_cast<uint32_t>(u >> 32), flag);
-        st_volatile_v4(t.at<uint4>(pe, slot(t.rank, word, w)), packet);
+        packet_store(t.at<uint4>(pe, slot(t.rank, word, w)), static_cast<uint64_t>(v), flag);
     }
     __device__ int64_t recv(int pe, int word, int w) const {
-        const uint4 *p = t.mine<uint4>(slot(pe, word, w));
-        uint4 v = ld_volatile_v4(p);
-        if (v.y != flag || v.w != flag) {
-            long long start = clock64();
-            do {
-                if (clock64() - start > kWaitCycles) {
-                    printf("shmem: a MoE all-to-all-v waited too long for PE %d's splits\n", pe);
-                    __trap();
-                }
-                v = ld_volatile_v4(p);
-            } while (v.y != flag || v.w != flag);
-        }
-        return static_cast<int64_t>(static_cast<uint64_t>(v.x) | static_cast<uint64_t>(v.z) << 32);
+        uint64_t v = packet_load(t.mine<uint4>(slot(pe, word, w)), flag, "a MoE all-to-all-v's splits", pe);
+        return static_cast<int64_t>(v);
     }
     // The last block to finish advances the counter (whole block).
     __device__ void end() const {
