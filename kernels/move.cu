@@ -78,6 +78,30 @@ extern "C" __global__ void __launch_bounds__(512) shmem_broadcast(TeamSync t, ui
     finish(t, epoch);
 }
 
+// Broadcast by pulls, for large broadcasts of a team whose members all
+// reach the root over NVLink: after the barrier, each member's blocks
+// read their share of the root's source (heap `src`) through NVLink into
+// their own destination; the root copies its own when `dst` is not `src`,
+// then waits until every member has said on its channel that it is done
+// reading, so that the source may change once the root's kernel ends.
+extern "C" __global__ void __launch_bounds__(512)
+    shmem_broadcast_pull(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int root) {
+    using namespace shmem::k;
+    uint64_t epoch = begin_epoch(t);
+    exchange(t, Arrive, epoch);
+    Range r = block_bytes(bytes, blockIdx.x, gridDim.x);
+    uint8_t *out = t.mine<uint8_t>(dst) + r.lo;
+    if (t.rank == root) {
+        if (dst != src) block_copy(out, t.mine<uint8_t>(src) + r.lo, r.hi - r.lo);
+        wait_all(t, Depart, epoch, t.rank);
+    } else {
+        block_copy(out, t.at<uint8_t>(root, src) + r.lo, r.hi - r.lo);
+        __syncthreads();
+        if (threadIdx.x == 0) signal(t, Depart, root, epoch);
+    }
+    end_epoch(t, epoch);
+}
+
 // All-to-all: block j of this PE's source (heap `src`, `bytes` per block)
 // becomes block `rank` of member j's destination (heap `dst`). Source and
 // destination are apart (in place goes through a copy on the host side).

@@ -15,10 +15,10 @@ use crate::gpu::{dispatch, GpuWorld};
 use crate::team::{Desc, OpKind, Team};
 use rayon::prelude::*;
 
-/// From this many bytes, broadcast uses copy engines: as fast as the SM
-/// kernel on 2×H200 (829 against 839 µs at 256 MiB, docs/perf.md) while
-/// taking no SMs from concurrent work.
-const CE_BROADCAST_MIN_BYTES: usize = 32 << 20;
+/// From this many bytes, broadcast is pulled: every member reads the
+/// root's source through NVLink (pushes, by SMs or by copy engines, took
+/// 828–839 µs at 256 MiB on 2×H200, NCCL 754–759; docs/perf.md).
+const PULL_BROADCAST_MIN_BYTES: usize = 32 << 20;
 /// Elements per rayon task.
 const CHUNK: usize = 1 << 15;
 /// Up to this many bytes per PE, all-reduce is one-shot (each PE reduces
@@ -454,8 +454,8 @@ impl Team {
                     }
                 }
                 OpKind::Broadcast => {
-                    if nvlink && d.len * elem >= CE_BROADCAST_MIN_BYTES {
-                        k.broadcast_ce(g, t, &team.members, d.offset, s.offset, d.len * elem, root, cu)
+                    if nvlink && d.len * elem >= PULL_BROADCAST_MIN_BYTES {
+                        k.broadcast_pull(t, d.offset, s.offset, d.len * elem, root, cu)
                     } else {
                         k.broadcast(t, world, d.offset, s.offset, d.len * elem, root, cu)
                     }

@@ -798,6 +798,33 @@ impl Kernels {
         self.launch_move("shmem_broadcast", t, world, dst, src, bytes, root as i32, s)
     }
 
+    /// Broadcast by pulls (`shmem_broadcast_pull`): every member reads the
+    /// root's source through NVLink, and the root waits until all have.
+    /// Every member must reach the root over NVLink (`t.rma == 0`).
+    pub(crate) fn broadcast_pull(
+        &self,
+        t: TeamSync,
+        dst: usize,
+        src: usize,
+        bytes: usize,
+        root: usize,
+        s: CUstream,
+    ) -> Result<()> {
+        debug_assert_eq!(t.rma, 0, "pulls need every member's NVLink address");
+        let blocks = Self::blocks(&t, bytes.div_ceil(16));
+        let (mut t, mut dst, mut src, mut bytes, mut root) = (t, dst as u64, src as u64, bytes as u64, root as i32);
+        let mut params: [*mut c_void; 5] = [
+            (&raw mut t).cast(),
+            (&raw mut dst).cast(),
+            (&raw mut src).cast(),
+            (&raw mut bytes).cast(),
+            (&raw mut root).cast(),
+        ];
+        // SAFETY: (TeamSync, u64, u64, u64, int) as the kernel declares;
+        // regions checked and agreed by the caller.
+        unsafe { self.launch("shmem_broadcast_pull", blocks, THREADS, s, &mut params) }
+    }
+
     /// Launches a (TeamSync, dst, src, bytes, int) kernel of `move.cu`:
     /// `{kernel}_ll` where the low-latency kernels take `bytes`, else `kernel`.
     #[allow(clippy::too_many_arguments)]
