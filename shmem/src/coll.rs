@@ -5,7 +5,7 @@
 //! peers' mapped heaps and parallelised with rayon. Reductions combine the
 //! PEs' values in team order, so every PE gets bit-identical results.
 
-use crate::algo::{AllGatherAlgo, CollImpl};
+use crate::algo::{AllGatherAlgo, CollImpl, PULL_MIN_BYTES};
 use crate::buffer::{Region, SymSlice};
 use crate::context::{Context, Stream};
 use crate::dtype::{Element, ReduceOp};
@@ -15,10 +15,6 @@ use crate::gpu::{dispatch, GpuWorld};
 use crate::team::{Desc, OpKind, Team};
 use rayon::prelude::*;
 
-/// From this many bytes, broadcast is pulled: every member reads the
-/// root's source through NVLink (pushes, by SMs or by copy engines, took
-/// 828–839 µs at 256 MiB on 2×H200, NCCL 754–759; docs/perf.md).
-const PULL_BROADCAST_MIN_BYTES: usize = 32 << 20;
 /// Elements per rayon task.
 const CHUNK: usize = 1 << 15;
 /// Up to this many bytes per PE, all-reduce is one-shot (each PE reduces
@@ -441,20 +437,22 @@ impl Team {
                 OpKind::ReduceScatter => k.reduce_scatter(t, world, dt, op, d.offset, s.offset, d.len, cu),
                 OpKind::AllGather => {
                     let in_place = overlap(d, s, elem);
-                    let ce = match cfg.all_gather {
-                        AllGatherAlgo::CopyEngine => true,
-                        // The SM kernel measured as fast or faster at every
-                        // size on 2×H200 (docs/perf.md).
-                        AllGatherAlgo::Sm | AllGatherAlgo::Auto => false,
-                    };
-                    if ce && nvlink {
-                        k.all_gather_ce(g, t, &team.members, d.offset, s.offset, s.len * elem, in_place, cu)
-                    } else {
-                        k.all_gather(t, world, d.offset, s.offset, s.len * elem, in_place, cu)
+                    let bytes = s.len * elem;
+                    match cfg.all_gather {
+                        AllGatherAlgo::CopyEngine if nvlink => {
+                            k.all_gather_ce(g, t, &team.members, d.offset, s.offset, bytes, in_place, cu)
+                        }
+                        AllGatherAlgo::Pull if nvlink => k.all_gather_pull(t, d.offset, s.offset, bytes, in_place, cu),
+                        AllGatherAlgo::Auto if nvlink && bytes >= PULL_MIN_BYTES => {
+                            k.all_gather_pull(t, d.offset, s.offset, bytes, in_place, cu)
+                        }
+                        _ => k.all_gather(t, world, d.offset, s.offset, bytes, in_place, cu),
                     }
                 }
                 OpKind::Broadcast => {
-                    if nvlink && d.len * elem >= PULL_BROADCAST_MIN_BYTES {
+                    // Pulls measured faster than pushes (by SMs or copy
+                    // engines) for large broadcasts on 2×H200 (docs/perf.md).
+                    if nvlink && d.len * elem >= PULL_MIN_BYTES {
                         k.broadcast_pull(t, d.offset, s.offset, d.len * elem, root, cu)
                     } else {
                         k.broadcast(t, world, d.offset, s.offset, d.len * elem, root, cu)

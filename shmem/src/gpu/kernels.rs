@@ -748,41 +748,6 @@ impl Kernels {
         self.barrier(t, s)
     }
 
-    /// Broadcast by copy engines: a barrier kernel, the root's
-    /// `cuMemcpyAsync` into every member's destination through its NVLink
-    /// address, a barrier kernel (the copies into every PE are done).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn broadcast_ce(
-        &self,
-        g: &GpuWorld,
-        t: TeamSync,
-        members: &[usize],
-        dst: usize,
-        src: usize,
-        bytes: usize,
-        root: usize,
-        s: CUstream,
-    ) -> Result<()> {
-        self.barrier(t, s)?;
-        if t.rank as usize == root {
-            for (i, &pe) in members.iter().enumerate() {
-                let to = if i == root {
-                    if dst == src {
-                        continue;
-                    }
-                    g.addr(dst)
-                } else {
-                    g.peer_base[pe].ok_or_else(|| Error::Invalid(format!("PE {pe} has no NVLink address")))?
-                        + dst as u64
-                };
-                // SAFETY: `dst` is a checked region of every member's heap
-                // (reached through the peer's mapping), `src` of the root's.
-                unsafe { cudarc::driver::result::memcpy_dtod_async(to, g.addr(src), bytes, s)? };
-            }
-        }
-        self.barrier(t, s)
-    }
-
     /// Broadcast of `bytes` from member `root`'s `src` into every member's `dst`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn broadcast(
@@ -810,19 +775,57 @@ impl Kernels {
         root: usize,
         s: CUstream,
     ) -> Result<()> {
+        // SAFETY: (TeamSync, dst, src, bytes, root) as the kernel declares;
+        // regions checked and agreed by the caller.
+        unsafe { self.launch_pull("shmem_broadcast_pull", t, dst, src, bytes, root as i32, s) }
+    }
+
+    /// All-gather by pulls (`shmem_allgather_pull`): every member reads
+    /// every peer's block through NVLink into its own destination. Every
+    /// member must reach every other over NVLink (`t.rma == 0`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn all_gather_pull(
+        &self,
+        t: TeamSync,
+        dst: usize,
+        src: usize,
+        bytes: usize,
+        in_place: bool,
+        s: CUstream,
+    ) -> Result<()> {
+        // SAFETY: (TeamSync, dst, src, bytes, in_place) as the kernel
+        // declares; regions checked and agreed by the caller.
+        unsafe { self.launch_pull("shmem_allgather_pull", t, dst, src, bytes, in_place as i32, s) }
+    }
+
+    /// Launches a (TeamSync, dst, src, bytes, int) pull kernel of `move.cu`
+    /// over the blocks `bytes` asks for.
+    ///
+    /// # Safety
+    /// As [`Kernels::launch`]: the kernel's parameters are these.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn launch_pull(
+        &self,
+        name: &str,
+        t: TeamSync,
+        dst: usize,
+        src: usize,
+        bytes: usize,
+        x: i32,
+        s: CUstream,
+    ) -> Result<()> {
         debug_assert_eq!(t.rma, 0, "pulls need every member's NVLink address");
         let blocks = Self::blocks(&t, bytes.div_ceil(16));
-        let (mut t, mut dst, mut src, mut bytes, mut root) = (t, dst as u64, src as u64, bytes as u64, root as i32);
+        let (mut t, mut dst, mut src, mut bytes, mut x) = (t, dst as u64, src as u64, bytes as u64, x);
         let mut params: [*mut c_void; 5] = [
             (&raw mut t).cast(),
             (&raw mut dst).cast(),
             (&raw mut src).cast(),
             (&raw mut bytes).cast(),
-            (&raw mut root).cast(),
+            (&raw mut x).cast(),
         ];
-        // SAFETY: (TeamSync, u64, u64, u64, int) as the kernel declares;
-        // regions checked and agreed by the caller.
-        unsafe { self.launch("shmem_broadcast_pull", blocks, THREADS, s, &mut params) }
+        // SAFETY: the caller's contract.
+        unsafe { self.launch(name, blocks, THREADS, s, &mut params) }
     }
 
     /// Launches a (TeamSync, dst, src, bytes, int) kernel of `move.cu`:
