@@ -364,8 +364,6 @@ enum Imp {
     ShmemPush,
     /// all_gather: moved by the copy engines
     ShmemCe,
-    /// all_gather: pulled (every PE reads its peers' blocks through NVLink)
-    ShmemPull,
     /// the MoE ops: a plan kernel, then a data kernel (MoeKernels::PlanThenMove)
     #[value(name = "shmem-2k", alias = "shmem_2k")]
     Shmem2k,
@@ -402,7 +400,6 @@ impl Imp {
             Imp::ShmemLl => "shmem-ll",
             Imp::ShmemPush => "shmem-push",
             Imp::ShmemCe => "shmem-ce",
-            Imp::ShmemPull => "shmem-pull",
             Imp::Shmem2k => "shmem-2k",
             Imp::ShmemRma => "shmem-rma",
             Imp::Nvshmem => "nvshmem",
@@ -430,7 +427,6 @@ impl Imp {
             Imp::ShmemLl => Collectives { all_reduce: AllReduceAlgo::LowLatency, ..default },
             Imp::ShmemPush => Collectives { all_reduce: AllReduceAlgo::Push, ..default },
             Imp::ShmemCe => Collectives { all_gather: AllGatherAlgo::CopyEngine, ..default },
-            Imp::ShmemPull => Collectives { all_gather: AllGatherAlgo::Pull, ..default },
             Imp::Shmem2k => Collectives { moe: MoeKernels::PlanThenMove, ..default },
             Imp::ShmemRma => Collectives { force_rma: true, ..default },
             Imp::Nvshmem => Collectives { implementation: CollImpl::Nvshmem, ..default },
@@ -452,7 +448,7 @@ impl Imp {
             Imp::ShmemOneshot | Imp::ShmemTwoshot => op == Op::AllReduce,
             Imp::ShmemLl => op == Op::AllReduce && bytes <= shmem::algo::LOW_LATENCY_MAX_BYTES,
             Imp::ShmemPush => op == Op::AllReduce && bytes <= shmem::algo::PUSH_MAX_BYTES,
-            Imp::ShmemCe | Imp::ShmemPull => op == Op::AllGather,
+            Imp::ShmemCe => op == Op::AllGather,
             Imp::Shmem2k => op.is_moe(),
             Imp::ShmemRma => op.is_collective() || op.is_moe(),
             Imp::Nvshmem => op.is_collective(),

@@ -78,33 +78,6 @@ extern "C" __global__ void __launch_bounds__(512) shmem_broadcast(TeamSync t, ui
     finish(t, epoch);
 }
 
-// All-gather by pulls, for large all-gathers of a team whose members all
-// reach each other over NVLink: after the barrier, each member's blocks
-// read their share of every peer's block (its source, or its block of its
-// own destination when in place) through NVLink into their own
-// destination, and copy their own; then they tell every peer that they are
-// done reading and wait until every peer is, so that the sources may
-// change once the kernel ends. Measured faster than pushing on 2×H200.
-extern "C" __global__ void __launch_bounds__(512)
-    shmem_allgather_pull(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int in_place) {
-    using namespace shmem::k;
-    uint64_t epoch = begin_epoch(t);
-    exchange(t, Arrive, epoch);
-    Range r = block_bytes(bytes, blockIdx.x, gridDim.x);
-    uint8_t *out = t.mine<uint8_t>(dst);
-    for (int i = 1; i < t.n; i++) {
-        int pe = (t.rank + i) % t.n;
-        uint64_t from = in_place ? dst + pe * bytes : src;
-        block_copy(out + pe * bytes + r.lo, t.at<uint8_t>(pe, from) + r.lo, r.hi - r.lo);
-    }
-    if (!in_place) block_copy(out + t.rank * bytes + r.lo, t.mine<uint8_t>(src) + r.lo, r.hi - r.lo);
-    __syncthreads();
-    for (int pe = threadIdx.x; pe < t.n; pe += blockDim.x)
-        if (pe != t.rank) signal(t, Depart, pe, epoch);
-    wait_all(t, Depart, epoch, t.rank);
-    end_epoch(t, epoch);
-}
-
 // Broadcast by pulls, for large broadcasts of a team whose members all
 // reach the root over NVLink: after the barrier, each member's blocks
 // read their share of the root's source (heap `src`) through NVLink into

@@ -52,9 +52,6 @@ pub enum AllGatherAlgo {
     /// Copy engines move the blocks (`cuMemcpyAsync` through peer
     /// addresses): no SM moves data; two one-block barrier kernels bracket it.
     CopyEngine,
-    /// An SM kernel in each PE reads every peer's block through NVLink
-    /// (loads, where [`AllGatherAlgo::Sm`] stores); NVLink path.
-    Pull,
 }
 
 /// How shmem's kernels run the MoE all-to-all-v (`all_to_all_v`,
@@ -76,11 +73,6 @@ pub enum MoeKernels {
 
 /// Largest all-reduce (bytes per PE) of the low-latency algorithm.
 pub const LOW_LATENCY_MAX_BYTES: usize = 128 << 10;
-
-/// From this many bytes per PE the automatic all-gather pulls (and from
-/// this many bytes, the broadcast): reading through NVLink measured faster
-/// than storing for large transfers on 2×H200 (`docs/perf.md`, session 6).
-pub const PULL_MIN_BYTES: usize = 16 << 20;
 
 /// Largest all-reduce of the push kernel ([`AllReduceAlgo::Push`]), bytes per PE.
 pub const PUSH_MAX_BYTES: usize = 1 << 20;

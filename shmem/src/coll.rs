@@ -5,7 +5,7 @@
 //! peers' mapped heaps and parallelised with rayon. Reductions combine the
 //! PEs' values in team order, so every PE gets bit-identical results.
 
-use crate::algo::{AllGatherAlgo, CollImpl, PULL_MIN_BYTES};
+use crate::algo::{AllGatherAlgo, CollImpl};
 use crate::buffer::{Region, SymSlice};
 use crate::context::{Context, Stream};
 use crate::dtype::{Element, ReduceOp};
@@ -14,6 +14,12 @@ use crate::gpu::kernels::Kernels;
 use crate::gpu::{dispatch, GpuWorld};
 use crate::team::{Desc, OpKind, Team};
 use rayon::prelude::*;
+
+/// From this many bytes, broadcast is pulled: every member reads the
+/// root's source through NVLink. On 2×H200 pulls took 55–738 µs from 16 to
+/// 256 MiB, 1.02–1.09× NCCL, where pushes by SMs or copy engines took
+/// 828–839 µs at 256 MiB (0.88–0.91×); docs/perf.md, session 6.
+const PULL_BROADCAST_MIN_BYTES: usize = 16 << 20;
 
 /// Elements per rayon task.
 const CHUNK: usize = 1 << 15;
@@ -438,21 +444,17 @@ impl Team {
                 OpKind::AllGather => {
                     let in_place = overlap(d, s, elem);
                     let bytes = s.len * elem;
-                    match cfg.all_gather {
-                        AllGatherAlgo::CopyEngine if nvlink => {
-                            k.all_gather_ce(g, t, &team.members, d.offset, s.offset, bytes, in_place, cu)
-                        }
-                        AllGatherAlgo::Pull if nvlink => k.all_gather_pull(t, d.offset, s.offset, bytes, in_place, cu),
-                        AllGatherAlgo::Auto if nvlink && bytes >= PULL_MIN_BYTES => {
-                            k.all_gather_pull(t, d.offset, s.offset, bytes, in_place, cu)
-                        }
-                        _ => k.all_gather(t, world, d.offset, s.offset, bytes, in_place, cu),
+                    // The SM kernel measured as fast as copy engines or
+                    // faster, and faster than pulls, at every size on
+                    // 2×H200 (docs/perf.md).
+                    if cfg.all_gather == AllGatherAlgo::CopyEngine && nvlink {
+                        k.all_gather_ce(g, t, &team.members, d.offset, s.offset, bytes, in_place, cu)
+                    } else {
+                        k.all_gather(t, world, d.offset, s.offset, bytes, in_place, cu)
                     }
                 }
                 OpKind::Broadcast => {
-                    // Pulls measured faster than pushes (by SMs or copy
-                    // engines) for large broadcasts on 2×H200 (docs/perf.md).
-                    if nvlink && d.len * elem >= PULL_MIN_BYTES {
+                    if nvlink && d.len * elem >= PULL_BROADCAST_MIN_BYTES {
                         k.broadcast_pull(t, d.offset, s.offset, d.len * elem, root, cu)
                     } else {
                         k.broadcast(t, world, d.offset, s.offset, d.len * elem, root, cu)

@@ -43,8 +43,6 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("coll::all_gather::copy_engine", |e| world(e, Coll::AllGather, Variant::CopyEngine)),
     ("coll::all_reduce::copy_engine", |e| world(e, Coll::AllReduce, Variant::CopyEngine)),
     ("coll::teams::copy_engine", |e| teams(e, Variant::CopyEngine)),
-    ("coll::all_gather::pull", |e| world(e, Coll::AllGather, Variant::Pull)),
-    ("coll::teams::pull", |e| teams(e, Variant::Pull)),
     ("coll::all_reduce::nvshmem", |e| world(e, Coll::AllReduce, Variant::Nvshmem)),
     ("coll::reduce_scatter::nvshmem", |e| world(e, Coll::ReduceScatter, Variant::Nvshmem)),
     ("coll::all_gather::nvshmem", |e| world(e, Coll::AllGather, Variant::Nvshmem)),

@@ -18,7 +18,6 @@ pub enum Variant {
     Push,
     Sm,
     CopyEngine,
-    Pull,
     /// NVSHMEM's own collectives, the baseline.
     Nvshmem,
 }
@@ -34,7 +33,6 @@ impl Variant {
             Variant::Push => "push",
             Variant::Sm => "sm",
             Variant::CopyEngine => "copy_engine",
-            Variant::Pull => "pull",
             Variant::Nvshmem => "nvshmem",
         }
     }
@@ -49,7 +47,6 @@ impl Variant {
             Variant::Push => Collectives { all_reduce: AllReduceAlgo::Push, ..base },
             Variant::Sm => Collectives { all_gather: AllGatherAlgo::Sm, ..base },
             Variant::CopyEngine => Collectives { all_gather: AllGatherAlgo::CopyEngine, ..base },
-            Variant::Pull => Collectives { all_gather: AllGatherAlgo::Pull, ..base },
             Variant::Nvshmem => Collectives { implementation: CollImpl::Nvshmem, ..base },
         }
     }
@@ -60,7 +57,7 @@ impl Variant {
         match self {
             Variant::Default | Variant::ForceRma | Variant::Nvshmem => true,
             Variant::OneShot | Variant::TwoShot | Variant::LowLatency | Variant::Push => coll == Coll::AllReduce,
-            Variant::Sm | Variant::CopyEngine | Variant::Pull => coll == Coll::AllGather,
+            Variant::Sm | Variant::CopyEngine => coll == Coll::AllGather,
         }
     }
 
@@ -115,7 +112,6 @@ pub fn graph_replay(env: &Env) -> TestResult {
         Variant::TwoShot,
         Variant::Sm,
         Variant::CopyEngine,
-        Variant::Pull,
     ] {
         let _settings = Settings::apply(&env.ctx, v);
         replay(env, stream, v, &mut rep)?;

@@ -780,26 +780,8 @@ impl Kernels {
         unsafe { self.launch_pull("shmem_broadcast_pull", t, dst, src, bytes, root as i32, s) }
     }
 
-    /// All-gather by pulls (`shmem_allgather_pull`): every member reads
-    /// every peer's block through NVLink into its own destination. Every
-    /// member must reach every other over NVLink (`t.rma == 0`).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn all_gather_pull(
-        &self,
-        t: TeamSync,
-        dst: usize,
-        src: usize,
-        bytes: usize,
-        in_place: bool,
-        s: CUstream,
-    ) -> Result<()> {
-        // SAFETY: (TeamSync, dst, src, bytes, in_place) as the kernel
-        // declares; regions checked and agreed by the caller.
-        unsafe { self.launch_pull("shmem_allgather_pull", t, dst, src, bytes, in_place as i32, s) }
-    }
-
     /// Launches a (TeamSync, dst, src, bytes, int) pull kernel of `move.cu`
-    /// over the blocks `bytes` asks for.
+    /// (`shmem_broadcast_pull`) over the blocks `bytes` asks for.
     ///
     /// # Safety
     /// As [`Kernels::launch`]: the kernel's parameters are these.
