@@ -775,39 +775,11 @@ impl Kernels {
         root: usize,
         s: CUstream,
     ) -> Result<()> {
-        // SAFETY: (TeamSync, dst, src, bytes, root) as the kernel declares;
-        // regions checked and agreed by the caller.
-        unsafe { self.launch_pull("shmem_broadcast_pull", t, dst, src, bytes, root as i32, s) }
-    }
-
-    /// Launches a (TeamSync, dst, src, bytes, int) pull kernel of `move.cu`
-    /// (`shmem_broadcast_pull`) over the blocks `bytes` asks for.
-    ///
-    /// # Safety
-    /// As [`Kernels::launch`]: the kernel's parameters are these.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn launch_pull(
-        &self,
-        name: &str,
-        t: TeamSync,
-        dst: usize,
-        src: usize,
-        bytes: usize,
-        x: i32,
-        s: CUstream,
-    ) -> Result<()> {
         debug_assert_eq!(t.rma, 0, "pulls need every member's NVLink address");
         let blocks = Self::blocks(&t, bytes.div_ceil(16));
-        let (mut t, mut dst, mut src, mut bytes, mut x) = (t, dst as u64, src as u64, bytes as u64, x);
-        let mut params: [*mut c_void; 5] = [
-            (&raw mut t).cast(),
-            (&raw mut dst).cast(),
-            (&raw mut src).cast(),
-            (&raw mut bytes).cast(),
-            (&raw mut x).cast(),
-        ];
-        // SAFETY: the caller's contract.
-        unsafe { self.launch(name, blocks, THREADS, s, &mut params) }
+        // SAFETY: (TeamSync, dst, src, bytes, root) as the kernel declares;
+        // regions checked and agreed by the caller.
+        unsafe { self.launch5("shmem_broadcast_pull", blocks, t, dst, src, bytes, root as i32, s) }
     }
 
     /// Launches a (TeamSync, dst, src, bytes, int) kernel of `move.cu`:
@@ -831,6 +803,28 @@ impl Kernels {
         } else {
             (kernel.to_owned(), Self::blocks(&t, bytes.div_ceil(16)))
         };
+        // SAFETY: (TeamSync, u64, u64, u64, int) as these kernels declare;
+        // regions checked and agreed by the caller.
+        unsafe { self.launch5(&name, blocks, t, dst, src, bytes, x, s) }
+    }
+
+    /// Launches a (TeamSync, dst, src, bytes, int) kernel of `move.cu`.
+    ///
+    /// # Safety
+    /// The kernel declares these parameters; `dst` and `src` are heap
+    /// offsets of checked regions, read and written as the kernel describes.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn launch5(
+        &self,
+        name: &str,
+        blocks: usize,
+        t: TeamSync,
+        dst: usize,
+        src: usize,
+        bytes: usize,
+        x: i32,
+        s: CUstream,
+    ) -> Result<()> {
         let (mut t, mut dst, mut src, mut bytes, mut x) = (t, dst as u64, src as u64, bytes as u64, x);
         let mut params: [*mut c_void; 5] = [
             (&raw mut t).cast(),
@@ -839,9 +833,8 @@ impl Kernels {
             (&raw mut bytes).cast(),
             (&raw mut x).cast(),
         ];
-        // SAFETY: (TeamSync, u64, u64, u64, int) as these kernels declare;
-        // regions checked and agreed by the caller.
-        unsafe { self.launch(&name, blocks, THREADS, s, &mut params) }
+        // SAFETY: the caller's contract.
+        unsafe { self.launch(name, blocks, THREADS, s, &mut params) }
     }
 
     /// Whether an all-to-all of `bytes` per member may be in place (the
