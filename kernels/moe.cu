@@ -111,7 +111,7 @@ __device__ __forceinline__ A2avTable a2av_table(const TeamSync &t, const A2av &a
 }
 
 // The one-kernel form's table: every array in the block's dynamic shared
-// memory (`a2av_fused_shared_words` in kernels.rs), nothing in global.
+// memory (sized by `Kernels::all_to_all_v` in kernels.rs), nothing in global.
 __device__ __forceinline__ A2avTable a2av_shared_table(const TeamSync &t, const A2av &a, uint64_t *shared) {
     int m = t.n * a.ne;
     int w = split_words(a, m);

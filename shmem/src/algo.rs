@@ -60,9 +60,11 @@ pub enum AllGatherAlgo {
 pub enum MoeKernels {
     /// One kernel where every peer is reached over NVLink and the splits
     /// are small enough (`n_pes² × experts_per_pe` words up to 1024, twice
-    /// that for the combine): each PE's splits travel with a flag in every
-    /// word, no barrier runs first, every block checks the whole exchange
-    /// and pushes its share of the rows straight into the peers' outputs.
+    /// that for the combine, and every PE's splits with the plan's work
+    /// arrays within 46 KiB of shared memory): each PE's splits travel
+    /// with a flag in every word, no barrier runs first, every block checks
+    /// the whole exchange and pushes its share of the rows straight into
+    /// the peers' outputs.
     /// Otherwise as [`MoeKernels::PlanThenMove`].
     #[default]
     Auto,

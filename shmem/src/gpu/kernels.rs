@@ -880,8 +880,18 @@ impl Kernels {
     /// Words of every PE's splits and the work arrays (`A2avTable` in `moe.cu`).
     fn a2av_work_words(n: usize, ne: usize, kind: i32) -> usize {
         let m = n.saturating_mul(ne);
-        let w = if kind == 2 { m.saturating_mul(2) } else { m };
-        n.saturating_mul(w).saturating_add(n.saturating_mul(2).saturating_mul(m.saturating_add(1)))
+        n.saturating_mul(Self::a2av_split_words(n, ne, kind))
+            .saturating_add(n.saturating_mul(2).saturating_mul(m.saturating_add(1)))
+    }
+
+    /// Words of one PE's splits (and offsets, for the combine: `kind` 2).
+    fn a2av_split_words(n: usize, ne: usize, kind: i32) -> usize {
+        let m = n.saturating_mul(ne);
+        if kind == 2 {
+            m.saturating_mul(2)
+        } else {
+            m
+        }
     }
 
     /// Launches the MoE all-to-all-v: one kernel (`shmem_a2av_fused`)
@@ -914,9 +924,12 @@ impl Kernels {
         a.blocks = blocks as i32;
         a.local_blocks = local_blocks.map_or(-1, |b| b.min(MAX_BLOCKS as u32) as i32);
         let (n, ne) = (t.n as usize, a.ne as usize);
-        let w = if a.kind == 2 { 2 * n * ne } else { n * ne };
+        let packets = n * Self::a2av_split_words(n, ne, a.kind);
         let one = (Self::a2av_work_words(n, ne, a.kind) + 4 * n * ne) * 8;
-        if form != MoeKernels::PlanThenMove && t.rma == 0 && n * w <= A2AV_PACKET_WORDS && one <= A2AV_SHARED_MAX_BYTES
+        if form != MoeKernels::PlanThenMove
+            && t.rma == 0
+            && packets <= A2AV_PACKET_WORDS
+            && one <= A2AV_SHARED_MAX_BYTES
         {
             // SAFETY: (TeamSync, A2av) as the kernel declares; the regions
             // were checked on the host, the splits are checked on the device.
