@@ -7,8 +7,11 @@
 // operation's flag, so a split's arrival is its own signal and no barrier
 // runs first; every block waits for every PE's splits, checks the *whole*
 // exchange in its shared memory (the same data everywhere, so every block
-// of every PE reaches the same verdict), plans its share of the sends, and
-// pushes it, then signals as the move kernel below does.
+// of every PE reaches the same verdict), plans, and moves its share of the
+// rows: pushed into the peers' outputs, or, where the busiest PE sends at
+// least `pull_min_bytes`, pulled from the peers' inputs (NVLink reads
+// keep more of the link busy than its writes at large sizes); then it
+// signals as the move kernel below does.
 //
 // Two kernels (any team, RMA included):
 // 1. `shmem_a2av_plan` (one block): a barrier (every PE's splits and input
@@ -37,6 +40,7 @@ struct A2av {
     uint64_t in_rows, out_rows;  // rows the input and the output hold
     uint64_t table;              // heap offset of this PE's staging
     uint64_t error;              // device address of the host-mapped error record
+    uint64_t pull_min_bytes;     // the one-kernel form pulls when the busiest PE sends this many bytes
     int kind;
     int ne;  // experts per PE (1 for 1D)
     int major_align;
@@ -180,20 +184,22 @@ __device__ unsigned long long a2av_check(const A2av &a, const A2avTable &tb, lon
     for (int x = threadIdx.x; x < runs; x += blockDim.x) {
         int who = x / (m + 1), j = x % (m + 1), s, i;
         tb.rp(0)[x] = j < m ? rows_of(tb, who, j) : 0;
-        if (j < m) out_entry(kind, n, ne, who, j, &s, &i);
-        tb.op(0)[x] = j < m ? rows_of(tb, s, i) : 0;
+        uint64_t rows = 0;
+        if (j < m) {
+            out_entry(kind, n, ne, who, j, &s, &i);
+            rows = rows_of(tb, s, i);
+            if (kind == A2av2d && s == n - 1) {
+                // The last chunk of an expert's block of PE who's output
+                // (n chunks, one per source): the block's padding.
+                uint64_t sum = 0;
+                for (int y = 0; y < n; y++) sum = sat_add(sum, rows_of(tb, y, i));
+                uint64_t len = sum > ~0ull - a.major_align ? ~0ull : padded(sum, a.major_align);
+                rows = sat_add(rows, len - sum);
+            }
+        }
+        tb.op(0)[x] = rows;
     }
     __syncthreads();
-    if (kind == A2av2d) {
-        // Each expert's block of PE d's output: n chunks, padded.
-        for (int g = threadIdx.x; g < n * ne; g += blockDim.x) {
-            uint64_t *row = tb.op(g / ne) + (g % ne) * n, sum = 0;
-            for (int y = 0; y < n; y++) sum = sat_add(sum, row[y]);
-            uint64_t len = sum > ~0ull - a.major_align ? ~0ull : padded(sum, a.major_align);
-            row[n - 1] = sat_add(row[n - 1], len - sum);
-        }
-        __syncthreads();
-    }
     segmented_exclusive_scan(tb.work, 2 * n, m + 1);
     __syncthreads();
 
@@ -259,6 +265,18 @@ __device__ void a2av_report(const A2av &a, unsigned long long code, long long va
     e->count = e->count + 1;
 }
 
+// What this PE receives, into its out_splits_offsets (after a good check).
+__device__ void a2av_write_so(const TeamSync &t, const A2av &a, const A2avTable &tb) {
+    const int n = tb.n, m = tb.m;
+    int64_t *so = t.mine<int64_t>(a.out_so);
+    for (int j = threadIdx.x; j < m; j += blockDim.x) {
+        int s, i;
+        out_entry(a.kind, n, a.ne, t.rank, j, &s, &i);
+        so[j] = tb.splits(s)[i];
+        so[m + j] = static_cast<int64_t>(tb.op(t.rank)[j]);
+    }
+}
+
 // After a good check: where each of this PE's chunks goes (entry i of its
 // splits is chunk e for destination d, output entry j there), into the
 // send plan, and, when `write_so`, what this PE receives into its
@@ -283,22 +301,48 @@ __device__ void a2av_plan_sends(const TeamSync &t, const A2av &a, const A2avTabl
         uint64_t *p = tb.plan(d, e, ne);
         p[0] = src_row, p[1] = tb.op(d)[j], p[2] = mine[i], p[3] = start;
     }
-    if (!write_so) return;
-    int64_t *so = t.mine<int64_t>(a.out_so);
-    for (int j = threadIdx.x; j < m; j += blockDim.x) {
-        int s, i;
-        out_entry(kind, n, ne, me, j, &s, &i);
-        so[j] = tb.splits(s)[i];
-        so[m + j] = static_cast<int64_t>(tb.op(me)[j]);
+    if (write_so) a2av_write_so(t, a, tb);
+}
+
+// After a good check: the receive plan, of the same shape as the send
+// plan (4 words a chunk: source row in the sender's input, destination
+// row in this PE's output, rows, first row of the chunk among the
+// sender's rows for this PE), for each source PE `s` and each of the
+// `ne` chunks it sends here, in its order.
+__device__ void a2av_plan_recvs(const TeamSync &t, const A2av &a, const A2avTable &tb) {
+    const int n = tb.n, m = tb.m, ne = a.ne, kind = a.kind, me = t.rank;
+    for (int x = threadIdx.x; x < m; x += blockDim.x) {
+        const int s = x / ne, e = x % ne;
+        const int64_t *theirs = tb.splits(s);
+        int i, j;
+        uint64_t src_row, start = 0;
+        if (kind == A2avV) {
+            i = me, j = s;
+            src_row = tb.rp(s)[i];
+        } else if (kind == A2av2d) {
+            i = me * ne + e, j = e * n + s;
+            src_row = tb.rp(s)[i], start = src_row - tb.rp(s)[me * ne];
+        } else {
+            i = e * n + me, j = s * ne + e;
+            src_row = theirs[m + i];
+            for (int y = 0; y < e; y++) start += theirs[y * n + me];
+        }
+        uint64_t *p = tb.plan(s, e, ne);
+        p[0] = src_row, p[1] = tb.op(me)[j], p[2] = theirs[i], p[3] = start;
     }
 }
 
 // The data blocks that work: by what the busiest PE sends, the same
 // number on every PE (the same splits everywhere), so that the idle ones
 // skip their channel everywhere.
-__device__ __forceinline__ int a2av_active(const A2av &a, const A2avTable &tb) {
+__device__ __forceinline__ uint64_t a2av_busiest(const A2avTable &tb) {
     uint64_t busiest = 0;
     for (int s = 0; s < tb.n; s++) busiest = max(busiest, tb.rp(s)[tb.m]);
+    return busiest;
+}
+
+__device__ __forceinline__ int a2av_active(const A2av &a, const A2avTable &tb) {
+    uint64_t busiest = a2av_busiest(tb);
     uint64_t want = (busiest * a.row_bytes + kA2avBytesPerBlock - 1) / kA2avBytesPerBlock;
     return want < 1 ? 1 : (want > static_cast<uint64_t>(a.blocks) ? a.blocks : static_cast<int>(want));
 }
@@ -309,23 +353,28 @@ __device__ __forceinline__ int a2av_active(const A2av &a, const A2avTable &tb) {
 // an eighth of a large one (16 of 128 took 4096 tokens from 106 to 93 µs).
 __device__ __forceinline__ int a2av_local_blocks(int active) { return active >= 64 ? active / 8 : active / 2; }
 
-// Working block `blockIdx.x` of `active` pushes its share of every
-// peer's chunks (planned at `plans`, 4 words a chunk), then copies its
-// share of this PE's own, then signals the peers on its channel and waits
-// for theirs. With `a.local_blocks` (fewer than `active`), the last that
-// many blocks copy this PE's own chunks while the others push, so the
-// local copy runs beside the link's transfers instead of after them.
-__device__ void a2av_push(const TeamSync &t, const A2av &a, const uint64_t *plans, int active, uint64_t epoch) {
+// Working block `blockIdx.x` of `active` moves its share of every peer's
+// chunks (planned at `plans`, 4 words a chunk): with `pull`, the rows
+// each peer sends here, read from its input (the receive plan); else the
+// rows this PE sends each peer, stored into its output (the send plan).
+// Then it copies its share of this PE's own, signals the peers on its
+// channel and waits for theirs: pushed, the peers' rows have all landed
+// here; pulled, the peers have read all they need of this PE's input.
+// With `a.local_blocks` (fewer than `active`), the last that many blocks
+// copy this PE's own chunks while the others move, so the local copy runs
+// beside the link's transfers instead of after them.
+__device__ void a2av_move_rows(const TeamSync &t, const A2av &a, const uint64_t *plans, int active, uint64_t epoch,
+                               bool pull) {
     const int ne = a.ne;
-    const uint8_t *in = t.mine<uint8_t>(a.input);
     auto plan = [&](int d, int e) { return plans + 4 * (d * ne + e); };
     const int chosen = a.local_blocks < 0 ? a2av_local_blocks(active) : a.local_blocks;
-    const int local = chosen > 0 && chosen < active ? chosen : 0;
+    // (A PE alone has only its own chunks: every block copies.)
+    const int local = t.n > 1 && chosen > 0 && chosen < active ? chosen : 0;
     const int remote = active - local;
     const int b = static_cast<int>(blockIdx.x);
     for (int k = 1; k <= t.n; k++) {
-        int d = (t.rank + k) % t.n;  // this PE's own chunks last
-        // This block's part of destination d's chunks, of how many.
+        int d = (t.rank + k) % t.n;  // the peer (destination, or source with `pull`); this PE's own chunks last
+        // This block's part of peer d's chunks, of how many.
         int part = b, parts = active;
         if (local > 0) {
             bool own = d == t.rank;
@@ -348,12 +397,14 @@ __device__ void a2av_push(const TeamSync &t, const A2av &a, const uint64_t *plan
             uint64_t a0 = max(lo, at), a1 = min(hi, at + p[2] * a.row_bytes);
             if (a0 < a1) {
                 uint64_t skip = a0 - at;
-                const uint8_t *from = in + p[0] * a.row_bytes + skip;
-                uint64_t to = a.output + p[1] * a.row_bytes + skip;
+                const uint64_t from = a.input + p[0] * a.row_bytes + skip;
+                const uint64_t to = a.output + p[1] * a.row_bytes + skip;
                 if (d == t.rank) {
-                    block_copy(t.mine<uint8_t>(to), from, a1 - a0);
+                    block_copy(t.mine<uint8_t>(to), t.mine<uint8_t>(from), a1 - a0);
+                } else if (pull) {
+                    block_copy(t.mine<uint8_t>(to), t.at<uint8_t>(d, from), a1 - a0);
                 } else {
-                    block_send(t, d, to, from, a1 - a0);
+                    block_send(t, d, to, t.mine<uint8_t>(from), a1 - a0);
                 }
             }
         }
@@ -382,7 +433,8 @@ __device__ void a2av_push(const TeamSync &t, const A2av &a, const uint64_t *plan
 // which read the buffer) had ended: the low-latency argument of
 // common.cuh. A flag is never 0 (the zeroed buffer) nor that of two
 // operations before. The counter is read by every block as it starts and
-// written by the last block to finish, so every block sees the same.
+// advanced by the last block to have read it (the next operation's kernel
+// starts after this one ends), so every block sees the same.
 constexpr int kA2avPacketWords = 1024;
 
 struct A2avPackets {
@@ -392,13 +444,21 @@ struct A2avPackets {
     uint32_t flag;
     uint64_t parity;
 
-    __device__ A2avPackets(const TeamSync &team) : t(team) {
+    uint64_t epoch;  // this block's epoch on its channel (as `begin_epoch`)
+    bool last;       // the last block to read the counter (the thread that counted)
+
+    // Reads the counter and this block's epoch, both loads in flight at
+    // once and beside whatever the block loaded before (whole block).
+    __device__ A2avPackets(const TeamSync &team) : t(team), last(false) {
         uint64_t words = 3ull * kMaxBlocks * t.n + kMaxBlocks + kLLBlocks + kPushBlocks;
         base = t.sync_offset + (words * 8 + 255) / 256 * 256;
-        __shared__ uint64_t shared_op;
-        if (threadIdx.x == 0) shared_op = *t.mine<uint64_t>(base) + 1;
+        __shared__ uint64_t shared_op, shared_epoch;
+        if (threadIdx.x == blockDim.x - 1) {
+            uint64_t o = *t.mine<uint64_t>(base), e = *t.epoch_counter(blockIdx.x);
+            shared_op = o + 1, shared_epoch = e + 1;
+        }
         __syncthreads();
-        op = shared_op;
+        op = shared_op, epoch = shared_epoch;
         flag = 1 + static_cast<uint32_t>(op % 0xffffffffull);
         parity = op & 1;
     }
@@ -412,16 +472,21 @@ struct A2avPackets {
         uint64_t v = packet_load(t.mine<uint4>(slot(pe, word, w)), flag, "a MoE all-to-all-v's splits", pe);
         return static_cast<int64_t>(v);
     }
-    // The last block to finish advances the counter (whole block).
-    __device__ void end() const {
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            unsigned int *done = t.mine<unsigned int>(base + 8);
+    // Counts this block among those that have read the counter (once it
+    // has; one thread of the block's last warp, which sent no packet, so
+    // that its fence waits on nothing else). The count comes back while
+    // the block works; `end` looks at it.
+    __device__ void arrive() {
+        if (threadIdx.x == blockDim.x - 1) {
             __threadfence();
-            if (atomicAdd(done, 1u) == gridDim.x - 1) {
-                *done = 0;
-                *t.mine<uint64_t>(base) = op;
-            }
+            last = atomicAdd(t.mine<unsigned int>(base + 8), 1u) == gridDim.x - 1;
+        }
+    }
+    // The last block to arrive advances the counter.
+    __device__ void end() const {
+        if (last) {
+            *t.mine<unsigned int>(base + 8) = 0;
+            *t.mine<uint64_t>(base) = op;
         }
     }
 };
@@ -480,7 +545,7 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_plan(TeamSync t, A2
 }
 
 // Each working block (the first `active_blocks`) pushes its share of the
-// planned chunks (`a2av_push`).
+// planned chunks (`a2av_move_rows`).
 extern "C" __global__ void __launch_bounds__(512) shmem_a2av_move(TeamSync t, A2av a) {
     using namespace shmem::k;
     A2avTable tb = a2av_table(t, a);
@@ -497,7 +562,7 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_move(TeamSync t, A2
     if (fits)
         for (int i = threadIdx.x; i < words; i += blockDim.x) cached[i] = tb.plan(0, 0, a.ne)[i];
     __syncthreads();
-    a2av_push(t, a, fits ? cached : tb.plan(0, 0, a.ne), active, epoch);
+    a2av_move_rows(t, a, fits ? cached : tb.plan(0, 0, a.ne), active, epoch, false);
     end_epoch(t, epoch);
 }
 
@@ -507,33 +572,43 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_fused(TeamSync t, A
     using namespace shmem::k;
     extern __shared__ uint64_t shared_table[];
     A2avTable tb = a2av_shared_table(t, a, shared_table);
-    A2avPackets pk(t);
     const int n = t.n, w = tb.w, me = t.rank;
+    // This PE's splits, loaded beside the counter and the epoch.
     const int64_t *mine = t.mine<int64_t>(a.splits);
+    for (int i = threadIdx.x; i < w; i += blockDim.x) tb.splits(me)[i] = mine[i];
+    A2avPackets pk(t);
     // Block 0 sends this PE's splits to every peer; every block gathers
     // every PE's.
     if (blockIdx.x == 0)
         for (int x = threadIdx.x; x < (n - 1) * w; x += blockDim.x) {
             int d = (me + 1 + x / w) % n, i = x % w;
-            pk.send(d, i, w, mine[i]);
+            pk.send(d, i, w, tb.splits(me)[i]);
         }
     for (int x = threadIdx.x; x < n * w; x += blockDim.x) {
         int s = x / w, i = x % w;
-        tb.staged[x] = s == me ? mine[i] : pk.recv(s, i, w);
+        if (s != me) tb.staged[x] = pk.recv(s, i, w);
     }
     __syncthreads();
+    pk.arrive();
     long long value;
     unsigned long long first = a2av_check(a, tb, &value);
     if (first != ~0ull) {
         if (blockIdx.x == 0 && threadIdx.x == 0) a2av_report(a, first, value);
     } else {
-        a2av_plan_sends(t, a, tb, blockIdx.x == 0);
+        // Pulled (each PE reads its rows from the peers' inputs) where the
+        // link is busiest, pushed below: the same choice on every PE.
+        const bool pull = a2av_busiest(tb) * a.row_bytes >= a.pull_min_bytes;
+        if (pull) {
+            a2av_plan_recvs(t, a, tb);
+            if (blockIdx.x == 0) a2av_write_so(t, a, tb);
+        } else {
+            a2av_plan_sends(t, a, tb, blockIdx.x == 0);
+        }
         const int active = a2av_active(a, tb);
         __syncthreads();
         if (static_cast<int>(blockIdx.x) < active) {
-            uint64_t epoch = begin_epoch(t);
-            a2av_push(t, a, tb.plans, active, epoch);
-            end_epoch(t, epoch);
+            a2av_move_rows(t, a, tb.plans, active, pk.epoch, pull);
+            end_epoch(t, pk.epoch);
         }
     }
     pk.end();
