@@ -80,6 +80,16 @@ __device__ __forceinline__ void st_release64(uint64_t *p, uint64_t v) {
     asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
+// Programmatic dependent launch: the collectives are launched with it
+// (`Kernels::launch_shared`), so that a kernel's launch overlaps the end
+// of the kernel before it on the stream. The first step of each: wait
+// until that kernel has finished and its writes are visible (at once
+// when launched without it), then let the next kernel's launch begin.
+__device__ __forceinline__ void follow_stream() {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
 // Waits until `*p >= target` (signals only grow), trapping after kWaitCycles.
 __device__ __forceinline__ void wait_geq(const uint64_t *p, uint64_t target) {
     if (ld_acquire64(p) >= target) return;
@@ -156,8 +166,13 @@ __device__ __forceinline__ void wait_all(const TeamSync &t, int array, uint64_t 
 struct Range {
     uint64_t lo, hi;
 };
+// a / b, by a 32-bit division where both fit (a 64-bit one is a long
+// subroutine on the GPU, on the path of every kernel's first step).
+__device__ __forceinline__ uint64_t div64(uint64_t a, uint64_t b) {
+    return (a | b) >> 32 == 0 ? static_cast<uint32_t>(a) / static_cast<uint32_t>(b) : a / b;
+}
 __device__ __forceinline__ Range split(uint64_t units, uint64_t part, uint64_t parts) {
-    return {units * part / parts, units * (part + 1) / parts};
+    return {div64(units * part, parts), div64(units * (part + 1), parts)};
 }
 
 // Copies `bytes` by the whole block: 16-byte vectors when both ends allow.

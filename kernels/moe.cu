@@ -146,7 +146,7 @@ __device__ void segmented_exclusive_scan(uint64_t *a, int segments, int len) {
 }
 
 __device__ __forceinline__ uint64_t padded(uint64_t rows, uint64_t align) {
-    uint64_t r = (rows + align - 1) / align * align;
+    uint64_t r = div64(rows + align - 1, align) * align;
     return r < align ? align : r;
 }
 
@@ -388,7 +388,7 @@ __device__ void a2av_move_rows(const TeamSync &t, const A2av &a, const uint64_t 
         if (lo >= hi) continue;
         // The last chunk that starts at or before `lo` (starts never decrease).
         int e0 = 0;
-        for (int step = 1 << 30; step > 0; step >>= 1)
+        for (int step = ne > 1 ? 1 << (31 - __clz(ne - 1)) : 0; step > 0; step >>= 1)
             if (e0 + step < ne && plan(d, e0 + step)[3] * a.row_bytes <= lo) e0 += step;
         for (int e = e0; e < ne; e++) {
             const uint64_t *p = plan(d, e);
@@ -498,6 +498,7 @@ using shmem::k::A2av;
 using shmem::k::TeamSync;
 
 extern "C" __global__ void __launch_bounds__(512) shmem_a2av_plan(TeamSync t, A2av a) {
+    shmem::k::follow_stream();
     using namespace shmem::k;
     // Every PE's splits and the work arrays, read over and over below: in
     // shared memory where they fit (the host sizes it), else global.
@@ -547,6 +548,7 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_plan(TeamSync t, A2
 // Each working block (the first `active_blocks`) pushes its share of the
 // planned chunks (`a2av_move_rows`).
 extern "C" __global__ void __launch_bounds__(512) shmem_a2av_move(TeamSync t, A2av a) {
+    shmem::k::follow_stream();
     using namespace shmem::k;
     A2avTable tb = a2av_table(t, a);
     // The verdict and the active blocks are the same on every PE.
@@ -569,6 +571,7 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_move(TeamSync t, A2
 // The one-kernel form (see the top of this file): the world or any team
 // whose peers are all reached over NVLink, n × w ≤ kA2avPacketWords.
 extern "C" __global__ void __launch_bounds__(512) shmem_a2av_fused(TeamSync t, A2av a) {
+    shmem::k::follow_stream();
     using namespace shmem::k;
     extern __shared__ uint64_t shared_table[];
     A2avTable tb = a2av_shared_table(t, a, shared_table);

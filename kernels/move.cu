@@ -38,6 +38,7 @@ using shmem::k::TeamSync;
 
 // A barrier of the team on the stream (one block).
 extern "C" __global__ void __launch_bounds__(512) shmem_barrier(TeamSync t) {
+    shmem::k::follow_stream();
     uint64_t epoch = shmem::k::begin_epoch(t);
     shmem::k::exchange(t, shmem::k::Arrive, epoch);
     shmem::k::end_epoch(t, epoch);
@@ -47,6 +48,7 @@ extern "C" __global__ void __launch_bounds__(512) shmem_barrier(TeamSync t) {
 // gets this PE's source (heap `src`, or block `rank` of its own
 // destination when `in_place`); `bytes` per member.
 extern "C" __global__ void __launch_bounds__(512) shmem_allgather(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int in_place) {
+    shmem::k::follow_stream();
     using namespace shmem::k;
     uint64_t epoch = begin_epoch(t);
     exchange(t, Arrive, epoch);
@@ -63,6 +65,7 @@ extern "C" __global__ void __launch_bounds__(512) shmem_allgather(TeamSync t, ui
 // Broadcast: `root`'s source (heap `src`) into every member's destination
 // (heap `dst`), `bytes` long; the root's may be its source.
 extern "C" __global__ void __launch_bounds__(512) shmem_broadcast(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int root) {
+    shmem::k::follow_stream();
     using namespace shmem::k;
     uint64_t epoch = begin_epoch(t);
     exchange(t, Arrive, epoch);
@@ -86,6 +89,7 @@ extern "C" __global__ void __launch_bounds__(512) shmem_broadcast(TeamSync t, ui
 // reading, so that the source may change once the root's kernel ends.
 extern "C" __global__ void __launch_bounds__(512)
     shmem_broadcast_pull(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int root) {
+    shmem::k::follow_stream();
     using namespace shmem::k;
     uint64_t epoch = begin_epoch(t);
     exchange(t, Arrive, epoch);
@@ -106,6 +110,7 @@ extern "C" __global__ void __launch_bounds__(512)
 // becomes block `rank` of member j's destination (heap `dst`). Source and
 // destination are apart (in place goes through a copy on the host side).
 extern "C" __global__ void __launch_bounds__(512) shmem_alltoall(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes) {
+    shmem::k::follow_stream();
     using namespace shmem::k;
     uint64_t epoch = begin_epoch(t);
     exchange(t, Arrive, epoch);
@@ -127,6 +132,7 @@ extern "C" __global__ void __launch_bounds__(512) shmem_alltoall(TeamSync t, uin
 // received into its destination once the senders' flags are up.
 extern "C" __global__ void __launch_bounds__(512)
     shmem_allgather_push(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int in_place) {
+    shmem::k::follow_stream();
     using namespace shmem::k;
     Push push(t);
     Range r = block_bytes(bytes, blockIdx.x, gridDim.x);
@@ -142,6 +148,7 @@ extern "C" __global__ void __launch_bounds__(512)
 
 extern "C" __global__ void __launch_bounds__(512)
     shmem_broadcast_push(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int root) {
+    shmem::k::follow_stream();
     using namespace shmem::k;
     Push push(t);
     Range r = block_bytes(bytes, blockIdx.x, gridDim.x);
@@ -161,6 +168,7 @@ extern "C" __global__ void __launch_bounds__(512)
 // before it writes the same share of any block of the destination.
 extern "C" __global__ void __launch_bounds__(512)
     shmem_alltoall_push(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes) {
+    shmem::k::follow_stream();
     using namespace shmem::k;
     Push push(t);
     Range r = block_bytes(bytes, blockIdx.x, gridDim.x);
@@ -181,6 +189,7 @@ extern "C" __global__ void __launch_bounds__(512)
 // all-to-all, for small payloads of the world team over NVLink.
 extern "C" __global__ void __launch_bounds__(512)
     shmem_allgather_ll(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int in_place) {
+    shmem::k::follow_stream();
     using namespace shmem::k;
     LL ll(t);
     uint8_t *out = t.mine<uint8_t>(dst);
@@ -200,6 +209,7 @@ extern "C" __global__ void __launch_bounds__(512)
 // PE hears from every peer (see `LL`).
 extern "C" __global__ void __launch_bounds__(512)
     shmem_broadcast_ll(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int root) {
+    shmem::k::follow_stream();
     using namespace shmem::k;
     LL ll(t);
     uint8_t *out = t.mine<uint8_t>(dst);
@@ -223,6 +233,7 @@ extern "C" __global__ void __launch_bounds__(512)
 
 extern "C" __global__ void __launch_bounds__(512)
     shmem_alltoall_ll(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes) {
+    shmem::k::follow_stream();
     using namespace shmem::k;
     LL ll(t);
     uint8_t *out = t.mine<uint8_t>(dst);

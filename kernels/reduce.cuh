@@ -200,22 +200,27 @@ __device__ void reduce_scatter_ll(const TeamSync &t, uint64_t dst_off, uint64_t 
 #define SHMEM_REDUCE_NP(NAME, T, OP, NP)                                                                           \
     extern "C" __global__ void __launch_bounds__(512) shmem_allreduce_oneshot_##NAME##_##NP(shmem::k::TeamSync t, uint64_t dst,         \
                                                                       uint64_t src, uint64_t count) {             \
+        shmem::k::follow_stream();                                                                                 \
         shmem::k::allreduce_oneshot<T, shmem::k::OP, NP>(t, dst, src, count);                                    \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(512) shmem_allreduce_twoshot_##NAME##_##NP(shmem::k::TeamSync t, uint64_t dst,         \
                                                                       uint64_t src, uint64_t count) {             \
+        shmem::k::follow_stream();                                                                                 \
         shmem::k::allreduce_twoshot<T, shmem::k::OP, NP>(t, dst, src, count);                                    \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(512) shmem_reducescatter_##NAME##_##NP(shmem::k::TeamSync t, uint64_t dst, uint64_t src, \
                                                                   uint64_t count) {                                \
+        shmem::k::follow_stream();                                                                                 \
         shmem::k::reduce_scatter<T, shmem::k::OP, NP>(t, dst, src, count);                                       \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(512) shmem_allreduce_push_##NAME##_##NP(shmem::k::TeamSync t, uint64_t dst,            \
                                                                       uint64_t src, uint64_t count) {             \
+        shmem::k::follow_stream();                                                                                 \
         shmem::k::allreduce_push<T, shmem::k::OP, NP>(t, dst, src, count);                                       \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(512) shmem_reducescatter_push_##NAME##_##NP(shmem::k::TeamSync t, uint64_t dst,        \
                                                                       uint64_t src, uint64_t count) {             \
+        shmem::k::follow_stream();                                                                                 \
         shmem::k::reduce_scatter_push<T, shmem::k::OP, NP>(t, dst, src, count);                                  \
     }
 
@@ -224,10 +229,12 @@ __device__ void reduce_scatter_ll(const TeamSync &t, uint64_t dst_off, uint64_t 
     SHMEM_REDUCE_NP(NAME, T, OP, 0)                                                                               \
     extern "C" __global__ void __launch_bounds__(512)                                                             \
         shmem_allreduce_ll_##NAME(shmem::k::TeamSync t, uint64_t dst, uint64_t src, uint64_t count) {             \
+        shmem::k::follow_stream();                                                                                 \
         shmem::k::allreduce_ll<T, shmem::k::OP>(t, dst, src, count);                                             \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(512)                                                             \
         shmem_reducescatter_ll_##NAME(shmem::k::TeamSync t, uint64_t dst, uint64_t src, uint64_t count) {         \
+        shmem::k::follow_stream();                                                                                 \
         shmem::k::reduce_scatter_ll<T, shmem::k::OP>(t, dst, src, count);                                        \
     }
 
