@@ -221,12 +221,6 @@ struct Args {
     /// [default: the kernel's choice]
     #[arg(long)]
     moe_local_blocks: Option<u32>,
-    /// MoE ops: the one kernel pulls the rows when the busiest PE sends at
-    /// least this many bytes, else pushes them
-    /// (`Collectives::moe_pull_min_bytes`; 0: always pull) [default: the
-    /// library's, `shmem::algo::MOE_PULL_MIN_BYTES`]
-    #[arg(long, value_parser = parse_bytes)]
-    moe_pull_min_bytes: Option<usize>,
     /// ag_matmul, matmul_rs: rows of a (ag_matmul: once gathered, each PE's
     /// shard is m / PEs rows; matmul_rs: each PE's out is m / PEs rows)
     #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..))]

@@ -7,11 +7,8 @@
 // operation's flag, so a split's arrival is its own signal and no barrier
 // runs first; every block waits for every PE's splits, checks the *whole*
 // exchange in its shared memory (the same data everywhere, so every block
-// of every PE reaches the same verdict), plans, and moves its share of the
-// rows: pushed into the peers' outputs, or, where the busiest PE sends at
-// least `pull_min_bytes`, pulled from the peers' inputs (NVLink reads
-// keep more of the link busy than its writes at large sizes); then it
-// signals as the move kernel below does.
+// of every PE reaches the same verdict), plans its share of the sends, and
+// pushes it, then signals as the move kernel below does.
 //
 // Two kernels (any team, RMA included):
 // 1. `shmem_a2av_plan` (one block): a barrier (every PE's splits and input
@@ -40,7 +37,6 @@ struct A2av {
     uint64_t in_rows, out_rows;  // rows the input and the output hold
     uint64_t table;              // heap offset of this PE's staging
     uint64_t error;              // device address of the host-mapped error record
-    uint64_t pull_min_bytes;     // the one-kernel form pulls when the busiest PE sends this many bytes
     int kind;
     int ne;  // experts per PE (1 for 1D)
     int major_align;
@@ -265,18 +261,6 @@ __device__ void a2av_report(const A2av &a, unsigned long long code, long long va
     e->count = e->count + 1;
 }
 
-// What this PE receives, into its out_splits_offsets (after a good check).
-__device__ void a2av_write_so(const TeamSync &t, const A2av &a, const A2avTable &tb) {
-    const int n = tb.n, m = tb.m;
-    int64_t *so = t.mine<int64_t>(a.out_so);
-    for (int j = threadIdx.x; j < m; j += blockDim.x) {
-        int s, i;
-        out_entry(a.kind, n, a.ne, t.rank, j, &s, &i);
-        so[j] = tb.splits(s)[i];
-        so[m + j] = static_cast<int64_t>(tb.op(t.rank)[j]);
-    }
-}
-
 // After a good check: where each of this PE's chunks goes (entry i of its
 // splits is chunk e for destination d, output entry j there), into the
 // send plan, and, when `write_so`, what this PE receives into its
@@ -301,48 +285,22 @@ __device__ void a2av_plan_sends(const TeamSync &t, const A2av &a, const A2avTabl
         uint64_t *p = tb.plan(d, e, ne);
         p[0] = src_row, p[1] = tb.op(d)[j], p[2] = mine[i], p[3] = start;
     }
-    if (write_so) a2av_write_so(t, a, tb);
-}
-
-// After a good check: the receive plan, of the same shape as the send
-// plan (4 words a chunk: source row in the sender's input, destination
-// row in this PE's output, rows, first row of the chunk among the
-// sender's rows for this PE), for each source PE `s` and each of the
-// `ne` chunks it sends here, in its order.
-__device__ void a2av_plan_recvs(const TeamSync &t, const A2av &a, const A2avTable &tb) {
-    const int n = tb.n, m = tb.m, ne = a.ne, kind = a.kind, me = t.rank;
-    for (int x = threadIdx.x; x < m; x += blockDim.x) {
-        const int s = x / ne, e = x % ne;
-        const int64_t *theirs = tb.splits(s);
-        int i, j;
-        uint64_t src_row, start = 0;
-        if (kind == A2avV) {
-            i = me, j = s;
-            src_row = tb.rp(s)[i];
-        } else if (kind == A2av2d) {
-            i = me * ne + e, j = e * n + s;
-            src_row = tb.rp(s)[i], start = src_row - tb.rp(s)[me * ne];
-        } else {
-            i = e * n + me, j = s * ne + e;
-            src_row = theirs[m + i];
-            for (int y = 0; y < e; y++) start += theirs[y * n + me];
-        }
-        uint64_t *p = tb.plan(s, e, ne);
-        p[0] = src_row, p[1] = tb.op(me)[j], p[2] = theirs[i], p[3] = start;
+    if (!write_so) return;
+    int64_t *so = t.mine<int64_t>(a.out_so);
+    for (int j = threadIdx.x; j < m; j += blockDim.x) {
+        int s, i;
+        out_entry(kind, n, ne, me, j, &s, &i);
+        so[j] = tb.splits(s)[i];
+        so[m + j] = static_cast<int64_t>(tb.op(me)[j]);
     }
 }
 
 // The data blocks that work: by what the busiest PE sends, the same
 // number on every PE (the same splits everywhere), so that the idle ones
 // skip their channel everywhere.
-__device__ __forceinline__ uint64_t a2av_busiest(const A2avTable &tb) {
+__device__ __forceinline__ int a2av_active(const A2av &a, const A2avTable &tb) {
     uint64_t busiest = 0;
     for (int s = 0; s < tb.n; s++) busiest = max(busiest, tb.rp(s)[tb.m]);
-    return busiest;
-}
-
-__device__ __forceinline__ int a2av_active(const A2av &a, const A2avTable &tb) {
-    uint64_t busiest = a2av_busiest(tb);
     uint64_t want = (busiest * a.row_bytes + kA2avBytesPerBlock - 1) / kA2avBytesPerBlock;
     return want < 1 ? 1 : (want > static_cast<uint64_t>(a.blocks) ? a.blocks : static_cast<int>(want));
 }
@@ -353,19 +311,15 @@ __device__ __forceinline__ int a2av_active(const A2av &a, const A2avTable &tb) {
 // an eighth of a large one (16 of 128 took 4096 tokens from 106 to 93 µs).
 __device__ __forceinline__ int a2av_local_blocks(int active) { return active >= 64 ? active / 8 : active / 2; }
 
-// Working block `blockIdx.x` of `active` moves its share of every peer's
-// chunks (planned at `plans`, 4 words a chunk): with `pull`, the rows
-// each peer sends here, read from its input (the receive plan); else the
-// rows this PE sends each peer, stored into its output (the send plan).
-// Then it copies its share of this PE's own, signals the peers on its
-// channel and waits for theirs: pushed, the peers' rows have all landed
-// here; pulled, the peers have read all they need of this PE's input.
-// With `a.local_blocks` (fewer than `active`), the last that many blocks
-// copy this PE's own chunks while the others move, so the local copy runs
-// beside the link's transfers instead of after them.
-__device__ void a2av_move_rows(const TeamSync &t, const A2av &a, const uint64_t *plans, int active, uint64_t epoch,
-                               bool pull) {
+// Working block `blockIdx.x` of `active` pushes its share of every
+// peer's chunks (planned at `plans`, 4 words a chunk), then copies its
+// share of this PE's own, then signals the peers on its channel and waits
+// for theirs. With `a.local_blocks` (fewer than `active`), the last that
+// many blocks copy this PE's own chunks while the others push, so the
+// local copy runs beside the link's transfers instead of after them.
+__device__ void a2av_push(const TeamSync &t, const A2av &a, const uint64_t *plans, int active, uint64_t epoch) {
     const int ne = a.ne;
+    const uint8_t *in = t.mine<uint8_t>(a.input);
     auto plan = [&](int d, int e) { return plans + 4 * (d * ne + e); };
     const int chosen = a.local_blocks < 0 ? a2av_local_blocks(active) : a.local_blocks;
     // (A PE alone has only its own chunks: every block copies.)
@@ -373,8 +327,8 @@ __device__ void a2av_move_rows(const TeamSync &t, const A2av &a, const uint64_t 
     const int remote = active - local;
     const int b = static_cast<int>(blockIdx.x);
     for (int k = 1; k <= t.n; k++) {
-        int d = (t.rank + k) % t.n;  // the peer (destination, or source with `pull`); this PE's own chunks last
-        // This block's part of peer d's chunks, of how many.
+        int d = (t.rank + k) % t.n;  // this PE's own chunks last
+        // This block's part of destination d's chunks, of how many.
         int part = b, parts = active;
         if (local > 0) {
             bool own = d == t.rank;
@@ -397,14 +351,12 @@ __device__ void a2av_move_rows(const TeamSync &t, const A2av &a, const uint64_t 
             uint64_t a0 = max(lo, at), a1 = min(hi, at + p[2] * a.row_bytes);
             if (a0 < a1) {
                 uint64_t skip = a0 - at;
-                const uint64_t from = a.input + p[0] * a.row_bytes + skip;
-                const uint64_t to = a.output + p[1] * a.row_bytes + skip;
+                const uint8_t *from = in + p[0] * a.row_bytes + skip;
+                uint64_t to = a.output + p[1] * a.row_bytes + skip;
                 if (d == t.rank) {
-                    block_copy(t.mine<uint8_t>(to), t.mine<uint8_t>(from), a1 - a0);
-                } else if (pull) {
-                    block_copy(t.mine<uint8_t>(to), t.at<uint8_t>(d, from), a1 - a0);
+                    block_copy(t.mine<uint8_t>(to), from, a1 - a0);
                 } else {
-                    block_send(t, d, to, t.mine<uint8_t>(from), a1 - a0);
+                    block_send(t, d, to, from, a1 - a0);
                 }
             }
         }
@@ -546,7 +498,7 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_plan(TeamSync t, A2
 }
 
 // Each working block (the first `active_blocks`) pushes its share of the
-// planned chunks (`a2av_move_rows`).
+// planned chunks (`a2av_push`).
 extern "C" __global__ void __launch_bounds__(512) shmem_a2av_move(TeamSync t, A2av a) {
     shmem::k::follow_stream();
     using namespace shmem::k;
@@ -564,7 +516,7 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_move(TeamSync t, A2
     if (fits)
         for (int i = threadIdx.x; i < words; i += blockDim.x) cached[i] = tb.plan(0, 0, a.ne)[i];
     __syncthreads();
-    a2av_move_rows(t, a, fits ? cached : tb.plan(0, 0, a.ne), active, epoch, false);
+    a2av_push(t, a, fits ? cached : tb.plan(0, 0, a.ne), active, epoch);
     end_epoch(t, epoch);
 }
 
@@ -598,19 +550,11 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_fused(TeamSync t, A
     if (first != ~0ull) {
         if (blockIdx.x == 0 && threadIdx.x == 0) a2av_report(a, first, value);
     } else {
-        // Pulled (each PE reads its rows from the peers' inputs) where the
-        // link is busiest, pushed below: the same choice on every PE.
-        const bool pull = a2av_busiest(tb) * a.row_bytes >= a.pull_min_bytes;
-        if (pull) {
-            a2av_plan_recvs(t, a, tb);
-            if (blockIdx.x == 0) a2av_write_so(t, a, tb);
-        } else {
-            a2av_plan_sends(t, a, tb, blockIdx.x == 0);
-        }
+        a2av_plan_sends(t, a, tb, blockIdx.x == 0);
         const int active = a2av_active(a, tb);
         __syncthreads();
         if (static_cast<int>(blockIdx.x) < active) {
-            a2av_move_rows(t, a, tb.plans, active, pk.epoch, pull);
+            a2av_push(t, a, tb.plans, active, pk.epoch);
             end_epoch(t, pk.epoch);
         }
     }

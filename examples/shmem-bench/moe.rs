@@ -357,9 +357,7 @@ impl Bench<'_> {
                     }
                     let settings = imp.settings().expect("a shmem row");
                     // Every PE, between operations (after the last agreement).
-                    let (moe_local_blocks, moe_pull_min_bytes) =
-                        (self.args.moe_local_blocks, self.args.moe_pull_min_bytes.map(|b| b as u64));
-                    ctx.set_collectives(Collectives { moe_local_blocks, moe_pull_min_bytes, ..settings });
+                    ctx.set_collectives(Collectives { moe_local_blocks: self.args.moe_local_blocks, ..settings });
                     let case = Case {
                         op,
                         imp,

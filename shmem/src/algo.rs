@@ -101,17 +101,4 @@ pub struct Collectives {
     /// the working blocks counts as 0. A tuning knob; each PE may choose
     /// its own.
     pub moe_local_blocks: Option<u32>,
-    /// The MoE all-to-all-v's one kernel ([`MoeKernels::Auto`]) moves the
-    /// rows by pulls (each PE reads what it receives from the peers'
-    /// inputs over NVLink) when the busiest PE sends at least this many
-    /// bytes, else by pushes (each PE stores what it sends into the peers'
-    /// outputs): `None` (the default) is [`MOE_PULL_MIN_BYTES`]; `Some(0)`
-    /// always pulls, `Some(u64::MAX)` never. A tuning knob, which must be
-    /// the same on every PE.
-    pub moe_pull_min_bytes: Option<u64>,
 }
-
-/// Where the MoE all-to-all-v's one kernel starts to pull
-/// ([`Collectives::moe_pull_min_bytes`]): bytes the busiest PE sends.
-/// Never (`u64::MAX`) until pulls are measured against pushes on 2×H200.
-pub const MOE_PULL_MIN_BYTES: u64 = u64::MAX;

@@ -3,7 +3,7 @@
 //! and registered with `nvshmemx_cumodule_init`.
 
 use super::{check, CUstream, GpuWorld, Nv};
-use crate::algo::{AllReduceAlgo, Collectives, MoeKernels, MOE_PULL_MIN_BYTES};
+use crate::algo::{AllReduceAlgo, Collectives, MoeKernels};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 use cudarc::driver::sys::{self, CUfunction, CUmodule};
@@ -170,8 +170,6 @@ pub(crate) struct A2av {
     /// Set by [`Kernels::all_to_all_v`].
     table: u64,
     error: u64,
-    /// Set by [`Kernels::all_to_all_v`].
-    pull_min_bytes: u64,
     /// 0: 1D, 1: 2D dispatch, 2: 2D combine.
     pub kind: i32,
     /// Experts per PE (1 for 1D).
@@ -208,7 +206,6 @@ impl A2av {
             out_rows: out_rows as u64,
             table: 0,
             error: 0,
-            pull_min_bytes: 0,
             kind,
             ne: ne as i32,
             major_align: major_align as i32,
@@ -942,11 +939,9 @@ impl Kernels {
     /// barrier, every PE's splits checked, out_splits_offsets and the send
     /// plan) and the data kernel. Every PE makes the same choice (the same
     /// team, sizes and settings). `settings.moe_local_blocks` of the data
-    /// blocks copy this PE's own chunks while the others move (0: each
-    /// moves, then copies; `None`: the kernel chooses); the one kernel
-    /// pulls where the busiest PE sends `settings.moe_pull_min_bytes`. A
-    /// failed check writes nothing but the record
-    /// [`Kernels::take_a2av_error`] reads.
+    /// blocks copy this PE's own chunks while the others push (0: each
+    /// pushes, then copies; `None`: the kernel chooses). A failed check
+    /// writes nothing but the record [`Kernels::take_a2av_error`] reads.
     pub(crate) fn all_to_all_v(&self, t: TeamSync, a: A2av, settings: &Collectives, s: CUstream) -> Result<()> {
         let (form, local_blocks) = (settings.moe, settings.moe_local_blocks);
         let mut a = a;
@@ -960,7 +955,6 @@ impl Kernels {
         let blocks = in_bytes.div_ceil(A2AV_BYTES_PER_BLOCK).clamp(1, most);
         a.blocks = blocks as i32;
         a.local_blocks = local_blocks.map_or(-1, |b| b.min(MAX_BLOCKS as u32) as i32);
-        a.pull_min_bytes = settings.moe_pull_min_bytes.unwrap_or(MOE_PULL_MIN_BYTES);
         let (n, ne) = (t.n as usize, a.ne as usize);
         let packets = n * Self::a2av_split_words(n, ne, a.kind);
         let one = (Self::a2av_work_words(n, ne, a.kind) + 4 * n * ne) * 8;
