@@ -121,15 +121,17 @@ __device__ __forceinline__ A2avTable a2av_shared_table(const TeamSync &t, const 
 
 __device__ __forceinline__ uint64_t sat_add(uint64_t a, uint64_t b) { return a > ~0ull - b ? ~0ull : a + b; }
 
-// Exclusive prefix sums, saturating, of each of `segments` runs of `len`
-// words at `a`, in place: a warp per run, 32 words at a time.
-__device__ void segmented_exclusive_scan(uint64_t *a, int segments, int len) {
+// Exclusive prefix sums, saturating, of `segments` runs of `len` words,
+// word i of run g being `word(g, i)`, into `a` (run after run): a warp
+// per run, 32 words at a time, each computing its words as it scans.
+template <typename Word>
+__device__ __forceinline__ void segmented_exclusive_scan(uint64_t *a, int segments, int len, Word word) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
     for (int g = warp; g < segments; g += warps) {
         uint64_t *p = a + static_cast<uint64_t>(g) * len, carry = 0;
         for (int base = 0; base < len; base += 32) {
             int i = base + lane;
-            uint64_t incl = i < len ? p[i] : 0;
+            uint64_t incl = i < len ? word(g, i) : 0;
             for (int off = 1; off < 32; off <<= 1) {
                 uint64_t o = __shfl_up_sync(0xffffffffu, incl, off);
                 if (lane >= off) incl = sat_add(incl, o);
@@ -168,73 +170,85 @@ __device__ __forceinline__ void out_entry(int kind, int n, int ne, int d, int j,
     }
 }
 
+// Word j of work run g (see `A2avTable`; a negative split counts as 0
+// here, and fails the check): run g < n is `rp[g]`, run n + d `op[d]`
+// (2D: the last chunk of each expert's block carries its padding).
+__device__ __forceinline__ uint64_t work_rows(const A2av &a, const A2avTable &tb, int g, int j) {
+    const int n = tb.n, m = tb.m;
+    if (j >= m) return 0;
+    if (g < n) return rows_of(tb, g, j);
+    int s, i;
+    out_entry(a.kind, n, a.ne, g - n, j, &s, &i);
+    uint64_t rows = rows_of(tb, s, i);
+    if (a.kind == A2av2d && s == n - 1) {
+        // The block of expert i % ne of PE g - n: n chunks, one per source.
+        uint64_t sum = 0;
+        for (int y = 0; y < n; y++) sum = sat_add(sum, rows_of(tb, y, i));
+        uint64_t len = sum > ~0ull - a.major_align ? ~0ull : padded(sum, a.major_align);
+        rows = sat_add(rows, len - sum);
+    }
+    return rows;
+}
+
+// The work arrays, as their exclusive prefix sums (whole block, once
+// every PE's splits are staged).
+__device__ __forceinline__ void a2av_sums(const A2av &a, const A2avTable &tb) {
+    segmented_exclusive_scan(tb.work, 2 * tb.n, tb.m + 1, [&](int g, int j) { return work_rows(a, tb, g, j); });
+    __syncthreads();
+}
+
+// What is wrong with entry x of the exchange, or ~0: for x < n × m,
+// entry x % m of PE x / m's splits (its chunk lies in its input, in
+// order); for the n after, PE x - n × m's output (it holds what it
+// receives). `*v` is the offending number.
+__device__ __forceinline__ unsigned long long entry_error(const A2av &a, const A2avTable &tb, int x, long long *v) {
+    const int n = tb.n, m = tb.m;
+    if (x >= n * m) {
+        const int d = x - n * m;
+        uint64_t total = tb.op(d)[m];
+        *v = total > (~0ull >> 1) ? (~0ull >> 1) : total;
+        return total > a.out_rows ? err_code(PastOutput, d, 0) : ~0ull;
+    }
+    const int s = x / m, i = x % m;
+    const int64_t *sp = tb.splits(s);
+    const int64_t r = sp[i];
+    *v = r;
+    if (r < 0) return err_code(NegativeSplit, s, i);
+    uint64_t from = tb.rp(s)[i];
+    if (a.kind == A2av2dOffset) {
+        int64_t off = sp[m + i];
+        *v = off;
+        if (off < 0) return err_code(NegativeOffset, s, i);
+        if (i > 0 && sp[m + i - 1] >= 0 && static_cast<uint64_t>(off) < sat_add(sp[m + i - 1], rows_of(tb, s, i - 1)))
+            return err_code(OffsetBackwards, s, i);
+        from = off;
+        *v = r;
+    }
+    return sat_add(from, r) > a.in_rows ? err_code(PastInput, s, i) : ~0ull;
+}
+
+// Whether anything is wrong with the exchange, the same in every thread
+// (whole block, after `a2av_sums`; also a barrier).
+__device__ __forceinline__ bool a2av_any_error(const A2av &a, const A2avTable &tb) {
+    bool bad = false;
+    long long v;
+    for (int x = threadIdx.x; x < tb.n * (tb.m + 1); x += blockDim.x) bad |= entry_error(a, tb, x, &v) != ~0ull;
+    return __syncthreads_or(bad);
+}
+
 // The first error of the whole exchange (by class, PE, entry), the same
 // in every thread, or ~0 when it is good; `*value` is its offending
-// number. Whole block, once every PE's splits are staged: fills the work
-// arrays first.
-__device__ unsigned long long a2av_check(const A2av &a, const A2avTable &tb, long long *value) {
-    const int n = tb.n, m = tb.m, ne = a.ne, kind = a.kind;
-    // The work arrays' rows, then their prefix sums (a negative split
-    // counts as 0 here; it fails below).
-    const int runs = n * (m + 1);
-    for (int x = threadIdx.x; x < runs; x += blockDim.x) {
-        int who = x / (m + 1), j = x % (m + 1), s, i;
-        tb.rp(0)[x] = j < m ? rows_of(tb, who, j) : 0;
-        uint64_t rows = 0;
-        if (j < m) {
-            out_entry(kind, n, ne, who, j, &s, &i);
-            rows = rows_of(tb, s, i);
-            if (kind == A2av2d && s == n - 1) {
-                // The last chunk of an expert's block of PE who's output
-                // (n chunks, one per source): the block's padding.
-                uint64_t sum = 0;
-                for (int y = 0; y < n; y++) sum = sat_add(sum, rows_of(tb, y, i));
-                uint64_t len = sum > ~0ull - a.major_align ? ~0ull : padded(sum, a.major_align);
-                rows = sat_add(rows, len - sum);
-            }
-        }
-        tb.op(0)[x] = rows;
-    }
-    __syncthreads();
-    segmented_exclusive_scan(tb.work, 2 * n, m + 1);
-    __syncthreads();
-
+// number. Whole block, after `a2av_sums`.
+__device__ unsigned long long a2av_first_error(const A2av &a, const A2avTable &tb, long long *value) {
     __shared__ unsigned long long first;
     __shared__ long long first_value;
     if (threadIdx.x == 0) first = ~0ull, first_value = 0;
     unsigned long long code = ~0ull;
     long long v = 0;
-    auto note = [&](unsigned long long c, long long x) {
-        if (c < code) code = c, v = x;
-    };
-    // Each chunk lies in its source's input, in order.
-    for (int x = threadIdx.x; x < n * m; x += blockDim.x) {
-        const int s = x / m, i = x % m;
-        const int64_t *sp = tb.splits(s);
-        const int64_t r = sp[i];
-        if (r < 0) {
-            note(err_code(NegativeSplit, s, i), r);
-            continue;
-        }
-        uint64_t from = tb.rp(s)[i];
-        if (kind == A2av2dOffset) {
-            int64_t off = sp[m + i];
-            if (off < 0) {
-                note(err_code(NegativeOffset, s, i), off);
-                continue;
-            }
-            if (i > 0 && sp[m + i - 1] >= 0 && static_cast<uint64_t>(off) < sat_add(sp[m + i - 1], rows_of(tb, s, i - 1))) {
-                note(err_code(OffsetBackwards, s, i), off);
-                continue;
-            }
-            from = off;
-        }
-        if (sat_add(from, r) > a.in_rows) note(err_code(PastInput, s, i), r);
-    }
-    // Each output holds what it receives.
-    for (int d = threadIdx.x; d < n; d += blockDim.x) {
-        uint64_t total = tb.op(d)[m];
-        if (total > a.out_rows) note(err_code(PastOutput, d, 0), total > (~0ull >> 1) ? (~0ull >> 1) : total);
+    for (int x = threadIdx.x; x < tb.n * (tb.m + 1); x += blockDim.x) {
+        long long xv;
+        unsigned long long c = entry_error(a, tb, x, &xv);
+        if (c < code) code = c, v = xv;
     }
     __syncthreads();
     if (code != ~0ull) atomicMin(&first, code);
@@ -245,6 +259,12 @@ __device__ unsigned long long a2av_check(const A2av &a, const A2avTable &tb, lon
     unsigned long long verdict = first;
     __syncthreads();  // `first` is read before any thread may set it again
     return verdict;
+}
+
+// `a2av_sums`, then `a2av_first_error`.
+__device__ unsigned long long a2av_check(const A2av &a, const A2avTable &tb, long long *value) {
+    a2av_sums(a, tb);
+    return a2av_first_error(a, tb, value);
 }
 
 // Records a failed check for the host (one thread).
@@ -261,10 +281,23 @@ __device__ void a2av_report(const A2av &a, unsigned long long code, long long va
     e->count = e->count + 1;
 }
 
-// After a good check: where each of this PE's chunks goes (entry i of its
-// splits is chunk e for destination d, output entry j there), into the
-// send plan, and, when `write_so`, what this PE receives into its
-// out_splits_offsets.
+// What this PE receives, into its out_splits_offsets (after a good check).
+__device__ void a2av_write_so(const TeamSync &t, const A2av &a, const A2avTable &tb) {
+    const int n = tb.n, m = tb.m;
+    int64_t *so = t.mine<int64_t>(a.out_so);
+    for (int j = threadIdx.x; j < m; j += blockDim.x) {
+        int s, i;
+        out_entry(a.kind, n, a.ne, t.rank, j, &s, &i);
+        so[j] = tb.splits(s)[i];
+        so[m + j] = static_cast<int64_t>(tb.op(t.rank)[j]);
+    }
+}
+
+// Where each of this PE's chunks goes (entry i of its splits is chunk e
+// for destination d, output entry j there), into the send plan (the
+// one kernel plans before its check's verdict: only the plan, in its
+// shared memory, is written), and, when `write_so` (after a good check),
+// what this PE receives into its out_splits_offsets.
 __device__ void a2av_plan_sends(const TeamSync &t, const A2av &a, const A2avTable &tb, bool write_so) {
     const int n = tb.n, m = tb.m, ne = a.ne, kind = a.kind, me = t.rank;
     const int64_t *mine = tb.splits(me);
@@ -285,14 +318,7 @@ __device__ void a2av_plan_sends(const TeamSync &t, const A2av &a, const A2avTabl
         uint64_t *p = tb.plan(d, e, ne);
         p[0] = src_row, p[1] = tb.op(d)[j], p[2] = mine[i], p[3] = start;
     }
-    if (!write_so) return;
-    int64_t *so = t.mine<int64_t>(a.out_so);
-    for (int j = threadIdx.x; j < m; j += blockDim.x) {
-        int s, i;
-        out_entry(kind, n, ne, me, j, &s, &i);
-        so[j] = tb.splits(s)[i];
-        so[m + j] = static_cast<int64_t>(tb.op(me)[j]);
-    }
+    if (write_so) a2av_write_so(t, a, tb);
 }
 
 // The data blocks that work: by what the busiest PE sends, the same
@@ -522,15 +548,21 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_move(TeamSync t, A2
 
 // The one-kernel form (see the top of this file): the world or any team
 // whose peers are all reached over NVLink, n × w ≤ kA2avPacketWords.
-extern "C" __global__ void __launch_bounds__(512) shmem_a2av_fused(TeamSync t, A2av a) {
+extern "C" __global__ void __launch_bounds__(512) shmem_a2av_fused(TeamSync team, A2av a) {
     shmem::k::follow_stream();
     using namespace shmem::k;
     extern __shared__ uint64_t shared_table[];
+    // The peers' heap bases, read at every send: in shared memory.
+    __shared__ uint64_t heaps[kMaxTeam];
+    TeamSync t = team;
+    t.peer_heap = heaps;
     A2avTable tb = a2av_shared_table(t, a, shared_table);
     const int n = t.n, w = tb.w, me = t.rank;
-    // This PE's splits, loaded beside the counter and the epoch.
+    // This PE's splits and the heap bases, loaded beside the counter and
+    // the epoch.
     const int64_t *mine = t.mine<int64_t>(a.splits);
     for (int i = threadIdx.x; i < w; i += blockDim.x) tb.splits(me)[i] = mine[i];
+    for (int pe = threadIdx.x; pe < n; pe += blockDim.x) heaps[pe] = team.peer_heap[pe];
     A2avPackets pk(t);
     // Block 0 sends this PE's splits to every peer; every block gathers
     // every PE's.
@@ -545,14 +577,17 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_fused(TeamSync t, A
     }
     __syncthreads();
     pk.arrive();
-    long long value;
-    unsigned long long first = a2av_check(a, tb, &value);
-    if (first != ~0ull) {
+    a2av_sums(a, tb);
+    // The plan, made while the exchange is checked (a bad one is never
+    // sent): one barrier for both.
+    a2av_plan_sends(t, a, tb, false);
+    if (a2av_any_error(a, tb)) {
+        long long value;
+        unsigned long long first = a2av_first_error(a, tb, &value);
         if (blockIdx.x == 0 && threadIdx.x == 0) a2av_report(a, first, value);
     } else {
-        a2av_plan_sends(t, a, tb, blockIdx.x == 0);
+        if (blockIdx.x == 0) a2av_write_so(t, a, tb);
         const int active = a2av_active(a, tb);
-        __syncthreads();
         if (static_cast<int>(blockIdx.x) < active) {
             a2av_push(t, a, tb.plans, active, pk.epoch);
             end_epoch(t, pk.epoch);
