@@ -528,8 +528,8 @@ impl Kernels {
                 numAttrs: 1,
             };
             // SAFETY: the caller's contract; `config` and `attr` outlive the call.
-            let r = unsafe { sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()) };
-            return r.result().map_err(|e| Error::Cuda(format!("kernel {name}: {e:?}")));
+            unsafe { sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()) }.result()?;
+            return Ok(());
         }
         // SAFETY: the caller's contract.
         unsafe { cudarc::driver::result::launch_kernel(f, grid, (threads, 1, 1), shared, stream, params) }?;
@@ -965,9 +965,6 @@ impl Kernels {
         {
             // SAFETY: (TeamSync, A2av) as the kernel declares; the regions
             // were checked on the host, the splits are checked on the device.
-            if std::env::var_os("SHMEM_TRACE2").is_some() {
-                a.shared_splits = 2;
-            }
             return unsafe { self.launch_with("shmem_a2av_fused", blocks, one as u32, t, a, s) };
         }
         // Every PE's splits (and offsets) and the work arrays in the plan
