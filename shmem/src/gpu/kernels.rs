@@ -1046,3 +1046,43 @@ unsafe fn cumodule_init(nv: &Nv, module: CUmodule) -> Result<i32> {
     // SAFETY: the caller's contract.
     Ok(unsafe { call!(nv, nvshmemx_cumodule_init(module as _)) })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::FOLLOWS_STREAM;
+
+    /// Every kernel in `kernels/` that is launched by programmatic
+    /// dependent launch waits for the kernel before it as its first step:
+    /// one that did not would read its inputs while that kernel still runs.
+    /// Kernels launched plainly must not be named by `FOLLOWS_STREAM`
+    /// (checked the other way: each prefix names at least one kernel).
+    #[test]
+    fn dependent_launches_wait_first() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels");
+        let mut checked = vec![0usize; FOLLOWS_STREAM.len()];
+        for entry in std::fs::read_dir(&dir).expect("kernels/ is beside the crate") {
+            let path = entry.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap();
+            for (at, _) in text.match_indices("__global__") {
+                let rest = &text[at..];
+                // The kernel's name (a macro's up to its first `##`), then its body's first statement.
+                let name = &rest[rest.find("shmem_").unwrap()..];
+                let name = &name[..name.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap()];
+                let body = &rest[rest.find('{').unwrap() + 1..];
+                let first = body.split(';').next().unwrap().replace('\\', " ");
+                if let Some(i) = FOLLOWS_STREAM.iter().position(|p| name.starts_with(p)) {
+                    checked[i] += 1;
+                    assert_eq!(
+                        first.split_whitespace().collect::<String>(),
+                        "shmem::k::follow_stream()",
+                        "{}: kernel {name} is launched by dependent launch but does not begin with follow_stream()",
+                        path.display()
+                    );
+                }
+            }
+        }
+        for (p, n) in FOLLOWS_STREAM.iter().zip(checked) {
+            assert!(n > 0, "FOLLOWS_STREAM names {p}, which starts no kernel in {}", dir.display());
+        }
+    }
+}
