@@ -6,7 +6,8 @@
 # collectives' tests; with --moe, only the MoE tests and examples; with
 # --overlap, only the overlapped matmuls' tests, examples and bench rows;
 # with --faults, only the fault scenarios; with --soak, only the soak
-# example; with --sanitize, only the SPMD suite under compute-sanitizer).
+# example; with --sanitize, only the SPMD suite under compute-sanitizer;
+# with --tune, only the kernels' tuning sweep).
 # Finds the box's NVSHMEM by itself. Logs go to $OUT (or ./gpu-out); exits
 # non-zero if any step failed.
 set -uo pipefail
@@ -131,6 +132,38 @@ each_test() {
     for t in $("$bin/spmd" --list 2>/dev/null | sed -n 's/: test$//p' | grep -E "$pattern"); do
         STEP_TIMEOUT=${EACH_TIMEOUT:-240} step "$t" "$@" "$bin/spmd" --exact "$t"
     done
+}
+
+# --tune: the kernels' knobs (shmem::Tuning, through shmem-bench's flags)
+# against the defaults, in one call: the all-reduce (bf16, 32 KiB to
+# 1 MiB) with the push kernels on 32, 64 and 128 blocks and with the
+# low-latency kernels taking everything up to 1 MiB on 16, 32, 64 and 128
+# blocks; the other collectives with the low-latency kernels to 1 MiB on
+# 64 blocks; the MoE dispatch with 32, 16 and 8 KiB of rows a block. NCCL
+# beside the defaults only. Rows in $out/tune-*.jsonl.
+tune() {
+    local ar=(--op all_reduce --dtype bf16 --min-bytes 32K --max-bytes 1M --graph)
+    local coll=(--op all_gather,reduce_scatter,broadcast,all_to_all --dtype bf16 --min-bytes 32K --max-bytes 1M --graph)
+    local moe=(--op dispatch --tokens 1,128,4096 --graph)
+    local bench=("$bin/shmemrun" -n "$pes" "$bin/shmem-bench" --backend gpu)
+    export STEP_TIMEOUT=${BENCH_TIMEOUT:-150}
+    step tune-ar-default "${bench[@]}" "${ar[@]}" --impl shmem,nccl --json "$out/tune-ar-default.jsonl"
+    for b in 32 128; do
+        step "tune-ar-push$b" "${bench[@]}" "${ar[@]}" --impl shmem --push-blocks "$b" --json "$out/tune-ar-push$b.jsonl"
+    done
+    for b in 16 32 64 128; do
+        step "tune-ar-ll1m-$b" "${bench[@]}" "${ar[@]}" --impl shmem --ll-max-bytes 1M --ll-blocks "$b" \
+            --json "$out/tune-ar-ll1m-$b.jsonl"
+    done
+    step tune-coll-default "${bench[@]}" "${coll[@]}" --impl shmem,nccl --json "$out/tune-coll-default.jsonl"
+    step tune-coll-ll1m-64 "${bench[@]}" "${coll[@]}" --impl shmem --ll-max-bytes 1M --ll-blocks 64 \
+        --json "$out/tune-coll-ll1m-64.jsonl"
+    step tune-moe-default "${bench[@]}" "${moe[@]}" --impl shmem,nccl --json "$out/tune-moe-default.jsonl"
+    for kib in 16 8; do
+        step "tune-moe-$kib"k "${bench[@]}" "${moe[@]}" --impl shmem --moe-block-bytes "${kib}K" \
+            --json "$out/tune-moe-${kib}k.jsonl"
+    done
+    unset STEP_TIMEOUT
 }
 
 # --faults: the SPMD suite's scenario::sigkill_in_* tests, each alone. The
@@ -329,10 +362,11 @@ step gpus nvidia-smi --query-gpu=index,name,memory.total --format=csv
 # matches; --examples, the examples and the failure cases; --faults, the
 # PE-killed-by-SIGKILL scenarios (see faults() above); --soak, the soak
 # example (see soak() above); --sanitize, SPMD tests under compute-sanitizer
-# (see sanitize() above); none of them: everything (the suite three ways,
+# (see sanitize() above); --tune, the kernels' tuning sweep (see tune()
+# above); none of them: everything (the suite three ways,
 # the examples, the failure cases), which has neither the soak nor the
 # sanitizers.
-quick='' moe='' ov='' only='' ex='' fa='' so='' san=''
+quick='' moe='' ov='' only='' ex='' fa='' so='' san='' tu=''
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
     case ${args[i]} in
@@ -344,6 +378,7 @@ for ((i = 0; i < ${#args[@]}; i++)); do
     --faults) fa=1 ;;
     --soak) so=1 ;;
     --sanitize) san=1 ;;
+    --tune) tu=1 ;;
     esac
 done
 [[ -n $quick ]] && each_test '^coll::' env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
@@ -389,7 +424,8 @@ fi
 [[ -n $fa ]] && faults
 [[ -n $so ]] && soak
 [[ -n $san ]] && sanitize
-if [[ -z $quick$moe$ov$only$ex$fa$so$san ]]; then
+[[ -n $tu ]] && tune
+if [[ -z $quick$moe$ov$only$ex$fa$so$san$tu ]]; then
     each_test '^coll::' env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
     step spmd-shmemrun env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes" "$bin/spmd" --skip coll::
     step spmd-mpirun "${mpi[@]}" -x SHMEM_HEAP_SIZE=2G "$bin/spmd" --skip coll::

@@ -221,6 +221,21 @@ struct Args {
     /// [default: the kernel's choice]
     #[arg(long)]
     moe_local_blocks: Option<u32>,
+    /// GPU kernels' tuning (`shmem::Tuning`), for every shmem row: the
+    /// low-latency kernels' largest message a peer [default: 128K; at most
+    /// 1M up to 8 PEs]
+    #[arg(long, value_parser = parse_bytes)]
+    ll_max_bytes: Option<usize>,
+    /// GPU kernels' tuning: blocks of the low-latency kernels [default: 16]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=128))]
+    ll_blocks: Option<u32>,
+    /// GPU kernels' tuning: blocks of the push kernels [default: 64]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=128))]
+    push_blocks: Option<u32>,
+    /// GPU kernels' tuning: MoE bytes of the busiest PE's rows per working
+    /// data block [default: 32K]
+    #[arg(long, value_parser = parse_bytes)]
+    moe_block_bytes: Option<usize>,
     /// ag_matmul, matmul_rs: rows of a (ag_matmul: once gathered, each PE's
     /// shard is m / PEs rows; matmul_rs: each PE's out is m / PEs rows)
     #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..))]
@@ -417,9 +432,9 @@ impl Imp {
     }
 
     /// The collective settings of the rows shmem runs; `None` for NCCL and memcpy.
-    fn settings(self) -> Option<Collectives> {
+    fn settings(self, tuning: shmem::Tuning) -> Option<Collectives> {
         use shmem::{AllGatherAlgo, AllReduceAlgo, CollImpl, MoeKernels};
-        let default = Collectives::default();
+        let default = Collectives { tuning, ..Collectives::default() };
         Some(match self {
             Imp::Shmem => default,
             Imp::ShmemOneshot => Collectives { all_reduce: AllReduceAlgo::OneShot, ..default },
@@ -439,20 +454,32 @@ impl Imp {
     /// (`gpu`) or the host backend, which ignores the collective settings
     /// (but runs every implementation of the overlapped matmuls: the same
     /// code, a check of the bench itself).
-    fn runs(self, op: Op, bytes: usize, gpu: bool) -> bool {
+    fn runs(self, op: Op, bytes: usize, gpu: bool, ll_max_bytes: usize) -> bool {
         match self {
             Imp::Shmem => !op.is_overlap(),
             Imp::Memcpy => matches!(op, Op::Put | Op::Get),
             Imp::Sequential | Imp::OverlapSm | Imp::OverlapCe | Imp::GemmOnly => op.is_overlap(),
             _ if !gpu => false,
             Imp::ShmemOneshot | Imp::ShmemTwoshot => op == Op::AllReduce,
-            Imp::ShmemLl => op == Op::AllReduce && bytes <= shmem::algo::LOW_LATENCY_MAX_BYTES,
+            Imp::ShmemLl => op == Op::AllReduce && bytes <= ll_max_bytes,
             Imp::ShmemPush => op == Op::AllReduce && bytes <= shmem::algo::PUSH_MAX_BYTES,
             Imp::ShmemCe => op == Op::AllGather,
             Imp::Shmem2k => op.is_moe(),
             Imp::ShmemRma => op.is_collective() || op.is_moe(),
             Imp::Nvshmem => op.is_collective(),
             Imp::Nccl => op.is_collective() || op.is_moe(),
+        }
+    }
+}
+
+impl Args {
+    /// The kernels' tuning that the flags ask for.
+    fn tuning(&self) -> shmem::Tuning {
+        shmem::Tuning {
+            low_latency_max_bytes: self.ll_max_bytes,
+            low_latency_blocks: self.ll_blocks,
+            push_blocks: self.push_blocks,
+            moe_block_bytes: self.moe_block_bytes,
         }
     }
 }
@@ -898,7 +925,8 @@ impl Bench<'_> {
 
     /// Whether `imp` has a row for `op` at `bytes` in this run.
     fn runs(&self, imp: Imp, op: Op, bytes: usize) -> bool {
-        (self.args.imp.is_empty() || self.args.imp.contains(&imp)) && imp.runs(op, bytes, self.gpu())
+        let ll_max_bytes = self.args.ll_max_bytes.unwrap_or(shmem::algo::LOW_LATENCY_MAX_BYTES);
+        (self.args.imp.is_empty() || self.args.imp.contains(&imp)) && imp.runs(op, bytes, self.gpu(), ll_max_bytes)
     }
 
     fn graphs(&self, bytes: usize) -> bool {
@@ -1209,7 +1237,7 @@ impl Bench<'_> {
             let imps: Vec<Imp> = <Imp as ValueEnum>::value_variants()
                 .iter()
                 .copied()
-                .filter(|&imp| imp.settings().is_some() && self.runs(imp, op, shape.bytes))
+                .filter(|&imp| imp.settings(self.args.tuning()).is_some() && self.runs(imp, op, shape.bytes))
                 .collect();
             if imps.is_empty() {
                 continue;
@@ -1222,7 +1250,7 @@ impl Bench<'_> {
             let read = || Ok(dst.slice(..shape.dst).copy_to_host(&self.s)?);
             for imp in imps {
                 // Every PE, between collectives (after the last agreement).
-                self.ctx.set_collectives(imp.settings().expect("filtered"));
+                self.ctx.set_collectives(imp.settings(self.args.tuning()).expect("filtered"));
                 let case = Case {
                     op,
                     imp,
@@ -1721,6 +1749,9 @@ fn print_table(rows: &[Row], n: usize, backend: &str, args: &Args) {
     let iters = args.iters.map_or("auto (10..=1000)".into(), |i| i.to_string());
     println!("# shmem-bench: {n} PEs, {backend} backend; time: µs on PE 0, median");
     println!("# eager: {iters} iterations per batch after {} warm-up; graph: replays of {PER_GRAPH}", args.warmup);
+    if args.tuning() != shmem::Tuning::default() {
+        println!("# shmem rows tuned: {:?}", args.tuning());
+    }
     println!("# bytes per PE: all_gather's output, reduce_scatter's input, else the buffer; busbw as nccl-tests");
     if rows.iter().any(|r| r.moe.is_some()) {
         println!("# MoE ops: bytes sent per PE (tokens × topk × hidden × element), busbw = algbw × (n-1)/n");

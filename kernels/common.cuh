@@ -17,22 +17,17 @@ namespace k {
 
 // Most blocks a collective kernel uses: one channel of every signal array each.
 constexpr int kMaxBlocks = 128;
-// Blocks of the low-latency all-reduce: always all of them, so their
-// epoch counters stay equal (a packet's flag is the epoch).
-constexpr int kLLBlocks = 16;
+
 // Most blocks when some peer is reached through RMA, and the staging each
 // such block has per peer for gets.
 constexpr int kRmaBlocks = 32;
 constexpr uint64_t kRmaChunk = 8192;
 // Largest team the kernels take (checked on the host).
 constexpr int kMaxTeam = 64;
-// The push all-reduce (`allreduce_push` in reduce.cuh): its blocks (always
-// all of them, like the low-latency kernels), the most bytes it takes, and
-// the largest world it has staging for (`PUSH_*` in kernels.rs).
-constexpr int kPushBlocks = 64;
+// The push kernels (`Push` below): the most bytes one PE sends another, and
+// the largest world they have staging for (`PUSH_*` in kernels.rs).
 constexpr uint64_t kPushMaxBytes = 1 << 20;
 constexpr int kPushMaxTeam = 8;
-static_assert(kPushBlocks >= kLLBlocks, "a push kernel writes every low-latency counter");
 
 // Signal arrays of a team's synchronisation state, each kMaxBlocks × n
 // 64-bit words: word [channel][sender] of a PE is set by `sender`.
@@ -41,7 +36,8 @@ enum Array { Arrive = 0, Data = 1, Depart = 2 };
 // A team's view of the symmetric heap and its synchronisation state:
 // at `sync_offset` of every member's heap, the three signal arrays, then
 // kMaxBlocks epoch counters (one per block channel, this PE's own), then
-// kLLBlocks low-latency and kPushBlocks push epoch counters (world team only).
+// kMaxBlocks epoch counters that the low-latency and push kernels share
+// (world team only; see `LL`).
 struct TeamSync {
     const uint64_t *peer_heap;  // n heap bases; 0 where the peer is reached through RMA
     const int *pes;             // n world PE numbers (for NVSHMEM)
@@ -60,7 +56,6 @@ struct TeamSync {
         return reinterpret_cast<uint64_t *>(heap + sync_offset) + 3 * kMaxBlocks * n + channel;
     }
     __device__ uint64_t *ll_counter(int block) const { return epoch_counter(kMaxBlocks + block); }
-    __device__ uint64_t *push_counter(int block) const { return epoch_counter(kMaxBlocks + kLLBlocks + block); }
     __device__ bool nvlink(int pe) const { return peer_heap[pe] != 0; }
     // A peer's copy of heap offset `off` (NVLink path only).
     template <typename T> __device__ T *at(int pe, uint64_t off) const {
@@ -349,7 +344,7 @@ __device__ void reduce_range(const TeamSync &t, T *dst, uint64_t dst_off, uint64
 
 
 // The low-latency protocol (world team, every peer over NVLink, at most
-// kLLMaxBytes from one PE to another per operation): data travels as
+// `ll_max_bytes(n)` from one PE to another per operation): data travels as
 // 16-byte packets {4 data bytes, flag, 4 data bytes, flag} stored into the
 // receiver's buffer for the sender; the receiver polls until both flags
 // are this operation's, so data and its arrival are one store, with no
@@ -358,12 +353,29 @@ __device__ void reduce_range(const TeamSync &t, T *dst, uint64_t dst_off, uint64
 // epoch between, which the receiver sent only after it had finished
 // reading that buffer (its kernels run in stream order) — so every LL
 // operation receives at least one packet from every peer. A flag is never
-// 0 (the zeroed buffer) nor the flag of two epochs before. All kLLBlocks
-// blocks always run, so their epoch counters stay equal. A thread sends
-// all its chunks before it waits for any (kLLMaxBytes is two chunks a
-// thread), so one round trip, not one per chunk, is on its critical path.
+// 0 (the zeroed buffer) nor the flag of two epochs before. A thread sends
+// all its chunks before it waits for any, so one round trip, not one per
+// chunk, is on its critical path.
+//
+// Epochs: the low-latency and push kernels share one counter per block
+// channel (`ll_counter`), and every such kernel, whatever its grid, ends
+// by writing its epoch into all kMaxBlocks of them (block b writes b,
+// b + grid, …), so they stay equal and the host may pick a grid per call.
+//
+// The packets' room per sender: 128 KiB in any world, 1 MiB in worlds of
+// up to kPushMaxTeam (`LL_*` in kernels.rs).
 constexpr uint64_t kLLMaxBytes = 128 << 10;
-constexpr uint64_t kLLChunks = kLLMaxBytes / 8;
+constexpr uint64_t kLLMaxBytesSmallTeam = 1 << 20;
+__device__ __forceinline__ uint64_t ll_max_bytes(int n) {
+    return n <= kPushMaxTeam ? kLLMaxBytesSmallTeam : kLLMaxBytes;
+}
+
+// Writes `epoch` into every shared LL/push counter this block owns.
+__device__ __forceinline__ void ll_counters_end(const TeamSync &t, uint64_t epoch) {
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int j = blockIdx.x; j < kMaxBlocks; j += gridDim.x) *t.ll_counter(j) = epoch;
+}
 
 __device__ __forceinline__ void st_volatile_v4(uint4 *p, uint4 v) {
     asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z),
@@ -442,7 +454,7 @@ struct LL {
     __device__ uint64_t first() const { return static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
     __device__ uint64_t stride() const { return static_cast<uint64_t>(gridDim.x) * blockDim.x; }
     __device__ uint64_t slot(int sender, uint64_t c) const {
-        return t.ll_offset + ((parity * t.n + sender) * kLLChunks + c) * 16;
+        return t.ll_offset + ((parity * t.n + sender) * (ll_max_bytes(t.n) / 8) + c) * 16;
     }
     __device__ void send(int pe, uint64_t c, uint64_t data) const {
         packet_store(t.at<uint4>(pe, slot(t.rank, c)), data, flag);
@@ -450,36 +462,25 @@ struct LL {
     __device__ uint64_t recv(int pe, uint64_t c) const {
         return packet_load(t.mine<uint4>(slot(pe, c)), flag, "a low-latency collective's data", pe);
     }
-    __device__ void end() const {
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            *t.ll_counter(blockIdx.x) = epoch;
-            // The push kernels share the epochs: each push block's counter
-            // is written by one block of either kind (see allreduce_push).
-            for (int j = blockIdx.x; j < kPushBlocks; j += kLLBlocks) *t.push_counter(j) = epoch;
-        }
-    }
+    __device__ void end() const { ll_counters_end(t, epoch); }
 };
 
 // The push protocol (world team, every peer over NVLink, at most
 // kPushMaxTeam PEs, at most kPushMaxBytes from one PE to another per
-// operation): block b of kPushBlocks stores its share of what goes to each
-// peer into that peer's staging for this PE, with plain 16-byte stores,
-// and raises one flag there; once every peer's flag for block b is up, it
-// reads the same share of every peer's staging. One link latency and no
-// barrier, as the low-latency protocol, with one flag a block instead of
-// one a word.
+// operation): block b stores its share of what goes to each peer into
+// that peer's staging for this PE, with plain 16-byte stores, and raises
+// one flag there; once every peer's flag for block b is up, it reads the
+// same share of every peer's staging. One link latency and no barrier, as
+// the low-latency protocol, with one flag a block instead of one a word.
 //
 // The staging (after the low-latency packets, at every PE alike): flags
 // [sender][block] (the epoch), then two buffers by epoch parity of
 // kPushMaxBytes per sender. A PE writes a buffer again two epochs later,
 // after it has seen every peer's flag of the epoch between, which each
 // peer raised only once its kernel of the epoch before (which read that
-// buffer) was over: the LL argument, with which it shares the epochs
-// (every kernel of either kind hears from every peer: every block flags
-// every peer, with or without data). Block b's counter is written only by
-// block b of a push kernel and block b % kLLBlocks of a low-latency one,
-// and read only by block b of a push kernel.
+// buffer) was over: the LL argument, with which it shares the epochs and
+// their counters (every kernel of either kind hears from every peer:
+// every block flags every peer, with or without data).
 struct Push {
     const TeamSync &t;
     uint64_t epoch;
@@ -487,15 +488,15 @@ struct Push {
 
     __device__ Push(const TeamSync &team) : t(team) {
         __shared__ uint64_t shared_epoch;
-        if (threadIdx.x == 0) shared_epoch = *t.push_counter(blockIdx.x) + 1;
+        if (threadIdx.x == 0) shared_epoch = *t.ll_counter(blockIdx.x) + 1;
         __syncthreads();
         epoch = shared_epoch;
         parity = epoch & 1;
     }
-    __device__ uint64_t flags() const { return t.ll_offset + 4 * t.n * kLLMaxBytes; }
+    __device__ uint64_t flags() const { return t.ll_offset + 4 * t.n * ll_max_bytes(t.n); }
     // Heap offset (every PE alike) of the staging for what `sender` sends.
     __device__ uint64_t staging(int sender) const {
-        uint64_t f = (static_cast<uint64_t>(t.n) * kPushBlocks * 8 + 255) / 256 * 256;
+        uint64_t f = (static_cast<uint64_t>(t.n) * kMaxBlocks * 8 + 255) / 256 * 256;
         return flags() + f + (parity * t.n + sender) * kPushMaxBytes;
     }
     // `bytes` at `src` into member `pe`'s staging for this PE, at `off`.
@@ -514,19 +515,13 @@ struct Push {
         for (int pe = threadIdx.x; pe < t.n; pe += blockDim.x) {
             if (pe == t.rank) continue;
             __threadfence_system();
-            st_release64(t.at<uint64_t>(pe, flags()) + t.rank * kPushBlocks + blockIdx.x, epoch);
+            st_release64(t.at<uint64_t>(pe, flags()) + t.rank * kMaxBlocks + blockIdx.x, epoch);
         }
         for (int pe = threadIdx.x; pe < t.n; pe += blockDim.x)
-            if (pe != t.rank) wait_geq(mine + pe * kPushBlocks + blockIdx.x, epoch);
+            if (pe != t.rank) wait_geq(mine + pe * kMaxBlocks + blockIdx.x, epoch);
         __syncthreads();
     }
-    __device__ void end() const {
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            *t.push_counter(blockIdx.x) = epoch;
-            if (blockIdx.x < kLLBlocks) *t.ll_counter(blockIdx.x) = epoch;
-        }
-    }
+    __device__ void end() const { ll_counters_end(t, epoch); }
 };
 
 }  // namespace k

@@ -37,6 +37,7 @@ struct A2av {
     uint64_t in_rows, out_rows;  // rows the input and the output hold
     uint64_t table;              // heap offset of this PE's staging
     uint64_t error;              // device address of the host-mapped error record
+    uint64_t block_bytes;        // bytes of the busiest PE's rows per working data block
     int kind;
     int ne;  // experts per PE (1 for 1D)
     int major_align;
@@ -45,9 +46,6 @@ struct A2av {
     int local_blocks;   // of the working blocks, how many copy this PE's own chunks (0: each block
                         // does both; negative: chosen by `a2av_local_blocks`)
 };
-
-// Bytes one block of the data kernel moves at least, of the busiest PE's.
-constexpr uint64_t kA2avBytesPerBlock = 32 << 10;
 
 // The error record the host reads (`A2avError` in kernels.rs): `code` is
 // class << 56 | pe << 32 | index, `value` the offending number.
@@ -327,7 +325,7 @@ __device__ void a2av_plan_sends(const TeamSync &t, const A2av &a, const A2avTabl
 __device__ __forceinline__ int a2av_active(const A2av &a, const A2avTable &tb) {
     uint64_t busiest = 0;
     for (int s = 0; s < tb.n; s++) busiest = max(busiest, tb.rp(s)[tb.m]);
-    uint64_t want = (busiest * a.row_bytes + kA2avBytesPerBlock - 1) / kA2avBytesPerBlock;
+    uint64_t want = div64(busiest * a.row_bytes + a.block_bytes - 1, a.block_bytes);
     return want < 1 ? 1 : (want > static_cast<uint64_t>(a.blocks) ? a.blocks : static_cast<int>(want));
 }
 
@@ -428,7 +426,7 @@ struct A2avPackets {
     // Reads the counter and this block's epoch, both loads in flight at
     // once and beside whatever the block loaded before (whole block).
     __device__ A2avPackets(const TeamSync &team) : t(team), last(false) {
-        uint64_t words = 3ull * kMaxBlocks * t.n + kMaxBlocks + kLLBlocks + kPushBlocks;
+        uint64_t words = 3ull * kMaxBlocks * t.n + 2 * kMaxBlocks;
         base = t.sync_offset + (words * 8 + 255) / 256 * 256;
         __shared__ uint64_t shared_op, shared_epoch;
         if (threadIdx.x == blockDim.x - 1) {

@@ -355,7 +355,7 @@ impl Bench<'_> {
                     if !self.runs(imp, op, shape.bytes(elem)) {
                         continue;
                     }
-                    let settings = imp.settings().expect("a shmem row");
+                    let settings = imp.settings(self.args.tuning()).expect("a shmem row");
                     // Every PE, between operations (after the last agreement).
                     ctx.set_collectives(Collectives { moe_local_blocks: self.args.moe_local_blocks, ..settings });
                     let case = Case {

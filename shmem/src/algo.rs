@@ -26,12 +26,13 @@ pub enum AllReduceAlgo {
     Auto,
     /// Every PE pushes its input, with a flag in every 8-byte word, into
     /// every peer's receive buffer and reduces what arrives: no barrier,
-    /// one link latency. World team, up to [`LOW_LATENCY_MAX_BYTES`], NVLink path.
+    /// one link latency. World team, up to [`LOW_LATENCY_MAX_BYTES`] (or
+    /// [`Tuning::low_latency_max_bytes`]), NVLink path.
     LowLatency,
     /// Every PE stores its input into every peer's staging with one flag
     /// per block, and reduces what arrives: no barrier, plain 16-byte
     /// stores. World team of up to 8 PEs, up to [`PUSH_MAX_BYTES`], NVLink
-    /// path; the automatic choice above [`LOW_LATENCY_MAX_BYTES`].
+    /// path; the automatic choice above the low-latency kernels' limit.
     Push,
     /// Every PE reads every peer's input and reduces all of it.
     OneShot,
@@ -73,8 +74,14 @@ pub enum MoeKernels {
     PlanThenMove,
 }
 
-/// Largest all-reduce (bytes per PE) of the low-latency algorithm.
+/// Largest message (bytes one PE sends another) of the low-latency kernels
+/// unless tuned ([`Tuning::low_latency_max_bytes`]).
 pub const LOW_LATENCY_MAX_BYTES: usize = 128 << 10;
+
+/// Room for the low-latency kernels' packets per sender in worlds of up to
+/// 8 PEs: the largest [`Tuning::low_latency_max_bytes`] there (in larger
+/// worlds, [`LOW_LATENCY_MAX_BYTES`]).
+pub const LOW_LATENCY_ROOM_BYTES: usize = 1 << 20;
 
 /// Largest all-reduce of the push kernel ([`AllReduceAlgo::Push`]), bytes per PE.
 pub const PUSH_MAX_BYTES: usize = 1 << 20;
@@ -101,4 +108,31 @@ pub struct Collectives {
     /// the working blocks counts as 0. A tuning knob; each PE may choose
     /// its own.
     pub moe_local_blocks: Option<u32>,
+    /// The kernels' protocol limits and grids.
+    pub tuning: Tuning,
+}
+
+/// Knobs of shmem's kernels for measuring them on a machine (`shmem-bench
+/// --ll-max-bytes …`, `gpu-run.sh --tune`); `None` keeps the default,
+/// chosen on 2×H200 (docs/perf.md). Every PE must set the same: PEs that
+/// disagree pick different kernels or grids and wait for each other until
+/// the device-side wait traps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Tuning {
+    /// Largest message (bytes one PE sends another) that the low-latency
+    /// kernels take (world team, NVLink): by default
+    /// [`LOW_LATENCY_MAX_BYTES`]; at most [`LOW_LATENCY_ROOM_BYTES`] in
+    /// worlds of up to 8 PEs and [`LOW_LATENCY_MAX_BYTES`] in larger ones
+    /// (more counts as that).
+    pub low_latency_max_bytes: Option<usize>,
+    /// Blocks of the low-latency kernels: by default 16; 1 to 128 (outside,
+    /// the nearer end).
+    pub low_latency_blocks: Option<u32>,
+    /// Blocks of the push kernels: by default 64; 1 to 128 (outside, the
+    /// nearer end).
+    pub push_blocks: Option<u32>,
+    /// The MoE all-to-all-v: bytes of the busiest PE's rows per working
+    /// data block, which sets how many blocks move the rows: by default
+    /// 32 KiB; at least 16.
+    pub moe_block_bytes: Option<usize>,
 }

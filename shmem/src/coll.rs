@@ -10,7 +10,7 @@ use crate::buffer::{Region, SymSlice};
 use crate::context::{Context, Stream};
 use crate::dtype::{Element, ReduceOp};
 use crate::error::{Error, Result};
-use crate::gpu::kernels::Kernels;
+use crate::gpu::kernels::{Kernels, Protocols};
 use crate::gpu::{dispatch, GpuWorld};
 use crate::team::{Desc, OpKind, Team};
 use rayon::prelude::*;
@@ -435,12 +435,12 @@ impl Team {
             let t = k.team(team.slot, &team.members, cfg.force_rma)?;
             let cu = st.cu_stream();
             let (dt, op) = (T::DTYPE, op.unwrap_or(ReduceOp::Sum));
-            let world = team.slot == 0;
+            let p = Protocols::new(team.slot == 0, &cfg.tuning);
             // Copy engines need every member's NVLink address.
             let nvlink = !cfg.force_rma && team.members.iter().all(|&pe| g.peer_base[pe].is_some());
             return match kind {
-                OpKind::AllReduce => k.all_reduce(t, world, cfg.all_reduce, dt, op, d.offset, s.offset, d.len, cu),
-                OpKind::ReduceScatter => k.reduce_scatter(t, world, dt, op, d.offset, s.offset, d.len, cu),
+                OpKind::AllReduce => k.all_reduce(t, p, cfg.all_reduce, dt, op, d.offset, s.offset, d.len, cu),
+                OpKind::ReduceScatter => k.reduce_scatter(t, p, dt, op, d.offset, s.offset, d.len, cu),
                 OpKind::AllGather => {
                     let in_place = overlap(d, s, elem);
                     let bytes = s.len * elem;
@@ -450,20 +450,20 @@ impl Team {
                     if cfg.all_gather == AllGatherAlgo::CopyEngine && nvlink {
                         k.all_gather_ce(g, t, &team.members, d.offset, s.offset, bytes, in_place, cu)
                     } else {
-                        k.all_gather(t, world, d.offset, s.offset, bytes, in_place, cu)
+                        k.all_gather(t, p, d.offset, s.offset, bytes, in_place, cu)
                     }
                 }
                 OpKind::Broadcast => {
                     if nvlink && d.len * elem >= PULL_BROADCAST_MIN_BYTES {
                         k.broadcast_pull(t, d.offset, s.offset, d.len * elem, root, cu)
                     } else {
-                        k.broadcast(t, world, d.offset, s.offset, d.len * elem, root, cu)
+                        k.broadcast(t, p, d.offset, s.offset, d.len * elem, root, cu)
                     }
                 }
                 OpKind::AllToAll => {
                     let per_pe = d.len / self.n_pes() * elem;
-                    if !overlap(d, s, elem) || Kernels::all_to_all_in_place(&t, world, per_pe) {
-                        return k.all_to_all(t, world, d.offset, s.offset, per_pe, cu);
+                    if !overlap(d, s, elem) || Kernels::all_to_all_in_place(&t, p, per_pe) {
+                        return k.all_to_all(t, p, d.offset, s.offset, per_pe, cu);
                     }
                     // In place: this PE's blocks go out from a copy, as peers
                     // write into the same buffer.
@@ -476,7 +476,7 @@ impl Team {
                     }
                     let sc = self.ctx.scratch(s.len * elem)?;
                     g.copy(g.addr(sc.offset), g.addr(s.offset), s.len * elem, st)?;
-                    k.all_to_all(t, world, d.offset, sc.offset, per_pe, cu)?;
+                    k.all_to_all(t, p, d.offset, sc.offset, per_pe, cu)?;
                     st.synchronize()?;
                     drop(sc);
                     Ok(())

@@ -49,6 +49,11 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("coll::broadcast::nvshmem", |e| world(e, Coll::Broadcast, Variant::Nvshmem)),
     ("coll::all_to_all::nvshmem", |e| world(e, Coll::AllToAll, Variant::Nvshmem)),
     ("coll::teams::nvshmem", |e| teams(e, Variant::Nvshmem)),
+    ("coll::all_reduce::tuned", |e| world(e, Coll::AllReduce, Variant::Tuned)),
+    ("coll::reduce_scatter::tuned", |e| world(e, Coll::ReduceScatter, Variant::Tuned)),
+    ("coll::all_gather::tuned", |e| world(e, Coll::AllGather, Variant::Tuned)),
+    ("coll::broadcast::tuned", |e| world(e, Coll::Broadcast, Variant::Tuned)),
+    ("coll::all_to_all::tuned", |e| world(e, Coll::AllToAll, Variant::Tuned)),
     ("coll::graph_replay_gpu_only", kernels::graph_replay),
 ];
 

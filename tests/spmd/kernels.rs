@@ -4,7 +4,7 @@
 
 use crate::coll::{input, reduce, Coll, Report};
 use crate::util::{payload, poison, Env, TestResult};
-use shmem::{bf16, AllGatherAlgo, AllReduceAlgo, CollImpl, Collectives, Context, ReduceOp};
+use shmem::{bf16, AllGatherAlgo, AllReduceAlgo, CollImpl, Collectives, Context, ReduceOp, Tuning};
 
 /// One setting of [`Collectives`], applied on top of what the run started
 /// with (so a run under `SHMEM_FORCE_RMA=1` takes every variant through RMA).
@@ -20,7 +20,20 @@ pub enum Variant {
     CopyEngine,
     /// NVSHMEM's own collectives, the baseline.
     Nvshmem,
+    /// The kernels retuned ([`TUNED`]): other grids, and the low-latency
+    /// kernels past their default limit.
+    Tuned,
 }
+
+/// [`Variant::Tuned`]'s knobs: the medium sizes' 8-byte cases (512 KiB a
+/// peer) take the push kernels on 128 blocks, the rest up to 256 KiB the
+/// low-latency kernels on 64.
+pub const TUNED: Tuning = Tuning {
+    low_latency_max_bytes: Some(256 << 10),
+    low_latency_blocks: Some(64),
+    push_blocks: Some(128),
+    moe_block_bytes: Some(256),
+};
 
 impl Variant {
     pub fn name(self) -> &'static str {
@@ -34,6 +47,7 @@ impl Variant {
             Variant::Sm => "sm",
             Variant::CopyEngine => "copy_engine",
             Variant::Nvshmem => "nvshmem",
+            Variant::Tuned => "tuned",
         }
     }
 
@@ -48,6 +62,7 @@ impl Variant {
             Variant::Sm => Collectives { all_gather: AllGatherAlgo::Sm, ..base },
             Variant::CopyEngine => Collectives { all_gather: AllGatherAlgo::CopyEngine, ..base },
             Variant::Nvshmem => Collectives { implementation: CollImpl::Nvshmem, ..base },
+            Variant::Tuned => Collectives { tuning: TUNED, ..base },
         }
     }
 
@@ -58,6 +73,8 @@ impl Variant {
             Variant::Default | Variant::ForceRma | Variant::Nvshmem => true,
             Variant::OneShot | Variant::TwoShot | Variant::LowLatency | Variant::Push => coll == Coll::AllReduce,
             Variant::Sm | Variant::CopyEngine => coll == Coll::AllGather,
+            // Its kernels run up to 1 MiB a peer: the small and medium sizes.
+            Variant::Tuned => false,
         }
     }
 
@@ -112,6 +129,7 @@ pub fn graph_replay(env: &Env) -> TestResult {
         Variant::TwoShot,
         Variant::Sm,
         Variant::CopyEngine,
+        Variant::Tuned,
     ] {
         let _settings = Settings::apply(&env.ctx, v);
         replay(env, stream, v, &mut rep)?;

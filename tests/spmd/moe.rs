@@ -38,7 +38,20 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("moe::plan_then_move::all_to_all_v_2d_offset", |e| with_form(e, MoeKernels::PlanThenMove, all_to_all_v_2d_offset)),
     ("moe::plan_then_move::errors::bad_on_one_pe", |e| with_form(e, MoeKernels::PlanThenMove, err_bad_on_one_pe)),
     ("moe::plan_then_move::graph_replay_gpu_only", |e| with_form(e, MoeKernels::PlanThenMove, graph_replay)),
+    // Many working blocks on the tests' few rows (the GPU backend).
+    ("moe::tuned::all_to_all_v_2d", |e| tuned(e, all_to_all_v_2d)),
+    ("moe::tuned::all_to_all_v_2d_offset", |e| tuned(e, all_to_all_v_2d_offset)),
 ];
+
+/// `test` with the kernels retuned (`crate::kernels::TUNED`: 256 bytes of
+/// rows per working MoE block).
+fn tuned(env: &Env, test: TestFn) -> TestResult {
+    let before = env.ctx.collectives();
+    env.ctx.set_collectives(Collectives { tuning: crate::kernels::TUNED, ..before });
+    let r = test(env);
+    env.ctx.set_collectives(before);
+    r
+}
 
 /// `test` with the MoE ops in `form`.
 fn with_form(env: &Env, form: MoeKernels, test: TestFn) -> TestResult {

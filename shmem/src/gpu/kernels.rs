@@ -3,7 +3,7 @@
 //! and registered with `nvshmemx_cumodule_init`.
 
 use super::{check, CUstream, GpuWorld, Nv};
-use crate::algo::{AllReduceAlgo, Collectives, MoeKernels};
+use crate::algo::{AllReduceAlgo, Collectives, MoeKernels, Tuning};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 use cudarc::driver::sys::{self, CUfunction, CUmodule};
@@ -24,8 +24,6 @@ const BUILT_WITH: &str = "";
 /// Blocks a collective kernel uses at most: one channel of each signal
 /// array each (`kMaxBlocks` in `common.cuh`).
 const MAX_BLOCKS: usize = 128;
-/// Blocks of the low-latency all-reduce (`kLLBlocks`).
-const LL_BLOCKS: usize = 16;
 /// Most blocks when some peer is reached through RMA, and each one's
 /// staging per peer (`kRmaBlocks`, `kRmaChunk`).
 const RMA_BLOCKS: usize = 32;
@@ -36,11 +34,20 @@ pub(crate) const MAX_TEAM: usize = 64;
 const TEAM_SLOTS: usize = 64;
 /// Threads of a block of the collective kernels.
 const THREADS: u32 = 512;
-/// Largest low-latency all-reduce (`kLLMaxBytes`).
-const LL_MAX_BYTES: usize = crate::algo::LOW_LATENCY_MAX_BYTES;
-/// The push all-reduce's blocks, largest size and largest world
-/// (`kPushBlocks`, `kPushMaxBytes`, `kPushMaxTeam` in `common.cuh`).
+/// Room for the low-latency packets per sender in a world of `n`
+/// (`ll_max_bytes` in `common.cuh`).
+fn ll_room(n: usize) -> usize {
+    if n <= PUSH_MAX_TEAM {
+        crate::algo::LOW_LATENCY_ROOM_BYTES
+    } else {
+        crate::algo::LOW_LATENCY_MAX_BYTES
+    }
+}
+/// Blocks of the low-latency and push kernels unless tuned.
+const LL_BLOCKS: usize = 16;
 const PUSH_BLOCKS: usize = 64;
+/// The push kernels' largest size and largest world (`kPushMaxBytes`,
+/// `kPushMaxTeam` in `common.cuh`).
 const PUSH_MAX_BYTES: usize = crate::algo::PUSH_MAX_BYTES;
 const PUSH_MAX_TEAM: usize = 8;
 /// Up to this many bytes per PE the automatic all-reduce is one-shot (out
@@ -73,8 +80,8 @@ const FOLLOWS_STREAM: [&str; 7] = [
     "shmem_a2av_",
 ];
 /// Input bytes per block of the MoE all-to-all-v's data kernel's grid
-/// (`kA2avBytesPerBlock`: the plan kernel keeps as many working as the
-/// busiest PE's bytes need).
+/// unless tuned (the kernels keep as many working as the busiest PE's
+/// bytes need: `a2av_active` in `moe.cu`).
 const A2AV_BYTES_PER_BLOCK: usize = 32 << 10;
 
 /// Why the kernels are missing from this build, and how to build them.
@@ -103,9 +110,7 @@ impl Layout {
     /// counters, then the one-kernel MoE all-to-all-v's counters and its
     /// two buffers of splits packets (`A2avPackets` in `moe.cu`).
     fn slot_bytes(&self) -> usize {
-        ((3 * MAX_BLOCKS * self.n + MAX_BLOCKS + LL_BLOCKS + PUSH_BLOCKS) * 8).next_multiple_of(256)
-            + 256
-            + 2 * A2AV_PACKET_WORDS * 16
+        ((3 * MAX_BLOCKS * self.n + 2 * MAX_BLOCKS) * 8).next_multiple_of(256) + 256 + 2 * A2AV_PACKET_WORDS * 16
     }
     fn slot(&self, slot: usize) -> usize {
         self.base + slot * self.slot_bytes()
@@ -116,13 +121,13 @@ impl Layout {
     /// The push all-reduce's flags and staging (`push_flags` in
     /// `reduce.cuh`), for worlds of up to `PUSH_MAX_TEAM` PEs.
     fn push(&self) -> usize {
-        self.ll() + 2 * self.n * LL_MAX_BYTES * 2
+        self.ll() + 2 * self.n * ll_room(self.n) * 2
     }
     fn push_bytes(&self) -> usize {
         if self.n > PUSH_MAX_TEAM {
             return 0;
         }
-        (self.n * PUSH_BLOCKS * 8).next_multiple_of(256) + 2 * self.n * PUSH_MAX_BYTES
+        (self.n * MAX_BLOCKS * 8).next_multiple_of(256) + 2 * self.n * PUSH_MAX_BYTES
     }
     fn temp(&self) -> usize {
         self.push() + self.push_bytes()
@@ -134,6 +139,39 @@ impl Layout {
     /// Bytes of all the kernels' state.
     pub(crate) fn bytes(&self) -> usize {
         self.a2av() + A2AV_TABLE_WORDS * 8 - self.base
+    }
+}
+
+/// Which of the low-latency and push kernels a collective may take, and
+/// their grids: the world team's collectives, with [`Tuning`] resolved
+/// against the defaults. The same on every PE (the settings must be).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Protocols {
+    world: bool,
+    ll_max_bytes: usize,
+    ll_blocks: usize,
+    push_blocks: usize,
+}
+
+impl Protocols {
+    pub(crate) fn new(world: bool, tuning: &Tuning) -> Protocols {
+        let blocks = |b: Option<u32>, default: usize| b.map_or(default, |b| (b as usize).clamp(1, MAX_BLOCKS));
+        Protocols {
+            world,
+            ll_max_bytes: tuning.low_latency_max_bytes.unwrap_or(crate::algo::LOW_LATENCY_MAX_BYTES),
+            ll_blocks: blocks(tuning.low_latency_blocks, LL_BLOCKS),
+            push_blocks: blocks(tuning.push_blocks, PUSH_BLOCKS),
+        }
+    }
+
+    /// Whether the low-latency kernels take `bytes` per peer on this team.
+    fn low_latency(&self, t: &TeamSync, bytes: usize) -> bool {
+        self.world && t.rma == 0 && bytes <= self.ll_max_bytes.min(ll_room(t.n as usize))
+    }
+
+    /// Whether the push kernels take `bytes` per peer on this team.
+    fn push(&self, t: &TeamSync, bytes: usize) -> bool {
+        self.world && t.rma == 0 && t.n as usize <= PUSH_MAX_TEAM && bytes <= PUSH_MAX_BYTES
     }
 }
 
@@ -170,6 +208,8 @@ pub(crate) struct A2av {
     /// Set by [`Kernels::all_to_all_v`].
     table: u64,
     error: u64,
+    /// Set by [`Kernels::all_to_all_v`].
+    block_bytes: u64,
     /// 0: 1D, 1: 2D dispatch, 2: 2D combine.
     pub kind: i32,
     /// Experts per PE (1 for 1D).
@@ -206,6 +246,7 @@ impl A2av {
             out_rows: out_rows as u64,
             table: 0,
             error: 0,
+            block_bytes: 0,
             kind,
             ne: ne as i32,
             major_align: major_align as i32,
@@ -643,7 +684,7 @@ impl Kernels {
     pub(crate) fn all_reduce(
         &self,
         t: TeamSync,
-        world: bool,
+        p: Protocols,
         algo: AllReduceAlgo,
         dtype: DType,
         op: ReduceOp,
@@ -653,8 +694,8 @@ impl Kernels {
         s: CUstream,
     ) -> Result<()> {
         let bytes = count * dtype.size();
-        let ll = Self::low_latency(&t, world, bytes);
-        let push = Self::push(&t, world, bytes);
+        let ll = p.low_latency(&t, bytes);
+        let push = p.push(&t, bytes);
         let one_shot = dst != src;
         let how = match algo {
             AllReduceAlgo::LowLatency if ll => Reduction::LowLatency,
@@ -666,17 +707,7 @@ impl Kernels {
             _ if one_shot && bytes <= ONE_SHOT_MAX_BYTES => Reduction::OneShot,
             _ => Reduction::TwoShot,
         };
-        self.reduce(t, how, dtype, op, dst, src, count, s)
-    }
-
-    /// Whether the low-latency kernels take `bytes` per peer on this team.
-    fn low_latency(t: &TeamSync, world: bool, bytes: usize) -> bool {
-        world && t.rma == 0 && bytes <= LL_MAX_BYTES
-    }
-
-    /// Whether the push kernels take `bytes` per peer on this team.
-    fn push(t: &TeamSync, world: bool, bytes: usize) -> bool {
-        world && t.rma == 0 && t.n as usize <= PUSH_MAX_TEAM && bytes <= PUSH_MAX_BYTES
+        self.reduce(t, p, how, dtype, op, dst, src, count, s)
     }
 
     /// Reduce-scatter: `count` elements into each member's `dst` from block
@@ -685,7 +716,7 @@ impl Kernels {
     pub(crate) fn reduce_scatter(
         &self,
         t: TeamSync,
-        world: bool,
+        p: Protocols,
         dtype: DType,
         op: ReduceOp,
         dst: usize,
@@ -694,20 +725,21 @@ impl Kernels {
         s: CUstream,
     ) -> Result<()> {
         let bytes = count * dtype.size();
-        let how = if Self::low_latency(&t, world, bytes) {
+        let how = if p.low_latency(&t, bytes) {
             Reduction::ReduceScatterLowLatency
-        } else if Self::push(&t, world, bytes) {
+        } else if p.push(&t, bytes) {
             Reduction::ReduceScatterPush
         } else {
             Reduction::ReduceScatter
         };
-        self.reduce(t, how, dtype, op, dst, src, count, s)
+        self.reduce(t, p, how, dtype, op, dst, src, count, s)
     }
 
     #[allow(clippy::too_many_arguments)]
     fn reduce(
         &self,
         t: TeamSync,
+        p: Protocols,
         how: Reduction,
         dtype: DType,
         op: ReduceOp,
@@ -720,15 +752,15 @@ impl Kernels {
         let np = if op == ReduceOp::Sum && matches!(t.n, 2 | 4 | 8) { t.n } else { 0 };
         let units = (count * dtype.size()).div_ceil(16);
         let (name, blocks) = match how {
-            Reduction::LowLatency => (format!("shmem_allreduce_ll_{dt}_{o}"), LL_BLOCKS),
-            Reduction::Push => (format!("shmem_allreduce_push_{dt}_{o}_{np}"), PUSH_BLOCKS),
+            Reduction::LowLatency => (format!("shmem_allreduce_ll_{dt}_{o}"), p.ll_blocks),
+            Reduction::Push => (format!("shmem_allreduce_push_{dt}_{o}_{np}"), p.push_blocks),
             Reduction::OneShot => (format!("shmem_allreduce_oneshot_{dt}_{o}_{np}"), Self::blocks(&t, units)),
             Reduction::TwoShot => {
                 (format!("shmem_allreduce_twoshot_{dt}_{o}_{np}"), Self::blocks(&t, units.div_ceil(t.n as usize)))
             }
             Reduction::ReduceScatter => (format!("shmem_reducescatter_{dt}_{o}_{np}"), Self::blocks(&t, units)),
-            Reduction::ReduceScatterLowLatency => (format!("shmem_reducescatter_ll_{dt}_{o}"), LL_BLOCKS),
-            Reduction::ReduceScatterPush => (format!("shmem_reducescatter_push_{dt}_{o}_{np}"), PUSH_BLOCKS),
+            Reduction::ReduceScatterLowLatency => (format!("shmem_reducescatter_ll_{dt}_{o}"), p.ll_blocks),
+            Reduction::ReduceScatterPush => (format!("shmem_reducescatter_push_{dt}_{o}_{np}"), p.push_blocks),
         };
         // SAFETY: (TeamSync, dst, src, count) as every reduction kernel
         // declares; regions checked and agreed by the caller.
@@ -742,14 +774,14 @@ impl Kernels {
     pub(crate) fn all_gather(
         &self,
         t: TeamSync,
-        world: bool,
+        p: Protocols,
         dst: usize,
         src: usize,
         bytes: usize,
         in_place: bool,
         s: CUstream,
     ) -> Result<()> {
-        self.launch_move("shmem_allgather", t, world, dst, src, bytes, in_place as i32, s)
+        self.launch_move("shmem_allgather", t, p, dst, src, bytes, in_place as i32, s)
     }
 
     /// All-gather by copy engines: a barrier kernel (every destination is
@@ -791,14 +823,14 @@ impl Kernels {
     pub(crate) fn broadcast(
         &self,
         t: TeamSync,
-        world: bool,
+        p: Protocols,
         dst: usize,
         src: usize,
         bytes: usize,
         root: usize,
         s: CUstream,
     ) -> Result<()> {
-        self.launch_move("shmem_broadcast", t, world, dst, src, bytes, root as i32, s)
+        self.launch_move("shmem_broadcast", t, p, dst, src, bytes, root as i32, s)
     }
 
     /// Broadcast by pulls (`shmem_broadcast_pull`): every member reads the
@@ -827,17 +859,17 @@ impl Kernels {
         &self,
         kernel: &str,
         t: TeamSync,
-        world: bool,
+        p: Protocols,
         dst: usize,
         src: usize,
         bytes: usize,
         x: i32,
         s: CUstream,
     ) -> Result<()> {
-        let (name, blocks) = if Self::low_latency(&t, world, bytes) {
-            (format!("{kernel}_ll"), LL_BLOCKS)
-        } else if Self::push(&t, world, bytes) {
-            (format!("{kernel}_push"), PUSH_BLOCKS)
+        let (name, blocks) = if p.low_latency(&t, bytes) {
+            (format!("{kernel}_ll"), p.ll_blocks)
+        } else if p.push(&t, bytes) {
+            (format!("{kernel}_push"), p.push_blocks)
         } else {
             (kernel.to_owned(), Self::blocks(&t, bytes.div_ceil(16)))
         };
@@ -878,8 +910,8 @@ impl Kernels {
     /// Whether an all-to-all of `bytes` per member may be in place (the
     /// low-latency and push kernels read every block of a chunk before
     /// writing it).
-    pub(crate) fn all_to_all_in_place(t: &TeamSync, world: bool, bytes: usize) -> bool {
-        Self::low_latency(t, world, bytes) || Self::push(t, world, bytes)
+    pub(crate) fn all_to_all_in_place(t: &TeamSync, p: Protocols, bytes: usize) -> bool {
+        p.low_latency(t, bytes) || p.push(t, bytes)
     }
 
     /// All-to-all of `bytes` per member; `src` and `dst` apart unless
@@ -888,16 +920,16 @@ impl Kernels {
     pub(crate) fn all_to_all(
         &self,
         t: TeamSync,
-        world: bool,
+        p: Protocols,
         dst: usize,
         src: usize,
         bytes: usize,
         s: CUstream,
     ) -> Result<()> {
-        let (name, blocks) = if Self::low_latency(&t, world, bytes) {
-            ("shmem_alltoall_ll", LL_BLOCKS)
-        } else if Self::push(&t, world, bytes) {
-            ("shmem_alltoall_push", PUSH_BLOCKS)
+        let (name, blocks) = if p.low_latency(&t, bytes) {
+            ("shmem_alltoall_ll", p.ll_blocks)
+        } else if p.push(&t, bytes) {
+            ("shmem_alltoall_push", p.push_blocks)
         } else {
             ("shmem_alltoall", Self::blocks(&t, bytes.div_ceil(16)))
         };
@@ -952,7 +984,9 @@ impl Kernels {
         // The data blocks, by what the input can hold; the kernels keep as
         // many working as what is sent needs (`kA2avBytesPerBlock` each;
         // the idle ones skip their channel).
-        let blocks = in_bytes.div_ceil(A2AV_BYTES_PER_BLOCK).clamp(1, most);
+        let per = settings.tuning.moe_block_bytes.map_or(A2AV_BYTES_PER_BLOCK, |b| b.max(16));
+        let blocks = in_bytes.div_ceil(per).clamp(1, most);
+        a.block_bytes = per as u64;
         a.blocks = blocks as i32;
         a.local_blocks = local_blocks.map_or(-1, |b| b.min(MAX_BLOCKS as u32) as i32);
         let (n, ne) = (t.n as usize, a.ne as usize);
