@@ -222,11 +222,12 @@ struct Args {
     #[arg(long)]
     moe_local_blocks: Option<u32>,
     /// GPU kernels' tuning (`shmem::Tuning`), for every shmem row: the
-    /// low-latency kernels' largest message a peer [default: 128K; at most
-    /// 1M up to 8 PEs]
+    /// low-latency kernels' largest message a peer [default: 1M over the
+    /// PEs' peers, at least 128K; at most 1M up to 8 PEs]
     #[arg(long, value_parser = parse_bytes)]
     ll_max_bytes: Option<usize>,
-    /// GPU kernels' tuning: blocks of the low-latency kernels [default: 16]
+    /// GPU kernels' tuning: blocks of the low-latency kernels [default: 16
+    /// below 32K a peer, 128 from there]
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=128))]
     ll_blocks: Option<u32>,
     /// GPU kernels' tuning: blocks of the push kernels [default: 64]
@@ -373,7 +374,7 @@ enum Imp {
     ShmemOneshot,
     /// all_reduce: the two-shot algorithm
     ShmemTwoshot,
-    /// all_reduce: the low-latency algorithm (up to 128 KiB)
+    /// all_reduce: the low-latency algorithm (up to its limit, 1 MiB at 2 PEs)
     ShmemLl,
     /// all_reduce: the push algorithm (up to 1 MiB, up to 8 PEs)
     ShmemPush,
@@ -925,7 +926,7 @@ impl Bench<'_> {
 
     /// Whether `imp` has a row for `op` at `bytes` in this run.
     fn runs(&self, imp: Imp, op: Op, bytes: usize) -> bool {
-        let ll_max_bytes = self.args.ll_max_bytes.unwrap_or(shmem::algo::LOW_LATENCY_MAX_BYTES);
+        let ll_max_bytes = shmem::algo::low_latency_max_bytes(self.ctx.n_pes(), &self.args.tuning());
         (self.args.imp.is_empty() || self.args.imp.contains(&imp)) && imp.runs(op, bytes, self.gpu(), ll_max_bytes)
     }
 

@@ -26,8 +26,8 @@ pub enum AllReduceAlgo {
     Auto,
     /// Every PE pushes its input, with a flag in every 8-byte word, into
     /// every peer's receive buffer and reduces what arrives: no barrier,
-    /// one link latency. World team, up to [`LOW_LATENCY_MAX_BYTES`] (or
-    /// [`Tuning::low_latency_max_bytes`]), NVLink path.
+    /// one link latency. World team, up to [`low_latency_max_bytes`],
+    /// NVLink path.
     LowLatency,
     /// Every PE stores its input into every peer's staging with one flag
     /// per block, and reduces what arrives: no barrier, plain 16-byte
@@ -43,7 +43,8 @@ pub enum AllReduceAlgo {
 /// The all-gather algorithm of shmem's kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AllGatherAlgo {
-    /// The low-latency kernel up to 128 KiB per PE (world team, NVLink),
+    /// The low-latency kernel up to [`low_latency_max_bytes`] per PE (world
+    /// team, NVLink),
     /// else the SM kernel, which measured as fast as copy engines or faster
     /// at every size on 2×H200 (`docs/perf.md`).
     #[default]
@@ -75,13 +76,42 @@ pub enum MoeKernels {
 }
 
 /// Largest message (bytes one PE sends another) of the low-latency kernels
-/// unless tuned ([`Tuning::low_latency_max_bytes`]).
+/// in worlds of more than 8 PEs, and the least of any world, unless tuned
+/// ([`Tuning::low_latency_max_bytes`]); see [`low_latency_max_bytes`].
 pub const LOW_LATENCY_MAX_BYTES: usize = 128 << 10;
 
 /// Room for the low-latency kernels' packets per sender in worlds of up to
 /// 8 PEs: the largest [`Tuning::low_latency_max_bytes`] there (in larger
 /// worlds, [`LOW_LATENCY_MAX_BYTES`]).
 pub const LOW_LATENCY_ROOM_BYTES: usize = 1 << 20;
+
+/// Largest message (bytes one PE sends another) that the low-latency
+/// kernels take in a world of `n_pes` under `tuning`.
+///
+/// By default each PE sends at most [`LOW_LATENCY_ROOM_BYTES`] of data in
+/// all (`1 MiB / (n_pes - 1)` a peer), and never less than
+/// [`LOW_LATENCY_MAX_BYTES`] a peer: on 2×H200 the low-latency kernels beat
+/// the push kernels up to 1 MiB for every collective (`docs/perf.md`,
+/// session 9); their packets carry a flag in every 8-byte word, so a PE's
+/// link carries twice its data, and the limit is set by what each PE sends
+/// in all. Larger worlds were not measured.
+pub fn low_latency_max_bytes(n_pes: usize, tuning: &Tuning) -> usize {
+    let room = if n_pes <= 8 { LOW_LATENCY_ROOM_BYTES } else { LOW_LATENCY_MAX_BYTES };
+    let default = (LOW_LATENCY_ROOM_BYTES / n_pes.saturating_sub(1).max(1)).max(LOW_LATENCY_MAX_BYTES);
+    tuning.low_latency_max_bytes.unwrap_or(default).min(room)
+}
+
+/// Blocks of the low-latency kernels for a message of `bytes` a peer
+/// under `tuning`: by default 16 below 32 KiB and 128 from there (on
+/// 2×H200 more blocks were faster at every size from 32 KiB: 256 KiB
+/// all-reduces took 5.87 µs on 16 blocks, 4.28 on 128).
+pub fn low_latency_blocks(bytes: usize, tuning: &Tuning) -> u32 {
+    match tuning.low_latency_blocks {
+        Some(b) => b.clamp(1, 128),
+        None if bytes < 32 << 10 => 16,
+        None => 128,
+    }
+}
 
 /// Largest all-reduce of the push kernel ([`AllReduceAlgo::Push`]), bytes per PE.
 pub const PUSH_MAX_BYTES: usize = 1 << 20;
@@ -120,13 +150,13 @@ pub struct Collectives {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Tuning {
     /// Largest message (bytes one PE sends another) that the low-latency
-    /// kernels take (world team, NVLink): by default
-    /// [`LOW_LATENCY_MAX_BYTES`]; at most [`LOW_LATENCY_ROOM_BYTES`] in
-    /// worlds of up to 8 PEs and [`LOW_LATENCY_MAX_BYTES`] in larger ones
-    /// (more counts as that).
+    /// kernels take (world team, NVLink): by default as
+    /// [`low_latency_max_bytes`] says; at most [`LOW_LATENCY_ROOM_BYTES`]
+    /// in worlds of up to 8 PEs and [`LOW_LATENCY_MAX_BYTES`] in larger
+    /// ones (more counts as that).
     pub low_latency_max_bytes: Option<usize>,
-    /// Blocks of the low-latency kernels: by default 16; 1 to 128 (outside,
-    /// the nearer end).
+    /// Blocks of the low-latency kernels at every size: by default as
+    /// [`low_latency_blocks`] says; 1 to 128 (outside, the nearer end).
     pub low_latency_blocks: Option<u32>,
     /// Blocks of the push kernels: by default 64; 1 to 128 (outside, the
     /// nearer end).
@@ -135,4 +165,37 @@ pub struct Tuning {
     /// data block, which sets how many blocks move the rows: by default
     /// 32 KiB; at least 16.
     pub moe_block_bytes: Option<usize>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn low_latency_limit_follows_what_each_pe_sends() {
+        let none = Tuning::default();
+        assert_eq!(low_latency_max_bytes(1, &none), 1 << 20);
+        assert_eq!(low_latency_max_bytes(2, &none), 1 << 20);
+        assert_eq!(low_latency_max_bytes(4, &none), (1 << 20) / 3);
+        assert_eq!(low_latency_max_bytes(8, &none), (1 << 20) / 7);
+        assert_eq!(low_latency_max_bytes(9, &none), 128 << 10);
+        assert_eq!(low_latency_max_bytes(64, &none), 128 << 10);
+        let tuned = |b| Tuning { low_latency_max_bytes: Some(b), ..Tuning::default() };
+        assert_eq!(low_latency_max_bytes(8, &tuned(1 << 20)), 1 << 20);
+        assert_eq!(low_latency_max_bytes(2, &tuned(4 << 20)), 1 << 20, "capped at the room");
+        assert_eq!(low_latency_max_bytes(16, &tuned(1 << 20)), 128 << 10, "capped at the room");
+        assert_eq!(low_latency_max_bytes(2, &tuned(0)), 0);
+    }
+
+    #[test]
+    fn low_latency_grid_widens_at_32_kib() {
+        let none = Tuning::default();
+        assert_eq!(low_latency_blocks(8, &none), 16);
+        assert_eq!(low_latency_blocks((32 << 10) - 1, &none), 16);
+        assert_eq!(low_latency_blocks(32 << 10, &none), 128);
+        let tuned = |b| Tuning { low_latency_blocks: Some(b), ..Tuning::default() };
+        assert_eq!(low_latency_blocks(8, &tuned(64)), 64);
+        assert_eq!(low_latency_blocks(1 << 20, &tuned(0)), 1);
+        assert_eq!(low_latency_blocks(1 << 20, &tuned(500)), 128);
+    }
 }

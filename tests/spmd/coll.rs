@@ -65,9 +65,13 @@ const TEAM_SMALL: &[usize] = &[1, 7, 33, 4099];
 /// What the host backend runs under the settings other than the default
 /// (which it ignores).
 const HOST_VARIANT_SMALL: &[usize] = &[7, 4099];
-/// Around the kernels' size boundaries: 24 579 elements are 48 KiB of f16
-/// (low-latency kernels, up to 64 KiB a peer), 96 KiB of f32 and 192 KiB
-/// of 8-byte types (push kernels); 65 541 are 128 KiB + 10 bytes of f16.
+/// Around the kernels' size boundaries: 24 579 elements are 48 KiB of f16,
+/// 96 KiB of f32 and 192 KiB of 8-byte types; 65 541 are 128 KiB + 10 bytes
+/// of f16 (past the low-latency limit of worlds over 8 PEs) and 512 KiB +
+/// 40 of 8-byte types. At 2 PEs the default runs them all on the
+/// low-latency kernels (up to 1 MiB a peer), [`Variant::Tuned`] the 4- and
+/// 8-byte ones past 256 KiB on the push kernels; `LARGE` is past the push
+/// kernels' 1 MiB in every dtype.
 const MEDIUM: &[usize] = &[24_579, (1 << 16) + 5];
 const LARGE: usize = (1 << 20) + 3;
 /// GPU only, f32 and bf16: the all-reduce's vector, the all-gather's output.
@@ -188,8 +192,8 @@ impl Plan {
             (true, Tier::Small) => true,
             (false, Tier::Small) => !self.teams || matches!(op, None | Some(ReduceOp::Sum | ReduceOp::Max)),
             (true, Tier::Medium) => true,
-            // Every op and dtype runs the non-low-latency kernels at Medium
-            // already; at 1M elements, sums of every dtype and every op of f32/bf16.
+            // At 1M elements (past the low-latency and push kernels), sums of
+            // every dtype and every op of f32/bf16.
             (true, Tier::Large) => sum || (about && !self.teams && matches!(dtype, DType::F32 | DType::BF16)),
             (true, Tier::Huge) => sum && about && !self.teams && matches!(dtype, DType::F32 | DType::BF16),
             (false, Tier::Medium) => world_default && sum && matches!(dtype, DType::F32 | DType::BF16 | DType::U64),

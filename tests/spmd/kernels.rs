@@ -25,9 +25,10 @@ pub enum Variant {
     Tuned,
 }
 
-/// [`Variant::Tuned`]'s knobs: the medium sizes' 8-byte cases (512 KiB a
-/// peer) take the push kernels on 128 blocks, the rest up to 256 KiB the
-/// low-latency kernels on 64.
+/// [`Variant::Tuned`]'s knobs: the medium sizes' cases past 256 KiB a peer
+/// (f32's 256 KiB + 20 bytes, the 8-byte types' 512 KiB + 40) take the push
+/// kernels on 128 blocks, the rest the low-latency kernels on 64 at every
+/// size (the default grid changes at 32 KiB).
 pub const TUNED: Tuning = Tuning {
     low_latency_max_bytes: Some(256 << 10),
     low_latency_blocks: Some(64),

@@ -43,8 +43,7 @@ fn ll_room(n: usize) -> usize {
         crate::algo::LOW_LATENCY_MAX_BYTES
     }
 }
-/// Blocks of the low-latency and push kernels unless tuned.
-const LL_BLOCKS: usize = 16;
+/// Blocks of the push kernels unless tuned.
 const PUSH_BLOCKS: usize = 64;
 /// The push kernels' largest size and largest world (`kPushMaxBytes`,
 /// `kPushMaxTeam` in `common.cuh`).
@@ -148,25 +147,28 @@ impl Layout {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Protocols {
     world: bool,
-    ll_max_bytes: usize,
-    ll_blocks: usize,
+    tuning: Tuning,
     push_blocks: usize,
 }
 
 impl Protocols {
     pub(crate) fn new(world: bool, tuning: &Tuning) -> Protocols {
-        let blocks = |b: Option<u32>, default: usize| b.map_or(default, |b| (b as usize).clamp(1, MAX_BLOCKS));
         Protocols {
             world,
-            ll_max_bytes: tuning.low_latency_max_bytes.unwrap_or(crate::algo::LOW_LATENCY_MAX_BYTES),
-            ll_blocks: blocks(tuning.low_latency_blocks, LL_BLOCKS),
-            push_blocks: blocks(tuning.push_blocks, PUSH_BLOCKS),
+            tuning: *tuning,
+            push_blocks: tuning.push_blocks.map_or(PUSH_BLOCKS, |b| (b as usize).clamp(1, MAX_BLOCKS)),
         }
     }
 
     /// Whether the low-latency kernels take `bytes` per peer on this team.
     fn low_latency(&self, t: &TeamSync, bytes: usize) -> bool {
-        self.world && t.rma == 0 && bytes <= self.ll_max_bytes.min(ll_room(t.n as usize))
+        let n = t.n as usize;
+        self.world && t.rma == 0 && bytes <= crate::algo::low_latency_max_bytes(n, &self.tuning).min(ll_room(n))
+    }
+
+    /// The low-latency kernels' grid for `bytes` per peer.
+    fn ll_blocks(&self, bytes: usize) -> usize {
+        crate::algo::low_latency_blocks(bytes, &self.tuning) as usize
     }
 
     /// Whether the push kernels take `bytes` per peer on this team.
@@ -750,16 +752,17 @@ impl Kernels {
     ) -> Result<()> {
         let (dt, o) = (dtype.name(), op.name());
         let np = if op == ReduceOp::Sum && matches!(t.n, 2 | 4 | 8) { t.n } else { 0 };
-        let units = (count * dtype.size()).div_ceil(16);
+        let bytes = count * dtype.size();
+        let units = bytes.div_ceil(16);
         let (name, blocks) = match how {
-            Reduction::LowLatency => (format!("shmem_allreduce_ll_{dt}_{o}"), p.ll_blocks),
+            Reduction::LowLatency => (format!("shmem_allreduce_ll_{dt}_{o}"), p.ll_blocks(bytes)),
             Reduction::Push => (format!("shmem_allreduce_push_{dt}_{o}_{np}"), p.push_blocks),
             Reduction::OneShot => (format!("shmem_allreduce_oneshot_{dt}_{o}_{np}"), Self::blocks(&t, units)),
             Reduction::TwoShot => {
                 (format!("shmem_allreduce_twoshot_{dt}_{o}_{np}"), Self::blocks(&t, units.div_ceil(t.n as usize)))
             }
             Reduction::ReduceScatter => (format!("shmem_reducescatter_{dt}_{o}_{np}"), Self::blocks(&t, units)),
-            Reduction::ReduceScatterLowLatency => (format!("shmem_reducescatter_ll_{dt}_{o}"), p.ll_blocks),
+            Reduction::ReduceScatterLowLatency => (format!("shmem_reducescatter_ll_{dt}_{o}"), p.ll_blocks(bytes)),
             Reduction::ReduceScatterPush => (format!("shmem_reducescatter_push_{dt}_{o}_{np}"), p.push_blocks),
         };
         // SAFETY: (TeamSync, dst, src, count) as every reduction kernel
@@ -867,7 +870,7 @@ impl Kernels {
         s: CUstream,
     ) -> Result<()> {
         let (name, blocks) = if p.low_latency(&t, bytes) {
-            (format!("{kernel}_ll"), p.ll_blocks)
+            (format!("{kernel}_ll"), p.ll_blocks(bytes))
         } else if p.push(&t, bytes) {
             (format!("{kernel}_push"), p.push_blocks)
         } else {
@@ -927,7 +930,7 @@ impl Kernels {
         s: CUstream,
     ) -> Result<()> {
         let (name, blocks) = if p.low_latency(&t, bytes) {
-            ("shmem_alltoall_ll", p.ll_blocks)
+            ("shmem_alltoall_ll", p.ll_blocks(bytes))
         } else if p.push(&t, bytes) {
             ("shmem_alltoall_push", p.push_blocks)
         } else {
