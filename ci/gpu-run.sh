@@ -138,8 +138,9 @@ each_test() {
 # against the defaults, in one call: the all-reduce (bf16, 32 KiB to
 # 1 MiB) with the push kernels on 32, 64 and 128 blocks and with the
 # low-latency kernels taking everything up to 1 MiB on 16, 32, 64 and 128
-# blocks; the other collectives with the low-latency kernels to 1 MiB on
-# 64 blocks; the MoE dispatch with 32, 16 and 8 KiB of rows a block. NCCL
+# blocks, and in 128-byte lines (shmem-ll128) on 64 and 128 blocks; the
+# other collectives with the low-latency kernels to 1 MiB on 64 blocks;
+# the MoE dispatch with 32, 16 and 8 KiB of rows a block. NCCL
 # beside the defaults only. Rows in $out/tune-*.jsonl.
 tune() {
     local ar=(--op all_reduce --dtype bf16 --min-bytes 32K --max-bytes 1M --graph)
@@ -154,6 +155,10 @@ tune() {
     for b in 16 32 64 128; do
         step "tune-ar-ll1m-$b" "${bench[@]}" "${ar[@]}" --impl shmem --ll-max-bytes 1M --ll-blocks "$b" \
             --json "$out/tune-ar-ll1m-$b.jsonl"
+    done
+    for b in 64 128; do
+        step "tune-ar-ll128-$b" "${bench[@]}" "${ar[@]}" --impl shmem-ll128 --ll-blocks "$b" \
+            --json "$out/tune-ar-ll128-$b.jsonl"
     done
     step tune-coll-default "${bench[@]}" "${coll[@]}" --impl shmem,nccl --json "$out/tune-coll-default.jsonl"
     step tune-coll-ll1m-64 "${bench[@]}" "${coll[@]}" --impl shmem --ll-max-bytes 1M --ll-blocks 64 \

@@ -376,6 +376,8 @@ enum Imp {
     ShmemTwoshot,
     /// all_reduce: the low-latency algorithm (up to its limit, 1 MiB at 2 PEs)
     ShmemLl,
+    /// all_reduce: the low-latency algorithm in 128-byte lines (up to 1 MiB, up to 8 PEs)
+    ShmemLl128,
     /// all_reduce: the push algorithm (up to 1 MiB, up to 8 PEs)
     ShmemPush,
     /// all_gather: moved by the copy engines
@@ -414,6 +416,7 @@ impl Imp {
             Imp::ShmemOneshot => "shmem-oneshot",
             Imp::ShmemTwoshot => "shmem-twoshot",
             Imp::ShmemLl => "shmem-ll",
+            Imp::ShmemLl128 => "shmem-ll128",
             Imp::ShmemPush => "shmem-push",
             Imp::ShmemCe => "shmem-ce",
             Imp::Shmem2k => "shmem-2k",
@@ -441,6 +444,7 @@ impl Imp {
             Imp::ShmemOneshot => Collectives { all_reduce: AllReduceAlgo::OneShot, ..default },
             Imp::ShmemTwoshot => Collectives { all_reduce: AllReduceAlgo::TwoShot, ..default },
             Imp::ShmemLl => Collectives { all_reduce: AllReduceAlgo::LowLatency, ..default },
+            Imp::ShmemLl128 => Collectives { all_reduce: AllReduceAlgo::LowLatency128, ..default },
             Imp::ShmemPush => Collectives { all_reduce: AllReduceAlgo::Push, ..default },
             Imp::ShmemCe => Collectives { all_gather: AllGatherAlgo::CopyEngine, ..default },
             Imp::Shmem2k => Collectives { moe: MoeKernels::PlanThenMove, ..default },
@@ -455,7 +459,7 @@ impl Imp {
     /// (`gpu`) or the host backend, which ignores the collective settings
     /// (but runs every implementation of the overlapped matmuls: the same
     /// code, a check of the bench itself).
-    fn runs(self, op: Op, bytes: usize, gpu: bool, ll_max_bytes: usize) -> bool {
+    fn runs(self, op: Op, bytes: usize, gpu: bool, ll_max_bytes: usize, ll_room: usize) -> bool {
         match self {
             Imp::Shmem => !op.is_overlap(),
             Imp::Memcpy => matches!(op, Op::Put | Op::Get),
@@ -463,6 +467,7 @@ impl Imp {
             _ if !gpu => false,
             Imp::ShmemOneshot | Imp::ShmemTwoshot => op == Op::AllReduce,
             Imp::ShmemLl => op == Op::AllReduce && bytes <= ll_max_bytes,
+            Imp::ShmemLl128 => op == Op::AllReduce && bytes <= ll_room,
             Imp::ShmemPush => op == Op::AllReduce && bytes <= shmem::algo::PUSH_MAX_BYTES,
             Imp::ShmemCe => op == Op::AllGather,
             Imp::Shmem2k => op.is_moe(),
@@ -926,8 +931,11 @@ impl Bench<'_> {
 
     /// Whether `imp` has a row for `op` at `bytes` in this run.
     fn runs(&self, imp: Imp, op: Op, bytes: usize) -> bool {
-        let ll_max_bytes = shmem::algo::low_latency_max_bytes(self.ctx.n_pes(), &self.args.tuning());
-        (self.args.imp.is_empty() || self.args.imp.contains(&imp)) && imp.runs(op, bytes, self.gpu(), ll_max_bytes)
+        let n = self.ctx.n_pes();
+        let ll_max_bytes = shmem::algo::low_latency_max_bytes(n, &self.args.tuning());
+        let ll_room = shmem::algo::low_latency_room_bytes(n);
+        (self.args.imp.is_empty() || self.args.imp.contains(&imp))
+            && imp.runs(op, bytes, self.gpu(), ll_max_bytes, ll_room)
     }
 
     fn graphs(&self, bytes: usize) -> bool {

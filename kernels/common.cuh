@@ -127,10 +127,16 @@ static __device__ __noinline__ void rma_signal(uint64_t *word, uint64_t v, int p
 // Sets word [array][blockIdx.x][rank] of member `pe` to `v`, after every
 // store and put this block made before (call from one thread, after a
 // __syncthreads).
+//
+// On the NVLink path the release store alone orders them: the block's
+// earlier stores come before it through the barrier (a release is
+// cumulative), and it compiles to MEMBAR.ALL.SYS before the store, which
+// waits for them. A __threadfence_system() before it (fence.sc.sys) would
+// add a MEMBAR.SC.SYS, which also orders this thread's later loads, for
+// nothing.
 __device__ __forceinline__ void signal(const TeamSync &t, int array, int pe, uint64_t v) {
     uint64_t *w = t.word(array, blockIdx.x, t.rank);
     if (t.nvlink(pe)) {
-        __threadfence_system();
         uint64_t off = reinterpret_cast<uint64_t>(w) - t.heap;
         st_release64(reinterpret_cast<uint64_t *>(t.peer_heap[pe] + off), v);
     } else {
@@ -465,6 +471,86 @@ struct LL {
     __device__ void end() const { ll_counters_end(t, epoch); }
 };
 
+__device__ __forceinline__ void st_volatile_v2u64(uint64_t *p, uint64_t a, uint64_t b) {
+    asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(a), "l"(b) : "memory");
+}
+
+__device__ __forceinline__ void ld_volatile_v2u64(const uint64_t *p, uint64_t &a, uint64_t &b) {
+    asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(p) : "memory");
+}
+
+// The line protocol (LL128; world team, every peer over NVLink, the
+// low-latency packets' room and epochs): data travels in 128-byte lines
+// of 120 data bytes and one 8-byte flag, each line stored by 8 lanes of a
+// warp with one 16-byte store each (lane 8k + 7 carries the flag), so the
+// line is one 128-byte write on the link; the receiver loads it the same
+// way (one 128-byte read) and retries the warp's load until every line's
+// flag is this operation's. It counts, as NCCL's LL128 protocol does on
+// these GPUs, on NVLink delivering an aligned 128-byte store of a warp
+// whole: the flag's arrival is then its line's. Against the 8-byte
+// packets, a line carries 15 words for 16 moved instead of 1 for 2.
+//
+// The lines of a sender go where its packets would (`LL::slot`), so the
+// two protocols share the buffers, the epochs and the argument about
+// reuse (every operation sends every peer at least one line). The flag is
+// the packet's flag in both halves: a stale packet's word there carries
+// an older flag in its upper half, a zeroed buffer 0.
+struct LL128 {
+    const TeamSync &t;
+    uint64_t epoch;
+    uint64_t flag;
+    uint64_t parity;
+    static constexpr uint64_t kWords = 15;  // data words in a line
+
+    __device__ LL128(const TeamSync &team) : t(team) {
+        __shared__ uint64_t shared_epoch;
+        if (threadIdx.x == 0) shared_epoch = *t.ll_counter(blockIdx.x) + 1;
+        __syncthreads();
+        epoch = shared_epoch;
+        uint64_t f = 1 + epoch % 0xffffffffull;
+        flag = f | f << 32;
+        parity = epoch & 1;
+    }
+    // Lines for `bytes` (at least one, so that every peer hears from every peer).
+    __device__ uint64_t lines(uint64_t bytes) const { return bytes == 0 ? 1 : (bytes + 8 * kWords - 1) / (8 * kWords); }
+    // A pass covers 4 lines a warp; `base()` is this warp's first, the
+    // lane's line is base + lane / 8 (the loop bound stays warp-uniform).
+    __device__ uint64_t base() const { return (static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32 * 4; }
+    __device__ uint64_t stride() const { return static_cast<uint64_t>(gridDim.x) * blockDim.x / 8; }
+    __device__ int lane8() const { return threadIdx.x % 8; }
+    __device__ uint64_t line_of(uint64_t base) const { return base + (threadIdx.x % 32) / 8; }
+    // 8-byte chunk (of the data) of this lane's first word in `line`; the
+    // second, for lanes 0–6, follows it.
+    __device__ uint64_t chunk(uint64_t line) const { return line * kWords + 2 * lane8(); }
+    __device__ uint64_t *at(uint8_t *heap, int sender, uint64_t line) const {
+        uint64_t off = t.ll_offset + (parity * t.n + sender) * (2 * ll_max_bytes(t.n)) + line * 128 + lane8() * 16;
+        return reinterpret_cast<uint64_t *>(heap + off);
+    }
+    // This lane's 16 bytes of `line` into member `pe`'s buffer for this PE:
+    // data words `a` and `b` (lanes 0–6) or `a` and the flag (lane 7).
+    __device__ void send(int pe, uint64_t line, uint64_t a, uint64_t b) const {
+        st_volatile_v2u64(at(reinterpret_cast<uint8_t *>(t.peer_heap[pe]), t.rank, line), a, lane8() == 7 ? flag : b);
+    }
+    // This lane's data words of `line` from member `pe` (whole warp; `live`
+    // false for lanes past the last line, which load nothing).
+    __device__ void recv(int pe, uint64_t line, bool live, uint64_t &a, uint64_t &b) const {
+        const uint64_t *p = at(reinterpret_cast<uint8_t *>(t.heap), pe, line);
+        a = b = 0;
+        if (live) ld_volatile_v2u64(p, a, b);
+        long long start = 0;
+        while (__any_sync(0xffffffffu, live && lane8() == 7 && b != flag)) {
+            if (start == 0) start = clock64();
+            if (clock64() - start > kWaitCycles) {
+                if (live && lane8() == 7 && b != flag)
+                    printf("shmem: waited too long for a line of a low-latency collective from PE %d\n", pe);
+                __trap();
+            }
+            if (live) ld_volatile_v2u64(p, a, b);
+        }
+    }
+    __device__ void end() const { ll_counters_end(t, epoch); }
+};
+
 // The push protocol (world team, every peer over NVLink, at most
 // kPushMaxTeam PEs, at most kPushMaxBytes from one PE to another per
 // operation): block b stores its share of what goes to each peer into
@@ -514,7 +600,6 @@ struct Push {
         uint64_t *mine = t.mine<uint64_t>(flags());
         for (int pe = threadIdx.x; pe < t.n; pe += blockDim.x) {
             if (pe == t.rank) continue;
-            __threadfence_system();
             st_release64(t.at<uint64_t>(pe, flags()) + t.rank * kMaxBlocks + blockIdx.x, epoch);
         }
         for (int pe = threadIdx.x; pe < t.n; pe += blockDim.x)

@@ -182,8 +182,9 @@ __device__ inline void signal_add(const PeerHandle &h, int peer, int channel, ui
 __device__ inline void block_signal(const PeerHandle &h, int peer, int channel, uint32_t value,
                                     SignalOp op = kSignalSet) {
     __syncthreads();
+    // The release is cumulative: the barrier puts every thread's stores
+    // before it (no fence.sc.sys needed).
     if (detail::thread_in_block() == 0) {
-        __threadfence_system();
         signal_op(h, peer, channel, value, op);
     }
 }
@@ -241,7 +242,6 @@ __device__ inline void barrier(const PeerHandle &h, int channel, uint32_t epoch)
     __syncthreads();
     if (threadIdx.x < h.world_size) {
         int peer = threadIdx.x;
-        __threadfence_system();
         st_release(signal_word(h, peer, channel, h.rank), epoch);
         wait_at_least(signal_word(h, h.rank, channel, peer), epoch);
     }

@@ -29,6 +29,11 @@ pub enum AllReduceAlgo {
     /// one link latency. World team, up to [`low_latency_max_bytes`],
     /// NVLink path.
     LowLatency,
+    /// As [`LowLatency`](Self::LowLatency), in 128-byte lines of 120 data
+    /// bytes and one flag (NCCL's LL128): about half the bytes on the link
+    /// of the 8-byte packets. World team, up to the packets' room (1 MiB a
+    /// peer in worlds of up to 8 PEs, else 128 KiB), NVLink path.
+    LowLatency128,
     /// Every PE stores its input into every peer's staging with one flag
     /// per block, and reduces what arrives: no barrier, plain 16-byte
     /// stores. World team of up to 8 PEs, up to [`PUSH_MAX_BYTES`], NVLink
@@ -85,6 +90,17 @@ pub const LOW_LATENCY_MAX_BYTES: usize = 128 << 10;
 /// worlds, [`LOW_LATENCY_MAX_BYTES`]).
 pub const LOW_LATENCY_ROOM_BYTES: usize = 1 << 20;
 
+/// Room for the low-latency packets (and the lines of
+/// [`AllReduceAlgo::LowLatency128`], which share it) per sender in a world
+/// of `n_pes`: the most bytes one PE sends another through them.
+pub fn low_latency_room_bytes(n_pes: usize) -> usize {
+    if n_pes <= 8 {
+        LOW_LATENCY_ROOM_BYTES
+    } else {
+        LOW_LATENCY_MAX_BYTES
+    }
+}
+
 /// Largest message (bytes one PE sends another) that the low-latency
 /// kernels take in a world of `n_pes` under `tuning`.
 ///
@@ -96,7 +112,7 @@ pub const LOW_LATENCY_ROOM_BYTES: usize = 1 << 20;
 /// link carries twice its data, and the limit is set by what each PE sends
 /// in all. Larger worlds were not measured.
 pub fn low_latency_max_bytes(n_pes: usize, tuning: &Tuning) -> usize {
-    let room = if n_pes <= 8 { LOW_LATENCY_ROOM_BYTES } else { LOW_LATENCY_MAX_BYTES };
+    let room = low_latency_room_bytes(n_pes);
     let default = (LOW_LATENCY_ROOM_BYTES / n_pes.saturating_sub(1).max(1)).max(LOW_LATENCY_MAX_BYTES);
     tuning.low_latency_max_bytes.unwrap_or(default).min(room)
 }

@@ -36,6 +36,8 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("coll::teams::two_shot", |e| teams(e, Variant::TwoShot)),
     ("coll::all_reduce::low_latency", |e| world(e, Coll::AllReduce, Variant::LowLatency)),
     ("coll::teams::low_latency", |e| teams(e, Variant::LowLatency)),
+    ("coll::all_reduce::low_latency_128", |e| world(e, Coll::AllReduce, Variant::LowLatency128)),
+    ("coll::teams::low_latency_128", |e| teams(e, Variant::LowLatency128)),
     ("coll::all_reduce::push", |e| world(e, Coll::AllReduce, Variant::Push)),
     ("coll::all_gather::sm", |e| world(e, Coll::AllGather, Variant::Sm)),
     ("coll::all_reduce::sm", |e| world(e, Coll::AllReduce, Variant::Sm)),

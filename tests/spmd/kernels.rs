@@ -15,6 +15,7 @@ pub enum Variant {
     OneShot,
     TwoShot,
     LowLatency,
+    LowLatency128,
     Push,
     Sm,
     CopyEngine,
@@ -44,6 +45,7 @@ impl Variant {
             Variant::OneShot => "one_shot",
             Variant::TwoShot => "two_shot",
             Variant::LowLatency => "low_latency",
+            Variant::LowLatency128 => "low_latency_128",
             Variant::Push => "push",
             Variant::Sm => "sm",
             Variant::CopyEngine => "copy_engine",
@@ -59,6 +61,7 @@ impl Variant {
             Variant::OneShot => Collectives { all_reduce: AllReduceAlgo::OneShot, ..base },
             Variant::TwoShot => Collectives { all_reduce: AllReduceAlgo::TwoShot, ..base },
             Variant::LowLatency => Collectives { all_reduce: AllReduceAlgo::LowLatency, ..base },
+            Variant::LowLatency128 => Collectives { all_reduce: AllReduceAlgo::LowLatency128, ..base },
             Variant::Push => Collectives { all_reduce: AllReduceAlgo::Push, ..base },
             Variant::Sm => Collectives { all_gather: AllGatherAlgo::Sm, ..base },
             Variant::CopyEngine => Collectives { all_gather: AllGatherAlgo::CopyEngine, ..base },
@@ -72,7 +75,9 @@ impl Variant {
     pub fn covers(self, coll: Coll) -> bool {
         match self {
             Variant::Default | Variant::ForceRma | Variant::Nvshmem => true,
-            Variant::OneShot | Variant::TwoShot | Variant::LowLatency | Variant::Push => coll == Coll::AllReduce,
+            Variant::OneShot | Variant::TwoShot | Variant::LowLatency | Variant::LowLatency128 | Variant::Push => {
+                coll == Coll::AllReduce
+            }
             Variant::Sm | Variant::CopyEngine => coll == Coll::AllGather,
             // Its kernels run up to 1 MiB a peer: the small and medium sizes.
             Variant::Tuned => false,
@@ -125,6 +130,7 @@ pub fn graph_replay(env: &Env) -> TestResult {
     for v in [
         Variant::Default,
         Variant::LowLatency,
+        Variant::LowLatency128,
         Variant::Push,
         Variant::OneShot,
         Variant::TwoShot,

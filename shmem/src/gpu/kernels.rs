@@ -37,11 +37,7 @@ const THREADS: u32 = 512;
 /// Room for the low-latency packets per sender in a world of `n`
 /// (`ll_max_bytes` in `common.cuh`).
 fn ll_room(n: usize) -> usize {
-    if n <= PUSH_MAX_TEAM {
-        crate::algo::LOW_LATENCY_ROOM_BYTES
-    } else {
-        crate::algo::LOW_LATENCY_MAX_BYTES
-    }
+    crate::algo::low_latency_room_bytes(n)
 }
 /// Blocks of the push kernels unless tuned.
 const PUSH_BLOCKS: usize = 64;
@@ -169,6 +165,12 @@ impl Protocols {
     /// The low-latency kernels' grid for `bytes` per peer.
     fn ll_blocks(&self, bytes: usize) -> usize {
         crate::algo::low_latency_blocks(bytes, &self.tuning) as usize
+    }
+
+    /// Whether the line (LL128) kernels may take `bytes` per peer on this
+    /// team: the low-latency packets' room, which their lines share.
+    fn lines(&self, t: &TeamSync, bytes: usize) -> bool {
+        self.world && t.rma == 0 && bytes <= ll_room(t.n as usize)
     }
 
     /// Whether the push kernels take `bytes` per peer on this team.
@@ -374,6 +376,7 @@ pub(crate) struct Kernels {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Reduction {
     LowLatency,
+    LowLatency128,
     Push,
     OneShot,
     TwoShot,
@@ -701,6 +704,7 @@ impl Kernels {
         let one_shot = dst != src;
         let how = match algo {
             AllReduceAlgo::LowLatency if ll => Reduction::LowLatency,
+            AllReduceAlgo::LowLatency128 if p.lines(&t, bytes) => Reduction::LowLatency128,
             AllReduceAlgo::Push if push => Reduction::Push,
             AllReduceAlgo::OneShot if one_shot => Reduction::OneShot,
             AllReduceAlgo::TwoShot => Reduction::TwoShot,
@@ -756,6 +760,7 @@ impl Kernels {
         let units = bytes.div_ceil(16);
         let (name, blocks) = match how {
             Reduction::LowLatency => (format!("shmem_allreduce_ll_{dt}_{o}"), p.ll_blocks(bytes)),
+            Reduction::LowLatency128 => (format!("shmem_allreduce_ll128_{dt}_{o}"), p.ll_blocks(bytes)),
             Reduction::Push => (format!("shmem_allreduce_push_{dt}_{o}_{np}"), p.push_blocks),
             Reduction::OneShot => (format!("shmem_allreduce_oneshot_{dt}_{o}_{np}"), Self::blocks(&t, units)),
             Reduction::TwoShot => {
