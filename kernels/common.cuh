@@ -528,14 +528,20 @@ struct LL128 {
     }
     // This lane's 16 bytes of `line` into member `pe`'s buffer for this PE:
     // data words `a` and `b` (lanes 0–6) or `a` and the flag (lane 7).
-    __device__ void send(int pe, uint64_t line, uint64_t a, uint64_t b) const {
-        st_volatile_v2u64(at(reinterpret_cast<uint8_t *>(t.peer_heap[pe]), t.rank, line), a, lane8() == 7 ? flag : b);
+    // Whole warp, converged (after `__syncwarp`): a line must leave in one
+    // store instruction of its 8 lanes, never in parts.
+    __device__ void send(int pe, uint64_t line, bool live, uint64_t a, uint64_t b) const {
+        if (live)
+            st_volatile_v2u64(at(reinterpret_cast<uint8_t *>(t.peer_heap[pe]), t.rank, line), a,
+                              lane8() == 7 ? flag : b);
     }
     // This lane's data words of `line` from member `pe` (whole warp; `live`
-    // false for lanes past the last line, which load nothing).
+    // false for lanes past the last line, which load nothing). The warp
+    // converges first, so that each line is read by one load instruction.
     __device__ void recv(int pe, uint64_t line, bool live, uint64_t &a, uint64_t &b) const {
         const uint64_t *p = at(reinterpret_cast<uint8_t *>(t.heap), pe, line);
         a = b = 0;
+        __syncwarp();
         if (live) ld_volatile_v2u64(p, a, b);
         long long start = 0;
         while (__any_sync(0xffffffffu, live && lane8() == 7 && b != flag)) {

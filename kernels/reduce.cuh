@@ -174,10 +174,11 @@ __device__ void allreduce_ll128(const TeamSync &t, uint64_t dst_off, uint64_t sr
     const bool two = ll.lane8() < 7;
     for (uint64_t base = ll.base(); base < lines; base += ll.stride()) {
         uint64_t line = ll.line_of(base);
-        if (line >= lines) continue;
+        bool live = line < lines;
         uint64_t c = ll.chunk(line);
-        uint64_t a = load8(src, c, bytes), b = two ? load8(src, c + 1, bytes) : 0;
-        for (int i = 1; i < t.n; i++) ll.send((t.rank + i) % t.n, line, a, b);
+        uint64_t a = live ? load8(src, c, bytes) : 0, b = live && two ? load8(src, c + 1, bytes) : 0;
+        __syncwarp();  // load8 branches at the end of the data
+        for (int i = 1; i < t.n; i++) ll.send((t.rank + i) % t.n, line, live, a, b);
     }
     for (uint64_t base = ll.base(); base < lines; base += ll.stride()) {
         uint64_t line = ll.line_of(base);
