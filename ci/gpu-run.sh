@@ -139,7 +139,8 @@ each_test() {
 # 1 MiB) with the push kernels on 32, 64 and 128 blocks and with the
 # low-latency kernels taking everything up to 1 MiB on 16, 32, 64 and 128
 # blocks, and in 128-byte lines (shmem-ll128) on 64 and 128 blocks; the
-# other collectives with the low-latency kernels to 1 MiB on 64 blocks;
+# other collectives with the low-latency kernels to 1 MiB on 64 blocks,
+# and in lines at every size (--ll-lines-min-bytes 0);
 # the MoE dispatch with 32, 16 and 8 KiB of rows a block. NCCL
 # beside the defaults only. Rows in $out/tune-*.jsonl.
 tune() {
@@ -163,6 +164,8 @@ tune() {
     step tune-coll-default "${bench[@]}" "${coll[@]}" --impl shmem,nccl --json "$out/tune-coll-default.jsonl"
     step tune-coll-ll1m-64 "${bench[@]}" "${coll[@]}" --impl shmem --ll-max-bytes 1M --ll-blocks 64 \
         --json "$out/tune-coll-ll1m-64.jsonl"
+    step tune-coll-lines "${bench[@]}" "${coll[@]}" --impl shmem --ll-lines-min-bytes 0 \
+        --json "$out/tune-coll-lines.jsonl"
     step tune-moe-default "${bench[@]}" "${moe[@]}" --impl shmem,nccl --json "$out/tune-moe-default.jsonl"
     for kib in 16 8; do
         step "tune-moe-$kib"k "${bench[@]}" "${moe[@]}" --impl shmem --moe-block-bytes "${kib}K" \

@@ -226,6 +226,10 @@ struct Args {
     /// PEs' peers, at least 128K; at most 1M up to 8 PEs]
     #[arg(long, value_parser = parse_bytes)]
     ll_max_bytes: Option<usize>,
+    /// GPU kernels' tuning: the smallest message a peer that the
+    /// low-latency kernels move in 128-byte lines (LL128) [default: none]
+    #[arg(long, value_parser = parse_bytes)]
+    ll_lines_min_bytes: Option<usize>,
     /// GPU kernels' tuning: blocks of the low-latency kernels [default: 16
     /// below 32K a peer, 128 from there]
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=128))]
@@ -484,6 +488,7 @@ impl Args {
         shmem::Tuning {
             low_latency_max_bytes: self.ll_max_bytes,
             low_latency_blocks: self.ll_blocks,
+            low_latency_lines_min_bytes: self.ll_lines_min_bytes,
             push_blocks: self.push_blocks,
             moe_block_bytes: self.moe_block_bytes,
         }

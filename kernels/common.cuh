@@ -495,14 +495,14 @@ __device__ __forceinline__ void ld_volatile_v2u64(const uint64_t *p, uint64_t &a
 // reuse (every operation sends every peer at least one line). The flag is
 // the packet's flag in both halves: a stale packet's word there carries
 // an older flag in its upper half, a zeroed buffer 0.
-struct LL128 {
+struct Lines {
     const TeamSync &t;
     uint64_t epoch;
     uint64_t flag;
     uint64_t parity;
     static constexpr uint64_t kWords = 15;  // data words in a line
 
-    __device__ LL128(const TeamSync &team) : t(team) {
+    __device__ Lines(const TeamSync &team) : t(team) {
         __shared__ uint64_t shared_epoch;
         if (threadIdx.x == 0) shared_epoch = *t.ll_counter(blockIdx.x) + 1;
         __syncthreads();
@@ -526,11 +526,26 @@ struct LL128 {
         uint64_t off = t.ll_offset + (parity * t.n + sender) * (2 * ll_max_bytes(t.n)) + line * 128 + lane8() * 16;
         return reinterpret_cast<uint64_t *>(heap + off);
     }
+    // This lane's words of `line` of the `len` bytes at `p` (zero past the
+    // end; nothing loaded when not `live`).
+    __device__ void load(const uint8_t *p, uint64_t len, uint64_t line, bool live, uint64_t &a, uint64_t &b) const {
+        uint64_t c = chunk(line);
+        a = live ? load8(p, c, len) : 0;
+        b = live && lane8() < 7 ? load8(p, c + 1, len) : 0;
+    }
+    // Stores this lane's words of `line` into the `len` bytes at `p`.
+    __device__ void store(uint8_t *p, uint64_t len, uint64_t line, bool live, uint64_t a, uint64_t b) const {
+        if (!live) return;
+        uint64_t c = chunk(line);
+        store8(p, c, len, a);
+        if (lane8() < 7) store8(p, c + 1, len, b);
+    }
     // This lane's 16 bytes of `line` into member `pe`'s buffer for this PE:
     // data words `a` and `b` (lanes 0–6) or `a` and the flag (lane 7).
-    // Whole warp, converged (after `__syncwarp`): a line must leave in one
-    // store instruction of its 8 lanes, never in parts.
+    // Whole warp: it converges first, so that a line leaves in one store
+    // instruction of its 8 lanes, never in parts.
     __device__ void send(int pe, uint64_t line, bool live, uint64_t a, uint64_t b) const {
+        __syncwarp();
         if (live)
             st_volatile_v2u64(at(reinterpret_cast<uint8_t *>(t.peer_heap[pe]), t.rank, line), a,
                               lane8() == 7 ? flag : b);

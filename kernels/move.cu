@@ -249,3 +249,105 @@ extern "C" __global__ void __launch_bounds__(512)
             store8(out + pe * bytes, c, bytes, pe == t.rank ? load8(in + t.rank * bytes, c, bytes) : ll.recv(pe, c));
     ll.end();
 }
+
+// The same three in 128-byte lines (see `Lines` in common.cuh), for the
+// larger of the low-latency kernels' messages.
+extern "C" __global__ void __launch_bounds__(512)
+    shmem_allgather_ll128(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int in_place) {
+    shmem::k::follow_stream();
+    using namespace shmem::k;
+    Lines ll(t);
+    const uint64_t lines = ll.lines(bytes);
+    uint8_t *out = t.mine<uint8_t>(dst);
+    const uint8_t *in = in_place ? out + t.rank * bytes : t.mine<uint8_t>(src);
+    for (uint64_t base = ll.base(); base < lines; base += ll.stride()) {
+        uint64_t line = ll.line_of(base);
+        bool live = line < lines;
+        uint64_t a, b;
+        ll.load(in, bytes, line, live, a, b);
+        for (int i = 1; i < t.n; i++) ll.send((t.rank + i) % t.n, line, live, a, b);
+        if (!in_place) ll.store(out + t.rank * bytes, bytes, line, live, a, b);
+    }
+    for (uint64_t base = ll.base(); base < lines; base += ll.stride()) {
+        uint64_t line = ll.line_of(base);
+        bool live = line < lines;
+        for (int pe = 0; pe < t.n; pe++) {
+            if (pe == t.rank) continue;
+            uint64_t a, b;
+            ll.recv(pe, line, live, a, b);
+            ll.store(out + pe * bytes, bytes, line, live, a, b);
+        }
+    }
+    ll.end();
+}
+
+// Every PE other than `root` sends one line to every PE, so that every PE
+// hears from every peer (see `LL`); the first warp of block 0 sends and
+// receives those.
+extern "C" __global__ void __launch_bounds__(512)
+    shmem_broadcast_ll128(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int root) {
+    shmem::k::follow_stream();
+    using namespace shmem::k;
+    Lines ll(t);
+    const uint64_t lines = ll.lines(bytes);
+    const bool token = blockIdx.x == 0 && threadIdx.x < 32;
+    uint8_t *out = t.mine<uint8_t>(dst);
+    if (token && t.rank != root)
+        for (int i = 1; i < t.n; i++) ll.send((t.rank + i) % t.n, 0, threadIdx.x < 8, 0, 0);
+    for (uint64_t base = ll.base(); base < lines; base += ll.stride()) {
+        uint64_t line = ll.line_of(base);
+        bool live = line < lines;
+        uint64_t a, b;
+        if (t.rank == root) {
+            ll.load(t.mine<uint8_t>(src), bytes, line, live, a, b);
+            for (int i = 1; i < t.n; i++) ll.send((t.rank + i) % t.n, line, live, a, b);
+            if (dst != src) ll.store(out, bytes, line, live, a, b);
+        } else {
+            // Receivers have nothing to send first but the line above.
+            ll.recv(root, line, live, a, b);
+            ll.store(out, bytes, line, live, a, b);
+        }
+    }
+    if (token)
+        for (int pe = 0; pe < t.n; pe++)
+            if (pe != root && pe != t.rank) {
+                uint64_t a, b;
+                ll.recv(pe, 0, threadIdx.x < 8, a, b);
+            }
+    ll.end();
+}
+
+extern "C" __global__ void __launch_bounds__(512)
+    shmem_alltoall_ll128(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes) {
+    shmem::k::follow_stream();
+    using namespace shmem::k;
+    Lines ll(t);
+    const uint64_t lines = ll.lines(bytes);
+    uint8_t *out = t.mine<uint8_t>(dst);
+    const uint8_t *in = t.mine<uint8_t>(src);
+    for (uint64_t base = ll.base(); base < lines; base += ll.stride()) {
+        uint64_t line = ll.line_of(base);
+        bool live = line < lines;
+        for (int i = 1; i < t.n; i++) {
+            int pe = (t.rank + i) % t.n;
+            uint64_t a, b;
+            ll.load(in + pe * bytes, bytes, line, live, a, b);
+            ll.send(pe, line, live, a, b);
+        }
+    }
+    // In place, only this lane reads and writes these words of each chunk.
+    for (uint64_t base = ll.base(); base < lines; base += ll.stride()) {
+        uint64_t line = ll.line_of(base);
+        bool live = line < lines;
+        for (int pe = 0; pe < t.n; pe++) {
+            uint64_t a, b;
+            if (pe == t.rank) {
+                ll.load(in + pe * bytes, bytes, line, live, a, b);
+            } else {
+                ll.recv(pe, line, live, a, b);
+            }
+            ll.store(out + pe * bytes, bytes, line, live, a, b);
+        }
+    }
+    ll.end();
+}

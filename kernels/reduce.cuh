@@ -160,38 +160,34 @@ __device__ void allreduce_ll(const TeamSync &t, uint64_t dst_off, uint64_t src_o
     ll.end();
 }
 
-// All-reduce by lines (see `LL128` in common.cuh): each lane takes two
+// All-reduce by lines (see `Lines` in common.cuh): each lane takes two
 // words of a line (one, beside the flag, for lane 7), sends them to every
 // peer, then reduces what every peer sent for them in team order.
 template <typename T, int OP>
 __device__ void allreduce_ll128(const TeamSync &t, uint64_t dst_off, uint64_t src_off, uint64_t count) {
     using A = typename Acc<T>::type;
     constexpr int kPer = 8 / sizeof(T);
-    LL128 ll(t);
+    Lines ll(t);
     const uint64_t bytes = count * sizeof(T), lines = ll.lines(bytes);
     const uint8_t *src = t.mine<uint8_t>(src_off);
     uint8_t *dst = t.mine<uint8_t>(dst_off);
-    const bool two = ll.lane8() < 7;
     for (uint64_t base = ll.base(); base < lines; base += ll.stride()) {
         uint64_t line = ll.line_of(base);
         bool live = line < lines;
-        uint64_t c = ll.chunk(line);
-        uint64_t a = live ? load8(src, c, bytes) : 0, b = live && two ? load8(src, c + 1, bytes) : 0;
-        __syncwarp();  // load8 branches at the end of the data
+        uint64_t a, b;
+        ll.load(src, bytes, line, live, a, b);
         for (int i = 1; i < t.n; i++) ll.send((t.rank + i) % t.n, line, live, a, b);
     }
     for (uint64_t base = ll.base(); base < lines; base += ll.stride()) {
         uint64_t line = ll.line_of(base);
         bool live = line < lines;
-        uint64_t c = ll.chunk(line);
         union {
             uint64_t u[2];
             T x[2 * kPer];
         } mine, got;
         // In place, only this lane wrote these words of dst (= src), and it
         // does so below: the source is still unchanged here.
-        mine.u[0] = live ? load8(src, c, bytes) : 0;
-        mine.u[1] = live && two ? load8(src, c + 1, bytes) : 0;
+        ll.load(src, bytes, line, live, mine.u[0], mine.u[1]);
         A acc[2 * kPer];
         for (int pe = 0; pe < t.n; pe++) {
             if (pe == t.rank) {
@@ -205,10 +201,54 @@ __device__ void allreduce_ll128(const TeamSync &t, uint64_t dst_off, uint64_t sr
         }
 #pragma unroll
         for (int e = 0; e < 2 * kPer; e++) mine.x[e] = from_acc<T>(acc[e]);
-        if (live) {
-            store8(dst, c, bytes, mine.u[0]);
-            if (two) store8(dst, c + 1, bytes, mine.u[1]);
+        ll.store(dst, bytes, line, live, mine.u[0], mine.u[1]);
+    }
+    ll.end();
+}
+
+// Reduce-scatter by lines: block r of this PE's source (`count` elements)
+// goes to PE r in lines; PE r reduces what arrives in team order.
+template <typename T, int OP>
+__device__ void reduce_scatter_ll128(const TeamSync &t, uint64_t dst_off, uint64_t src_off, uint64_t count) {
+    using A = typename Acc<T>::type;
+    constexpr int kPer = 8 / sizeof(T);
+    Lines ll(t);
+    const uint64_t bytes = count * sizeof(T), lines = ll.lines(bytes);
+    const uint8_t *src = t.mine<uint8_t>(src_off);
+    uint8_t *dst = t.mine<uint8_t>(dst_off);
+    for (uint64_t base = ll.base(); base < lines; base += ll.stride()) {
+        uint64_t line = ll.line_of(base);
+        bool live = line < lines;
+        for (int i = 1; i < t.n; i++) {
+            int pe = (t.rank + i) % t.n;
+            uint64_t a, b;
+            ll.load(src + pe * bytes, bytes, line, live, a, b);
+            ll.send(pe, line, live, a, b);
         }
+    }
+    for (uint64_t base = ll.base(); base < lines; base += ll.stride()) {
+        uint64_t line = ll.line_of(base);
+        bool live = line < lines;
+        union {
+            uint64_t u[2];
+            T x[2 * kPer];
+        } got;
+        A acc[2 * kPer];
+        for (int pe = 0; pe < t.n; pe++) {
+            // The destination may be this PE's own block of the source: only
+            // this lane reads and writes these words of it.
+            if (pe == t.rank) {
+                ll.load(src + pe * bytes, bytes, line, live, got.u[0], got.u[1]);
+            } else {
+                ll.recv(pe, line, live, got.u[0], got.u[1]);
+            }
+#pragma unroll
+            for (int e = 0; e < 2 * kPer; e++)
+                acc[e] = pe == 0 ? to_acc(got.x[e]) : combine<OP>(acc[e], to_acc(got.x[e]));
+        }
+#pragma unroll
+        for (int e = 0; e < 2 * kPer; e++) got.x[e] = from_acc<T>(acc[e]);
+        ll.store(dst, bytes, line, live, got.u[0], got.u[1]);
     }
     ll.end();
 }
@@ -294,6 +334,11 @@ __device__ void reduce_scatter_ll(const TeamSync &t, uint64_t dst_off, uint64_t 
         shmem_reducescatter_ll_##NAME(shmem::k::TeamSync t, uint64_t dst, uint64_t src, uint64_t count) {         \
         shmem::k::follow_stream();                                                                                 \
         shmem::k::reduce_scatter_ll<T, shmem::k::OP>(t, dst, src, count);                                        \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(512)                                                             \
+        shmem_reducescatter_ll128_##NAME(shmem::k::TeamSync t, uint64_t dst, uint64_t src, uint64_t count) {      \
+        shmem::k::follow_stream();                                                                                 \
+        shmem::k::reduce_scatter_ll128<T, shmem::k::OP>(t, dst, src, count);                                     \
     }
 
 // Sums also get kernels built for teams of 2, 4 and 8 (suffixes _2, _4, _8).

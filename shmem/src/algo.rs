@@ -117,6 +117,14 @@ pub fn low_latency_max_bytes(n_pes: usize, tuning: &Tuning) -> usize {
     tuning.low_latency_max_bytes.unwrap_or(default).min(room)
 }
 
+/// Smallest message (bytes one PE sends another) that the low-latency
+/// kernels move in 128-byte lines rather than 8-byte packets under
+/// `tuning`; by default none (`usize::MAX`) until the lines are measured
+/// on the box against the packets.
+pub fn low_latency_lines_min_bytes(tuning: &Tuning) -> usize {
+    tuning.low_latency_lines_min_bytes.unwrap_or(usize::MAX)
+}
+
 /// Blocks of the low-latency kernels for a message of `bytes` a peer
 /// under `tuning`: by default 16 below 32 KiB and 128 from there (on
 /// 2×H200 more blocks were faster at every size from 32 KiB: 256 KiB
@@ -171,6 +179,11 @@ pub struct Tuning {
     /// in worlds of up to 8 PEs and [`LOW_LATENCY_MAX_BYTES`] in larger
     /// ones (more counts as that).
     pub low_latency_max_bytes: Option<usize>,
+    /// Smallest message (bytes one PE sends another) that the low-latency
+    /// kernels move in 128-byte lines of 120 data bytes and a flag (NCCL's
+    /// LL128) rather than in 8-byte packets with a flag each: by default as
+    /// [`low_latency_lines_min_bytes`] says.
+    pub low_latency_lines_min_bytes: Option<usize>,
     /// Blocks of the low-latency kernels at every size: by default as
     /// [`low_latency_blocks`] says; 1 to 128 (outside, the nearer end).
     pub low_latency_blocks: Option<u32>,

@@ -56,6 +56,11 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("coll::all_gather::tuned", |e| world(e, Coll::AllGather, Variant::Tuned)),
     ("coll::broadcast::tuned", |e| world(e, Coll::Broadcast, Variant::Tuned)),
     ("coll::all_to_all::tuned", |e| world(e, Coll::AllToAll, Variant::Tuned)),
+    ("coll::all_reduce::lines", |e| world(e, Coll::AllReduce, Variant::Lines)),
+    ("coll::reduce_scatter::lines", |e| world(e, Coll::ReduceScatter, Variant::Lines)),
+    ("coll::all_gather::lines", |e| world(e, Coll::AllGather, Variant::Lines)),
+    ("coll::broadcast::lines", |e| world(e, Coll::Broadcast, Variant::Lines)),
+    ("coll::all_to_all::lines", |e| world(e, Coll::AllToAll, Variant::Lines)),
     ("coll::graph_replay_gpu_only", kernels::graph_replay),
 ];
 

@@ -24,6 +24,9 @@ pub enum Variant {
     /// The kernels retuned ([`TUNED`]): other grids, and the low-latency
     /// kernels past their default limit.
     Tuned,
+    /// The low-latency kernels in 128-byte lines at every size they take
+    /// ([`Tuning::low_latency_lines_min_bytes`] 0).
+    Lines,
 }
 
 /// [`Variant::Tuned`]'s knobs: the medium sizes' cases past 256 KiB a peer
@@ -33,6 +36,7 @@ pub enum Variant {
 pub const TUNED: Tuning = Tuning {
     low_latency_max_bytes: Some(256 << 10),
     low_latency_blocks: Some(64),
+    low_latency_lines_min_bytes: None,
     push_blocks: Some(128),
     moe_block_bytes: Some(256),
 };
@@ -51,6 +55,7 @@ impl Variant {
             Variant::CopyEngine => "copy_engine",
             Variant::Nvshmem => "nvshmem",
             Variant::Tuned => "tuned",
+            Variant::Lines => "lines",
         }
     }
 
@@ -67,6 +72,9 @@ impl Variant {
             Variant::CopyEngine => Collectives { all_gather: AllGatherAlgo::CopyEngine, ..base },
             Variant::Nvshmem => Collectives { implementation: CollImpl::Nvshmem, ..base },
             Variant::Tuned => Collectives { tuning: TUNED, ..base },
+            Variant::Lines => {
+                Collectives { tuning: Tuning { low_latency_lines_min_bytes: Some(0), ..base.tuning }, ..base }
+            }
         }
     }
 
@@ -80,7 +88,7 @@ impl Variant {
             }
             Variant::Sm | Variant::CopyEngine => coll == Coll::AllGather,
             // Its kernels run up to 1 MiB a peer: the small and medium sizes.
-            Variant::Tuned => false,
+            Variant::Tuned | Variant::Lines => false,
         }
     }
 
@@ -137,6 +145,7 @@ pub fn graph_replay(env: &Env) -> TestResult {
         Variant::Sm,
         Variant::CopyEngine,
         Variant::Tuned,
+        Variant::Lines,
     ] {
         let _settings = Settings::apply(&env.ctx, v);
         replay(env, stream, v, &mut rep)?;

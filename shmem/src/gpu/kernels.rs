@@ -162,14 +162,30 @@ impl Protocols {
         self.world && t.rma == 0 && bytes <= crate::algo::low_latency_max_bytes(n, &self.tuning).min(ll_room(n))
     }
 
+    /// Whether the low-latency kernels move `bytes` per peer in lines.
+    fn lines(&self, bytes: usize) -> bool {
+        bytes >= crate::algo::low_latency_lines_min_bytes(&self.tuning)
+    }
+
+    /// The low-latency kernels' name suffix for `bytes` per peer: `_ll128`
+    /// (128-byte lines) from the tuned size, else `_ll` (8-byte packets).
+    fn ll_suffix(&self, bytes: usize) -> &'static str {
+        if self.lines(bytes) {
+            "_ll128"
+        } else {
+            "_ll"
+        }
+    }
+
     /// The low-latency kernels' grid for `bytes` per peer.
     fn ll_blocks(&self, bytes: usize) -> usize {
         crate::algo::low_latency_blocks(bytes, &self.tuning) as usize
     }
 
     /// Whether the line (LL128) kernels may take `bytes` per peer on this
-    /// team: the low-latency packets' room, which their lines share.
-    fn lines(&self, t: &TeamSync, bytes: usize) -> bool {
+    /// team when asked for: the low-latency packets' room, which their
+    /// lines share.
+    fn lines_fit(&self, t: &TeamSync, bytes: usize) -> bool {
         self.world && t.rma == 0 && bytes <= ll_room(t.n as usize)
     }
 
@@ -704,10 +720,11 @@ impl Kernels {
         let one_shot = dst != src;
         let how = match algo {
             AllReduceAlgo::LowLatency if ll => Reduction::LowLatency,
-            AllReduceAlgo::LowLatency128 if p.lines(&t, bytes) => Reduction::LowLatency128,
+            AllReduceAlgo::LowLatency128 if p.lines_fit(&t, bytes) => Reduction::LowLatency128,
             AllReduceAlgo::Push if push => Reduction::Push,
             AllReduceAlgo::OneShot if one_shot => Reduction::OneShot,
             AllReduceAlgo::TwoShot => Reduction::TwoShot,
+            _ if ll && p.lines(bytes) => Reduction::LowLatency128,
             _ if ll => Reduction::LowLatency,
             _ if push => Reduction::Push,
             _ if one_shot && bytes <= ONE_SHOT_MAX_BYTES => Reduction::OneShot,
@@ -767,7 +784,9 @@ impl Kernels {
                 (format!("shmem_allreduce_twoshot_{dt}_{o}_{np}"), Self::blocks(&t, units.div_ceil(t.n as usize)))
             }
             Reduction::ReduceScatter => (format!("shmem_reducescatter_{dt}_{o}_{np}"), Self::blocks(&t, units)),
-            Reduction::ReduceScatterLowLatency => (format!("shmem_reducescatter_ll_{dt}_{o}"), p.ll_blocks(bytes)),
+            Reduction::ReduceScatterLowLatency => {
+                (format!("shmem_reducescatter{}_{dt}_{o}", p.ll_suffix(bytes)), p.ll_blocks(bytes))
+            }
             Reduction::ReduceScatterPush => (format!("shmem_reducescatter_push_{dt}_{o}_{np}"), p.push_blocks),
         };
         // SAFETY: (TeamSync, dst, src, count) as every reduction kernel
@@ -875,7 +894,7 @@ impl Kernels {
         s: CUstream,
     ) -> Result<()> {
         let (name, blocks) = if p.low_latency(&t, bytes) {
-            (format!("{kernel}_ll"), p.ll_blocks(bytes))
+            (format!("{kernel}{}", p.ll_suffix(bytes)), p.ll_blocks(bytes))
         } else if p.push(&t, bytes) {
             (format!("{kernel}_push"), p.push_blocks)
         } else {
@@ -935,14 +954,14 @@ impl Kernels {
         s: CUstream,
     ) -> Result<()> {
         let (name, blocks) = if p.low_latency(&t, bytes) {
-            ("shmem_alltoall_ll", p.ll_blocks(bytes))
+            (format!("shmem_alltoall{}", p.ll_suffix(bytes)), p.ll_blocks(bytes))
         } else if p.push(&t, bytes) {
-            ("shmem_alltoall_push", p.push_blocks)
+            ("shmem_alltoall_push".to_owned(), p.push_blocks)
         } else {
-            ("shmem_alltoall", Self::blocks(&t, bytes.div_ceil(16)))
+            ("shmem_alltoall".to_owned(), Self::blocks(&t, bytes.div_ceil(16)))
         };
         // SAFETY: (TeamSync, dst, src, bytes) as the kernel declares.
-        unsafe { self.launch4(name, blocks, t, dst as u64, src as u64, bytes as u64, s) }
+        unsafe { self.launch4(&name, blocks, t, dst as u64, src as u64, bytes as u64, s) }
     }
 }
 
