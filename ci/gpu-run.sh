@@ -7,7 +7,9 @@
 # --overlap, only the overlapped matmuls' tests, examples and bench rows;
 # with --faults, only the fault scenarios; with --soak, only the soak
 # example; with --sanitize, only the SPMD suite under compute-sanitizer;
-# with --tune, only the kernels' tuning sweep).
+# with --tune, only the kernels' tuning sweep; with --share, any of these
+# with the PEs sharing the box's GPUs under CUDA MPS, for a box with fewer
+# GPUs than PEs, less what needs NCCL).
 # Finds the box's NVSHMEM by itself. Logs go to $OUT (or ./gpu-out); exits
 # non-zero if any step failed.
 set -uo pipefail
@@ -374,10 +376,11 @@ step gpus nvidia-smi --query-gpu=index,name,memory.total --format=csv
 # above); none of them: everything (the suite three ways,
 # the examples, the failure cases), which has neither the soak nor the
 # sanitizers.
-quick='' moe='' ov='' only='' ex='' fa='' so='' san='' tu=''
+quick='' moe='' ov='' only='' ex='' fa='' so='' san='' tu='' share=''
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
     case ${args[i]} in
+    --share) share=1 ;;
     --quick) quick=1 ;;
     --moe) moe=1 ;;
     --overlap) ov=1 ;;
@@ -389,14 +392,37 @@ for ((i = 0; i < ${#args[@]}; i++)); do
     --tune) tu=1 ;;
     esac
 done
+# --share: more PEs than GPUs (a box of one GPU). The PEs share each GPU
+# (SHMEM_PES_PER_GPU) under a CUDA MPS daemon of this run's own, so that
+# their kernels, which wait on each other, run at once; each gets its share
+# of the SMs. It checks the protocols, not the speed: the "NVLink" peers are
+# on one GPU, and NCCL refuses two ranks on one GPU, so the steps that need
+# NCCL (bench rows, the PyTorch check) are left out.
+if [[ -n $share ]]; then
+    gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+    ((gpus > 0)) || { echo "gpu-run: --share: nvidia-smi lists no GPU" | tee -a "$log"; exit 1; }
+    per=$(((pes + gpus - 1) / gpus))
+    export SHMEM_PES_PER_GPU=$per CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$((100 / per))
+    CUDA_MPS_PIPE_DIRECTORY=$(mktemp -d)
+    export CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY=$out/mps-log
+    mkdir -p "$CUDA_MPS_LOG_DIRECTORY"
+    if ! nvidia-cuda-mps-control -d >>"$log" 2>&1; then
+        echo "gpu-run: --share: the CUDA MPS daemon did not start" | tee -a "$log"
+        exit 1
+    fi
+    trap 'echo quit | nvidia-cuda-mps-control >/dev/null 2>&1' EXIT
+    echo "gpu-run: --share: $pes PEs on $gpus GPU(s), $per a GPU, under MPS ($CUDA_MPS_ACTIVE_THREAD_PERCENTAGE% of the SMs each)" |
+        tee -a "$log"
+    mpi+=(-x SHMEM_PES_PER_GPU -x CUDA_MPS_PIPE_DIRECTORY -x CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)
+fi
 [[ -n $quick ]] && each_test '^coll::' env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
 if [[ -n $moe ]]; then
     step moe env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes" "$bin/spmd" moe::
     step moe-forced-rma env SHMEM_FORCE_RMA=1 SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes" "$bin/spmd" moe::
     [[ -x "$bin/moe_server" ]] && step moe_server "$bin/shmemrun" -n "$pes" --tag-output "$bin/moe_server"
     # MoE rows of the benchmark: 128 and 4096 tokens × 7168 bf16, 8 experts per PE.
-    STEP_TIMEOUT=${BENCH_TIMEOUT:-300} step bench-moe "$bin/shmemrun" -n "$pes" "$bin/shmem-bench" --backend gpu \
-        --op moe --graph --json "$out/bench-moe.jsonl"
+    [[ -z $share ]] && STEP_TIMEOUT=${BENCH_TIMEOUT:-300} step bench-moe "$bin/shmemrun" -n "$pes" "$bin/shmem-bench" \
+        --backend gpu --op moe --graph --json "$out/bench-moe.jsonl"
     # MOE_LOCAL_BLOCKS="8 16": the same rows of shmem's default form with
     # that many data blocks copying each PE's own rows beside the pushes.
     for lb in ${MOE_LOCAL_BLOCKS:-}; do
@@ -406,7 +432,9 @@ if [[ -n $moe ]]; then
     # PyTorch's all_to_all_vdev_2d on the box (cases written for
     # moe_torch_check, and its timings beside NCCL's), then ours on the same cases.
     torchrun=$(ls /opt/*/.venv/bin/torchrun 2>/dev/null | head -n 1)
-    if [[ -n $torchrun ]]; then
+    if [[ -n $share ]]; then
+        echo "gpu-run: --share: the MoE bench rows and the PyTorch comparison (NCCL) are left out" | tee -a "$log"
+    elif [[ -n $torchrun ]]; then
         cases=$(mktemp -d)
         STEP_TIMEOUT=${TORCH_TIMEOUT:-240} step torch-a2av-2d "$torchrun" --nproc-per-node "$pes" "$here/torch_a2av_2d.py" --out "$cases" \
             --bench "$out/torch_a2av_2d.jsonl" --bench-iters 1
@@ -423,7 +451,7 @@ if [[ -n $ov ]]; then
     # PE's shard of a: 8192 / pes × 8192, 64 MiB in f16 over 2 PEs):
     # sequential, overlapped by SM kernel and by copy engines at 2, 4 and 8
     # chunks, and the GEMM alone; f16 and bf16. They take 640 MiB of heap.
-    STEP_TIMEOUT=${BENCH_TIMEOUT:-300} step bench-overlap env SHMEM_HEAP_SIZE=1G "$bin/shmemrun" -n "$pes" \
+    [[ -z $share ]] && STEP_TIMEOUT=${BENCH_TIMEOUT:-300} step bench-overlap env SHMEM_HEAP_SIZE=1G "$bin/shmemrun" -n "$pes" \
         "$bin/shmem-bench" --backend gpu --op overlap --dtype f16,bf16 --m 8192 --n 8192 --k 8192 --chunks 2,4,8 \
         --json "$out/bench-overlap.jsonl"
 fi
@@ -432,7 +460,8 @@ fi
 [[ -n $fa ]] && faults
 [[ -n $so ]] && soak
 [[ -n $san ]] && sanitize
-[[ -n $tu ]] && tune
+[[ -n $tu && -z $share ]] && tune
+[[ -n $tu && -n $share ]] && echo "gpu-run: --share: no tuning sweep (it measures)" | tee -a "$log"
 if [[ -z $quick$moe$ov$only$ex$fa$so$san$tu ]]; then
     each_test '^coll::' env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
     step spmd-shmemrun env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes" "$bin/spmd" --skip coll::
@@ -442,7 +471,9 @@ if [[ -z $quick$moe$ov$only$ex$fa$so$san$tu ]]; then
 fi
 
 for arg in "$@"; do
-    if [[ $arg == --bench ]]; then
+    if [[ $arg == --bench && -n $share ]]; then
+        echo "gpu-run: --share: no benchmark (PEs sharing a GPU measure nothing, and NCCL refuses them)" | tee -a "$log"
+    elif [[ $arg == --bench ]]; then
         # Every op and implementation (shmem's variants, NVSHMEM, NCCL), eager
         # from 8 B to 256 MiB per PE and graph-replayed up to 1 MiB; all_reduce
         # and reduce_scatter in f32 and bf16. The heap follows --max-bytes.

@@ -43,6 +43,7 @@ pub(crate) const PAGE: usize = 4096;
 /// | `SHMEM_PEER_TIMEOUT` | seconds (more than 0) to wait for peers at start-up | 30 |
 /// | `SHMEM_WAIT_TIMEOUT` | seconds any wait may take before failing (`0`: no limit) | no limit |
 /// | `SHMEM_FORCE_RMA` | `1`: the GPU kernels reach every peer through NVSHMEM's RMA (`0`: off) | off |
+/// | `SHMEM_PES_PER_GPU` | PEs sharing one GPU: node-local PE *i* uses GPU *i* / this (run them under CUDA MPS) | 1 |
 ///
 /// A value that cannot be read fails [`Config::init`] with [`crate::Error::Config`]
 /// naming the variable and the value, on every PE of the job (each PE
@@ -57,6 +58,7 @@ pub struct Config {
     pub(crate) peer_timeout: Duration,
     pub(crate) wait_timeout: Option<Duration>,
     pub(crate) force_rma: bool,
+    pub(crate) pes_per_gpu: usize,
     pub(crate) env_error: Option<String>,
 }
 
@@ -129,6 +131,7 @@ impl Config {
             peer_timeout: DEFAULT_PEER_TIMEOUT,
             wait_timeout: None,
             force_rma: false,
+            pes_per_gpu: 1,
             env_error: None,
         };
         let mut errors = Vec::new();
@@ -165,6 +168,15 @@ impl Config {
         });
         read("SHMEM_FORCE_RMA", &mut |v| {
             c.force_rma = parse_switch("SHMEM_FORCE_RMA", v)?;
+            Ok(())
+        });
+        read("SHMEM_PES_PER_GPU", &mut |v| {
+            c.pes_per_gpu = v
+                .trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|&k| k > 0)
+                .ok_or_else(|| format!("SHMEM_PES_PER_GPU={v:?}: expected a whole number of PEs, 1 or more"))?;
             Ok(())
         });
         if !errors.is_empty() {
@@ -250,14 +262,17 @@ mod tests {
             (BackendKind::Auto, 256 << 20, DEFAULT_PEER_TIMEOUT, None)
         );
         assert!(!c.force_rma && c.env_error.is_none());
+        assert_eq!(c.pes_per_gpu, 1);
         let c = config(&[
             ("SHMEM_BACKEND", " Host "),
             ("SHMEM_HEAP_SIZE", " 64m"),
             ("SHMEM_PEER_TIMEOUT", "2.5"),
             ("SHMEM_WAIT_TIMEOUT", "1e3"),
             ("SHMEM_FORCE_RMA", "on"),
+            ("SHMEM_PES_PER_GPU", " 2"),
         ]);
         assert_eq!(c.env_error, None);
+        assert_eq!(c.pes_per_gpu, 2);
         assert_eq!((c.backend, c.heap_size), (BackendKind::Host, 64 << 20));
         assert_eq!((c.peer_timeout, c.wait_timeout), (Duration::from_millis(2500), Some(Duration::from_secs(1000))));
         assert!(c.force_rma);
@@ -283,6 +298,9 @@ mod tests {
         error(&[("SHMEM_PEER_TIMEOUT", "0")], &["SHMEM_PEER_TIMEOUT=\"0\"", "more than 0"]);
         error(&[("SHMEM_FORCE_RMA", "2")], &["SHMEM_FORCE_RMA=\"2\"", "1 (on) or 0 (off)"]);
         error(&[("SHMEM_FORCE_RMA", "yes please")], &["SHMEM_FORCE_RMA=\"yes please\""]);
+        for v in ["0", "-1", "1.5", "two", ""] {
+            error(&[("SHMEM_PES_PER_GPU", v)], &[&format!("SHMEM_PES_PER_GPU={v:?}"), "1 or more"]);
+        }
         // Every bad value is reported, not only the first.
         error(
             &[("SHMEM_BACKEND", "x"), ("SHMEM_WAIT_TIMEOUT", "-2")],

@@ -343,7 +343,8 @@ impl Context {
         let marks = host.heap_marks();
         let node_members: Vec<usize> = (0..n).filter(|&pe| hellos[pe].host == hello.host).collect();
         let gpu = if use_gpu {
-            Some(GpuWorld::start(&mut boot, me, n, local_rank, &hello.host, heap_size, &node_members)?)
+            let seat = gpu::Seat { local_rank, pes_per_gpu: config.pes_per_gpu };
+            Some(GpuWorld::start(&mut boot, me, n, seat, &hello.host, heap_size, &node_members)?)
         } else {
             None
         };

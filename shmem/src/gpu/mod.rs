@@ -139,6 +139,13 @@ pub(crate) fn available() -> std::result::Result<(), String> {
     shmem_sys::nvshmem().map(drop).map_err(|e| e.to_string())
 }
 
+/// Where a PE sits on its node: its node-local rank, and how many PEs share
+/// a GPU (`SHMEM_PES_PER_GPU`).
+pub(crate) struct Seat {
+    pub(crate) local_rank: usize,
+    pub(crate) pes_per_gpu: usize,
+}
+
 /// This PE's GPU and its share of NVSHMEM.
 pub(crate) struct GpuWorld {
     pub(crate) nv: &'static Nv,
@@ -167,8 +174,15 @@ unsafe impl Send for GpuWorld {}
 unsafe impl Sync for GpuWorld {}
 
 impl GpuWorld {
-    /// Initialises CUDA on the GPU of this PE's node-local rank and NVSHMEM
-    /// with the unique-id bootstrap; allocates the symmetric heap.
+    /// Initialises CUDA on the GPU of this PE's node-local rank (divided by
+    /// `pes_per_gpu`, `SHMEM_PES_PER_GPU`) and NVSHMEM with the unique-id
+    /// bootstrap; allocates the symmetric heap.
+    ///
+    /// PEs sharing a GPU are NVSHMEM's "multiple processes per GPU": their
+    /// kernels wait on each other, so they must run at once, which takes
+    /// CUDA MPS (without it the GPU time-slices between the processes and a
+    /// wait lasts a slice). It is for testing the protocols on a machine
+    /// with fewer GPUs than PEs, not for speed.
     ///
     /// # Collective
     /// Every PE calls it after the host control area exists; every step's
@@ -177,31 +191,34 @@ impl GpuWorld {
         boot: &mut Bootstrap,
         me: usize,
         n: usize,
-        local_rank: usize,
+        seat: Seat,
         host: &str,
         heap_size: usize,
         node: &[usize],
     ) -> Result<GpuWorld> {
+        let Seat { local_rank, pes_per_gpu } = seat;
         // Library and device, checked everywhere before anyone initialises.
         let nv = shmem_sys::nvshmem().map_err(|e| Error::BackendUnavailable(e.to_string()));
         let device = nv.as_ref().map_err(clone_err).and_then(|_| {
             let count = CudaContext::device_count()? as usize;
-            if local_rank >= count {
+            let gpu = local_rank / pes_per_gpu.max(1);
+            if gpu >= count {
+                let most = count * pes_per_gpu.max(1);
                 return Err(Error::BackendUnavailable(format!(
-                    "PE {me} is PE {local_rank} of node {host}, which has only {count} GPU(s): \
-                     start at most {count} PEs per node"
+                    "PE {me} is PE {local_rank} of node {host}, which has only {count} GPU(s) for \
+                     {pes_per_gpu} PE(s) each (SHMEM_PES_PER_GPU): start at most {most} PEs per node"
                 )));
             }
-            let cuda = CudaContext::new(local_rank)?;
+            let cuda = CudaContext::new(gpu)?;
             cuda.bind_to_thread()?;
             let (free, total) = cudarc::driver::result::mem_get_info()?;
             if heap_size.saturating_add(NVSHMEM_RESERVE) > free {
                 return Err(Error::BackendUnavailable(format!(
                     "a {heap_size}-byte symmetric heap (plus {NVSHMEM_RESERVE} for NVSHMEM) does not fit on \
-                     GPU {local_rank} of PE {me}: {free} of its {total} bytes are free; lower SHMEM_HEAP_SIZE"
+                     GPU {gpu} of PE {me}: {free} of its {total} bytes are free; lower SHMEM_HEAP_SIZE"
                 )));
             }
-            Ok((local_rank, cuda))
+            Ok((gpu, cuda))
         });
         let version = nv.as_ref().map_err(clone_err).and_then(|nv| library_version(nv));
         let step = device.as_ref().map(drop).map_err(clone_err).and(version.as_ref().map(drop).map_err(clone_err));
