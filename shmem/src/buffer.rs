@@ -226,28 +226,27 @@ impl<T: Element> Drop for SymmetricBuffer<T> {
     }
 }
 
-/// Heap space a collective uses internally, freed on drop.
+/// Heap space a collective uses internally, given back on drop.
 ///
-/// Every PE takes and frees it at the same point of the same collective, so
-/// the allocators stay equal without an exchange.
+/// Every member of the collective's team takes and gives it back at the
+/// same point of the same collective, so their allocators place it alike
+/// without an exchange; it is not counted as an allocation, so the PEs
+/// outside the team, which take none, stay in agreement with them.
 pub(crate) struct Scratch<'a> {
     ctx: &'a Inner,
     pub(crate) offset: usize,
-    serial: u64,
 }
 
 impl Inner {
     pub(crate) fn scratch(&self, bytes: usize) -> Result<Scratch<'_>> {
-        let mut heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
-        let serial = heap.allocs;
-        let offset = heap.alloc(bytes)?;
-        Ok(Scratch { ctx: self, offset, serial })
+        let offset = self.heap.lock().unwrap_or_else(|e| e.into_inner()).take_scratch(bytes)?;
+        Ok(Scratch { ctx: self, offset })
     }
 }
 
 impl Drop for Scratch<'_> {
     fn drop(&mut self) {
-        self.ctx.heap.lock().unwrap_or_else(|e| e.into_inner()).free(self.offset, self.serial);
+        self.ctx.heap.lock().unwrap_or_else(|e| e.into_inner()).give_back_scratch(self.offset);
     }
 }
 

@@ -57,8 +57,40 @@ impl Allocator {
     }
 
     /// First-fit allocation of `bytes` (at least one aligned unit, so every
-    /// buffer has its own address). Returns the offset.
+    /// buffer has its own address), counted: it gets serial number
+    /// `allocs` and joins the live set. Returns the offset.
     pub(crate) fn alloc(&mut self, bytes: usize) -> Result<usize> {
+        let offset = self.carve(bytes)?;
+        self.live_count += 1;
+        self.live_hash ^= serial_hash(self.allocs);
+        self.allocs += 1;
+        Ok(offset)
+    }
+
+    /// A collective's temporary block, as [`Allocator::alloc`] places it but
+    /// not counted: the members of a team take it and give it back within
+    /// one collective, and the PEs outside the team take none, so counting
+    /// it would set their allocation counts apart (every later allocation
+    /// would then fail its agreement check).
+    pub(crate) fn take_scratch(&mut self, bytes: usize) -> Result<usize> {
+        self.carve(bytes)
+    }
+
+    /// Returns a block of [`Allocator::take_scratch`].
+    pub(crate) fn give_back_scratch(&mut self, offset: usize) {
+        self.release(offset);
+    }
+
+    /// Returns the block at `offset` (allocated with serial `serial`).
+    pub(crate) fn free(&mut self, offset: usize, serial: u64) {
+        if self.release(offset) {
+            self.live_count -= 1;
+            self.live_hash ^= serial_hash(serial);
+        }
+    }
+
+    /// First fit of `bytes` rounded up to whole units; the block joins `live`.
+    fn carve(&mut self, bytes: usize) -> Result<usize> {
         let need = bytes.max(1).checked_next_multiple_of(ALIGN).unwrap_or(usize::MAX);
         let found = self.free.iter().find(|(_, &len)| len >= need).map(|(&o, &l)| (o, l));
         let Some((offset, len)) = found else {
@@ -77,20 +109,16 @@ impl Allocator {
             // The padding up to `need` stays poisoned.
             marks.allocated(offset, bytes);
         }
-        self.live_count += 1;
-        self.live_hash ^= serial_hash(self.allocs);
-        self.allocs += 1;
         Ok(offset)
     }
 
-    /// Returns the block at `offset` (allocated with serial `serial`).
-    pub(crate) fn free(&mut self, offset: usize, serial: u64) {
+    /// The live block at `offset` back to the free blocks, coalesced;
+    /// whether there was one.
+    fn release(&mut self, offset: usize) -> bool {
         let Some(mut len) = self.live.remove(&offset) else {
             debug_assert!(false, "free of an unknown offset {offset}");
-            return;
+            return false;
         };
-        self.live_count -= 1;
-        self.live_hash ^= serial_hash(serial);
         if let Some(marks) = &self.marks {
             marks.freed(offset, len);
         }
@@ -107,6 +135,7 @@ impl Allocator {
             len += nlen;
         }
         self.free.insert(start, len);
+        true
     }
 
     /// Bytes in use.
@@ -152,5 +181,28 @@ mod tests {
         assert_eq!(a.alloc(16).unwrap(), b.alloc(16).unwrap());
         a.free(a2, 2);
         assert_ne!((a.live_count, a.live_hash), (b.live_count, b.live_hash));
+    }
+
+    /// A team's scratch (taken by its members only) leaves the counts alone
+    /// and the heap as it found it: a PE that took one and a PE that did
+    /// not agree on the next allocation, and place it alike.
+    #[test]
+    fn scratch_is_not_counted() {
+        let mut member = Allocator::new(8 * ALIGN);
+        let mut outsider = Allocator::new(8 * ALIGN);
+        let (m0, o0) = (member.alloc(8).unwrap(), outsider.alloc(8).unwrap());
+        let sc = member.take_scratch(3 * ALIGN).unwrap();
+        assert_eq!(sc, ALIGN);
+        assert_eq!(member.used(), 4 * ALIGN);
+        member.give_back_scratch(sc);
+        assert_eq!(member.used(), outsider.used());
+        assert_eq!(
+            (member.allocs, member.live_count, member.live_hash),
+            (outsider.allocs, outsider.live_count, outsider.live_hash)
+        );
+        assert_eq!(member.alloc(7 * ALIGN).unwrap(), outsider.alloc(7 * ALIGN).unwrap());
+        member.free(m0, 0);
+        outsider.free(o0, 0);
+        assert_eq!(member.free, outsider.free);
     }
 }

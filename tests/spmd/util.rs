@@ -117,6 +117,13 @@ pub trait TestElem: Element {
     /// exponent in ±6 (±2 for products), so four PEs' results stay finite
     /// and normal, and never zero (the sign of a zero minimum is unspecified).
     fn random(r: u64, op: ReduceOp) -> Self;
+    /// Floats: the unit roundoff (half the distance from 1 to the next
+    /// value); integers, whose arithmetic is exact: 0.
+    const ROUNDOFF: f64 = 0.0;
+    /// The value as f64 (floats; integers are never asked).
+    fn real(self) -> f64 {
+        0.0
+    }
 }
 
 const FLOAT_OPS: &[ReduceOp] = &[ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max, ReduceOp::Prod];
@@ -130,9 +137,13 @@ fn random_float(r: u64, op: ReduceOp) -> f64 {
 }
 
 macro_rules! float_elem {
-    ($t:ty, $bits:ty, $from:expr, $to:expr) => {
+    ($t:ty, $bits:ty, $from:expr, $to:expr, $roundoff:expr) => {
         impl TestElem for $t {
             const OPS: &'static [ReduceOp] = FLOAT_OPS;
+            const ROUNDOFF: f64 = $roundoff;
+            fn real(self) -> f64 {
+                <$t as Real>::to_f64(self)
+            }
             fn from_bits(bits: u64) -> Self {
                 $from(bits as $bits)
             }
@@ -184,10 +195,10 @@ impl Real for bf16 {
     }
 }
 
-float_elem!(f32, u32, f32::from_bits, f32::to_bits);
-float_elem!(f64, u64, f64::from_bits, f64::to_bits);
-float_elem!(f16, u16, f16::from_bits, f16::to_bits);
-float_elem!(bf16, u16, bf16::from_bits, bf16::to_bits);
+float_elem!(f32, u32, f32::from_bits, f32::to_bits, f32::EPSILON as f64 / 2.0);
+float_elem!(f64, u64, f64::from_bits, f64::to_bits, f64::EPSILON / 2.0);
+float_elem!(f16, u16, f16::from_bits, f16::to_bits, f16::EPSILON.to_f64_const() / 2.0);
+float_elem!(bf16, u16, bf16::from_bits, bf16::to_bits, bf16::EPSILON.to_f64_const() / 2.0);
 
 macro_rules! int_elem {
     ($t:ty) => {
