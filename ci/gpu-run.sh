@@ -360,7 +360,9 @@ examples() {
     step device_kernel "$bin/shmemrun" -n "$pes" --tag-output "$bin/device_kernel"
     overlap_examples
     # Bad set-ups: clear errors on every PE, no hang.
-    expect_fail more-pes-than-gpus "GPU(s)" 3 "$bin/shmemrun" -n 3 --no-kill --tag-output "$bin/ring"
+    # One PE more than the box's GPUs take (SHMEM_PES_PER_GPU each).
+    local over=$(($(nvidia-smi -L 2>/dev/null | grep -c '^GPU') * ${SHMEM_PES_PER_GPU:-1} + 1))
+    expect_fail more-pes-than-gpus "GPU(s)" "$over" "$bin/shmemrun" -n "$over" --no-kill --tag-output "$bin/ring"
     expect_fail heap-too-large "heap" "$pes" env SHMEM_HEAP_SIZE=1000G "$bin/shmemrun" -n "$pes" --no-kill --tag-output "$bin/ring"
     expect_fail nvshmem-missing "NVSHMEM_HOME" "$pes" env NVSHMEM_HOME=/nonexistent "$bin/shmemrun" -n "$pes" --no-kill --tag-output "$bin/ring"
 }
