@@ -569,6 +569,34 @@ struct Lines {
             if (live) ld_volatile_v2u64(p, a, b);
         }
     }
+    // Every line of `in` (`bytes`) to every peer, and into `keep` as well
+    // unless it is null (the all-gather's own block, out of place).
+    __device__ void send_all(const uint8_t *in, uint64_t bytes, uint8_t *keep) const {
+        const uint64_t n_lines = lines(bytes);
+        for (uint64_t b0 = base(); b0 < n_lines; b0 += stride()) {
+            uint64_t line = line_of(b0);
+            bool live = line < n_lines;
+            uint64_t a, b;
+            load(in, bytes, line, live, a, b);
+            for (int i = 1; i < t.n; i++) send((t.rank + i) % t.n, line, live, a, b);
+            if (keep != nullptr) store(keep, bytes, line, live, a, b);
+        }
+    }
+    // Block `pe` of `in` (`bytes` each) to every peer `pe`, every line of
+    // it (the first half of the all-to-all and the reduce-scatter).
+    __device__ void send_blocks(const uint8_t *in, uint64_t bytes) const {
+        const uint64_t n_lines = lines(bytes);
+        for (uint64_t b0 = base(); b0 < n_lines; b0 += stride()) {
+            uint64_t line = line_of(b0);
+            bool live = line < n_lines;
+            for (int i = 1; i < t.n; i++) {
+                int pe = (t.rank + i) % t.n;
+                uint64_t a, b;
+                load(in + pe * bytes, bytes, line, live, a, b);
+                send(pe, line, live, a, b);
+            }
+        }
+    }
     __device__ void end() const { ll_counters_end(t, epoch); }
 };
 

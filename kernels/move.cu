@@ -260,14 +260,7 @@ extern "C" __global__ void __launch_bounds__(512)
     const uint64_t lines = ll.lines(bytes);
     uint8_t *out = t.mine<uint8_t>(dst);
     const uint8_t *in = in_place ? out + t.rank * bytes : t.mine<uint8_t>(src);
-    for (uint64_t base = ll.base(); base < lines; base += ll.stride()) {
-        uint64_t line = ll.line_of(base);
-        bool live = line < lines;
-        uint64_t a, b;
-        ll.load(in, bytes, line, live, a, b);
-        for (int i = 1; i < t.n; i++) ll.send((t.rank + i) % t.n, line, live, a, b);
-        if (!in_place) ll.store(out + t.rank * bytes, bytes, line, live, a, b);
-    }
+    ll.send_all(in, bytes, in_place ? nullptr : out + t.rank * bytes);
     for (uint64_t base = ll.base(); base < lines; base += ll.stride()) {
         uint64_t line = ll.line_of(base);
         bool live = line < lines;
@@ -325,16 +318,7 @@ extern "C" __global__ void __launch_bounds__(512)
     const uint64_t lines = ll.lines(bytes);
     uint8_t *out = t.mine<uint8_t>(dst);
     const uint8_t *in = t.mine<uint8_t>(src);
-    for (uint64_t base = ll.base(); base < lines; base += ll.stride()) {
-        uint64_t line = ll.line_of(base);
-        bool live = line < lines;
-        for (int i = 1; i < t.n; i++) {
-            int pe = (t.rank + i) % t.n;
-            uint64_t a, b;
-            ll.load(in + pe * bytes, bytes, line, live, a, b);
-            ll.send(pe, line, live, a, b);
-        }
-    }
+    ll.send_blocks(in, bytes);
     // In place, only this lane reads and writes these words of each chunk.
     for (uint64_t base = ll.base(); base < lines; base += ll.stride()) {
         uint64_t line = ll.line_of(base);

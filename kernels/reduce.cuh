@@ -160,96 +160,61 @@ __device__ void allreduce_ll(const TeamSync &t, uint64_t dst_off, uint64_t src_o
     ll.end();
 }
 
+// The second half of the all-reduce and reduce-scatter by lines: what
+// every peer sent this PE, reduced in team order with this PE's own part
+// `own` (`bytes`), into `dst`. `dst` may be `own`: only this lane reads
+// and writes its words of a line, and it reads them first.
+template <typename T, int OP>
+__device__ void reduce_lines(const Lines &ll, uint8_t *dst, const uint8_t *own, uint64_t bytes) {
+    using A = typename Acc<T>::type;
+    constexpr int kPer = 16 / sizeof(T);
+    const uint64_t lines = ll.lines(bytes);
+    for (uint64_t base = ll.base(); base < lines; base += ll.stride()) {
+        uint64_t line = ll.line_of(base);
+        bool live = line < lines;
+        union {
+            uint64_t u[2];
+            T x[kPer];
+        } got;
+        A acc[kPer];
+        for (int pe = 0; pe < ll.t.n; pe++) {
+            if (pe == ll.t.rank) {
+                ll.load(own, bytes, line, live, got.u[0], got.u[1]);
+            } else {
+                ll.recv(pe, line, live, got.u[0], got.u[1]);
+            }
+#pragma unroll
+            for (int e = 0; e < kPer; e++) acc[e] = pe == 0 ? to_acc(got.x[e]) : combine<OP>(acc[e], to_acc(got.x[e]));
+        }
+#pragma unroll
+        for (int e = 0; e < kPer; e++) got.x[e] = from_acc<T>(acc[e]);
+        ll.store(dst, bytes, line, live, got.u[0], got.u[1]);
+    }
+}
+
 // All-reduce by lines (see `Lines` in common.cuh): each lane takes two
 // words of a line (one, beside the flag, for lane 7), sends them to every
 // peer, then reduces what every peer sent for them in team order.
 template <typename T, int OP>
 __device__ void allreduce_ll128(const TeamSync &t, uint64_t dst_off, uint64_t src_off, uint64_t count) {
-    using A = typename Acc<T>::type;
-    constexpr int kPer = 8 / sizeof(T);
     Lines ll(t);
-    const uint64_t bytes = count * sizeof(T), lines = ll.lines(bytes);
+    const uint64_t bytes = count * sizeof(T);
     const uint8_t *src = t.mine<uint8_t>(src_off);
-    uint8_t *dst = t.mine<uint8_t>(dst_off);
-    for (uint64_t base = ll.base(); base < lines; base += ll.stride()) {
-        uint64_t line = ll.line_of(base);
-        bool live = line < lines;
-        uint64_t a, b;
-        ll.load(src, bytes, line, live, a, b);
-        for (int i = 1; i < t.n; i++) ll.send((t.rank + i) % t.n, line, live, a, b);
-    }
-    for (uint64_t base = ll.base(); base < lines; base += ll.stride()) {
-        uint64_t line = ll.line_of(base);
-        bool live = line < lines;
-        union {
-            uint64_t u[2];
-            T x[2 * kPer];
-        } mine, got;
-        // In place, only this lane wrote these words of dst (= src), and it
-        // does so below: the source is still unchanged here.
-        ll.load(src, bytes, line, live, mine.u[0], mine.u[1]);
-        A acc[2 * kPer];
-        for (int pe = 0; pe < t.n; pe++) {
-            if (pe == t.rank) {
-                got = mine;
-            } else {
-                ll.recv(pe, line, live, got.u[0], got.u[1]);
-            }
-#pragma unroll
-            for (int e = 0; e < 2 * kPer; e++)
-                acc[e] = pe == 0 ? to_acc(got.x[e]) : combine<OP>(acc[e], to_acc(got.x[e]));
-        }
-#pragma unroll
-        for (int e = 0; e < 2 * kPer; e++) mine.x[e] = from_acc<T>(acc[e]);
-        ll.store(dst, bytes, line, live, mine.u[0], mine.u[1]);
-    }
+    ll.send_all(src, bytes, nullptr);
+    reduce_lines<T, OP>(ll, t.mine<uint8_t>(dst_off), src, bytes);
     ll.end();
 }
 
 // Reduce-scatter by lines: block r of this PE's source (`count` elements)
-// goes to PE r in lines; PE r reduces what arrives in team order.
+// goes to PE r in lines; PE r reduces what arrives in team order (the
+// destination may be this PE's own block of the source).
 template <typename T, int OP>
 __device__ void reduce_scatter_ll128(const TeamSync &t, uint64_t dst_off, uint64_t src_off, uint64_t count) {
-    using A = typename Acc<T>::type;
-    constexpr int kPer = 8 / sizeof(T);
     Lines ll(t);
-    const uint64_t bytes = count * sizeof(T), lines = ll.lines(bytes);
+    const uint64_t bytes = count * sizeof(T);
     const uint8_t *src = t.mine<uint8_t>(src_off);
-    uint8_t *dst = t.mine<uint8_t>(dst_off);
-    for (uint64_t base = ll.base(); base < lines; base += ll.stride()) {
-        uint64_t line = ll.line_of(base);
-        bool live = line < lines;
-        for (int i = 1; i < t.n; i++) {
-            int pe = (t.rank + i) % t.n;
-            uint64_t a, b;
-            ll.load(src + pe * bytes, bytes, line, live, a, b);
-            ll.send(pe, line, live, a, b);
-        }
-    }
-    for (uint64_t base = ll.base(); base < lines; base += ll.stride()) {
-        uint64_t line = ll.line_of(base);
-        bool live = line < lines;
-        union {
-            uint64_t u[2];
-            T x[2 * kPer];
-        } got;
-        A acc[2 * kPer];
-        for (int pe = 0; pe < t.n; pe++) {
-            // The destination may be this PE's own block of the source: only
-            // this lane reads and writes these words of it.
-            if (pe == t.rank) {
-                ll.load(src + pe * bytes, bytes, line, live, got.u[0], got.u[1]);
-            } else {
-                ll.recv(pe, line, live, got.u[0], got.u[1]);
-            }
-#pragma unroll
-            for (int e = 0; e < 2 * kPer; e++)
-                acc[e] = pe == 0 ? to_acc(got.x[e]) : combine<OP>(acc[e], to_acc(got.x[e]));
-        }
-#pragma unroll
-        for (int e = 0; e < 2 * kPer; e++) got.x[e] = from_acc<T>(acc[e]);
-        ll.store(dst, bytes, line, live, got.u[0], got.u[1]);
-    }
+    ll.send_blocks(src, bytes);
+    reduce_lines<T, OP>(ll, t.mine<uint8_t>(dst_off), src + t.rank * bytes, bytes);
     ll.end();
 }
 
