@@ -227,8 +227,9 @@ struct Args {
     #[arg(long, value_parser = parse_bytes)]
     ll_max_bytes: Option<usize>,
     /// GPU kernels' tuning: the smallest message a peer that the
-    /// low-latency kernels move in 128-byte lines (LL128) [default: none]
-    #[arg(long, value_parser = parse_bytes)]
+    /// low-latency kernels move in 128-byte lines (LL128; 0: every
+    /// message) [default: none]
+    #[arg(long, value_parser = parse_bytes_or_zero)]
     ll_lines_min_bytes: Option<usize>,
     /// GPU kernels' tuning: blocks of the low-latency kernels [default: 16
     /// below 32K a peer, 128 from there]
@@ -500,6 +501,11 @@ fn parse_bytes(s: &str) -> Result<usize, String> {
         Some(n) if n > 0 => Ok(n),
         _ => Err(format!("{s:?} is not a positive size such as 8, 64K or 256M")),
     }
+}
+
+/// As [`parse_bytes`], 0 allowed (a threshold that every message passes).
+fn parse_bytes_or_zero(s: &str) -> Result<usize, String> {
+    shmem::config::parse_size(s).ok_or_else(|| format!("{s:?} is not a size such as 0, 8, 64K or 256M"))
 }
 
 /// The symmetric heap the bench needs over `n` PEs, and some slack: for
