@@ -496,21 +496,13 @@ __device__ __forceinline__ void ld_volatile_v2u64(const uint64_t *p, uint64_t &a
 // the packet's flag in both halves: a stale packet's word there carries
 // an older flag in its upper half, a zeroed buffer 0.
 struct Lines {
+    LL packets;  // the epoch, the flag and the slots the lines share
     const TeamSync &t;
-    uint64_t epoch;
-    uint64_t flag;
-    uint64_t parity;
+    uint64_t flag;  // the packets' flag in both halves
     static constexpr uint64_t kWords = 15;  // data words in a line
 
-    __device__ Lines(const TeamSync &team) : t(team) {
-        __shared__ uint64_t shared_epoch;
-        if (threadIdx.x == 0) shared_epoch = *t.ll_counter(blockIdx.x) + 1;
-        __syncthreads();
-        epoch = shared_epoch;
-        uint64_t f = 1 + epoch % 0xffffffffull;
-        flag = f | f << 32;
-        parity = epoch & 1;
-    }
+    __device__ Lines(const TeamSync &team)
+        : packets(team), t(team), flag(packets.flag | static_cast<uint64_t>(packets.flag) << 32) {}
     // Lines for `bytes` (at least one, so that every peer hears from every peer).
     __device__ uint64_t lines(uint64_t bytes) const { return bytes == 0 ? 1 : (bytes + 8 * kWords - 1) / (8 * kWords); }
     // A pass covers 4 lines a warp; `base()` is this warp's first, the
@@ -522,9 +514,9 @@ struct Lines {
     // 8-byte chunk (of the data) of this lane's first word in `line`; the
     // second, for lanes 0–6, follows it.
     __device__ uint64_t chunk(uint64_t line) const { return line * kWords + 2 * lane8(); }
+    // This lane's 16 bytes of `line` in `sender`'s slots of the heap at `heap`.
     __device__ uint64_t *at(uint8_t *heap, int sender, uint64_t line) const {
-        uint64_t off = t.ll_offset + (parity * t.n + sender) * (2 * ll_max_bytes(t.n)) + line * 128 + lane8() * 16;
-        return reinterpret_cast<uint64_t *>(heap + off);
+        return reinterpret_cast<uint64_t *>(heap + packets.slot(sender, 0) + line * 128 + lane8() * 16);
     }
     // This lane's words of `line` of the `len` bytes at `p` (zero past the
     // end; nothing loaded when not `live`).
@@ -597,7 +589,7 @@ struct Lines {
             }
         }
     }
-    __device__ void end() const { ll_counters_end(t, epoch); }
+    __device__ void end() const { packets.end(); }
 };
 
 // The push protocol (world team, every peer over NVLink, at most

@@ -92,7 +92,8 @@ pub const LOW_LATENCY_ROOM_BYTES: usize = 1 << 20;
 
 /// Room for the low-latency packets (and the lines of
 /// [`AllReduceAlgo::LowLatency128`], which share it) per sender in a world
-/// of `n_pes`: the most bytes one PE sends another through them.
+/// of `n_pes`: the most bytes one PE sends another through them
+/// (`ll_max_bytes` in the kernels' `common.cuh`, which must agree).
 pub fn low_latency_room_bytes(n_pes: usize) -> usize {
     if n_pes <= 8 {
         LOW_LATENCY_ROOM_BYTES

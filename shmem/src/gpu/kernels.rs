@@ -3,7 +3,7 @@
 //! and registered with `nvshmemx_cumodule_init`.
 
 use super::{check, CUstream, GpuWorld, Nv};
-use crate::algo::{AllReduceAlgo, Collectives, MoeKernels, Tuning};
+use crate::algo::{low_latency_room_bytes, AllReduceAlgo, Collectives, MoeKernels, Tuning};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 use cudarc::driver::sys::{self, CUfunction, CUmodule};
@@ -34,11 +34,6 @@ pub(crate) const MAX_TEAM: usize = 64;
 const TEAM_SLOTS: usize = 64;
 /// Threads of a block of the collective kernels.
 const THREADS: u32 = 512;
-/// Room for the low-latency packets per sender in a world of `n`
-/// (`ll_max_bytes` in `common.cuh`).
-fn ll_room(n: usize) -> usize {
-    crate::algo::low_latency_room_bytes(n)
-}
 /// Blocks of the push kernels unless tuned.
 const PUSH_BLOCKS: usize = 64;
 /// The push kernels' largest size and largest world (`kPushMaxBytes`,
@@ -116,7 +111,7 @@ impl Layout {
     /// The push all-reduce's flags and staging (`push_flags` in
     /// `reduce.cuh`), for worlds of up to `PUSH_MAX_TEAM` PEs.
     fn push(&self) -> usize {
-        self.ll() + 2 * self.n * ll_room(self.n) * 2
+        self.ll() + 2 * self.n * low_latency_room_bytes(self.n) * 2
     }
     fn push_bytes(&self) -> usize {
         if self.n > PUSH_MAX_TEAM {
@@ -158,8 +153,8 @@ impl Protocols {
 
     /// Whether the low-latency kernels take `bytes` per peer on this team.
     fn low_latency(&self, t: &TeamSync, bytes: usize) -> bool {
-        let n = t.n as usize;
-        self.world && t.rma == 0 && bytes <= crate::algo::low_latency_max_bytes(n, &self.tuning).min(ll_room(n))
+        // The limit is within the packets' room already.
+        self.world && t.rma == 0 && bytes <= crate::algo::low_latency_max_bytes(t.n as usize, &self.tuning)
     }
 
     /// Whether the low-latency kernels move `bytes` per peer in lines.
@@ -186,7 +181,7 @@ impl Protocols {
     /// team when asked for: the low-latency packets' room, which their
     /// lines share.
     fn lines_fit(&self, t: &TeamSync, bytes: usize) -> bool {
-        self.world && t.rma == 0 && bytes <= ll_room(t.n as usize)
+        self.world && t.rma == 0 && bytes <= low_latency_room_bytes(t.n as usize)
     }
 
     /// Whether the push kernels take `bytes` per peer on this team.
