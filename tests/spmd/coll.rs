@@ -407,30 +407,31 @@ impl Case<'_> {
         )
     }
 
-    /// How far element `i` of a float sum or product over more than two PEs
-    /// may lie from the reference when NVSHMEM's own collective computes it
-    /// (the baseline adds in its own order, not in PE order as shmem's
-    /// kernels and the reference do); `None` where the bits must match.
-    /// The bound of a reduction of n terms in any order, doubled: n · u ·
-    /// Σ|x| for a sum, n · u · |Π x| for a product (u: the unit roundoff).
-    fn reorder_slack<T: TestElem>(&self, i: usize, x: impl Fn(usize, usize) -> T) -> Option<f64> {
+    /// Whether this case's result may differ from the reference's order of
+    /// operations: a float sum or product over more than two PEs by
+    /// NVSHMEM's own collective (the baseline adds in its own order, not in
+    /// PE order as shmem's kernels and the reference do).
+    fn reordered<T: TestElem>(&self) -> bool {
+        self.variant == Variant::Nvshmem
+            && T::ROUNDOFF > 0.0
+            && self.group.members.len() > 2
+            && matches!(self.coll, Coll::AllReduce | Coll::ReduceScatter)
+            && matches!(self.op, Some(ReduceOp::Sum | ReduceOp::Prod))
+    }
+
+    /// How far element `i` of a [`Case::reordered`] case may lie from the
+    /// reference: the bound of a reduction of n terms in any order,
+    /// doubled, n · u · Σ|x| for a sum and n · u · |Π x| for a product (u:
+    /// the unit roundoff).
+    fn reorder_slack<T: TestElem>(&self, i: usize, x: impl Fn(usize, usize) -> T) -> f64 {
         let (tn, me, len) = (self.group.members.len(), self.group.me, self.len);
-        let op = self.op?;
-        let index = match self.coll {
-            Coll::AllReduce => i,
-            Coll::ReduceScatter => me * len + i,
-            _ => return None,
-        };
-        if self.variant != Variant::Nvshmem || T::ROUNDOFF == 0.0 || tn <= 2 {
-            return None;
-        }
+        let index = if self.coll == Coll::ReduceScatter { me * len + i } else { i };
         let terms = (0..tn).map(|m| x(m, index).real());
-        let size = match op {
-            ReduceOp::Sum => terms.map(f64::abs).sum::<f64>(),
-            ReduceOp::Prod => terms.product::<f64>().abs(),
-            _ => return None,
+        let size = match self.op {
+            Some(ReduceOp::Prod) => terms.product::<f64>().abs(),
+            _ => terms.map(f64::abs).sum::<f64>(),
         };
-        Some(2.0 * tn as f64 * T::ROUNDOFF * size)
+        2.0 * tn as f64 * T::ROUNDOFF * size
     }
 
     /// Element `i` of this PE's expected output, from `x(member, index)`.
@@ -554,8 +555,7 @@ fn run_case<T: TestElem>(
     let x = |m: usize, i: usize| input::<T>(seed, g.members[m], i, c.op);
     let mut want = vec![poison::<T>(); dst_len];
     par_fill(&mut want, env.threads(), |i| c.expected(i, x));
-    let slack: Option<Vec<f64>> =
-        c.reorder_slack(0, x).map(|_| (0..dst_len).map(|i| c.reorder_slack(i, x).unwrap_or(0.0)).collect());
+    let slack: Option<Vec<f64>> = c.reordered::<T>().then(|| (0..dst_len).map(|i| c.reorder_slack(i, x)).collect());
     // Each region: poison before it (misaligned), its data, poison after.
     let at = usize::from(c.placement == Placement::Misaligned);
     let framed = |len: usize, data: Range<usize>, f: &(dyn Fn(usize) -> T + Sync)| {
