@@ -242,6 +242,11 @@ struct Args {
     /// data block [default: 32K]
     #[arg(long, value_parser = parse_bytes)]
     moe_block_bytes: Option<usize>,
+    /// GPU kernels' tuning: the largest MoE input (bytes of a PE's input
+    /// rows) that the default form moves in 128-byte lines where they fit
+    /// [default: none]
+    #[arg(long, value_parser = parse_bytes)]
+    moe_lines_max_bytes: Option<usize>,
     /// ag_matmul, matmul_rs: rows of a (ag_matmul: once gathered, each PE's
     /// shard is m / PEs rows; matmul_rs: each PE's out is m / PEs rows)
     #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..))]
@@ -390,6 +395,9 @@ enum Imp {
     /// the MoE ops: a plan kernel, then a data kernel (MoeKernels::PlanThenMove)
     #[value(name = "shmem-2k", alias = "shmem_2k")]
     Shmem2k,
+    /// the MoE ops: one kernel moving the rows in 128-byte lines where they
+    /// fit the low-latency buffer (MoeKernels::Lines)
+    ShmemLines,
     /// shmem's kernels reaching every peer through NVSHMEM's RMA
     ShmemRma,
     /// NVSHMEM's own collectives
@@ -425,6 +433,7 @@ impl Imp {
             Imp::ShmemPush => "shmem-push",
             Imp::ShmemCe => "shmem-ce",
             Imp::Shmem2k => "shmem-2k",
+            Imp::ShmemLines => "shmem-lines",
             Imp::ShmemRma => "shmem-rma",
             Imp::Nvshmem => "nvshmem",
             Imp::Nccl => "nccl",
@@ -453,6 +462,7 @@ impl Imp {
             Imp::ShmemPush => Collectives { all_reduce: AllReduceAlgo::Push, ..default },
             Imp::ShmemCe => Collectives { all_gather: AllGatherAlgo::CopyEngine, ..default },
             Imp::Shmem2k => Collectives { moe: MoeKernels::PlanThenMove, ..default },
+            Imp::ShmemLines => Collectives { moe: MoeKernels::Lines, ..default },
             Imp::ShmemRma => Collectives { force_rma: true, ..default },
             Imp::Nvshmem => Collectives { implementation: CollImpl::Nvshmem, ..default },
             Imp::Nccl | Imp::Memcpy => return None,
@@ -475,7 +485,7 @@ impl Imp {
             Imp::ShmemLl128 => op == Op::AllReduce && bytes <= ll_room,
             Imp::ShmemPush => op == Op::AllReduce && bytes <= shmem::algo::PUSH_MAX_BYTES,
             Imp::ShmemCe => op == Op::AllGather,
-            Imp::Shmem2k => op.is_moe(),
+            Imp::Shmem2k | Imp::ShmemLines => op.is_moe(),
             Imp::ShmemRma => op.is_collective() || op.is_moe(),
             Imp::Nvshmem => op.is_collective(),
             Imp::Nccl => op.is_collective() || op.is_moe(),
@@ -492,6 +502,7 @@ impl Args {
             low_latency_lines_min_bytes: self.ll_lines_min_bytes,
             push_blocks: self.push_blocks,
             moe_block_bytes: self.moe_block_bytes,
+            moe_lines_max_bytes: self.moe_lines_max_bytes,
         }
     }
 }

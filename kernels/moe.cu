@@ -335,6 +335,42 @@ __device__ __forceinline__ int a2av_active(const A2av &a, const A2avTable &tb) {
 // an eighth of a large one (16 of 128 took 4096 tokens from 106 to 93 µs).
 __device__ __forceinline__ int a2av_local_blocks(int active) { return active >= 64 ? active / 8 : active / 2; }
 
+// Part `part` of `parts` of this PE's chunks for destination `d`
+// (planned at `plan(d, e)`, 4 words a chunk), split evenly by bytes:
+// copied into this PE's output (d is this PE) or sent to d's (whole
+// block).
+template <typename Plan>
+__device__ __forceinline__ void a2av_send_part(const TeamSync &t, const A2av &a, Plan plan, int d, int part,
+                                               int parts) {
+    const int ne = a.ne;
+    const uint8_t *in = t.mine<uint8_t>(a.input);
+    const uint64_t *tail = plan(d, ne - 1);
+    uint64_t total = (tail[3] + tail[2]) * a.row_bytes;
+    Range r = split((total + 15) / 16, part, parts);
+    uint64_t lo = min(r.lo * 16, total), hi = min(r.hi * 16, total);
+    if (lo >= hi) return;
+    // The last chunk that starts at or before `lo` (starts never decrease).
+    int e0 = 0;
+    for (int step = ne > 1 ? 1 << (31 - __clz(ne - 1)) : 0; step > 0; step >>= 1)
+        if (e0 + step < ne && plan(d, e0 + step)[3] * a.row_bytes <= lo) e0 += step;
+    for (int e = e0; e < ne; e++) {
+        const uint64_t *p = plan(d, e);
+        uint64_t at = p[3] * a.row_bytes;
+        if (at >= hi) break;
+        uint64_t a0 = max(lo, at), a1 = min(hi, at + p[2] * a.row_bytes);
+        if (a0 < a1) {
+            uint64_t skip = a0 - at;
+            const uint8_t *from = in + p[0] * a.row_bytes + skip;
+            uint64_t to = a.output + p[1] * a.row_bytes + skip;
+            if (d == t.rank) {
+                block_copy(t.mine<uint8_t>(to), from, a1 - a0);
+            } else {
+                block_send(t, d, to, from, a1 - a0);
+            }
+        }
+    }
+}
+
 // Working block `blockIdx.x` of `active` pushes its share of every
 // peer's chunks (planned at `plans`, 4 words a chunk), then copies its
 // share of this PE's own, then signals the peers on its channel and waits
@@ -343,7 +379,6 @@ __device__ __forceinline__ int a2av_local_blocks(int active) { return active >= 
 // local copy runs beside the link's transfers instead of after them.
 __device__ void a2av_push(const TeamSync &t, const A2av &a, const uint64_t *plans, int active, uint64_t epoch) {
     const int ne = a.ne;
-    const uint8_t *in = t.mine<uint8_t>(a.input);
     auto plan = [&](int d, int e) { return plans + 4 * (d * ne + e); };
     const int chosen = a.local_blocks < 0 ? a2av_local_blocks(active) : a.local_blocks;
     // (A PE alone has only its own chunks: every block copies.)
@@ -359,31 +394,7 @@ __device__ void a2av_push(const TeamSync &t, const A2av &a, const uint64_t *plan
             if (own != (b >= remote)) continue;
             part = own ? b - remote : b, parts = own ? local : remote;
         }
-        const uint64_t *tail = plan(d, ne - 1);
-        uint64_t total = (tail[3] + tail[2]) * a.row_bytes;
-        Range r = split((total + 15) / 16, part, parts);
-        uint64_t lo = min(r.lo * 16, total), hi = min(r.hi * 16, total);
-        if (lo >= hi) continue;
-        // The last chunk that starts at or before `lo` (starts never decrease).
-        int e0 = 0;
-        for (int step = ne > 1 ? 1 << (31 - __clz(ne - 1)) : 0; step > 0; step >>= 1)
-            if (e0 + step < ne && plan(d, e0 + step)[3] * a.row_bytes <= lo) e0 += step;
-        for (int e = e0; e < ne; e++) {
-            const uint64_t *p = plan(d, e);
-            uint64_t at = p[3] * a.row_bytes;
-            if (at >= hi) break;
-            uint64_t a0 = max(lo, at), a1 = min(hi, at + p[2] * a.row_bytes);
-            if (a0 < a1) {
-                uint64_t skip = a0 - at;
-                const uint8_t *from = in + p[0] * a.row_bytes + skip;
-                uint64_t to = a.output + p[1] * a.row_bytes + skip;
-                if (d == t.rank) {
-                    block_copy(t.mine<uint8_t>(to), from, a1 - a0);
-                } else {
-                    block_send(t, d, to, from, a1 - a0);
-                }
-            }
-        }
+        a2av_send_part(t, a, plan, d, part, parts);
     }
     // The move kernels' ending: every peer hears from every working block.
     __syncthreads();
@@ -592,4 +603,187 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_fused(TeamSync team
         }
     }
     pk.end();
+}
+
+namespace shmem {
+namespace k {
+
+// The line form's tables, in the block's shared memory after the send
+// plan: 3 words a chunk. `sends` ([d][e], this PE's chunk e for
+// destination d) holds {source row, rows, first line}; `recvs` ([s][e],
+// PE s's chunk e for this PE) {output row, rows, first line}. A sender's
+// lines for a peer are its splits (`split_lines`), then its chunks for
+// that peer in its own order, each from a fresh line.
+struct A2avLines {
+    Lines ln;
+    const A2av &a;
+    const A2avTable &tb;
+    uint64_t split_lines;
+    uint64_t *sends, *recvs;
+
+    __device__ A2avLines(const TeamSync &t, const A2av &args, const A2avTable &table)
+        : ln(t), a(args), tb(table), split_lines(ln.lines(static_cast<uint64_t>(table.w) * 8)),
+          sends(table.plans), recvs(table.plans + 4ull * table.n * args.ne) {}
+
+    __device__ uint64_t lines(uint64_t rows) const { return div64(rows * a.row_bytes + 8 * Lines::kWords - 1, 8 * Lines::kWords); }
+    // Entry of a PE's splits that is its chunk `e` for destination `d`.
+    __device__ int entry(int d, int e) const {
+        return a.kind == A2avV ? d : a.kind == A2av2d ? d * a.ne + e : e * tb.n + d;
+    }
+    // The chunk (3 words) of the `ne` at `c` that holds `line`: the last
+    // that starts at or before it (starts never decrease).
+    __device__ const uint64_t *chunk(const uint64_t *c, uint64_t line) const {
+        int e = 0;
+        for (int step = a.ne > 1 ? 1 << (31 - __clz(a.ne - 1)) : 0; step > 0; step >>= 1)
+            if (e + step < a.ne && c[3 * (e + step) + 2] <= line) e += step;
+        return c + 3 * e;
+    }
+    // Lines of the `ne` chunks at `c`, splits included.
+    __device__ uint64_t end(const uint64_t *c) const { return c[3 * (a.ne - 1) + 2] + lines(c[3 * (a.ne - 1) + 1]); }
+
+    // This PE's chunks for every destination (after its own `rp` run).
+    __device__ void plan_sends(const TeamSync &t) const {
+        const int me = t.rank, m = tb.m;
+        for (int d = threadIdx.x; d < tb.n; d += blockDim.x) {
+            uint64_t line = split_lines;
+            for (int e = 0; e < a.ne; e++) {
+                int i = entry(d, e);
+                uint64_t *c = sends + 3 * (static_cast<uint64_t>(d) * a.ne + e);
+                c[0] = a.kind == A2av2dOffset ? tb.splits(me)[m + i] : tb.rp(me)[i];
+                c[1] = rows_of(tb, me, i);
+                c[2] = line;
+                line += lines(c[1]);
+            }
+        }
+    }
+    // Every PE's chunks for this PE (after `a2av_sums`).
+    __device__ void plan_recvs(const TeamSync &t) const {
+        const int me = t.rank, n = tb.n, ne = a.ne;
+        for (int s = threadIdx.x; s < n; s += blockDim.x) {
+            uint64_t line = split_lines;
+            for (int e = 0; e < ne; e++) {
+                int j = a.kind == A2avV ? s : a.kind == A2av2d ? e * n + s : s * ne + e;
+                uint64_t *c = recvs + 3 * (static_cast<uint64_t>(s) * ne + e);
+                c[0] = tb.op(me)[j];
+                c[1] = rows_of(tb, s, entry(me, e));
+                c[2] = line;
+                line += lines(c[1]);
+            }
+        }
+    }
+    // This PE's splits, then (when `rows`) its chunks, to every peer (the
+    // grid's warps, 4 lines each a pass).
+    __device__ void send(const TeamSync &t, bool rows) const {
+        const uint8_t *in = t.mine<uint8_t>(a.input);
+        const uint8_t *splits = reinterpret_cast<const uint8_t *>(tb.splits(t.rank));
+        const uint64_t split_bytes = static_cast<uint64_t>(tb.w) * 8;
+        for (int k = 1; k < tb.n; k++) {
+            const int d = (t.rank + k) % tb.n;
+            const uint64_t *c = sends + 3ull * d * a.ne;
+            const uint64_t total = rows ? end(c) : split_lines;
+            for (uint64_t b0 = ln.base(); b0 < total; b0 += ln.stride()) {
+                const uint64_t line = ln.line_of(b0);
+                const bool live = line < total;
+                uint64_t x, y;
+                if (line < split_lines) {
+                    ln.load(splits, split_bytes, line, live, x, y);
+                } else {
+                    const uint64_t *h = chunk(c, line);
+                    ln.load(in + h[0] * a.row_bytes, h[1] * a.row_bytes, line - h[2], live, x, y);
+                }
+                ln.send(d, line, live, x, y);
+            }
+        }
+    }
+    // Every peer's splits, into the block's table (the block's warps).
+    __device__ void recv_splits(const TeamSync &t) const {
+        const uint64_t per = split_lines, all = (tb.n - 1) * per, split_bytes = static_cast<uint64_t>(tb.w) * 8;
+        for (uint64_t b0 = threadIdx.x / 32 * 4; b0 < all; b0 += blockDim.x / 8) {
+            const uint64_t x = ln.line_of(b0);
+            const bool live = x < all;
+            const uint64_t k = div64(x, per), line = x - k * per;
+            const int s = (t.rank + 1 + static_cast<int>(live ? k : 0)) % tb.n;
+            uint64_t v, w;
+            ln.recv(s, line, live, v, w);
+            ln.store(reinterpret_cast<uint8_t *>(tb.splits(s)), split_bytes, line, live, v, w);
+        }
+    }
+    // Every peer's chunks for this PE, as their lines arrive, into the
+    // output (the grid's warps).
+    __device__ void recv_rows(const TeamSync &t) const {
+        uint8_t *out = t.mine<uint8_t>(a.output);
+        for (int k = 1; k < tb.n; k++) {
+            const int s = (t.rank + k) % tb.n;
+            const uint64_t *c = recvs + 3ull * s * a.ne;
+            const uint64_t total = end(c);
+            for (uint64_t b0 = split_lines + ln.base(); b0 < total; b0 += ln.stride()) {
+                const uint64_t line = ln.line_of(b0);
+                const bool live = line < total;
+                const uint64_t *h = chunk(c, line);
+                uint64_t x, y;
+                ln.recv(s, line, live, x, y);
+                ln.store(out + h[0] * a.row_bytes, h[1] * a.row_bytes, line - h[2], live, x, y);
+            }
+        }
+    }
+};
+
+}  // namespace k
+}  // namespace shmem
+
+// The line form: the world team, every peer over NVLink, an input whose
+// rows fit the low-latency buffer in lines (`a2av_lines_fit` in
+// kernels.rs). Each PE sends, as it starts, its splits and then its rows
+// for each peer in 128-byte lines (`Lines` of common.cuh) into that
+// peer's low-latency buffer for it: it needs nothing from the peers to
+// know where they go there (its chunks for the peer in its own order,
+// each from a fresh line), so the rows are on the link while the peers
+// check and plan. Every block reads every PE's splits from their lines,
+// checks the whole exchange and plans as the one-kernel form does, then
+// copies this PE's own chunks and, as their lines arrive, the peers'
+// into the output. No fence, signal or barrier: each line's flag is its
+// arrival. A PE whose own splits are bad sends only its splits (every PE
+// then finds the exchange bad); a bad exchange writes nothing but the
+// record. The buffer is reused as the low-latency collectives reuse it
+// (every operation sends every peer its splits).
+extern "C" __global__ void __launch_bounds__(512) shmem_a2av_lines(TeamSync team, A2av a) {
+    shmem::k::follow_stream();
+    using namespace shmem::k;
+    extern __shared__ uint64_t shared_table[];
+    __shared__ uint64_t heaps[kMaxTeam];
+    TeamSync t = team;
+    t.peer_heap = heaps;
+    A2avTable tb = a2av_shared_table(t, a, shared_table);
+    const int n = t.n, w = tb.w, m = tb.m, me = t.rank;
+    const int64_t *mine = t.mine<int64_t>(a.splits);
+    for (int i = threadIdx.x; i < w; i += blockDim.x) tb.splits(me)[i] = mine[i];
+    for (int pe = threadIdx.x; pe < n; pe += blockDim.x) heaps[pe] = team.peer_heap[pe];
+    A2avLines x(t, a, tb);  // (a barrier)
+    // This PE's own run of the work arrays, its chunks, and whether its
+    // splits hold (its input is read only if they do).
+    segmented_exclusive_scan(tb.rp(me), 1, m + 1, [&](int, int j) { return work_rows(a, tb, me, j); });
+    __syncthreads();
+    x.plan_sends(t);
+    bool bad = false;
+    long long v;
+    for (int i = threadIdx.x; i < m; i += blockDim.x) bad |= entry_error(a, tb, me * m + i, &v) != ~0ull;
+    bad = __syncthreads_or(bad);
+    x.send(t, !bad);
+    x.recv_splits(t);
+    __syncthreads();
+    a2av_sums(a, tb);
+    // The own copy's plan and the receipts', made while the exchange is
+    // checked (one barrier for all three).
+    a2av_plan_sends(t, a, tb, false);
+    x.plan_recvs(t);
+    if (a2av_any_error(a, tb)) {
+        long long value;
+        unsigned long long first = a2av_first_error(a, tb, &value);
+        if (blockIdx.x == 0 && threadIdx.x == 0) a2av_report(a, first, value);
+    } else {
+        if (blockIdx.x == 0) a2av_write_so(t, a, tb);
+        a2av_send_part(t, a, [&](int d, int e) { return tb.plan(d, e, a.ne); }, me, blockIdx.x, gridDim.x);
+        x.recv_rows(t);
+    }
+    x.ln.end();
 }

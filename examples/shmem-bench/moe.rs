@@ -16,6 +16,7 @@
 //! [`Context::all_to_all_v`]: shmem::Context::all_to_all_v
 
 use super::{mix, note, seed, Args, Bench, Case, DeviceBuf, Dtype, Imp, Nccl, Op, Pattern, Res, Row, Value};
+use shmem::algo::moe_lines_fit;
 use shmem::{bf16, f16, Collectives, SymmetricBuffer};
 
 /// The MoE rows' parameters (from the command line; in their JSON).
@@ -350,9 +351,12 @@ impl Bench<'_> {
                 };
                 let read = || gather(&output.slice(..out_len).copy_to_host(s)?, &chunks, hidden);
                 let read_so = || Ok(out_so.copy_to_host(s)?);
-                // The default form, the two-kernel form and forced RMA, as selected.
-                for imp in [Imp::Shmem, Imp::Shmem2k, Imp::ShmemRma] {
-                    if !self.runs(imp, op, shape.bytes(elem)) {
+                // The default form, the line kernel where the input fits,
+                // the two-kernel form and forced RMA, as selected.
+                for imp in [Imp::Shmem, Imp::ShmemLines, Imp::Shmem2k, Imp::ShmemRma] {
+                    let ne = self.args.experts_per_pe as usize;
+                    let fits = moe_lines_fit(n, ne, op == Op::Combine, in_len * elem);
+                    if !self.runs(imp, op, shape.bytes(elem)) || (imp == Imp::ShmemLines && !fits) {
                         continue;
                     }
                     let settings = imp.settings(self.args.tuning()).expect("a shmem row");

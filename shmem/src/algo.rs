@@ -71,13 +71,44 @@ pub enum MoeKernels {
     /// arrays within 46 KiB of shared memory): each PE's splits travel
     /// with a flag in every word, no barrier runs first, every block checks
     /// the whole exchange and pushes its share of the rows straight into
-    /// the peers' outputs.
+    /// the peers' outputs. On the world team, an input of at most
+    /// [`Tuning::moe_lines_max_bytes`] (by default none) goes as
+    /// [`MoeKernels::Lines`].
     /// Otherwise as [`MoeKernels::PlanThenMove`].
     #[default]
     Auto,
     /// A barrier and plan kernel (one block), then a data kernel: any
     /// team, RMA included.
     PlanThenMove,
+    /// One kernel in which each PE, as it starts, sends its splits and
+    /// then its rows for each peer in 128-byte lines of 120 data bytes and
+    /// a flag (LL128) into the peer's low-latency buffer, while every PE
+    /// checks the whole exchange and plans; each PE then copies what
+    /// arrives into its output. No fence, signal or barrier: a line's flag
+    /// is its arrival, and the rows are on the link while the peers check.
+    /// The world team, every peer over NVLink, an input that fits the
+    /// buffer ([`moe_lines_fit`]) and splits within 46 KiB of shared
+    /// memory, as [`MoeKernels::Auto`]'s one kernel; otherwise as
+    /// [`MoeKernels::Auto`] without it.
+    Lines,
+}
+
+/// Data bytes of one 128-byte line of the line kernels (15 words and a flag).
+const LINE_DATA_BYTES: usize = 120;
+
+/// Whether a MoE all-to-all-v (`combine`: `all_to_all_v_2d_offset`) on a
+/// world of `n_pes` with `experts_per_pe` experts each fits the
+/// low-latency buffer in lines ([`MoeKernels::Lines`]) with an input of
+/// `input_bytes`: a PE's splits and all of its input, each chunk from a
+/// fresh line, within what one sender's packets take there.
+pub fn moe_lines_fit(n_pes: usize, experts_per_pe: usize, combine: bool, input_bytes: usize) -> bool {
+    let room = 2 * low_latency_room_bytes(n_pes) / 128;
+    let words = n_pes.saturating_mul(experts_per_pe).saturating_mul(if combine { 2 } else { 1 });
+    let lines = words
+        .div_ceil(LINE_DATA_BYTES / 8)
+        .saturating_add(experts_per_pe)
+        .saturating_add(input_bytes.div_ceil(LINE_DATA_BYTES));
+    lines <= room
 }
 
 /// Largest message (bytes one PE sends another) of the low-latency kernels
@@ -193,13 +224,40 @@ pub struct Tuning {
     pub push_blocks: Option<u32>,
     /// The MoE all-to-all-v: bytes of the busiest PE's rows per working
     /// data block, which sets how many blocks move the rows: by default
-    /// 32 KiB; at least 16.
+    /// 32 KiB; at least 16. In [`MoeKernels::Lines`], bytes of input per
+    /// block: by default 7680 (one pass of a block's warps, 4 lines each).
     pub moe_block_bytes: Option<usize>,
+    /// The largest input (bytes of rows a PE's input holds) for which
+    /// [`MoeKernels::Auto`] moves the rows in lines
+    /// ([`MoeKernels::Lines`]) where they fit: by default none, until the
+    /// lines are measured on the box against the one kernel's pushes.
+    pub moe_lines_max_bytes: Option<usize>,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn moe_lines_fit_the_room_of_one_sender() {
+        // DeepSeek's rows (7168 bf16): 128 tokens of input fit in worlds
+        // of up to 8 PEs (16384 lines of 120 bytes), 138 do not.
+        let row = 7168 * 2;
+        assert!(moe_lines_fit(2, 8, false, 128 * row));
+        assert!(moe_lines_fit(8, 8, true, 128 * row));
+        assert!(moe_lines_fit(2, 8, false, 137 * row));
+        assert!(!moe_lines_fit(2, 8, false, 138 * row));
+        assert!(!moe_lines_fit(2, 8, false, 4096 * row));
+        // Larger worlds have 2048 lines a sender.
+        assert!(moe_lines_fit(9, 8, false, 16 * row));
+        assert!(!moe_lines_fit(9, 8, false, 18 * row));
+        // The splits' lines and a line a chunk count.
+        assert!(moe_lines_fit(2, 1, false, 16382 * 120));
+        assert!(!moe_lines_fit(2, 1, false, 16382 * 120 + 1));
+        assert!(moe_lines_fit(2, 8, false, 16374 * 120));
+        assert!(!moe_lines_fit(2, 8, true, 16374 * 120), "the offsets take a line more");
+        assert!(!moe_lines_fit(2, usize::MAX, false, 0));
+    }
 
     #[test]
     fn low_latency_limit_follows_what_each_pe_sends() {

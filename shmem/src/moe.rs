@@ -368,7 +368,7 @@ impl Team {
             c.experts_per_pe(n),
             c.major_align.max(1),
         );
-        k.all_to_all_v(t, a, &settings, st.cu_stream())
+        k.all_to_all_v(t, self.state.slot == 0, a, &settings, st.cu_stream())
     }
 
     /// Checks sizes and overlaps of this PE's arguments; fills `entries`.

@@ -39,6 +39,7 @@ pub const TUNED: Tuning = Tuning {
     low_latency_lines_min_bytes: None,
     push_blocks: Some(128),
     moe_block_bytes: Some(256),
+    moe_lines_max_bytes: None,
 };
 
 impl Variant {

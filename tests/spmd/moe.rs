@@ -38,9 +38,31 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("moe::plan_then_move::all_to_all_v_2d_offset", |e| with_form(e, MoeKernels::PlanThenMove, all_to_all_v_2d_offset)),
     ("moe::plan_then_move::errors::bad_on_one_pe", |e| with_form(e, MoeKernels::PlanThenMove, err_bad_on_one_pe)),
     ("moe::plan_then_move::graph_replay_gpu_only", |e| with_form(e, MoeKernels::PlanThenMove, graph_replay)),
+    // The line kernel where it fits (the GPU backend's world team over
+    // NVLink; elsewhere the default forms).
+    ("moe::lines::all_to_all_v", |e| with_form(e, MoeKernels::Lines, all_to_all_v)),
+    ("moe::lines::all_to_all_v_2d", |e| with_form(e, MoeKernels::Lines, all_to_all_v_2d)),
+    ("moe::lines::all_to_all_v_2d_offset", |e| with_form(e, MoeKernels::Lines, all_to_all_v_2d_offset)),
+    ("moe::lines::dispatch_then_combine_ops", |e| with_form(e, MoeKernels::Lines, dispatch_then_combine_ops)),
+    ("moe::lines::layer_on_device", |e| with_form(e, MoeKernels::Lines, layer_on_device)),
+    ("moe::lines::errors::negative_split", |e| with_form(e, MoeKernels::Lines, err_negative_split)),
+    ("moe::lines::errors::splits_exceed_input", |e| with_form(e, MoeKernels::Lines, err_splits_exceed_input)),
+    ("moe::lines::errors::output_overflow", |e| with_form(e, MoeKernels::Lines, err_output_overflow)),
+    ("moe::lines::errors::output_overflow_by_padding", |e| {
+        with_form(e, MoeKernels::Lines, err_output_overflow_by_padding)
+    }),
+    ("moe::lines::errors::negative_offset", |e| with_form(e, MoeKernels::Lines, err_negative_offset)),
+    ("moe::lines::errors::offsets_out_of_order", |e| with_form(e, MoeKernels::Lines, err_offsets_out_of_order)),
+    ("moe::lines::errors::chunk_past_input", |e| with_form(e, MoeKernels::Lines, err_chunk_past_input)),
+    ("moe::lines::errors::bad_on_one_pe", |e| with_form(e, MoeKernels::Lines, err_bad_on_one_pe)),
+    ("moe::lines::device_error_fails_next_call", |e| with_form(e, MoeKernels::Lines, device_error_fails_next_call)),
+    ("moe::lines::graph_replay_gpu_only", |e| with_form(e, MoeKernels::Lines, graph_replay)),
     // Many working blocks on the tests' few rows (the GPU backend).
     ("moe::tuned::all_to_all_v_2d", |e| tuned(e, all_to_all_v_2d)),
     ("moe::tuned::all_to_all_v_2d_offset", |e| tuned(e, all_to_all_v_2d_offset)),
+    // The automatic choice taking the line kernel, on many blocks.
+    ("moe::tuned::lines::all_to_all_v_2d", |e| tuned_lines(e, all_to_all_v_2d)),
+    ("moe::tuned::lines::all_to_all_v_2d_offset", |e| tuned_lines(e, all_to_all_v_2d_offset)),
 ];
 
 /// `test` with the kernels retuned (`crate::kernels::TUNED`: 256 bytes of
@@ -48,6 +70,17 @@ pub const TESTS: &[(&str, TestFn)] = &[
 fn tuned(env: &Env, test: TestFn) -> TestResult {
     let before = env.ctx.collectives();
     env.ctx.set_collectives(Collectives { tuning: crate::kernels::TUNED, ..before });
+    let r = test(env);
+    env.ctx.set_collectives(before);
+    r
+}
+
+/// `test` with [`MoeKernels::Auto`] taking the line kernel for every input
+/// that fits, 256 bytes of input a block.
+fn tuned_lines(env: &Env, test: TestFn) -> TestResult {
+    let before = env.ctx.collectives();
+    let tuning = shmem::Tuning { moe_lines_max_bytes: Some(usize::MAX), ..crate::kernels::TUNED };
+    env.ctx.set_collectives(Collectives { moe: MoeKernels::Auto, tuning, ..before });
     let r = test(env);
     env.ctx.set_collectives(before);
     r

@@ -3,7 +3,7 @@
 //! and registered with `nvshmemx_cumodule_init`.
 
 use super::{check, CUstream, GpuWorld, Nv};
-use crate::algo::{low_latency_room_bytes, AllReduceAlgo, Collectives, MoeKernels, Tuning};
+use crate::algo::{low_latency_room_bytes, moe_lines_fit, AllReduceAlgo, Collectives, MoeKernels, Tuning};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 use cudarc::driver::sys::{self, CUfunction, CUmodule};
@@ -73,6 +73,9 @@ const FOLLOWS_STREAM: [&str; 7] = [
 /// unless tuned (the kernels keep as many working as the busiest PE's
 /// bytes need: `a2av_active` in `moe.cu`).
 const A2AV_BYTES_PER_BLOCK: usize = 32 << 10;
+/// Input bytes per block of the MoE line kernel unless tuned: one pass of
+/// a block's 16 warps, 4 lines of 120 data bytes each.
+const A2AV_LINES_BYTES_PER_BLOCK: usize = 16 * 4 * 120;
 
 /// Why the kernels are missing from this build, and how to build them.
 pub(crate) fn not_built() -> Error {
@@ -989,20 +992,53 @@ impl Kernels {
     /// Launches the MoE all-to-all-v: one kernel (`shmem_a2av_fused`)
     /// where every peer is reached over NVLink and the splits fit its
     /// packets and shared memory, unless `settings.moe` is
-    /// [`MoeKernels::PlanThenMove`]; else the plan kernel (one block:
-    /// barrier, every PE's splits checked, out_splits_offsets and the send
-    /// plan) and the data kernel. Every PE makes the same choice (the same
-    /// team, sizes and settings). `settings.moe_local_blocks` of the data
-    /// blocks copy this PE's own chunks while the others push (0: each
-    /// pushes, then copies; `None`: the kernel chooses). A failed check
-    /// writes nothing but the record [`Kernels::take_a2av_error`] reads.
-    pub(crate) fn all_to_all_v(&self, t: TeamSync, a: A2av, settings: &Collectives, s: CUstream) -> Result<()> {
+    /// [`MoeKernels::PlanThenMove`]; the line kernel (`shmem_a2av_lines`)
+    /// instead on the `world` team where [`MoeKernels::Lines`] is asked
+    /// for, or the input is within [`Tuning::moe_lines_max_bytes`], and it
+    /// fits ([`moe_lines_fit`] and shared memory); else the plan kernel
+    /// (one block: barrier, every PE's splits checked, out_splits_offsets
+    /// and the send plan) and the data kernel. Every PE makes the same
+    /// choice (the same team, sizes and settings).
+    /// `settings.moe_local_blocks` of the data blocks copy this PE's own
+    /// chunks while the others push (0: each pushes, then copies; `None`:
+    /// the kernel chooses). A failed check writes nothing but the record
+    /// [`Kernels::take_a2av_error`] reads.
+    pub(crate) fn all_to_all_v(
+        &self,
+        t: TeamSync,
+        world: bool,
+        a: A2av,
+        settings: &Collectives,
+        s: CUstream,
+    ) -> Result<()> {
         let (form, local_blocks) = (settings.moe, settings.moe_local_blocks);
         let mut a = a;
         a.table = self.layout.a2av() as u64;
         a.error = self.a2av_error.device;
         let most = if t.rma != 0 { RMA_BLOCKS } else { MAX_BLOCKS };
         let in_bytes = (a.in_rows * a.row_bytes) as usize;
+        let (n, ne) = (t.n as usize, a.ne as usize);
+        // The line kernel's tables: every PE's splits, the work arrays, the
+        // send plan (4 words a chunk, its sends' chunks there first) and
+        // its receipts' chunks (3 words each).
+        let lines_shared = (Self::a2av_work_words(n, ne, a.kind) + 7 * n * ne) * 8;
+        let lines = world
+            && t.rma == 0
+            && lines_shared <= A2AV_SHARED_MAX_BYTES
+            && moe_lines_fit(n, ne, a.kind == 2, in_bytes)
+            && match form {
+                MoeKernels::Lines => true,
+                MoeKernels::Auto => settings.tuning.moe_lines_max_bytes.is_some_and(|most| in_bytes <= most),
+                MoeKernels::PlanThenMove => false,
+            };
+        if lines {
+            let per = settings.tuning.moe_block_bytes.map_or(A2AV_LINES_BYTES_PER_BLOCK, |b| b.max(16));
+            a.blocks = in_bytes.div_ceil(per).clamp(1, MAX_BLOCKS) as i32;
+            // SAFETY: (TeamSync, A2av) as the kernel declares; the regions
+            // were checked on the host, the splits are checked on the
+            // device, and what a PE sends fits the buffer (`moe_lines_fit`).
+            return unsafe { self.launch_with("shmem_a2av_lines", a.blocks as usize, lines_shared as u32, t, a, s) };
+        }
         // The data blocks, by what the input can hold; the kernels keep as
         // many working as what is sent needs (`kA2avBytesPerBlock` each;
         // the idle ones skip their channel).
@@ -1011,7 +1047,6 @@ impl Kernels {
         a.block_bytes = per as u64;
         a.blocks = blocks as i32;
         a.local_blocks = local_blocks.map_or(-1, |b| b.min(MAX_BLOCKS as u32) as i32);
-        let (n, ne) = (t.n as usize, a.ne as usize);
         let packets = n * Self::a2av_split_words(n, ne, a.kind);
         let one = (Self::a2av_work_words(n, ne, a.kind) + 4 * n * ne) * 8;
         if form != MoeKernels::PlanThenMove
