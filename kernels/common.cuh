@@ -440,20 +440,32 @@ __device__ __forceinline__ uint64_t packet_load(const uint4 *p, uint32_t flag, c
     return static_cast<uint64_t>(v.x) | static_cast<uint64_t>(v.z) << 32;
 }
 
+// This kernel's low-latency epoch, read by one thread and shared with the
+// block (whole block: a barrier).
+__device__ __forceinline__ uint64_t block_ll_epoch(const TeamSync &t) {
+    __shared__ uint64_t shared_epoch;
+    if (threadIdx.x == 0) shared_epoch = *t.ll_counter(blockIdx.x) + 1;
+    __syncthreads();
+    return shared_epoch;
+}
+
+// The same, read by one lane and shared with the warp (whole warp; no
+// barrier, each warp loads it).
+__device__ __forceinline__ uint64_t warp_ll_epoch(const TeamSync &t) {
+    uint64_t e = threadIdx.x % 32 == 0 ? *t.ll_counter(blockIdx.x) : 0;
+    return __shfl_sync(0xffffffffu, e, 0) + 1;
+}
+
 struct LL {
     const TeamSync &t;
     uint64_t epoch;
     uint32_t flag;
     uint64_t parity;
 
-    __device__ LL(const TeamSync &team) : t(team) {
-        __shared__ uint64_t shared_epoch;
-        if (threadIdx.x == 0) shared_epoch = *t.ll_counter(blockIdx.x) + 1;
-        __syncthreads();
-        epoch = shared_epoch;
-        flag = 1 + static_cast<uint32_t>(epoch % 0xffffffffull);
-        parity = epoch & 1;
-    }
+    __device__ LL(const TeamSync &team) : LL(team, block_ll_epoch(team)) {}
+    // With this kernel's epoch `e`, read already.
+    __device__ LL(const TeamSync &team, uint64_t e)
+        : t(team), epoch(e), flag(1 + static_cast<uint32_t>(e % 0xffffffffull)), parity(e & 1) {}
     // Chunks of 8 bytes to move for `bytes` (at least one, so that every
     // peer hears from every peer).
     __device__ uint64_t chunks(uint64_t bytes) const { return bytes == 0 ? 1 : (bytes + 7) / 8; }
@@ -501,8 +513,12 @@ struct Lines {
     uint64_t flag;  // the packets' flag in both halves
     static constexpr uint64_t kWords = 15;  // data words in a line
 
-    __device__ Lines(const TeamSync &team)
-        : packets(team), t(team), flag(packets.flag | static_cast<uint64_t>(packets.flag) << 32) {}
+    __device__ Lines(const TeamSync &team) : Lines(team, block_ll_epoch(team)) {}
+    // With this kernel's epoch `e`, read already.
+    __device__ Lines(const TeamSync &team, uint64_t e)
+        : packets(team, e), t(team), flag(packets.flag | static_cast<uint64_t>(packets.flag) << 32) {}
+    // Lines a sender has in a receiver's buffer.
+    __device__ uint64_t room() const { return 2 * ll_max_bytes(t.n) / 128; }
     // Lines for `bytes` (at least one, so that every peer hears from every peer).
     __device__ uint64_t lines(uint64_t bytes) const { return bytes == 0 ? 1 : (bytes + 8 * kWords - 1) / (8 * kWords); }
     // A pass covers 4 lines a warp; `base()` is this warp's first, the

@@ -608,51 +608,100 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_fused(TeamSync team
 namespace shmem {
 namespace k {
 
-// The line form's tables, in the block's shared memory after the send
-// plan: 3 words a chunk. `sends` ([d][e], this PE's chunk e for
-// destination d) holds {source row, rows, first line}; `recvs` ([s][e],
-// PE s's chunk e for this PE) {output row, rows, first line}. A sender's
-// lines for a peer are its splits (`split_lines`), then its chunks for
-// that peer in its own order, each from a fresh line.
+// The line form. A sender's lines for a peer are its splits
+// (`split_lines`), then its chunks for that peer in its own order, each
+// from a fresh line. Each warp works out where its lines come from by
+// itself (`warp_chunks`), from this PE's splits in global memory, so that
+// the first line leaves without a barrier; a receiver's chunks, once
+// every PE's splits are in, are in the block's shared memory after the
+// send plan (`recvs`, [s][e] for PE s's chunk e: {output row, rows, first
+// line}).
 struct A2avLines {
     Lines ln;
     const A2av &a;
     const A2avTable &tb;
     uint64_t split_lines;
-    uint64_t *sends, *recvs;
+    uint64_t *recvs;
 
-    __device__ A2avLines(const TeamSync &t, const A2av &args, const A2avTable &table)
-        : ln(t), a(args), tb(table), split_lines(ln.lines(static_cast<uint64_t>(table.w) * 8)),
-          sends(table.plans), recvs(table.plans + 4ull * table.n * args.ne) {}
+    __device__ A2avLines(const TeamSync &t, uint64_t epoch, const A2av &args, const A2avTable &table)
+        : ln(t, epoch), a(args), tb(table), split_lines(ln.lines(static_cast<uint64_t>(table.w) * 8)),
+          recvs(table.plans + 4ull * table.n * args.ne) {}
 
-    __device__ uint64_t lines(uint64_t rows) const { return div64(rows * a.row_bytes + 8 * Lines::kWords - 1, 8 * Lines::kWords); }
+    __device__ uint64_t lines(uint64_t rows) const {
+        return div64(rows * a.row_bytes + 8 * Lines::kWords - 1, 8 * Lines::kWords);
+    }
     // Entry of a PE's splits that is its chunk `e` for destination `d`.
     __device__ int entry(int d, int e) const {
         return a.kind == A2avV ? d : a.kind == A2av2d ? d * a.ne + e : e * tb.n + d;
     }
-    // The chunk (3 words) of the `ne` at `c` that holds `line`: the last
-    // that starts at or before it (starts never decrease).
-    __device__ const uint64_t *chunk(const uint64_t *c, uint64_t line) const {
-        int e = 0;
-        for (int step = a.ne > 1 ? 1 << (31 - __clz(a.ne - 1)) : 0; step > 0; step >>= 1)
-            if (e + step < a.ne && c[3 * (e + step) + 2] <= line) e += step;
-        return c + 3 * e;
-    }
-    // Lines of the `ne` chunks at `c`, splits included.
-    __device__ uint64_t end(const uint64_t *c) const { return c[3 * (a.ne - 1) + 2] + lines(c[3 * (a.ne - 1) + 1]); }
 
-    // This PE's chunks for every destination (after its own `rp` run).
-    __device__ void plan_sends(const TeamSync &t) const {
-        const int me = t.rank, m = tb.m;
-        for (int d = threadIdx.x; d < tb.n; d += blockDim.x) {
-            uint64_t line = split_lines;
-            for (int e = 0; e < a.ne; e++) {
-                int i = entry(d, e);
-                uint64_t *c = sends + 3 * (static_cast<uint64_t>(d) * a.ne + e);
-                c[0] = a.kind == A2av2dOffset ? tb.splits(me)[m + i] : tb.rp(me)[i];
-                c[1] = rows_of(tb, me, i);
-                c[2] = line;
-                line += lines(c[1]);
+    // This PE's chunk `lane` (of at most 32) for destination `d`, from
+    // its splits at `mine` (whole warp): its source row, rows and first
+    // line, and the lines for `d` in all. Nothing is checked yet, so a
+    // chunk is cut to the input and the lines to the room: whatever the
+    // splits, nothing is read past the input nor written past the buffer
+    // (the check then fails everywhere, and nobody reads what came).
+    __device__ uint64_t warp_chunks(const int64_t *mine, int d, uint64_t &src, uint64_t &rows, uint64_t &first) const {
+        const int lane = threadIdx.x % 32, ne = a.ne;
+        const bool live = lane < ne;
+        int64_t r = live ? mine[entry(d, lane)] : 0;
+        rows = r < 0 ? 0 : static_cast<uint64_t>(r);
+        if (a.kind == A2av2dOffset) {
+            int64_t off = live ? mine[tb.m + entry(d, lane)] : 0;
+            src = off < 0 ? a.in_rows : static_cast<uint64_t>(off);
+        } else {
+            // The rows before d's, then those of d's chunks before this one.
+            uint64_t before = 0;
+            for (int i = lane; i < d * ne; i += 32) before += mine[i] < 0 ? 0 : static_cast<uint64_t>(mine[i]);
+            for (int o = 16; o > 0; o >>= 1) before += __shfl_xor_sync(0xffffffffu, before, o);
+            uint64_t incl = rows;
+            for (int o = 1; o < 32; o <<= 1) {
+                uint64_t v = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += v;
+            }
+            src = before + incl - rows;
+        }
+        rows = src >= a.in_rows ? 0 : min(rows, a.in_rows - src);
+        uint64_t l = lines(rows), incl = l;
+        for (int o = 1; o < 32; o <<= 1) {
+            uint64_t v = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += v;
+        }
+        first = live ? split_lines + incl - l : ~0ull;
+        return min(split_lines + __shfl_sync(0xffffffffu, incl, 31), ln.room());
+    }
+
+    // This PE's splits, then its chunks, to every peer (the grid's warps,
+    // 4 lines each a pass).
+    __device__ void send(const TeamSync &team) const {
+        const uint8_t *in = team.mine<uint8_t>(a.input);
+        const int64_t *mine = team.mine<int64_t>(a.splits);
+        const uint64_t split_bytes = static_cast<uint64_t>(tb.w) * 8;
+        const int lane = threadIdx.x % 32;
+        for (int k = 1; k < tb.n; k++) {
+            const int d = (team.rank + k) % tb.n;
+            uint64_t src, n_rows, first;
+            const uint64_t total = warp_chunks(mine, d, src, n_rows, first);
+            for (uint64_t b0 = ln.base(); b0 < total; b0 += ln.stride()) {
+                const uint64_t line = ln.line_of(b0);
+                const bool live = line < total;
+                // The chunk of this lane's line: the last that starts at
+                // or before it (starts never decrease).
+                unsigned held = 0;
+                for (int g = 0; g < 4; g++) {
+                    unsigned m = __ballot_sync(0xffffffffu, first <= b0 + g);
+                    if (g == lane / 8) held = m;
+                }
+                const int e = held == 0 ? 0 : 31 - __clz(held);
+                const uint64_t c_src = __shfl_sync(0xffffffffu, src, e), c_rows = __shfl_sync(0xffffffffu, n_rows, e),
+                               c_first = __shfl_sync(0xffffffffu, first, e);
+                uint64_t x, y;
+                if (line < split_lines) {
+                    ln.load(reinterpret_cast<const uint8_t *>(mine), split_bytes, line, live, x, y);
+                } else {
+                    ln.load(in + c_src * a.row_bytes, c_rows * a.row_bytes, line - c_first, live, x, y);
+                }
+                ln.send(d, line, live, x, y);
             }
         }
     }
@@ -668,30 +717,6 @@ struct A2avLines {
                 c[1] = rows_of(tb, s, entry(me, e));
                 c[2] = line;
                 line += lines(c[1]);
-            }
-        }
-    }
-    // This PE's splits, then (when `rows`) its chunks, to every peer (the
-    // grid's warps, 4 lines each a pass).
-    __device__ void send(const TeamSync &t, bool rows) const {
-        const uint8_t *in = t.mine<uint8_t>(a.input);
-        const uint8_t *splits = reinterpret_cast<const uint8_t *>(tb.splits(t.rank));
-        const uint64_t split_bytes = static_cast<uint64_t>(tb.w) * 8;
-        for (int k = 1; k < tb.n; k++) {
-            const int d = (t.rank + k) % tb.n;
-            const uint64_t *c = sends + 3ull * d * a.ne;
-            const uint64_t total = rows ? end(c) : split_lines;
-            for (uint64_t b0 = ln.base(); b0 < total; b0 += ln.stride()) {
-                const uint64_t line = ln.line_of(b0);
-                const bool live = line < total;
-                uint64_t x, y;
-                if (line < split_lines) {
-                    ln.load(splits, split_bytes, line, live, x, y);
-                } else {
-                    const uint64_t *h = chunk(c, line);
-                    ln.load(in + h[0] * a.row_bytes, h[1] * a.row_bytes, line - h[2], live, x, y);
-                }
-                ln.send(d, line, live, x, y);
             }
         }
     }
@@ -715,11 +740,15 @@ struct A2avLines {
         for (int k = 1; k < tb.n; k++) {
             const int s = (t.rank + k) % tb.n;
             const uint64_t *c = recvs + 3ull * s * a.ne;
-            const uint64_t total = end(c);
+            const uint64_t total = c[3 * (a.ne - 1) + 2] + lines(c[3 * (a.ne - 1) + 1]);
             for (uint64_t b0 = split_lines + ln.base(); b0 < total; b0 += ln.stride()) {
                 const uint64_t line = ln.line_of(b0);
                 const bool live = line < total;
-                const uint64_t *h = chunk(c, line);
+                // The chunk of the line: the last that starts at or before it.
+                int e = 0;
+                for (int step = a.ne > 1 ? 1 << (31 - __clz(a.ne - 1)) : 0; step > 0; step >>= 1)
+                    if (e + step < a.ne && c[3 * (e + step) + 2] <= line) e += step;
+                const uint64_t *h = c + 3 * e;
                 uint64_t x, y;
                 ln.recv(s, line, live, x, y);
                 ln.store(out + h[0] * a.row_bytes, h[1] * a.row_bytes, line - h[2], live, x, y);
@@ -731,59 +760,47 @@ struct A2avLines {
 }  // namespace k
 }  // namespace shmem
 
-// The line form: the world team, every peer over NVLink, an input whose
-// rows fit the low-latency buffer in lines (`a2av_lines_fit` in
-// kernels.rs). Each PE sends, as it starts, its splits and then its rows
-// for each peer in 128-byte lines (`Lines` of common.cuh) into that
-// peer's low-latency buffer for it: it needs nothing from the peers to
-// know where they go there (its chunks for the peer in its own order,
-// each from a fresh line), so the rows are on the link while the peers
-// check and plan. Every block reads every PE's splits from their lines,
-// checks the whole exchange and plans as the one-kernel form does, then
-// copies this PE's own chunks and, as their lines arrive, the peers'
-// into the output. No fence, signal or barrier: each line's flag is its
-// arrival. A PE whose own splits are bad sends only its splits (every PE
-// then finds the exchange bad); a bad exchange writes nothing but the
-// record. The buffer is reused as the low-latency collectives reuse it
-// (every operation sends every peer its splits).
+// The line form: the world team, every peer over NVLink, at most 32
+// experts per PE, an input whose rows fit the low-latency buffer in lines
+// (`moe_lines_fit` in algo.rs). Each PE sends, as it starts, its splits
+// and then its rows for each peer in 128-byte lines (`Lines` of
+// common.cuh) into that peer's low-latency buffer for it: it needs
+// nothing from the peers to know where they go there (its chunks for the
+// peer in its own order, each from a fresh line), and each warp works out
+// its own lines' sources, so the first line leaves without a barrier and
+// the rows are on the link while the peers check and plan. Every block
+// reads every PE's splits from their lines, checks the whole exchange and
+// plans as the one-kernel form does, then copies this PE's own chunks
+// and, as their lines arrive, the peers' into the output. No fence,
+// signal or barrier: each line's flag is its arrival. A bad exchange
+// writes nothing but the record. The buffer is reused as the low-latency
+// collectives reuse it (every operation sends every peer its splits).
 extern "C" __global__ void __launch_bounds__(512) shmem_a2av_lines(TeamSync team, A2av a) {
     shmem::k::follow_stream();
     using namespace shmem::k;
     extern __shared__ uint64_t shared_table[];
-    __shared__ uint64_t heaps[kMaxTeam];
-    TeamSync t = team;
-    t.peer_heap = heaps;
-    A2avTable tb = a2av_shared_table(t, a, shared_table);
-    const int n = t.n, w = tb.w, m = tb.m, me = t.rank;
-    const int64_t *mine = t.mine<int64_t>(a.splits);
+    A2avTable tb = a2av_shared_table(team, a, shared_table);
+    const int w = tb.w, me = team.rank;
+    // This PE's splits, for the check (loaded beside the sends).
+    const int64_t *mine = team.mine<int64_t>(a.splits);
     for (int i = threadIdx.x; i < w; i += blockDim.x) tb.splits(me)[i] = mine[i];
-    for (int pe = threadIdx.x; pe < n; pe += blockDim.x) heaps[pe] = team.peer_heap[pe];
-    A2avLines x(t, a, tb);  // (a barrier)
-    // This PE's own run of the work arrays, its chunks, and whether its
-    // splits hold (its input is read only if they do).
-    segmented_exclusive_scan(tb.rp(me), 1, m + 1, [&](int, int j) { return work_rows(a, tb, me, j); });
-    __syncthreads();
-    x.plan_sends(t);
-    bool bad = false;
-    long long v;
-    for (int i = threadIdx.x; i < m; i += blockDim.x) bad |= entry_error(a, tb, me * m + i, &v) != ~0ull;
-    bad = __syncthreads_or(bad);
-    x.send(t, !bad);
-    x.recv_splits(t);
+    A2avLines x(team, warp_ll_epoch(team), a, tb);
+    x.send(team);
+    x.recv_splits(team);
     __syncthreads();
     a2av_sums(a, tb);
     // The own copy's plan and the receipts', made while the exchange is
     // checked (one barrier for all three).
-    a2av_plan_sends(t, a, tb, false);
-    x.plan_recvs(t);
+    a2av_plan_sends(team, a, tb, false);
+    x.plan_recvs(team);
     if (a2av_any_error(a, tb)) {
         long long value;
         unsigned long long first = a2av_first_error(a, tb, &value);
         if (blockIdx.x == 0 && threadIdx.x == 0) a2av_report(a, first, value);
     } else {
-        if (blockIdx.x == 0) a2av_write_so(t, a, tb);
-        a2av_send_part(t, a, [&](int d, int e) { return tb.plan(d, e, a.ne); }, me, blockIdx.x, gridDim.x);
-        x.recv_rows(t);
+        if (blockIdx.x == 0) a2av_write_so(team, a, tb);
+        a2av_send_part(team, a, [&](int d, int e) { return tb.plan(d, e, a.ne); }, me, blockIdx.x, gridDim.x);
+        x.recv_rows(team);
     }
     x.ln.end();
 }

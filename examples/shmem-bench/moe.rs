@@ -252,11 +252,15 @@ struct Buffers<T: Value> {
     so_1d: SymmetricBuffer<i64>,
 }
 
+/// shmem's MoE rows, in order: the default form, the line kernel, the
+/// two-kernel form and forced RMA.
+const FORMS: [Imp; 4] = [Imp::Shmem, Imp::ShmemLines, Imp::Shmem2k, Imp::ShmemRma];
+
 impl Bench<'_> {
     /// shmem's rows of the MoE `ops`, in every dtype.
     pub(super) fn moe(&self, ops: &[Op]) -> Res<Vec<Row>> {
         let mut rows = Vec::new();
-        if !ops.iter().any(|&op| self.runs(Imp::Shmem, op, 0)) {
+        if !FORMS.iter().any(|&imp| ops.iter().any(|&op| self.runs(imp, op, 0))) {
             return Ok(rows);
         }
         for dtype in self.dtypes(Op::Dispatch) {
@@ -351,9 +355,8 @@ impl Bench<'_> {
                 };
                 let read = || gather(&output.slice(..out_len).copy_to_host(s)?, &chunks, hidden);
                 let read_so = || Ok(out_so.copy_to_host(s)?);
-                // The default form, the line kernel where the input fits,
-                // the two-kernel form and forced RMA, as selected.
-                for imp in [Imp::Shmem, Imp::ShmemLines, Imp::Shmem2k, Imp::ShmemRma] {
+                // As selected, the line kernel where the input fits.
+                for imp in FORMS {
                     let ne = self.args.experts_per_pe as usize;
                     let fits = moe_lines_fit(n, ne, op == Op::Combine, in_len * elem);
                     if !self.runs(imp, op, shape.bytes(elem)) || (imp == Imp::ShmemLines && !fits) {

@@ -86,10 +86,10 @@ pub enum MoeKernels {
     /// checks the whole exchange and plans; each PE then copies what
     /// arrives into its output. No fence, signal or barrier: a line's flag
     /// is its arrival, and the rows are on the link while the peers check.
-    /// The world team, every peer over NVLink, an input that fits the
-    /// buffer ([`moe_lines_fit`]) and splits within 46 KiB of shared
-    /// memory, as [`MoeKernels::Auto`]'s one kernel; otherwise as
-    /// [`MoeKernels::Auto`] without it.
+    /// The world team, every peer over NVLink, at most 32 experts per PE,
+    /// an input that fits the buffer ([`moe_lines_fit`]) and splits within
+    /// 46 KiB of shared memory, as [`MoeKernels::Auto`]'s one kernel;
+    /// otherwise as [`MoeKernels::Auto`] without it.
     Lines,
 }
 

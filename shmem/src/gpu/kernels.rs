@@ -73,6 +73,9 @@ const FOLLOWS_STREAM: [&str; 7] = [
 /// unless tuned (the kernels keep as many working as the busiest PE's
 /// bytes need: `a2av_active` in `moe.cu`).
 const A2AV_BYTES_PER_BLOCK: usize = 32 << 10;
+/// Most experts per PE of the MoE line kernel: a warp works out a
+/// destination's chunks a lane each (`A2avLines::warp_chunks` in `moe.cu`).
+const A2AV_LINES_MAX_EXPERTS: usize = 32;
 /// Input bytes per block of the MoE line kernel unless tuned: one pass of
 /// a block's 16 warps, 4 lines of 120 data bytes each.
 const A2AV_LINES_BYTES_PER_BLOCK: usize = 16 * 4 * 120;
@@ -995,7 +998,7 @@ impl Kernels {
     /// [`MoeKernels::PlanThenMove`]; the line kernel (`shmem_a2av_lines`)
     /// instead on the `world` team where [`MoeKernels::Lines`] is asked
     /// for, or the input is within [`Tuning::moe_lines_max_bytes`], and it
-    /// fits ([`moe_lines_fit`] and shared memory); else the plan kernel
+    /// fits ([`moe_lines_fit`], 32 experts per PE and shared memory); else the plan kernel
     /// (one block: barrier, every PE's splits checked, out_splits_offsets
     /// and the send plan) and the data kernel. Every PE makes the same
     /// choice (the same team, sizes and settings).
@@ -1024,6 +1027,7 @@ impl Kernels {
         let lines_shared = (Self::a2av_work_words(n, ne, a.kind) + 7 * n * ne) * 8;
         let lines = world
             && t.rma == 0
+            && ne <= A2AV_LINES_MAX_EXPERTS
             && lines_shared <= A2AV_SHARED_MAX_BYTES
             && moe_lines_fit(n, ne, a.kind == 2, in_bytes)
             && match form {
