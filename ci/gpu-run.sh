@@ -144,8 +144,8 @@ each_test() {
 # other collectives with the low-latency kernels to 1 MiB on 64 blocks,
 # and in lines at every size (--ll-lines-min-bytes 0);
 # the MoE dispatch with 32, 16 and 8 KiB of rows a block, and in 128-byte
-# lines (shmem-lines, where the input fits) with one and two passes of
-# each block's warps (7.5 and 15 KiB of input a block). NCCL
+# lines (shmem-lines, where the input fits) with 32 and 8 KiB of input a
+# block (56 and 128 blocks at 128 tokens). NCCL
 # beside the defaults only. Rows in $out/tune-*.jsonl.
 tune() {
     local ar=(--op all_reduce --dtype bf16 --min-bytes 32K --max-bytes 1M --graph)
@@ -176,8 +176,8 @@ tune() {
             --json "$out/tune-moe-${kib}k.jsonl"
     done
     step tune-moe-lines "${bench[@]}" "${moe[@]}" --impl shmem-lines --json "$out/tune-moe-lines.jsonl"
-    step tune-moe-lines-15k "${bench[@]}" "${moe[@]}" --impl shmem-lines --moe-block-bytes 15K \
-        --json "$out/tune-moe-lines-15k.jsonl"
+    step tune-moe-lines-8k "${bench[@]}" "${moe[@]}" --impl shmem-lines --moe-block-bytes 8K \
+        --json "$out/tune-moe-lines-8k.jsonl"
     unset STEP_TIMEOUT
 }
 

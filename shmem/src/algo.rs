@@ -224,8 +224,8 @@ pub struct Tuning {
     pub push_blocks: Option<u32>,
     /// The MoE all-to-all-v: bytes of the busiest PE's rows per working
     /// data block, which sets how many blocks move the rows: by default
-    /// 32 KiB; at least 16. In [`MoeKernels::Lines`], bytes of input per
-    /// block: by default 7680 (one pass of a block's warps, 4 lines each).
+    /// 32 KiB; at least 16. In [`MoeKernels::Lines`], where every block
+    /// works, bytes of the input (rows it can hold) per block.
     pub moe_block_bytes: Option<usize>,
     /// The largest input (bytes of rows a PE's input holds) for which
     /// [`MoeKernels::Auto`] moves the rows in lines

@@ -76,9 +76,6 @@ const A2AV_BYTES_PER_BLOCK: usize = 32 << 10;
 /// Most experts per PE of the MoE line kernel: a warp works out a
 /// destination's chunks a lane each (`A2avLines::warp_chunks` in `moe.cu`).
 const A2AV_LINES_MAX_EXPERTS: usize = 32;
-/// Input bytes per block of the MoE line kernel unless tuned: one pass of
-/// a block's 16 warps, 4 lines of 120 data bytes each.
-const A2AV_LINES_BYTES_PER_BLOCK: usize = 16 * 4 * 120;
 
 /// Why the kernels are missing from this build, and how to build them.
 pub(crate) fn not_built() -> Error {
@@ -1035,18 +1032,18 @@ impl Kernels {
                 MoeKernels::Auto => settings.tuning.moe_lines_max_bytes.is_some_and(|most| in_bytes <= most),
                 MoeKernels::PlanThenMove => false,
             };
+        // The blocks, by what the input can hold (the line kernel: all of
+        // them work).
+        let per = settings.tuning.moe_block_bytes.map_or(A2AV_BYTES_PER_BLOCK, |b| b.max(16));
         if lines {
-            let per = settings.tuning.moe_block_bytes.map_or(A2AV_LINES_BYTES_PER_BLOCK, |b| b.max(16));
             a.blocks = in_bytes.div_ceil(per).clamp(1, MAX_BLOCKS) as i32;
             // SAFETY: (TeamSync, A2av) as the kernel declares; the regions
             // were checked on the host, the splits are checked on the
             // device, and what a PE sends fits the buffer (`moe_lines_fit`).
             return unsafe { self.launch_with("shmem_a2av_lines", a.blocks as usize, lines_shared as u32, t, a, s) };
         }
-        // The data blocks, by what the input can hold; the kernels keep as
-        // many working as what is sent needs (`kA2avBytesPerBlock` each;
-        // the idle ones skip their channel).
-        let per = settings.tuning.moe_block_bytes.map_or(A2AV_BYTES_PER_BLOCK, |b| b.max(16));
+        // The other kernels keep as many working as what is sent needs
+        // (`a2av_active`; the idle ones skip their channel).
         let blocks = in_bytes.div_ceil(per).clamp(1, most);
         a.block_bytes = per as u64;
         a.blocks = blocks as i32;
