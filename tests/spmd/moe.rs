@@ -57,6 +57,7 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("moe::lines::errors::bad_on_one_pe", |e| with_form(e, MoeKernels::Lines, err_bad_on_one_pe)),
     ("moe::lines::device_error_fails_next_call", |e| with_form(e, MoeKernels::Lines, device_error_fails_next_call)),
     ("moe::lines::graph_replay_gpu_only", |e| with_form(e, MoeKernels::Lines, graph_replay)),
+    ("moe::lines::between_low_latency_collectives", |e| with_form(e, MoeKernels::Lines, between_collectives)),
     // Many working blocks on the tests' few rows (the GPU backend).
     ("moe::tuned::all_to_all_v_2d", |e| tuned(e, all_to_all_v_2d)),
     ("moe::tuned::all_to_all_v_2d_offset", |e| tuned(e, all_to_all_v_2d_offset)),
@@ -84,6 +85,38 @@ fn tuned_lines(env: &Env, test: TestFn) -> TestResult {
     let r = test(env);
     env.ctx.set_collectives(before);
     r
+}
+
+/// MoE operations between all-reduces and all-gathers, over and over, with
+/// every result checked: on the GPU backend's world the line kernel (under
+/// [`MoeKernels::Lines`]) and the low-latency collectives (in 8-byte
+/// packets, then in lines) take turns in one buffer and one run of epochs.
+fn between_collectives(env: &Env) -> TestResult {
+    let (n, me) = (env.n(), env.me());
+    let len = 1000;
+    let src = env.ctx.alloc::<u64>(len)?;
+    let dst = env.ctx.alloc::<u64>(n * len)?;
+    let value = |seed: u64, pe: usize, i: usize| mix(seed ^ (pe * len + i) as u64) >> 20;
+    // (The caller puts the settings back.)
+    let before = env.ctx.collectives();
+    for round in 0..6 {
+        let lines = (round % 2 == 1).then_some(0);
+        let tuning = shmem::Tuning { low_latency_lines_min_bytes: lines, ..before.tuning };
+        env.ctx.set_collectives(Collectives { tuning, ..before });
+        let seed = env.fresh_seed();
+        src.copy_from_host(&(0..len).map(|i| value(seed, me, i)).collect::<Vec<_>>(), &env.s)?;
+        env.ctx.all_reduce(dst.slice(..len), &src, shmem::ReduceOp::Sum, &env.s)?;
+        let sum: Vec<u64> = (0..len).map(|i| (0..n).map(|pe| value(seed, pe, i)).sum()).collect();
+        one_2d::<bf16>(env, Case::Random, 3, 8, 64)?;
+        let got = dst.slice(..len).copy_to_host(&env.s)?;
+        assert_eq!(got, sum, "all_reduce of round {round} (lines: {lines:?})");
+        env.ctx.all_gather(&dst, &src, &env.s)?;
+        one_2d_offset::<f32>(env, Case::Skewed, 2, 7)?;
+        let all: Vec<u64> = (0..n).flat_map(|pe| (0..len).map(move |i| value(seed, pe, i))).collect();
+        assert_eq!(dst.copy_to_host(&env.s)?, all, "all_gather of round {round} (lines: {lines:?})");
+        one_1d::<u64>(env, Case::Maximal, 5)?;
+    }
+    Ok(())
 }
 
 /// `test` with the MoE ops in `form`.
