@@ -376,11 +376,12 @@ __device__ __forceinline__ uint64_t ll_max_bytes(int n) {
     return n <= kPushMaxTeam ? kLLMaxBytesSmallTeam : kLLMaxBytes;
 }
 
-// Writes `epoch` into every shared LL/push counter this block owns.
+// Writes `epoch` into every shared LL/push counter this block owns, a
+// thread each (a one-block kernel owns all 128).
 __device__ __forceinline__ void ll_counters_end(const TeamSync &t, uint64_t epoch) {
     __syncthreads();
-    if (threadIdx.x == 0)
-        for (int j = blockIdx.x; j < kMaxBlocks; j += gridDim.x) *t.ll_counter(j) = epoch;
+    for (int j = blockIdx.x + threadIdx.x * gridDim.x; j < kMaxBlocks; j += gridDim.x * blockDim.x)
+        *t.ll_counter(j) = epoch;
 }
 
 __device__ __forceinline__ void st_volatile_v4(uint4 *p, uint4 v) {
