@@ -291,6 +291,21 @@ __device__ void a2av_write_so(const TeamSync &t, const A2av &a, const A2avTable 
     }
 }
 
+// The one-kernel forms' verdict on the exchange, after their plans
+// (whole block): a bad one is reported (block 0) and false returned; for
+// a good one, this PE's out_splits_offsets are written (block 0) and true
+// returned.
+__device__ bool a2av_verdict(const TeamSync &t, const A2av &a, const A2avTable &tb) {
+    if (a2av_any_error(a, tb)) {
+        long long value;
+        unsigned long long first = a2av_first_error(a, tb, &value);
+        if (blockIdx.x == 0 && threadIdx.x == 0) a2av_report(a, first, value);
+        return false;
+    }
+    if (blockIdx.x == 0) a2av_write_so(t, a, tb);
+    return true;
+}
+
 // Where each of this PE's chunks goes (entry i of its splits is chunk e
 // for destination d, output entry j there), into the send plan (the
 // one kernel plans before its check's verdict: only the plan, in its
@@ -590,12 +605,7 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_fused(TeamSync team
     // The plan, made while the exchange is checked (a bad one is never
     // sent): one barrier for both.
     a2av_plan_sends(t, a, tb, false);
-    if (a2av_any_error(a, tb)) {
-        long long value;
-        unsigned long long first = a2av_first_error(a, tb, &value);
-        if (blockIdx.x == 0 && threadIdx.x == 0) a2av_report(a, first, value);
-    } else {
-        if (blockIdx.x == 0) a2av_write_so(t, a, tb);
+    if (a2av_verdict(t, a, tb)) {
         const int active = a2av_active(a, tb);
         if (static_cast<int>(blockIdx.x) < active) {
             a2av_push(t, a, tb.plans, active, pk.epoch);
@@ -793,12 +803,7 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_lines(TeamSync team
     // checked (one barrier for all three).
     a2av_plan_sends(team, a, tb, false);
     x.plan_recvs(team);
-    if (a2av_any_error(a, tb)) {
-        long long value;
-        unsigned long long first = a2av_first_error(a, tb, &value);
-        if (blockIdx.x == 0 && threadIdx.x == 0) a2av_report(a, first, value);
-    } else {
-        if (blockIdx.x == 0) a2av_write_so(team, a, tb);
+    if (a2av_verdict(team, a, tb)) {
         a2av_send_part(team, a, [&](int d, int e) { return tb.plan(d, e, a.ne); }, me, blockIdx.x, gridDim.x);
         x.recv_rows(team);
     }
