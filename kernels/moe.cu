@@ -637,7 +637,8 @@ struct A2avLines {
         : ln(t, epoch), a(args), tb(table), split_lines(ln.lines(static_cast<uint64_t>(table.w) * 8)),
           recvs(table.plans + 4ull * table.n * args.ne) {}
 
-    __device__ uint64_t lines(uint64_t rows) const {
+    // Lines of a chunk of `rows` rows (none for none).
+    __device__ uint64_t row_lines(uint64_t rows) const {
         return div64(rows * a.row_bytes + 8 * Lines::kWords - 1, 8 * Lines::kWords);
     }
     // Entry of a PE's splits that is its chunk `e` for destination `d`.
@@ -672,7 +673,7 @@ struct A2avLines {
             src = before + incl - rows;
         }
         rows = src >= a.in_rows ? 0 : min(rows, a.in_rows - src);
-        uint64_t l = lines(rows), incl = l;
+        uint64_t l = row_lines(rows), incl = l;
         for (int o = 1; o < 32; o <<= 1) {
             uint64_t v = __shfl_up_sync(0xffffffffu, incl, o);
             if (lane >= o) incl += v;
@@ -726,7 +727,7 @@ struct A2avLines {
                 c[0] = tb.op(me)[j];
                 c[1] = rows_of(tb, s, entry(me, e));
                 c[2] = line;
-                line += lines(c[1]);
+                line += row_lines(c[1]);
             }
         }
     }
@@ -750,7 +751,7 @@ struct A2avLines {
         for (int k = 1; k < tb.n; k++) {
             const int s = (t.rank + k) % tb.n;
             const uint64_t *c = recvs + 3ull * s * a.ne;
-            const uint64_t total = c[3 * (a.ne - 1) + 2] + lines(c[3 * (a.ne - 1) + 1]);
+            const uint64_t total = c[3 * (a.ne - 1) + 2] + row_lines(c[3 * (a.ne - 1) + 1]);
             for (uint64_t b0 = split_lines + ln.base(); b0 < total; b0 += ln.stride()) {
                 const uint64_t line = ln.line_of(b0);
                 const bool live = line < total;

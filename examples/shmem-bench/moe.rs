@@ -356,9 +356,9 @@ impl Bench<'_> {
                 let read = || gather(&output.slice(..out_len).copy_to_host(s)?, &chunks, hidden);
                 let read_so = || Ok(out_so.copy_to_host(s)?);
                 // As selected, the line kernel where the input fits.
+                let ne = self.args.experts_per_pe as usize;
+                let fits = moe_lines_fit(n, ne, op == Op::Combine, in_len * elem);
                 for imp in FORMS {
-                    let ne = self.args.experts_per_pe as usize;
-                    let fits = moe_lines_fit(n, ne, op == Op::Combine, in_len * elem);
                     if !self.runs(imp, op, shape.bytes(elem)) || (imp == Imp::ShmemLines && !fits) {
                         continue;
                     }

@@ -995,10 +995,10 @@ impl Kernels {
     /// [`MoeKernels::PlanThenMove`]; the line kernel (`shmem_a2av_lines`)
     /// instead on the `world` team where [`MoeKernels::Lines`] is asked
     /// for, or the input is within [`Tuning::moe_lines_max_bytes`], and it
-    /// fits ([`moe_lines_fit`], 32 experts per PE and shared memory); else the plan kernel
-    /// (one block: barrier, every PE's splits checked, out_splits_offsets
-    /// and the send plan) and the data kernel. Every PE makes the same
-    /// choice (the same team, sizes and settings).
+    /// fits ([`moe_lines_fit`], 32 experts per PE and shared memory); else
+    /// the plan kernel (one block: barrier, every PE's splits checked,
+    /// out_splits_offsets and the send plan) and the data kernel. Every PE
+    /// makes the same choice (the same team, sizes and settings).
     /// `settings.moe_local_blocks` of the data blocks copy this PE's own
     /// chunks while the others push (0: each pushes, then copies; `None`:
     /// the kernel chooses). A failed check writes nothing but the record
@@ -1019,8 +1019,8 @@ impl Kernels {
         let in_bytes = (a.in_rows * a.row_bytes) as usize;
         let (n, ne) = (t.n as usize, a.ne as usize);
         // The line kernel's tables: every PE's splits, the work arrays, the
-        // send plan (4 words a chunk, its sends' chunks there first) and
-        // its receipts' chunks (3 words each).
+        // send plan (4 words a chunk; for the own copy) and the receipts'
+        // chunks (3 words each).
         let lines_shared = (Self::a2av_work_words(n, ne, a.kind) + 7 * n * ne) * 8;
         let lines = world
             && t.rma == 0
