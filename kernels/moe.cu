@@ -641,6 +641,15 @@ struct A2avLines {
     __device__ uint64_t row_lines(uint64_t rows) const {
         return div64(rows * a.row_bytes + 8 * Lines::kWords - 1, 8 * Lines::kWords);
     }
+    // Inclusive sum of `v` over the warp's lanes (whole warp).
+    __device__ static uint64_t warp_scan(uint64_t v) {
+        const int lane = threadIdx.x % 32;
+        for (int o = 1; o < 32; o <<= 1) {
+            uint64_t u = __shfl_up_sync(0xffffffffu, v, o);
+            if (lane >= o) v += u;
+        }
+        return v;
+    }
     // Entry of a PE's splits that is its chunk `e` for destination `d`.
     __device__ int entry(int d, int e) const {
         return a.kind == A2avV ? d : a.kind == A2av2d ? d * a.ne + e : e * tb.n + d;
@@ -665,19 +674,10 @@ struct A2avLines {
             uint64_t before = 0;
             for (int i = lane; i < d * ne; i += 32) before += mine[i] < 0 ? 0 : static_cast<uint64_t>(mine[i]);
             for (int o = 16; o > 0; o >>= 1) before += __shfl_xor_sync(0xffffffffu, before, o);
-            uint64_t incl = rows;
-            for (int o = 1; o < 32; o <<= 1) {
-                uint64_t v = __shfl_up_sync(0xffffffffu, incl, o);
-                if (lane >= o) incl += v;
-            }
-            src = before + incl - rows;
+            src = before + warp_scan(rows) - rows;
         }
         rows = src >= a.in_rows ? 0 : min(rows, a.in_rows - src);
-        uint64_t l = row_lines(rows), incl = l;
-        for (int o = 1; o < 32; o <<= 1) {
-            uint64_t v = __shfl_up_sync(0xffffffffu, incl, o);
-            if (lane >= o) incl += v;
-        }
+        const uint64_t l = row_lines(rows), incl = warp_scan(l);
         first = live ? split_lines + incl - l : ~0ull;
         return min(split_lines + __shfl_sync(0xffffffffu, incl, 31), ln.room());
     }
@@ -716,18 +716,19 @@ struct A2avLines {
             }
         }
     }
-    // Every PE's chunks for this PE (after `a2av_sums`).
+    // Every PE's chunks for this PE (after `a2av_sums`): a warp a sender,
+    // a lane a chunk.
     __device__ void plan_recvs(const TeamSync &t) const {
-        const int me = t.rank, n = tb.n, ne = a.ne;
-        for (int s = threadIdx.x; s < n; s += blockDim.x) {
-            uint64_t line = split_lines;
-            for (int e = 0; e < ne; e++) {
+        const int me = t.rank, n = tb.n, ne = a.ne, e = threadIdx.x % 32;
+        for (int s = threadIdx.x / 32; s < n; s += blockDim.x / 32) {
+            const uint64_t rows = e < ne ? rows_of(tb, s, entry(me, e)) : 0, l = row_lines(rows);
+            const uint64_t first = split_lines + warp_scan(l) - l;
+            if (e < ne) {
                 int j = a.kind == A2avV ? s : a.kind == A2av2d ? e * n + s : s * ne + e;
                 uint64_t *c = recvs + 3 * (static_cast<uint64_t>(s) * ne + e);
                 c[0] = tb.op(me)[j];
-                c[1] = rows_of(tb, s, entry(me, e));
-                c[2] = line;
-                line += row_lines(c[1]);
+                c[1] = rows;
+                c[2] = first;
             }
         }
     }
