@@ -559,48 +559,24 @@ struct Lines {
             st_volatile_v2u64(at(reinterpret_cast<uint8_t *>(t.peer_heap[pe]), t.rank, line), a,
                               lane8() == 7 ? flag : b);
     }
-    // This lane's data words of `U` lines from member `pe`, their loads in
-    // flight together (whole warp; `live[u]` false for lanes past the last
-    // line, which load nothing). The warp converges first, and a line is
-    // read again by the whole warp while any of its lanes waits, so that
-    // each line is read by one load instruction.
-    template <int U>
-    __device__ __forceinline__ void recv_n(int pe, const uint64_t (&line)[U], const bool (&live)[U], uint64_t (&a)[U],
-                           uint64_t (&b)[U]) const {
-        const uint64_t *p[U];
+    // This lane's data words of `line` from member `pe` (whole warp; `live`
+    // false for lanes past the last line, which load nothing). The warp
+    // converges first, so that each line is read by one load instruction.
+    __device__ void recv(int pe, uint64_t line, bool live, uint64_t &a, uint64_t &b) const {
+        const uint64_t *p = at(reinterpret_cast<uint8_t *>(t.heap), pe, line);
+        a = b = 0;
         __syncwarp();
-        #pragma unroll
-        for (int u = 0; u < U; u++) {
-            p[u] = at(reinterpret_cast<uint8_t *>(t.heap), pe, line[u]);
-            a[u] = b[u] = 0;
-            if (live[u]) ld_volatile_v2u64(p[u], a[u], b[u]);
-        }
+        if (live) ld_volatile_v2u64(p, a, b);
         long long start = 0;
-        for (;;) {
-            unsigned waiting = 0;  // bit u: some lane waits for its line u
-            #pragma unroll
-            for (int u = 0; u < U; u++)
-                if (__any_sync(0xffffffffu, live[u] && lane8() == 7 && b[u] != flag)) waiting |= 1u << u;
-            if (waiting == 0) return;
+        while (__any_sync(0xffffffffu, live && lane8() == 7 && b != flag)) {
             if (start == 0) start = clock64();
             if (clock64() - start > kWaitCycles) {
-                #pragma unroll
-                for (int u = 0; u < U; u++)
-                    if (live[u] && lane8() == 7 && b[u] != flag)
-                        printf("shmem: waited too long for a line of a low-latency collective from PE %d\n", pe);
+                if (live && lane8() == 7 && b != flag)
+                    printf("shmem: waited too long for a line of a low-latency collective from PE %d\n", pe);
                 __trap();
             }
-            #pragma unroll
-            for (int u = 0; u < U; u++)
-                if ((waiting >> u & 1) && live[u]) ld_volatile_v2u64(p[u], a[u], b[u]);
+            if (live) ld_volatile_v2u64(p, a, b);
         }
-    }
-    // This lane's data words of `line` from member `pe` (whole warp; as
-    // `recv_n`).
-    __device__ void recv(int pe, uint64_t line, bool live, uint64_t &a, uint64_t &b) const {
-        uint64_t x[1], y[1];
-        recv_n<1>(pe, {line}, {live}, x, y);
-        a = x[0], b = y[0];
     }
     // Every line of `in` (`bytes`) to every peer, and into `keep` as well
     // unless it is null (the all-gather's own block, out of place).

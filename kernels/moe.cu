@@ -682,11 +682,8 @@ struct A2avLines {
         return min(split_lines + __shfl_sync(0xffffffffu, incl, 31), ln.room());
     }
 
-    // Lines a warp moves a pass: kUnroll × 4, their loads in flight
-    // together.
-    static constexpr int kUnroll = 2;
-
-    // This PE's splits, then its chunks, to every peer (the grid's warps).
+    // This PE's splits, then its chunks, to every peer (the grid's warps,
+    // 4 lines each a pass).
     __device__ void send(const TeamSync &team) const {
         const uint8_t *in = team.mine<uint8_t>(a.input);
         const int64_t *mine = team.mine<int64_t>(a.splits);
@@ -696,34 +693,26 @@ struct A2avLines {
             const int d = (team.rank + k) % tb.n;
             uint64_t src, n_rows, first;
             const uint64_t total = warp_chunks(mine, d, src, n_rows, first);
-            for (uint64_t b0 = ln.base(); b0 < total; b0 += kUnroll * ln.stride()) {
-                uint64_t line[kUnroll], x[kUnroll], y[kUnroll];
-                bool live[kUnroll];
-                #pragma unroll
-                for (int u = 0; u < kUnroll; u++) {
-                    const uint64_t bu = b0 + u * ln.stride();
-                    line[u] = ln.line_of(bu);
-                    live[u] = line[u] < total;
-                    // The chunk of this lane's line: the last that starts
-                    // at or before it (starts never decrease).
-                    unsigned held = 0;
-                    for (int g = 0; g < 4; g++) {
-                        unsigned m = __ballot_sync(0xffffffffu, first <= bu + g);
-                        if (g == lane / 8) held = m;
-                    }
-                    const int e = held == 0 ? 0 : 31 - __clz(held);
-                    const uint64_t c_src = __shfl_sync(0xffffffffu, src, e),
-                                   c_rows = __shfl_sync(0xffffffffu, n_rows, e),
-                                   c_first = __shfl_sync(0xffffffffu, first, e);
-                    if (line[u] < split_lines) {
-                        ln.load(reinterpret_cast<const uint8_t *>(mine), split_bytes, line[u], live[u], x[u], y[u]);
-                    } else {
-                        ln.load(in + c_src * a.row_bytes, c_rows * a.row_bytes, line[u] - c_first, live[u], x[u],
-                                y[u]);
-                    }
+            for (uint64_t b0 = ln.base(); b0 < total; b0 += ln.stride()) {
+                const uint64_t line = ln.line_of(b0);
+                const bool live = line < total;
+                // The chunk of this lane's line: the last that starts at
+                // or before it (starts never decrease).
+                unsigned held = 0;
+                for (int g = 0; g < 4; g++) {
+                    unsigned m = __ballot_sync(0xffffffffu, first <= b0 + g);
+                    if (g == lane / 8) held = m;
                 }
-                #pragma unroll
-                for (int u = 0; u < kUnroll; u++) ln.send(d, line[u], live[u], x[u], y[u]);
+                const int e = held == 0 ? 0 : 31 - __clz(held);
+                const uint64_t c_src = __shfl_sync(0xffffffffu, src, e), c_rows = __shfl_sync(0xffffffffu, n_rows, e),
+                               c_first = __shfl_sync(0xffffffffu, first, e);
+                uint64_t x, y;
+                if (line < split_lines) {
+                    ln.load(reinterpret_cast<const uint8_t *>(mine), split_bytes, line, live, x, y);
+                } else {
+                    ln.load(in + c_src * a.row_bytes, c_rows * a.row_bytes, line - c_first, live, x, y);
+                }
+                ln.send(d, line, live, x, y);
             }
         }
     }
@@ -764,24 +753,17 @@ struct A2avLines {
             const int s = (t.rank + k) % tb.n;
             const uint64_t *c = recvs + 3ull * s * a.ne;
             const uint64_t total = c[3 * (a.ne - 1) + 2] + row_lines(c[3 * (a.ne - 1) + 1]);
-            for (uint64_t b0 = split_lines + ln.base(); b0 < total; b0 += kUnroll * ln.stride()) {
-                uint64_t line[kUnroll], x[kUnroll], y[kUnroll];
-                bool live[kUnroll];
-                #pragma unroll
-                for (int u = 0; u < kUnroll; u++) {
-                    line[u] = ln.line_of(b0 + u * ln.stride());
-                    live[u] = line[u] < total;
-                }
-                ln.recv_n(s, line, live, x, y);
-                #pragma unroll
-                for (int u = 0; u < kUnroll; u++) {
-                    // The chunk of the line: the last that starts at or before it.
-                    int e = 0;
-                    for (int step = a.ne > 1 ? 1 << (31 - __clz(a.ne - 1)) : 0; step > 0; step >>= 1)
-                        if (e + step < a.ne && c[3 * (e + step) + 2] <= line[u]) e += step;
-                    const uint64_t *h = c + 3 * e;
-                    ln.store(out + h[0] * a.row_bytes, h[1] * a.row_bytes, line[u] - h[2], live[u], x[u], y[u]);
-                }
+            for (uint64_t b0 = split_lines + ln.base(); b0 < total; b0 += ln.stride()) {
+                const uint64_t line = ln.line_of(b0);
+                const bool live = line < total;
+                // The chunk of the line: the last that starts at or before it.
+                int e = 0;
+                for (int step = a.ne > 1 ? 1 << (31 - __clz(a.ne - 1)) : 0; step > 0; step >>= 1)
+                    if (e + step < a.ne && c[3 * (e + step) + 2] <= line) e += step;
+                const uint64_t *h = c + 3 * e;
+                uint64_t x, y;
+                ln.recv(s, line, live, x, y);
+                ln.store(out + h[0] * a.row_bytes, h[1] * a.row_bytes, line - h[2], live, x, y);
             }
         }
     }
