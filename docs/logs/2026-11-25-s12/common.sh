@@ -41,6 +41,23 @@ sanitize_lines() {
         timeout 200 bash "$here/gpu-run.sh" --share --sanitize >"$dest/r/san.log" 2>&1
     echo "== san: rc $?" >>"$log"
 }
+# A/B against the build before (old.tar.xz beside the bundle, into old/).
+unpack_old() {
+    mkdir -p "$here/old"
+    tar -C "$here/old" -xJf "$here/old.tar.xz"
+}
+# The MoE forms' bench at PES PEs, each build twice, alternating.
+ab_moe() {
+    local p=$1 k v b
+    for k in 1 2; do
+        for v in old new; do
+            b=$here/bin
+            [[ $v == old ]] && b=$here/old/bin
+            run "pe$p-$v$k-moe" 60 "$b/shmemrun" -n "$p" "$b/shmem-bench" --backend gpu --op moe --tokens 1,32,128 --graph \
+                --impl shmem,shmem-lines --json "$dest/r/pe$p-$v$k-moe.jsonl"
+        done
+    done
+}
 pack() {
     tar -C "$dest" -czf "$dest/r.tgz" r && rm -rf "$dest/r"
 }

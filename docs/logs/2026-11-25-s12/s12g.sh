@@ -6,24 +6,12 @@
 # shared, both ways, and the line tests under compute-sanitizer at 2.
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/common.sh"
-mkdir -p "$here/old"
-tar -C "$here/old" -xJf "$here/old.tar.xz"
-ab() {  # pes
-    local p=$1 k v b
-    for k in 1 2; do
-        for v in old new; do
-            b=$here/bin
-            [[ $v == old ]] && b=$here/old/bin
-            run "pe$p-$v$k-moe" 60 "$b/shmemrun" -n "$p" "$b/shmem-bench" --backend gpu --op moe --tokens 1,32,128 --graph \
-                --impl shmem,shmem-lines --json "$dest/r/pe$p-$v$k-moe.jsonl"
-        done
-    done
-}
-ab 1
+unpack_old
+ab_moe 1
 run pe1-moe 100 env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n 1 "$bin/spmd" moe::
 for p in 2 4 3; do
     mps_on "$p"
-    ((p == 2)) && ab 2
+    ((p == 2)) && ab_moe 2
     run "pe$p-moe" 120 env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$p" "$bin/spmd" moe::
     run "pe$p-moe-forced-rma" 120 env SHMEM_FORCE_RMA=1 SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$p" "$bin/spmd" moe::
     mps_off
