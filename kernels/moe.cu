@@ -350,6 +350,16 @@ __device__ __forceinline__ int a2av_active(const A2av &a, const A2avTable &tb) {
 // an eighth of a large one (16 of 128 took 4096 tokens from 106 to 93 µs).
 __device__ __forceinline__ int a2av_local_blocks(int active) { return active >= 64 ? active / 8 : active / 2; }
 
+// The last of `n` items whose starts (`start(i)`) never decrease that
+// starts at or before `x` (0 when none does).
+template <typename Start>
+__device__ __forceinline__ int last_at_or_before(int n, Start start, uint64_t x) {
+    int i = 0;
+    for (int step = n > 1 ? 1 << (31 - __clz(n - 1)) : 0; step > 0; step >>= 1)
+        if (i + step < n && start(i + step) <= x) i += step;
+    return i;
+}
+
 // Part `part` of `parts` of this PE's chunks for destination `d`
 // (planned at `plan(d, e)`, 4 words a chunk), split evenly by bytes:
 // copied into this PE's output (d is this PE) or sent to d's (whole
@@ -364,10 +374,7 @@ __device__ __forceinline__ void a2av_send_part(const TeamSync &t, const A2av &a,
     Range r = split((total + 15) / 16, part, parts);
     uint64_t lo = min(r.lo * 16, total), hi = min(r.hi * 16, total);
     if (lo >= hi) return;
-    // The last chunk that starts at or before `lo` (starts never decrease).
-    int e0 = 0;
-    for (int step = ne > 1 ? 1 << (31 - __clz(ne - 1)) : 0; step > 0; step >>= 1)
-        if (e0 + step < ne && plan(d, e0 + step)[3] * a.row_bytes <= lo) e0 += step;
+    const int e0 = last_at_or_before(ne, [&](int e) { return plan(d, e)[3] * a.row_bytes; }, lo);
     for (int e = e0; e < ne; e++) {
         const uint64_t *p = plan(d, e);
         uint64_t at = p[3] * a.row_bytes;
@@ -756,11 +763,7 @@ struct A2avLines {
             for (uint64_t b0 = split_lines + ln.base(); b0 < total; b0 += ln.stride()) {
                 const uint64_t line = ln.line_of(b0);
                 const bool live = line < total;
-                // The chunk of the line: the last that starts at or before it.
-                int e = 0;
-                for (int step = a.ne > 1 ? 1 << (31 - __clz(a.ne - 1)) : 0; step > 0; step >>= 1)
-                    if (e + step < a.ne && c[3 * (e + step) + 2] <= line) e += step;
-                const uint64_t *h = c + 3 * e;
+                const uint64_t *h = c + 3 * last_at_or_before(a.ne, [&](int e) { return c[3 * e + 2]; }, line);
                 uint64_t x, y;
                 ln.recv(s, line, live, x, y);
                 ln.store(out + h[0] * a.row_bytes, h[1] * a.row_bytes, line - h[2], live, x, y);
