@@ -66,25 +66,27 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("moe::tuned::lines::all_to_all_v_2d_offset", |e| tuned_lines(e, all_to_all_v_2d_offset)),
 ];
 
-/// `test` with the kernels retuned (`crate::kernels::TUNED`: 256 bytes of
-/// rows per working MoE block).
-fn tuned(env: &Env, test: TestFn) -> TestResult {
+/// `test` with the collective settings `change` makes of the current
+/// ones, which are put back after it.
+fn with_settings(env: &Env, change: impl FnOnce(Collectives) -> Collectives, test: TestFn) -> TestResult {
     let before = env.ctx.collectives();
-    env.ctx.set_collectives(Collectives { tuning: crate::kernels::TUNED, ..before });
+    env.ctx.set_collectives(change(before));
     let r = test(env);
     env.ctx.set_collectives(before);
     r
 }
 
+/// `test` with the kernels retuned (`crate::kernels::TUNED`: 256 bytes of
+/// rows per working MoE block).
+fn tuned(env: &Env, test: TestFn) -> TestResult {
+    with_settings(env, |c| Collectives { tuning: crate::kernels::TUNED, ..c }, test)
+}
+
 /// `test` with [`MoeKernels::Auto`] taking the line kernel for every input
 /// that fits, 256 bytes of input a block.
 fn tuned_lines(env: &Env, test: TestFn) -> TestResult {
-    let before = env.ctx.collectives();
     let tuning = shmem::Tuning { moe_lines_max_bytes: Some(usize::MAX), ..crate::kernels::TUNED };
-    env.ctx.set_collectives(Collectives { moe: MoeKernels::Auto, tuning, ..before });
-    let r = test(env);
-    env.ctx.set_collectives(before);
-    r
+    with_settings(env, |c| Collectives { moe: MoeKernels::Auto, tuning, ..c }, test)
 }
 
 /// MoE operations between all-reduces and all-gathers, over and over, with
@@ -121,11 +123,7 @@ fn between_collectives(env: &Env) -> TestResult {
 
 /// `test` with the MoE ops in `form`.
 fn with_form(env: &Env, form: MoeKernels, test: TestFn) -> TestResult {
-    let before = env.ctx.collectives();
-    env.ctx.set_collectives(Collectives { moe: form, ..before });
-    let r = test(env);
-    env.ctx.set_collectives(before);
-    r
+    with_settings(env, |c| Collectives { moe: form, ..c }, test)
 }
 
 /// Rows of each PE's input in the operation tests.
