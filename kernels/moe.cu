@@ -24,6 +24,7 @@
 // Nothing is read from the host, so either form can be captured in a CUDA
 // graph and replayed with new splits.
 #include "common.cuh"
+#include "phases.cuh"
 
 namespace shmem {
 namespace k {
@@ -192,6 +193,7 @@ __device__ __forceinline__ uint64_t work_rows(const A2av &a, const A2avTable &tb
 // every PE's splits are staged).
 __device__ __forceinline__ void a2av_sums(const A2av &a, const A2avTable &tb) {
     segmented_exclusive_scan(tb.work, 2 * tb.n, tb.m + 1, [&](int g, int j) { return work_rows(a, tb, g, j); });
+    phase_mark("scan");
     __syncthreads();
 }
 
@@ -296,13 +298,16 @@ __device__ void a2av_write_so(const TeamSync &t, const A2av &a, const A2avTable 
 // a good one, this PE's out_splits_offsets are written (block 0) and true
 // returned.
 __device__ bool a2av_verdict(const TeamSync &t, const A2av &a, const A2avTable &tb) {
-    if (a2av_any_error(a, tb)) {
+    const bool bad = a2av_any_error(a, tb);
+    phase_mark("any_error");
+    if (bad) {
         long long value;
         unsigned long long first = a2av_first_error(a, tb, &value);
         if (blockIdx.x == 0 && threadIdx.x == 0) a2av_report(a, first, value);
         return false;
     }
     if (blockIdx.x == 0) a2av_write_so(t, a, tb);
+    phase_mark("write_so");
     return true;
 }
 
@@ -375,6 +380,7 @@ __device__ __forceinline__ void a2av_send_part(const TeamSync &t, const A2av &a,
     uint64_t lo = min(r.lo * 16, total), hi = min(r.hi * 16, total);
     if (lo >= hi) return;
     const int e0 = last_at_or_before(ne, [&](int e) { return plan(d, e)[3] * a.row_bytes; }, lo);
+    phase_mark("part");
     for (int e = e0; e < ne; e++) {
         const uint64_t *p = plan(d, e);
         uint64_t at = p[3] * a.row_bytes;
@@ -582,6 +588,7 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_move(TeamSync t, A2
 extern "C" __global__ void __launch_bounds__(512) shmem_a2av_fused(TeamSync team, A2av a) {
     shmem::k::follow_stream();
     using namespace shmem::k;
+    phase_begin("fused");
     extern __shared__ uint64_t shared_table[];
     // The peers' heap bases, read at every send: in shared memory.
     __shared__ uint64_t heaps[kMaxTeam];
@@ -595,6 +602,7 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_fused(TeamSync team
     for (int i = threadIdx.x; i < w; i += blockDim.x) tb.splits(me)[i] = mine[i];
     for (int pe = threadIdx.x; pe < n; pe += blockDim.x) heaps[pe] = team.peer_heap[pe];
     A2avPackets pk(t);
+    phase_mark("counter");
     // Block 0 sends this PE's splits to every peer; every block gathers
     // every PE's.
     if (blockIdx.x == 0)
@@ -606,20 +614,28 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_fused(TeamSync team
         int s = x / w, i = x % w;
         if (s != me) tb.staged[x] = pk.recv(s, i, w);
     }
+    phase_mark("send_recv_splits");
     __syncthreads();
+    phase_mark("sync");
     pk.arrive();
     a2av_sums(a, tb);
+    phase_mark("sums");
     // The plan, made while the exchange is checked (a bad one is never
     // sent): one barrier for both.
     a2av_plan_sends(t, a, tb, false);
+    phase_mark("plan_sends");
     if (a2av_verdict(t, a, tb)) {
         const int active = a2av_active(a, tb);
         if (static_cast<int>(blockIdx.x) < active) {
+            phase_mark("verdict");
             a2av_push(t, a, tb.plans, active, pk.epoch);
+            phase_mark("push_signal_wait");
             end_epoch(t, pk.epoch);
         }
     }
     pk.end();
+    phase_mark("end");
+    phase_end();
 }
 
 namespace shmem {
@@ -793,24 +809,38 @@ struct A2avLines {
 extern "C" __global__ void __launch_bounds__(512) shmem_a2av_lines(TeamSync team, A2av a) {
     shmem::k::follow_stream();
     using namespace shmem::k;
+    phase_begin("lines");
     extern __shared__ uint64_t shared_table[];
     A2avTable tb = a2av_shared_table(team, a, shared_table);
     const int w = tb.w, me = team.rank;
     // This PE's splits, for the check (loaded beside the sends).
     const int64_t *mine = team.mine<int64_t>(a.splits);
     for (int i = threadIdx.x; i < w; i += blockDim.x) tb.splits(me)[i] = mine[i];
+    phase_mark("splits");
     A2avLines x(team, warp_ll_epoch(team), a, tb);
+    phase_mark("epoch");
     x.send(team);
+    phase_mark("send");
     x.recv_splits(team);
+    phase_mark("recv_splits");
     __syncthreads();
+    phase_mark("sync");
     a2av_sums(a, tb);
+    phase_mark("sums");
     // The own copy's plan and the receipts', made while the exchange is
     // checked (one barrier for all three).
     a2av_plan_sends(team, a, tb, false);
+    phase_mark("plan_sends");
     x.plan_recvs(team);
+    phase_mark("plan_recvs");
     if (a2av_verdict(team, a, tb)) {
+        phase_mark("verdict");
         a2av_send_part(team, a, [&](int d, int e) { return tb.plan(d, e, a.ne); }, me, blockIdx.x, gridDim.x);
+        phase_mark("own_copy");
         x.recv_rows(team);
+        phase_mark("recv_rows");
     }
     x.ln.end();
+    phase_mark("end");
+    phase_end();
 }

@@ -5,6 +5,7 @@
 // they compile in parallel).
 #pragma once
 #include "common.cuh"
+#include "phases.cuh"
 
 namespace shmem {
 namespace k {
@@ -131,7 +132,9 @@ template <typename T, int OP>
 __device__ void allreduce_ll(const TeamSync &t, uint64_t dst_off, uint64_t src_off, uint64_t count) {
     using A = typename Acc<T>::type;
     constexpr int kPer = 8 / sizeof(T);
+    phase_begin("ll_allreduce");
     LL ll(t);
+    phase_mark("epoch");
     uint64_t bytes = count * sizeof(T);
     const uint8_t *src = t.mine<uint8_t>(src_off);
     uint8_t *dst = t.mine<uint8_t>(dst_off);
@@ -139,6 +142,7 @@ __device__ void allreduce_ll(const TeamSync &t, uint64_t dst_off, uint64_t src_o
         uint64_t v = load8(src, c, bytes);
         for (int i = 1; i < t.n; i++) ll.send((t.rank + i) % t.n, c, v);
     }
+    phase_mark("send");
     for (uint64_t c = ll.first(); c < ll.chunks(bytes); c += ll.stride()) {
         union {
             uint64_t u;
@@ -157,7 +161,10 @@ __device__ void allreduce_ll(const TeamSync &t, uint64_t dst_off, uint64_t src_o
         for (int e = 0; e < kPer; e++) mine.x[e] = from_acc<T>(acc[e]);
         store8(dst, c, bytes, mine.u);
     }
+    phase_mark("recv_reduce");
     ll.end();
+    phase_mark("end");
+    phase_end();
 }
 
 // The second half of the all-reduce and reduce-scatter by lines: what

@@ -34,7 +34,7 @@ fn main() {
     let kernels = manifest.join("../kernels");
     let toolchain = manifest.join("../.gpu-toolchain/nvidia");
     println!("cargo::rerun-if-changed={}", kernels.display());
-    for var in ["NVCC", "CUDA_HOME", "NVSHMEM_HOME", "SHMEM_CUDA_ARCHS", "SHMEM_NO_KERNELS"] {
+    for var in ["NVCC", "CUDA_HOME", "NVSHMEM_HOME", "SHMEM_CUDA_ARCHS", "SHMEM_NO_KERNELS", "SHMEM_KERNEL_PHASES"] {
         println!("cargo::rerun-if-env-changed={var}");
     }
     println!("cargo::rerun-if-changed={}", toolchain.join("nvshmem/include/non_abi/nvshmem_version.h").display());
@@ -74,6 +74,7 @@ fn main() {
         std::fs::metadata(tool).ok().and_then(|m| m.modified().ok()).hash(&mut key);
     }
     archs.hash(&mut key);
+    phases().hash(&mut key);
     let cache_root = out.ancestors().nth(4).map_or_else(|| out.clone(), |t| t.join("shmem-kernels"));
     let cache = cache_root.join(format!("{:016x}", key.finish()));
     let linked = cache.join("shmem_kernels.image");
@@ -90,6 +91,12 @@ fn main() {
     println!("cargo::rustc-env=SHMEM_KERNELS_CUBIN={}", linked.display());
     println!("cargo::rustc-env=SHMEM_KERNELS_NVSHMEM_VERSION={}", nvshmem_version(&nvshmem));
     println!("cargo::rustc-cfg=shmem_kernels");
+}
+
+/// Whether this is a profiling build, with the kernels' phase stamps
+/// (`SHMEM_KERNEL_PHASES=1`; see kernels/phases.cuh).
+fn phases() -> bool {
+    std::env::var_os("SHMEM_KERNEL_PHASES").is_some_and(|v| !v.is_empty() && v != "0")
 }
 
 /// The `.cuh` headers the sources include.
@@ -116,6 +123,7 @@ fn build(
     out: &Path,
 ) -> PathBuf {
     let nvlink = nvcc.with_file_name("nvlink");
+    let phases = phases();
     let mut images = Vec::new();
     for arch in archs {
         let objects: Vec<PathBuf> = std::thread::scope(|scope| {
@@ -133,6 +141,8 @@ fn build(
                                 "-std=c++17",
                                 "-lineinfo",
                             ])
+                            // A profiling build: phase stamps (kernels/phases.cuh).
+                            .args(phases.then_some("-DSHMEM_PHASES"))
                             .arg("-I")
                             .arg(kernels)
                             .arg("-I")

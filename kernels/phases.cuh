@@ -1,0 +1,80 @@
+// Phase stamps, for finding where a kernel's time goes. Only in a
+// profiling build: `SHMEM_KERNEL_PHASES=1` at build time (build.rs) defines
+// SHMEM_PHASES; without it every call here compiles to nothing.
+//
+// Thread 0 of block 0 reads %globaltimer (32 ns steps on H100/H200) when
+// the kernel starts (`phase_begin`) and at each named point (`phase_mark`,
+// also inside helpers); on every kPhaseEvery-th
+// launch (per source file) it prints, after the kernel's last stamp, one
+// line a phase: the kernel, the sample, the phase and its nanoseconds,
+// and first the gap since the end of the stamped kernel before it in the
+// same file (negative where programmatic dependent launch overlapped
+// them). What one thread sees: a phase that ends in a block barrier
+// includes the wait for the block's slowest warp.
+#pragma once
+#include <cstdint>
+#include <cstdio>
+
+namespace shmem {
+namespace k {
+
+#ifdef SHMEM_PHASES
+constexpr int kPhaseMax = 24;
+constexpr unsigned long long kPhaseEvery = 64;
+// Per source file (static), so that each .cu counts its own launches.
+static __device__ unsigned long long phase_launches;
+static __device__ unsigned long long phase_last_end;
+// The stamper's state: in shared memory, so that a mark costs little and
+// helpers can mark without being handed anything.
+struct PhaseState {
+    const char *kernel;
+    const char *names[kPhaseMax];
+    uint64_t at[kPhaseMax + 1];
+    int n;
+    bool on;
+};
+static __shared__ PhaseState phase_state;
+
+__device__ __forceinline__ uint64_t phase_now() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ bool phase_stamper() { return blockIdx.x == 0 && threadIdx.x == 0; }
+__device__ __forceinline__ void phase_begin(const char *kernel) {
+    if (!phase_stamper()) return;
+    PhaseState &p = phase_state;
+    p.at[0] = phase_now();
+    p.kernel = kernel;
+    p.n = 0;
+    p.on = atomicAdd(&phase_launches, 1ull) % kPhaseEvery == kPhaseEvery - 1;
+}
+__device__ __forceinline__ void phase_mark(const char *name) {
+    if (!phase_stamper()) return;
+    PhaseState &p = phase_state;
+    if (p.n == kPhaseMax) return;
+    p.names[p.n] = name;
+    p.at[++p.n] = phase_now();
+}
+// After the kernel's last mark (by every thread; one prints).
+__device__ __forceinline__ void phase_end() {
+    if (!phase_stamper()) return;
+    const PhaseState &p = phase_state;
+    const uint64_t done = p.at[p.n], before = phase_last_end;
+    phase_last_end = done;
+    if (!p.on) return;
+    const unsigned long long sample = phase_launches;
+    printf("phase %s %llu gap %lld\n", p.kernel, sample, static_cast<long long>(p.at[0] - before));
+    for (int i = 0; i < p.n; i++)
+        printf("phase %s %llu %s %llu\n", p.kernel, sample, p.names[i],
+               static_cast<unsigned long long>(p.at[i + 1] - p.at[i]));
+    printf("phase %s %llu total %llu\n", p.kernel, sample, static_cast<unsigned long long>(done - p.at[0]));
+}
+#else
+__device__ __forceinline__ void phase_begin(const char *) {}
+__device__ __forceinline__ void phase_mark(const char *) {}
+__device__ __forceinline__ void phase_end() {}
+#endif
+
+}  // namespace k
+}  // namespace shmem
