@@ -195,7 +195,16 @@ __device__ __forceinline__ void block_copy(uint8_t *dst, const uint8_t *src, uin
             d[j + 2 * n] = c;
             d[j + 3 * n] = e;
         }
-        for (; j < v; j += n) d[j] = s[j];
+        // The rest (at most three vectors a thread), its loads in flight
+        // together too: a small copy costs one load's latency, not three.
+        if (j < v) {
+            uint4 a = s[j], b, c;
+            if (j + n < v) b = s[j + n];
+            if (j + 2 * n < v) c = s[j + 2 * n];
+            d[j] = a;
+            if (j + n < v) d[j + n] = b;
+            if (j + 2 * n < v) d[j + 2 * n] = c;
+        }
         i = v * 16;
     } else if (align % 4 == 0) {
         const uint32_t *s = reinterpret_cast<const uint32_t *>(src);
@@ -450,11 +459,15 @@ __device__ __forceinline__ uint64_t block_ll_epoch(const TeamSync &t) {
     return shared_epoch;
 }
 
-// The same, read by one lane and shared with the warp (whole warp; no
-// barrier, each warp loads it).
-__device__ __forceinline__ uint64_t warp_ll_epoch(const TeamSync &t) {
-    uint64_t e = threadIdx.x % 32 == 0 ? *t.ll_counter(blockIdx.x) : 0;
-    return __shfl_sync(0xffffffffu, e, 0) + 1;
+// The same for a warp, without a barrier, in two steps so that the load
+// can be in flight beside the caller's others: `lane_ll_counter` (lane 0
+// loads the block's counter), then `warp_ll_epoch` of what it loaded
+// (whole warp).
+__device__ __forceinline__ uint64_t lane_ll_counter(const TeamSync &t) {
+    return threadIdx.x % 32 == 0 ? *t.ll_counter(blockIdx.x) : 0;
+}
+__device__ __forceinline__ uint64_t warp_ll_epoch(uint64_t counter) {
+    return __shfl_sync(0xffffffffu, counter, 0) + 1;
 }
 
 struct LL {

@@ -281,11 +281,12 @@ __device__ void a2av_report(const A2av &a, unsigned long long code, long long va
     e->count = e->count + 1;
 }
 
-// What this PE receives, into its out_splits_offsets (after a good check).
+// What this PE receives, into its out_splits_offsets (after a good
+// check; the block's last threads first, so that its first go on).
 __device__ void a2av_write_so(const TeamSync &t, const A2av &a, const A2avTable &tb) {
     const int n = tb.n, m = tb.m;
     int64_t *so = t.mine<int64_t>(a.out_so);
-    for (int j = threadIdx.x; j < m; j += blockDim.x) {
+    for (int j = blockDim.x - 1 - threadIdx.x; j < m; j += blockDim.x) {
         int s, i;
         out_entry(a.kind, n, a.ne, t.rank, j, &s, &i);
         so[j] = tb.splits(s)[i];
@@ -740,10 +741,11 @@ struct A2avLines {
         }
     }
     // Every PE's chunks for this PE (after `a2av_sums`): a warp a sender,
-    // a lane a chunk.
+    // a lane a chunk, the block's last warps first (the send plan starts
+    // on its first threads, so the two run side by side).
     __device__ void plan_recvs(const TeamSync &t) const {
-        const int me = t.rank, n = tb.n, ne = a.ne, e = threadIdx.x % 32;
-        for (int s = threadIdx.x / 32; s < n; s += blockDim.x / 32) {
+        const int me = t.rank, n = tb.n, ne = a.ne, e = threadIdx.x % 32, warps = blockDim.x / 32;
+        for (int s = warps - 1 - static_cast<int>(threadIdx.x / 32); s < n; s += warps) {
             const uint64_t rows = e < ne ? rows_of(tb, s, entry(me, e)) : 0, l = row_lines(rows);
             const uint64_t first = split_lines + warp_scan(l) - l;
             if (e < ne) {
@@ -813,11 +815,13 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_lines(TeamSync team
     extern __shared__ uint64_t shared_table[];
     A2avTable tb = a2av_shared_table(team, a, shared_table);
     const int w = tb.w, me = team.rank;
-    // This PE's splits, for the check (loaded beside the sends).
+    // The block's epoch and this PE's splits (for the check), their loads
+    // in flight together.
+    const uint64_t counter = lane_ll_counter(team);
     const int64_t *mine = team.mine<int64_t>(a.splits);
     for (int i = threadIdx.x; i < w; i += blockDim.x) tb.splits(me)[i] = mine[i];
     phase_mark("splits");
-    A2avLines x(team, warp_ll_epoch(team), a, tb);
+    A2avLines x(team, warp_ll_epoch(counter), a, tb);
     phase_mark("epoch");
     x.send(team);
     phase_mark("send");

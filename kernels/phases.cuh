@@ -30,6 +30,7 @@ struct PhaseState {
     const char *kernel;
     const char *names[kPhaseMax];
     uint64_t at[kPhaseMax + 1];
+    long long clock0;  // clock64 at the start: the SM's clock over the kernel
     int n;
     bool on;
 };
@@ -45,6 +46,7 @@ __device__ __forceinline__ void phase_begin(const char *kernel) {
     if (!phase_stamper()) return;
     PhaseState &p = phase_state;
     p.at[0] = phase_now();
+    p.clock0 = clock64();
     p.kernel = kernel;
     p.n = 0;
     p.on = atomicAdd(&phase_launches, 1ull) % kPhaseEvery == kPhaseEvery - 1;
@@ -61,6 +63,7 @@ __device__ __forceinline__ void phase_end() {
     if (!phase_stamper()) return;
     const PhaseState &p = phase_state;
     const uint64_t done = p.at[p.n], before = phase_last_end;
+    const long long cycles = clock64() - p.clock0;
     phase_last_end = done;
     if (!p.on) return;
     const unsigned long long sample = phase_launches;
@@ -69,6 +72,8 @@ __device__ __forceinline__ void phase_end() {
         printf("phase %s %llu %s %llu\n", p.kernel, sample, p.names[i],
                static_cast<unsigned long long>(p.at[i + 1] - p.at[i]));
     printf("phase %s %llu total %llu\n", p.kernel, sample, static_cast<unsigned long long>(done - p.at[0]));
+    printf("phase %s %llu mhz %llu\n", p.kernel, sample,
+           static_cast<unsigned long long>(done > p.at[0] ? 1000 * cycles / (done - p.at[0]) : 0));
 }
 #else
 __device__ __forceinline__ void phase_begin(const char *) {}
