@@ -228,11 +228,13 @@ __device__ __forceinline__ unsigned long long entry_error(const A2av &a, const A
 }
 
 // Whether anything is wrong with the exchange, the same in every thread
-// (whole block, after `a2av_sums`; also a barrier).
+// (whole block, after `a2av_sums`; also a barrier). The block's last
+// threads check first, beside the plans that its first threads make.
 __device__ __forceinline__ bool a2av_any_error(const A2av &a, const A2avTable &tb) {
     bool bad = false;
     long long v;
-    for (int x = threadIdx.x; x < tb.n * (tb.m + 1); x += blockDim.x) bad |= entry_error(a, tb, x, &v) != ~0ull;
+    for (int x = blockDim.x - 1 - threadIdx.x; x < tb.n * (tb.m + 1); x += blockDim.x)
+        bad |= entry_error(a, tb, x, &v) != ~0ull;
     return __syncthreads_or(bad);
 }
 
