@@ -522,17 +522,16 @@ __device__ __forceinline__ void ld_volatile_v2u64(const uint64_t *p, uint64_t &a
 // the packet's flag in both halves: a stale packet's word there carries
 // an older flag in its upper half, a zeroed buffer 0.
 struct Lines {
-    LL packets;  // the epoch, the flag and the slots the lines share
-    const TeamSync &t;
+    LL packets;  // the team, the epoch, the flag and the slots the lines share
     uint64_t flag;  // the packets' flag in both halves
     static constexpr uint64_t kWords = 15;  // data words in a line
 
     __device__ Lines(const TeamSync &team) : Lines(team, block_ll_epoch(team)) {}
     // With this kernel's epoch `e`, read already.
     __device__ Lines(const TeamSync &team, uint64_t e)
-        : packets(team, e), t(team), flag(packets.flag | static_cast<uint64_t>(packets.flag) << 32) {}
+        : packets(team, e), flag(packets.flag | static_cast<uint64_t>(packets.flag) << 32) {}
     // Lines a sender has in a receiver's buffer.
-    __device__ uint64_t room() const { return 2 * ll_max_bytes(t.n) / 128; }
+    __device__ uint64_t room() const { return 2 * ll_max_bytes(packets.t.n) / 128; }
     // Lines for `bytes` (at least one, so that every peer hears from every peer).
     __device__ uint64_t lines(uint64_t bytes) const { return bytes == 0 ? 1 : (bytes + 8 * kWords - 1) / (8 * kWords); }
     // A pass covers 4 lines a warp; `base()` is this warp's first, the
@@ -567,6 +566,7 @@ struct Lines {
     // Whole warp: it converges first, so that a line leaves in one store
     // instruction of its 8 lanes, never in parts.
     __device__ void send(int pe, uint64_t line, bool live, uint64_t a, uint64_t b) const {
+        const TeamSync &t = packets.t;
         __syncwarp();
         if (live)
             st_volatile_v2u64(at(reinterpret_cast<uint8_t *>(t.peer_heap[pe]), t.rank, line), a,
@@ -576,7 +576,7 @@ struct Lines {
     // false for lanes past the last line, which load nothing). The warp
     // converges first, so that each line is read by one load instruction.
     __device__ void recv(int pe, uint64_t line, bool live, uint64_t &a, uint64_t &b) const {
-        const uint64_t *p = at(reinterpret_cast<uint8_t *>(t.heap), pe, line);
+        const uint64_t *p = at(reinterpret_cast<uint8_t *>(packets.t.heap), pe, line);
         a = b = 0;
         __syncwarp();
         if (live) ld_volatile_v2u64(p, a, b);
@@ -594,6 +594,7 @@ struct Lines {
     // Every line of `in` (`bytes`) to every peer, and into `keep` as well
     // unless it is null (the all-gather's own block, out of place).
     __device__ void send_all(const uint8_t *in, uint64_t bytes, uint8_t *keep) const {
+        const TeamSync &t = packets.t;
         const uint64_t n_lines = lines(bytes);
         for (uint64_t b0 = base(); b0 < n_lines; b0 += stride()) {
             uint64_t line = line_of(b0);
@@ -607,6 +608,7 @@ struct Lines {
     // Block `pe` of `in` (`bytes` each) to every peer `pe`, every line of
     // it (the first half of the all-to-all and the reduce-scatter).
     __device__ void send_blocks(const uint8_t *in, uint64_t bytes) const {
+        const TeamSync &t = packets.t;
         const uint64_t n_lines = lines(bytes);
         for (uint64_t b0 = base(); b0 < n_lines; b0 += stride()) {
             uint64_t line = line_of(b0);

@@ -4,13 +4,15 @@
 //
 // Thread 0 of block 0 reads %globaltimer (32 ns steps on H100/H200) when
 // the kernel starts (`phase_begin`) and at each named point (`phase_mark`,
-// also inside helpers); on every kPhaseEvery-th
-// launch (per source file) it prints, after the kernel's last stamp, one
+// also inside helpers); on every kPhaseEvery-th launch (per source file)
+// it prints, after the kernel's last stamp, one
 // line a phase: the kernel, the sample, the phase and its nanoseconds,
 // and first the gap since the end of the stamped kernel before it in the
 // same file (negative where programmatic dependent launch overlapped
-// them). What one thread sees: a phase that ends in a block barrier
-// includes the wait for the block's slowest warp.
+// them); last the SM's clock over the kernel. What one thread sees: a
+// phase that ends in a block barrier includes the wait for the block's
+// slowest warp. A profiling build's operations are slower as a whole (the
+// stamps, the count, the printing): compare its stamps with stamps only.
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -32,7 +34,6 @@ struct PhaseState {
     uint64_t at[kPhaseMax + 1];
     long long clock0;  // clock64 at the start: the SM's clock over the kernel
     int n;
-    bool on;
 };
 static __shared__ PhaseState phase_state;
 
@@ -49,7 +50,6 @@ __device__ __forceinline__ void phase_begin(const char *kernel) {
     p.clock0 = clock64();
     p.kernel = kernel;
     p.n = 0;
-    p.on = atomicAdd(&phase_launches, 1ull) % kPhaseEvery == kPhaseEvery - 1;
 }
 __device__ __forceinline__ void phase_mark(const char *name) {
     if (!phase_stamper()) return;
@@ -65,8 +65,10 @@ __device__ __forceinline__ void phase_end() {
     const uint64_t done = p.at[p.n], before = phase_last_end;
     const long long cycles = clock64() - p.clock0;
     phase_last_end = done;
-    if (!p.on) return;
-    const unsigned long long sample = phase_launches;
+    // Counted here, after the last mark, so that the atomic's round trip
+    // is in no phase.
+    const unsigned long long sample = atomicAdd(&phase_launches, 1ull) + 1;
+    if (sample % kPhaseEvery != 0) return;
     printf("phase %s %llu gap %lld\n", p.kernel, sample, static_cast<long long>(p.at[0] - before));
     for (int i = 0; i < p.n; i++)
         printf("phase %s %llu %s %llu\n", p.kernel, sample, p.names[i],

@@ -184,8 +184,8 @@ __device__ void reduce_lines(const Lines &ll, uint8_t *dst, const uint8_t *own, 
             T x[kPer];
         } got;
         A acc[kPer];
-        for (int pe = 0; pe < ll.t.n; pe++) {
-            if (pe == ll.t.rank) {
+        for (int pe = 0; pe < ll.packets.t.n; pe++) {
+            if (pe == ll.packets.t.rank) {
                 ll.load(own, bytes, line, live, got.u[0], got.u[1]);
             } else {
                 ll.recv(pe, line, live, got.u[0], got.u[1]);

@@ -26,7 +26,13 @@ for log in args.logs:
         if len(f) != 5 or f[0] != "phase":
             continue
         _, kernel, sample, name, ns = f
-        samples[kernel][int(sample)][name] = int(ns)
+        # A name stamped again in one launch (a phase in a loop): name#2, #3...
+        seen = samples[kernel][int(sample)]
+        base, k = name, 1
+        while name in seen:
+            k += 1
+            name = f"{base}#{k}"
+        seen[name] = int(ns)
         if name not in order[kernel]:
             order[kernel].append(name)
     for kernel, by in samples.items():
