@@ -4,12 +4,12 @@
 //
 // Thread 0 of block 0 reads %globaltimer (32 ns steps on H100/H200) when
 // the kernel starts (`phase_begin`) and at each named point (`phase_mark`,
-// also inside helpers); on every kPhaseEvery-th launch (per source file)
-// it prints, after the kernel's last stamp, one
-// line a phase: the kernel, the sample, the phase and its nanoseconds,
-// and first the gap since the end of the stamped kernel before it in the
-// same file (negative where programmatic dependent launch overlapped
-// them); last the SM's clock over the kernel. What one thread sees: a
+// also inside helpers). On every kPhaseEvery-th launch (per source file)
+// it prints, after the kernel's last stamp (`phase_end`), one line a
+// phase: the kernel, the sample, the phase and its nanoseconds; first the
+// gap since the end of the stamped kernel before it in the same file
+// (negative where programmatic dependent launch overlapped them), last
+// the SM's clock over the kernel. What one thread sees: a
 // phase that ends in a block barrier includes the wait for the block's
 // slowest warp. A profiling build's operations are slower as a whole (the
 // stamps, the count, the printing): compare its stamps with stamps only.
