@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Session 13 run 4, one GPU: the control's cuts (commits 1a9adde and the
-# any_error one after it) against 5357f19 (old.tar.xz: its shmem-bench
-# and shmemrun), plain builds, each twice alternating, at 1 PE and at 2
+# Session 13 runs 4 and 6, one GPU: the control's cuts against the build
+# before (old.tar.xz: its shmem-bench and shmemrun; run 4: 5357f19
+# against fd84132, run 6: 0094d0b against the check below the receipt
+# warps), plain builds, each twice alternating, at 1 PE and at 2
 # PEs sharing the GPU: the MoE forms and the small all-reduce and
 # all-gather; then the new build's `moe::` at 1 PE and at 2 shared both
 # ways, `moe_server` at 2, and the sanitizer over the line tests.
