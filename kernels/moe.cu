@@ -229,14 +229,12 @@ __device__ __forceinline__ unsigned long long entry_error(const A2av &a, const A
 
 // Whether anything is wrong with the exchange, the same in every thread
 // (whole block, after `a2av_sums`; also a barrier). The block's last
-// threads check first, below its last `busy` warps (which have other
-// work: the line kernel's receipts), beside the plans that its first
-// threads make.
-__device__ __forceinline__ bool a2av_any_error(const A2av &a, const A2avTable &tb, int busy) {
+// threads check first, beside the plans that its first threads make.
+__device__ __forceinline__ bool a2av_any_error(const A2av &a, const A2avTable &tb) {
     bool bad = false;
     long long v;
-    const int b = blockDim.x, from = (2 * b - 1 - static_cast<int>(threadIdx.x) - 32 * busy) % b;
-    for (int x = from; x < tb.n * (tb.m + 1); x += b) bad |= entry_error(a, tb, x, &v) != ~0ull;
+    for (int x = blockDim.x - 1 - threadIdx.x; x < tb.n * (tb.m + 1); x += blockDim.x)
+        bad |= entry_error(a, tb, x, &v) != ~0ull;
     return __syncthreads_or(bad);
 }
 
@@ -299,12 +297,11 @@ __device__ void a2av_write_so(const TeamSync &t, const A2av &a, const A2avTable 
 }
 
 // The one-kernel forms' verdict on the exchange, after their plans
-// (whole block; the check below the last `busy` warps, as
-// `a2av_any_error`): a bad one is reported (block 0) and false returned;
-// for a good one, this PE's out_splits_offsets are written (block 0) and
-// true returned.
-__device__ bool a2av_verdict(const TeamSync &t, const A2av &a, const A2avTable &tb, int busy) {
-    const bool bad = a2av_any_error(a, tb, busy);
+// (whole block): a bad one is reported (block 0) and false returned; for
+// a good one, this PE's out_splits_offsets are written (block 0) and true
+// returned.
+__device__ bool a2av_verdict(const TeamSync &t, const A2av &a, const A2avTable &tb) {
+    const bool bad = a2av_any_error(a, tb);
     phase_mark("any_error");
     if (bad) {
         long long value;
@@ -371,16 +368,6 @@ __device__ __forceinline__ int last_at_or_before(int n, Start start, uint64_t x)
     return i;
 }
 
-// `last_at_or_before` by one vote of the warp where the items fit in it
-// (whole warp; every lane gets the same answer).
-template <typename Start>
-__device__ __forceinline__ int warp_last_at_or_before(int n, Start start, uint64_t x) {
-    if (n > 32) return last_at_or_before(n, start, x);
-    const int lane = threadIdx.x % 32;
-    const unsigned at = __ballot_sync(0xffffffffu, lane < n && start(lane) <= x);
-    return at == 0 ? 0 : 31 - __clz(at);
-}
-
 // Part `part` of `parts` of this PE's chunks for destination `d`
 // (planned at `plan(d, e)`, 4 words a chunk), split evenly by bytes:
 // copied into this PE's output (d is this PE) or sent to d's (whole
@@ -395,7 +382,7 @@ __device__ __forceinline__ void a2av_send_part(const TeamSync &t, const A2av &a,
     Range r = split((total + 15) / 16, part, parts);
     uint64_t lo = min(r.lo * 16, total), hi = min(r.hi * 16, total);
     if (lo >= hi) return;
-    const int e0 = warp_last_at_or_before(ne, [&](int e) { return plan(d, e)[3] * a.row_bytes; }, lo);
+    const int e0 = last_at_or_before(ne, [&](int e) { return plan(d, e)[3] * a.row_bytes; }, lo);
     phase_mark("part");
     for (int e = e0; e < ne; e++) {
         const uint64_t *p = plan(d, e);
@@ -640,7 +627,7 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_fused(TeamSync team
     // sent): one barrier for both.
     a2av_plan_sends(t, a, tb, false);
     phase_mark("plan_sends");
-    if (a2av_verdict(t, a, tb, 0)) {
+    if (a2av_verdict(t, a, tb)) {
         const int active = a2av_active(a, tb);
         if (static_cast<int>(blockIdx.x) < active) {
             phase_mark("verdict");
@@ -755,9 +742,6 @@ struct A2avLines {
             }
         }
     }
-    // The block's last warps that `plan_recvs` keeps busy (all but the
-    // first, at most).
-    __device__ int recv_warps() const { return min(tb.n, static_cast<int>(blockDim.x / 32) - 1); }
     // Every PE's chunks for this PE (after `a2av_sums`): a warp a sender,
     // a lane a chunk, the block's last warps first (the send plan starts
     // on its first threads, so the two run side by side).
@@ -855,7 +839,7 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_lines(TeamSync team
     phase_mark("plan_sends");
     x.plan_recvs(team);
     phase_mark("plan_recvs");
-    if (a2av_verdict(team, a, tb, x.recv_warps())) {
+    if (a2av_verdict(team, a, tb)) {
         phase_mark("verdict");
         a2av_send_part(team, a, [&](int d, int e) { return tb.plan(d, e, a.ne); }, me, blockIdx.x, gridDim.x);
         phase_mark("own_copy");
