@@ -54,7 +54,10 @@ __device__ __forceinline__ void phase_begin(const char *kernel) {
 __device__ __forceinline__ void phase_mark(const char *name) {
     if (!phase_stamper()) return;
     PhaseState &p = phase_state;
-    if (p.n == kPhaseMax) return;
+    // Also bounds a mark in a kernel that never began (a helper shared
+    // with an unstamped kernel, e.g. the two-kernel MoE form's), whose
+    // state is whatever the shared memory held: it stays inside it.
+    if (static_cast<unsigned>(p.n) >= static_cast<unsigned>(kPhaseMax)) return;
     p.names[p.n] = name;
     p.at[++p.n] = phase_now();
 }

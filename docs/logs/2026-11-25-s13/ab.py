@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Old against new from an A/B run's bench JSON (files PREFIX-{old,new}{1,2}-SET.jsonl):
-graph rows, each build's two repetitions and their mean, per (op, impl, size)."""
+graph rows, each build's two repetitions and the ratio of their means, per (op, impl, size)."""
 import collections
 import glob
 import json
