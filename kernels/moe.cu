@@ -30,6 +30,9 @@ namespace shmem {
 namespace k {
 
 enum A2avKind { A2avV = 0, A2av2d = 1, A2av2dOffset = 2 };
+// The kernels' bodies are made once for each kind (`K`), so that none of
+// their steps branches on it; `kAnyKind` reads it from the arguments.
+constexpr int kAnyKind = -1;
 
 // What the host passes (`A2av` in kernels.rs).
 struct A2av {
@@ -47,6 +50,8 @@ struct A2av {
     int local_blocks;   // of the working blocks, how many copy this PE's own chunks (0: each block
                         // does both; negative: chosen by `a2av_local_blocks`)
 };
+
+template <int K> __device__ __forceinline__ int kind_of(const A2av &a) { return K == kAnyKind ? a.kind : K; }
 
 // The error record the host reads (`A2avError` in kernels.rs): `code` is
 // class << 56 | pe << 32 | index, `value` the offending number.
@@ -97,13 +102,15 @@ struct A2avTable {
     __device__ uint64_t *plan(int d, int e, int ne) const { return plans + 4 * (static_cast<uint64_t>(d) * ne + e); }
 };
 
-__device__ __forceinline__ int split_words(const A2av &a, int m) { return a.kind == A2av2dOffset ? 2 * m : m; }
+template <int K> __device__ __forceinline__ int split_words(const A2av &a, int m) {
+    return kind_of<K>(a) == A2av2dOffset ? 2 * m : m;
+}
 
 // The two-kernel form's table, in this PE's staging.
 __device__ __forceinline__ A2avTable a2av_table(const TeamSync &t, const A2av &a) {
     int m = t.n * a.ne;
     uint64_t *base = t.mine<uint64_t>(a.table);
-    int w = split_words(a, m);
+    int w = split_words<kAnyKind>(a, m);
     int64_t *fetched = reinterpret_cast<int64_t *>(base + 2);
     uint64_t *work = base + 2 + static_cast<uint64_t>(t.n) * w;
     return {base, t.n, m, w, fetched, work, work + 2ull * t.n * (m + 1)};
@@ -111,9 +118,10 @@ __device__ __forceinline__ A2avTable a2av_table(const TeamSync &t, const A2av &a
 
 // The one-kernel form's table: every array in the block's dynamic shared
 // memory (sized by `Kernels::all_to_all_v` in kernels.rs), nothing in global.
+template <int K>
 __device__ __forceinline__ A2avTable a2av_shared_table(const TeamSync &t, const A2av &a, uint64_t *shared) {
     int m = t.n * a.ne;
-    int w = split_words(a, m);
+    int w = split_words<K>(a, m);
     uint64_t *work = shared + static_cast<uint64_t>(t.n) * w;
     return {nullptr, t.n, m, w, reinterpret_cast<int64_t *>(shared), work, work + 2ull * t.n * (m + 1)};
 }
@@ -122,9 +130,11 @@ __device__ __forceinline__ uint64_t sat_add(uint64_t a, uint64_t b) { return a >
 
 // Exclusive prefix sums, saturating, of `segments` runs of `len` words,
 // word i of run g being `word(g, i)`, into `a` (run after run): a warp
-// per run, 32 words at a time, each computing its words as it scans.
-template <typename Word>
-__device__ __forceinline__ void segmented_exclusive_scan(uint64_t *a, int segments, int len, Word word) {
+// per run, 32 words at a time, each computing its words as it scans;
+// then `end(g, sum)`, sum being the run's whole (saturated) sum, in each
+// lane of the run's warp.
+template <typename Word, typename End>
+__device__ __forceinline__ void segmented_exclusive_scan(uint64_t *a, int segments, int len, Word word, End end) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
     for (int g = warp; g < segments; g += warps) {
         uint64_t *p = a + static_cast<uint64_t>(g) * len, carry = 0;
@@ -139,6 +149,7 @@ __device__ __forceinline__ void segmented_exclusive_scan(uint64_t *a, int segmen
             if (i < len) p[i] = lane == 0 ? carry : sat_add(carry, excl);
             carry = sat_add(carry, __shfl_sync(0xffffffffu, incl, 31));
         }
+        end(g, carry);
     }
 }
 
@@ -172,14 +183,15 @@ __device__ __forceinline__ void out_entry(int kind, int n, int ne, int d, int j,
 // Word j of work run g (see `A2avTable`; a negative split counts as 0
 // here, and fails the check): run g < n is `rp[g]`, run n + d `op[d]`
 // (2D: the last chunk of each expert's block carries its padding).
+template <int K>
 __device__ __forceinline__ uint64_t work_rows(const A2av &a, const A2avTable &tb, int g, int j) {
     const int n = tb.n, m = tb.m;
     if (j >= m) return 0;
     if (g < n) return rows_of(tb, g, j);
     int s, i;
-    out_entry(a.kind, n, a.ne, g - n, j, &s, &i);
+    out_entry(kind_of<K>(a), n, a.ne, g - n, j, &s, &i);
     uint64_t rows = rows_of(tb, s, i);
-    if (a.kind == A2av2d && s == n - 1) {
+    if (kind_of<K>(a) == A2av2d && s == n - 1) {
         // The block of expert i % ne of PE g - n: n chunks, one per source.
         uint64_t sum = 0;
         for (int y = 0; y < n; y++) sum = sat_add(sum, rows_of(tb, y, i));
@@ -189,18 +201,32 @@ __device__ __forceinline__ uint64_t work_rows(const A2av &a, const A2avTable &tb
     return rows;
 }
 
-// The work arrays, as their exclusive prefix sums (whole block, once
-// every PE's splits are staged).
-__device__ __forceinline__ void a2av_sums(const A2av &a, const A2avTable &tb) {
-    segmented_exclusive_scan(tb.work, 2 * tb.n, tb.m + 1, [&](int g, int j) { return work_rows(a, tb, g, j); });
-    phase_mark("scan");
-    __syncthreads();
+// What is wrong with entry i of PE s's splits that the entry shows by
+// itself (its sign; the combine's offset, against the entry before and
+// the input), or ~0; `*v` is the offending number.
+template <int K>
+__device__ __forceinline__ unsigned long long split_error(const A2av &a, const A2avTable &tb, int s, int i,
+                                                          long long *v) {
+    const int64_t *sp = tb.splits(s);
+    const int64_t r = sp[i];
+    *v = r;
+    if (r < 0) return err_code(NegativeSplit, s, i);
+    if (kind_of<K>(a) != A2av2dOffset) return ~0ull;
+    const int m = tb.m;
+    const int64_t off = sp[m + i];
+    *v = off;
+    if (off < 0) return err_code(NegativeOffset, s, i);
+    if (i > 0 && sp[m + i - 1] >= 0 && static_cast<uint64_t>(off) < sat_add(sp[m + i - 1], rows_of(tb, s, i - 1)))
+        return err_code(OffsetBackwards, s, i);
+    *v = r;
+    return sat_add(off, r) > a.in_rows ? err_code(PastInput, s, i) : ~0ull;
 }
 
 // What is wrong with entry x of the exchange, or ~0: for x < n × m,
 // entry x % m of PE x / m's splits (its chunk lies in its input, in
 // order); for the n after, PE x - n × m's output (it holds what it
-// receives). `*v` is the offending number.
+// receives). `*v` is the offending number. After the sums.
+template <int K>
 __device__ __forceinline__ unsigned long long entry_error(const A2av &a, const A2avTable &tb, int x, long long *v) {
     const int n = tb.n, m = tb.m;
     if (x >= n * m) {
@@ -210,38 +236,41 @@ __device__ __forceinline__ unsigned long long entry_error(const A2av &a, const A
         return total > a.out_rows ? err_code(PastOutput, d, 0) : ~0ull;
     }
     const int s = x / m, i = x % m;
-    const int64_t *sp = tb.splits(s);
-    const int64_t r = sp[i];
-    *v = r;
-    if (r < 0) return err_code(NegativeSplit, s, i);
-    uint64_t from = tb.rp(s)[i];
-    if (a.kind == A2av2dOffset) {
-        int64_t off = sp[m + i];
-        *v = off;
-        if (off < 0) return err_code(NegativeOffset, s, i);
-        if (i > 0 && sp[m + i - 1] >= 0 && static_cast<uint64_t>(off) < sat_add(sp[m + i - 1], rows_of(tb, s, i - 1)))
-            return err_code(OffsetBackwards, s, i);
-        from = off;
-        *v = r;
-    }
-    return sat_add(from, r) > a.in_rows ? err_code(PastInput, s, i) : ~0ull;
+    const unsigned long long c = split_error<K>(a, tb, s, i, v);
+    if (c != ~0ull || kind_of<K>(a) == A2av2dOffset) return c;
+    return sat_add(tb.rp(s)[i], *v) > a.in_rows ? err_code(PastInput, s, i) : ~0ull;
 }
 
-// Whether anything is wrong with the exchange, the same in every thread
-// (whole block, after `a2av_sums`; also a barrier). The block's last
-// threads check first, beside the plans that its first threads make.
-__device__ __forceinline__ bool a2av_any_error(const A2av &a, const A2avTable &tb) {
+// The work arrays, as their exclusive prefix sums, once every PE's splits
+// are staged; and whether anything is wrong with the exchange (whole
+// block; the same in every thread; one barrier for both). The scan's
+// warps check as they go: the entries by themselves (`split_error`), and
+// the runs' sums: a PE's output must hold all it receives (op's sum), and
+// (but for the combine, whose chunks are placed by their offsets) its
+// input all it sends (rp's sum: no chunk ends past the input if the last
+// does not, the rows being non-negative where nothing else failed).
+template <int K> __device__ __forceinline__ bool a2av_sums(const A2av &a, const A2avTable &tb) {
+    const int n = tb.n, m = tb.m;
     bool bad = false;
-    long long v;
-    for (int x = blockDim.x - 1 - threadIdx.x; x < tb.n * (tb.m + 1); x += blockDim.x)
-        bad |= entry_error(a, tb, x, &v) != ~0ull;
+    segmented_exclusive_scan(
+        tb.work, 2 * n, m + 1,
+        [&](int g, int j) {
+            long long v;
+            if (g < n && j < m) bad |= split_error<K>(a, tb, g, j, &v) != ~0ull;
+            return work_rows<K>(a, tb, g, j);
+        },
+        [&](int g, uint64_t sum) {
+            if (g >= n) bad |= sum > a.out_rows;
+            else if (kind_of<K>(a) != A2av2dOffset) bad |= sum > a.in_rows;
+        });
+    phase_mark("scan");
     return __syncthreads_or(bad);
 }
 
 // The first error of the whole exchange (by class, PE, entry), the same
 // in every thread, or ~0 when it is good; `*value` is its offending
 // number. Whole block, after `a2av_sums`.
-__device__ unsigned long long a2av_first_error(const A2av &a, const A2avTable &tb, long long *value) {
+template <int K> __device__ unsigned long long a2av_first_error(const A2av &a, const A2avTable &tb, long long *value) {
     __shared__ unsigned long long first;
     __shared__ long long first_value;
     if (threadIdx.x == 0) first = ~0ull, first_value = 0;
@@ -249,7 +278,7 @@ __device__ unsigned long long a2av_first_error(const A2av &a, const A2avTable &t
     long long v = 0;
     for (int x = threadIdx.x; x < tb.n * (tb.m + 1); x += blockDim.x) {
         long long xv;
-        unsigned long long c = entry_error(a, tb, x, &xv);
+        unsigned long long c = entry_error<K>(a, tb, x, &xv);
         if (c < code) code = c, v = xv;
     }
     __syncthreads();
@@ -261,12 +290,6 @@ __device__ unsigned long long a2av_first_error(const A2av &a, const A2avTable &t
     unsigned long long verdict = first;
     __syncthreads();  // `first` is read before any thread may set it again
     return verdict;
-}
-
-// `a2av_sums`, then `a2av_first_error`.
-__device__ unsigned long long a2av_check(const A2av &a, const A2avTable &tb, long long *value) {
-    a2av_sums(a, tb);
-    return a2av_first_error(a, tb, value);
 }
 
 // Records a failed check for the host (one thread).
@@ -283,44 +306,34 @@ __device__ void a2av_report(const A2av &a, unsigned long long code, long long va
     e->count = e->count + 1;
 }
 
+// A bad exchange's record (whole block, after `a2av_sums`; block 0
+// writes it).
+template <int K> __device__ void a2av_report_first(const A2av &a, const A2avTable &tb) {
+    long long value;
+    unsigned long long first = a2av_first_error<K>(a, tb, &value);
+    if (blockIdx.x == 0 && threadIdx.x == 0) a2av_report(a, first, value);
+}
+
 // What this PE receives, into its out_splits_offsets (after a good
-// check; the block's last threads first, so that its first go on).
-__device__ void a2av_write_so(const TeamSync &t, const A2av &a, const A2avTable &tb) {
+// check; from the block's middle thread on, so that its first threads,
+// which plan the sends, and its last warps, which plan the line kernel's
+// receipts, go on beside).
+template <int K> __device__ void a2av_write_so(const TeamSync &t, const A2av &a, const A2avTable &tb) {
     const int n = tb.n, m = tb.m;
     int64_t *so = t.mine<int64_t>(a.out_so);
-    for (int j = blockDim.x - 1 - threadIdx.x; j < m; j += blockDim.x) {
+    for (int j = (threadIdx.x + blockDim.x / 2) % blockDim.x; j < m; j += blockDim.x) {
         int s, i;
-        out_entry(a.kind, n, a.ne, t.rank, j, &s, &i);
+        out_entry(kind_of<K>(a), n, a.ne, t.rank, j, &s, &i);
         so[j] = tb.splits(s)[i];
         so[m + j] = static_cast<int64_t>(tb.op(t.rank)[j]);
     }
 }
 
-// The one-kernel forms' verdict on the exchange, after their plans
-// (whole block): a bad one is reported (block 0) and false returned; for
-// a good one, this PE's out_splits_offsets are written (block 0) and true
-// returned.
-__device__ bool a2av_verdict(const TeamSync &t, const A2av &a, const A2avTable &tb) {
-    const bool bad = a2av_any_error(a, tb);
-    phase_mark("any_error");
-    if (bad) {
-        long long value;
-        unsigned long long first = a2av_first_error(a, tb, &value);
-        if (blockIdx.x == 0 && threadIdx.x == 0) a2av_report(a, first, value);
-        return false;
-    }
-    if (blockIdx.x == 0) a2av_write_so(t, a, tb);
-    phase_mark("write_so");
-    return true;
-}
-
 // Where each of this PE's chunks goes (entry i of its splits is chunk e
-// for destination d, output entry j there), into the send plan (the
-// one kernel plans before its check's verdict: only the plan, in its
-// shared memory, is written), and, when `write_so` (after a good check),
-// what this PE receives into its out_splits_offsets.
-__device__ void a2av_plan_sends(const TeamSync &t, const A2av &a, const A2avTable &tb, bool write_so) {
-    const int n = tb.n, m = tb.m, ne = a.ne, kind = a.kind, me = t.rank;
+// for destination d, output entry j there), into the send plan (after a
+// good check; the block's first threads).
+template <int K> __device__ void a2av_plan_sends(const TeamSync &t, const A2av &a, const A2avTable &tb) {
+    const int n = tb.n, m = tb.m, ne = a.ne, kind = kind_of<K>(a), me = t.rank;
     const int64_t *mine = tb.splits(me);
     for (int i = threadIdx.x; i < m; i += blockDim.x) {
         int d, e, j;
@@ -339,7 +352,19 @@ __device__ void a2av_plan_sends(const TeamSync &t, const A2av &a, const A2avTabl
         uint64_t *p = tb.plan(d, e, ne);
         p[0] = src_row, p[1] = tb.op(d)[j], p[2] = mine[i], p[3] = start;
     }
-    if (write_so) a2av_write_so(t, a, tb);
+}
+
+// The one-kernel forms' plan, after `a2av_sums` found the exchange good
+// (whole block; block 0 also writes this PE's out_splits_offsets):
+// the send plan on the first threads, `also` (the line kernel's receipts)
+// beside it, then a barrier.
+template <int K, typename Also>
+__device__ __forceinline__ void a2av_plan(const TeamSync &t, const A2av &a, const A2avTable &tb, Also also) {
+    a2av_plan_sends<K>(t, a, tb);
+    also();
+    if (blockIdx.x == 0) a2av_write_so<K>(t, a, tb);
+    phase_mark("plans");
+    __syncthreads();
 }
 
 // The data blocks that work: by what the busiest PE sends, the same
@@ -545,17 +570,14 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_plan(TeamSync t, A2
         }
     }
     __syncthreads();
-    long long value;
-    unsigned long long first = a2av_check(a, tb, &value);
-    if (first != ~0ull) {
-        if (threadIdx.x == 0) {
-            *tb.verdict() = 1;
-            a2av_report(a, first, value);
-        }
+    if (a2av_sums<kAnyKind>(a, tb)) {
+        a2av_report_first<kAnyKind>(a, tb);
+        if (threadIdx.x == 0) *tb.verdict() = 1;
         end_epoch(t, epoch);
         return;
     }
-    a2av_plan_sends(t, a, tb, true);
+    a2av_plan_sends<kAnyKind>(t, a, tb);
+    a2av_write_so<kAnyKind>(t, a, tb);
     if (threadIdx.x == 0) {
         *tb.active_blocks() = a2av_active(a, tb);
         *tb.verdict() = 0;
@@ -586,18 +608,21 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_move(TeamSync t, A2
     end_epoch(t, epoch);
 }
 
+namespace shmem {
+namespace k {
+
 // The one-kernel form (see the top of this file): the world or any team
-// whose peers are all reached over NVLink, n × w ≤ kA2avPacketWords.
-extern "C" __global__ void __launch_bounds__(512) shmem_a2av_fused(TeamSync team, A2av a) {
-    shmem::k::follow_stream();
-    using namespace shmem::k;
+// whose peers are all reached over NVLink, n × w ≤ kA2avPacketWords; a
+// kernel for each kind (`shmem_a2av_fused_*` below).
+template <int K> __device__ __forceinline__ void a2av_fused(const TeamSync &team, const A2av &a) {
+    follow_stream();
     phase_begin("fused");
     extern __shared__ uint64_t shared_table[];
     // The peers' heap bases, read at every send: in shared memory.
     __shared__ uint64_t heaps[kMaxTeam];
     TeamSync t = team;
     t.peer_heap = heaps;
-    A2avTable tb = a2av_shared_table(t, a, shared_table);
+    A2avTable tb = a2av_shared_table<K>(t, a, shared_table);
     const int n = t.n, w = tb.w, me = t.rank;
     // This PE's splits and the heap bases, loaded beside the counter and
     // the epoch.
@@ -621,16 +646,12 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_fused(TeamSync team
     __syncthreads();
     phase_mark("sync");
     pk.arrive();
-    a2av_sums(a, tb);
-    phase_mark("sums");
-    // The plan, made while the exchange is checked (a bad one is never
-    // sent): one barrier for both.
-    a2av_plan_sends(t, a, tb, false);
-    phase_mark("plan_sends");
-    if (a2av_verdict(t, a, tb)) {
+    if (a2av_sums<K>(a, tb)) {
+        a2av_report_first<K>(a, tb);  // a bad exchange is never sent
+    } else {
+        a2av_plan<K>(t, a, tb, [] {});
         const int active = a2av_active(a, tb);
         if (static_cast<int>(blockIdx.x) < active) {
-            phase_mark("verdict");
             a2av_push(t, a, tb.plans, active, pk.epoch);
             phase_mark("push_signal_wait");
             end_epoch(t, pk.epoch);
@@ -639,6 +660,19 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_fused(TeamSync team
     pk.end();
     phase_mark("end");
     phase_end();
+}
+
+}  // namespace k
+}  // namespace shmem
+
+extern "C" __global__ void __launch_bounds__(512) shmem_a2av_fused_v(TeamSync t, A2av a) {
+    shmem::k::a2av_fused<shmem::k::A2avV>(t, a);
+}
+extern "C" __global__ void __launch_bounds__(512) shmem_a2av_fused_2d(TeamSync t, A2av a) {
+    shmem::k::a2av_fused<shmem::k::A2av2d>(t, a);
+}
+extern "C" __global__ void __launch_bounds__(512) shmem_a2av_fused_2d_offset(TeamSync t, A2av a) {
+    shmem::k::a2av_fused<shmem::k::A2av2dOffset>(t, a);
 }
 
 namespace shmem {
@@ -652,7 +686,7 @@ namespace k {
 // every PE's splits are in, are in the block's shared memory after the
 // send plan (`recvs`, [s][e] for PE s's chunk e: {output row, rows, first
 // line}).
-struct A2avLines {
+template <int K> struct A2avLines {
     Lines ln;
     const A2av &a;
     const A2avTable &tb;
@@ -678,7 +712,7 @@ struct A2avLines {
     }
     // Entry of a PE's splits that is its chunk `e` for destination `d`.
     __device__ int entry(int d, int e) const {
-        return a.kind == A2avV ? d : a.kind == A2av2d ? d * a.ne + e : e * tb.n + d;
+        return kind_of<K>(a) == A2avV ? d : kind_of<K>(a) == A2av2d ? d * a.ne + e : e * tb.n + d;
     }
 
     // This PE's chunk `lane` (of at most 32) for destination `d`, from
@@ -692,7 +726,7 @@ struct A2avLines {
         const bool live = lane < ne;
         int64_t r = live ? mine[entry(d, lane)] : 0;
         rows = r < 0 ? 0 : static_cast<uint64_t>(r);
-        if (a.kind == A2av2dOffset) {
+        if (kind_of<K>(a) == A2av2dOffset) {
             int64_t off = live ? mine[tb.m + entry(d, lane)] : 0;
             src = off < 0 ? a.in_rows : static_cast<uint64_t>(off);
         } else {
@@ -751,7 +785,7 @@ struct A2avLines {
             const uint64_t rows = e < ne ? rows_of(tb, s, entry(me, e)) : 0, l = row_lines(rows);
             const uint64_t first = split_lines + warp_scan(l) - l;
             if (e < ne) {
-                int j = a.kind == A2avV ? s : a.kind == A2av2d ? e * n + s : s * ne + e;
+                int j = kind_of<K>(a) == A2avV ? s : kind_of<K>(a) == A2av2d ? e * n + s : s * ne + e;
                 uint64_t *c = recvs + 3 * (static_cast<uint64_t>(s) * ne + e);
                 c[0] = tb.op(me)[j];
                 c[1] = rows;
@@ -792,9 +826,6 @@ struct A2avLines {
     }
 };
 
-}  // namespace k
-}  // namespace shmem
-
 // The line form: the world team, every peer over NVLink, at most 32
 // experts per PE, an input whose rows fit the low-latency buffer in lines
 // (`moe_lines_fit` in algo.rs). Each PE sends, as it starts, its splits
@@ -809,13 +840,13 @@ struct A2avLines {
 // and, as their lines arrive, the peers' into the output. No fence,
 // signal or barrier: each line's flag is its arrival. A bad exchange
 // writes nothing but the record. The buffer is reused as the low-latency
-// collectives reuse it (every operation sends every peer its splits).
-extern "C" __global__ void __launch_bounds__(512) shmem_a2av_lines(TeamSync team, A2av a) {
-    shmem::k::follow_stream();
-    using namespace shmem::k;
+// collectives reuse it (every operation sends every peer its splits). A
+// kernel for each kind (`shmem_a2av_lines_*` below).
+template <int K> __device__ __forceinline__ void a2av_lines(const TeamSync &team, const A2av &a) {
+    follow_stream();
     phase_begin("lines");
     extern __shared__ uint64_t shared_table[];
-    A2avTable tb = a2av_shared_table(team, a, shared_table);
+    A2avTable tb = a2av_shared_table<K>(team, a, shared_table);
     const int w = tb.w, me = team.rank;
     // The block's epoch and this PE's splits (for the check), their loads
     // in flight together.
@@ -823,7 +854,7 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_lines(TeamSync team
     const int64_t *mine = team.mine<int64_t>(a.splits);
     for (int i = threadIdx.x; i < w; i += blockDim.x) tb.splits(me)[i] = mine[i];
     phase_mark("splits");
-    A2avLines x(team, warp_ll_epoch(counter), a, tb);
+    A2avLines<K> x(team, warp_ll_epoch(counter), a, tb);
     phase_mark("epoch");
     x.send(team);
     phase_mark("send");
@@ -831,16 +862,11 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_lines(TeamSync team
     phase_mark("recv_splits");
     __syncthreads();
     phase_mark("sync");
-    a2av_sums(a, tb);
-    phase_mark("sums");
-    // The own copy's plan and the receipts', made while the exchange is
-    // checked (one barrier for all three).
-    a2av_plan_sends(team, a, tb, false);
-    phase_mark("plan_sends");
-    x.plan_recvs(team);
-    phase_mark("plan_recvs");
-    if (a2av_verdict(team, a, tb)) {
-        phase_mark("verdict");
+    if (a2av_sums<K>(a, tb)) {
+        a2av_report_first<K>(a, tb);
+    } else {
+        // The own copy's plan and the receipts' side by side.
+        a2av_plan<K>(team, a, tb, [&] { x.plan_recvs(team); });
         a2av_send_part(team, a, [&](int d, int e) { return tb.plan(d, e, a.ne); }, me, blockIdx.x, gridDim.x);
         phase_mark("own_copy");
         x.recv_rows(team);
@@ -849,4 +875,17 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_lines(TeamSync team
     x.ln.end();
     phase_mark("end");
     phase_end();
+}
+
+}  // namespace k
+}  // namespace shmem
+
+extern "C" __global__ void __launch_bounds__(512) shmem_a2av_lines_v(TeamSync t, A2av a) {
+    shmem::k::a2av_lines<shmem::k::A2avV>(t, a);
+}
+extern "C" __global__ void __launch_bounds__(512) shmem_a2av_lines_2d(TeamSync t, A2av a) {
+    shmem::k::a2av_lines<shmem::k::A2av2d>(t, a);
+}
+extern "C" __global__ void __launch_bounds__(512) shmem_a2av_lines_2d_offset(TeamSync t, A2av a) {
+    shmem::k::a2av_lines<shmem::k::A2av2dOffset>(t, a);
 }

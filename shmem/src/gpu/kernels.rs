@@ -76,6 +76,11 @@ const A2AV_BYTES_PER_BLOCK: usize = 32 << 10;
 /// Most experts per PE of the MoE line kernel: a warp works out a
 /// destination's chunks a lane each (`A2avLines::warp_chunks` in `moe.cu`).
 const A2AV_LINES_MAX_EXPERTS: usize = 32;
+/// The one-kernel and line forms of the MoE all-to-all-v, a kernel for
+/// each kind (`A2av::kind`: 1D, 2D, 2D with offsets), so that none of
+/// their steps branches on it.
+const A2AV_FUSED: [&str; 3] = ["shmem_a2av_fused_v", "shmem_a2av_fused_2d", "shmem_a2av_fused_2d_offset"];
+const A2AV_LINES: [&str; 3] = ["shmem_a2av_lines_v", "shmem_a2av_lines_2d", "shmem_a2av_lines_2d_offset"];
 
 /// Why the kernels are missing from this build, and how to build them.
 pub(crate) fn not_built() -> Error {
@@ -989,10 +994,10 @@ impl Kernels {
         }
     }
 
-    /// Launches the MoE all-to-all-v: one kernel (`shmem_a2av_fused`)
+    /// Launches the MoE all-to-all-v: one kernel (`shmem_a2av_fused_*`)
     /// where every peer is reached over NVLink and the splits fit its
     /// packets and shared memory, unless `settings.moe` is
-    /// [`MoeKernels::PlanThenMove`]; the line kernel (`shmem_a2av_lines`)
+    /// [`MoeKernels::PlanThenMove`]; the line kernel (`shmem_a2av_lines_*`)
     /// instead on the `world` team where [`MoeKernels::Lines`] is asked
     /// for, or the input is within [`Tuning::moe_lines_max_bytes`], and it
     /// fits ([`moe_lines_fit`], 32 experts per PE and shared memory); else
@@ -1037,10 +1042,11 @@ impl Kernels {
         let per = settings.tuning.moe_block_bytes.map_or(A2AV_BYTES_PER_BLOCK, |b| b.max(16));
         if lines {
             a.blocks = in_bytes.div_ceil(per).clamp(1, MAX_BLOCKS) as i32;
+            let name = A2AV_LINES[a.kind as usize];
             // SAFETY: (TeamSync, A2av) as the kernel declares; the regions
             // were checked on the host, the splits are checked on the
             // device, and what a PE sends fits the buffer (`moe_lines_fit`).
-            return unsafe { self.launch_with("shmem_a2av_lines", a.blocks as usize, lines_shared as u32, t, a, s) };
+            return unsafe { self.launch_with(name, a.blocks as usize, lines_shared as u32, t, a, s) };
         }
         // The other kernels keep as many working as what is sent needs
         // (`a2av_active`; the idle ones skip their channel).
@@ -1057,7 +1063,7 @@ impl Kernels {
         {
             // SAFETY: (TeamSync, A2av) as the kernel declares; the regions
             // were checked on the host, the splits are checked on the device.
-            return unsafe { self.launch_with("shmem_a2av_fused", blocks, one as u32, t, a, s) };
+            return unsafe { self.launch_with(A2AV_FUSED[a.kind as usize], blocks, one as u32, t, a, s) };
         }
         // Every PE's splits (and offsets) and the work arrays in the plan
         // kernel's shared memory where they fit.

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Session 14 run 1, one GPU: the MoE kernels' control cut (verdict from
+# the scan's own pass, a kernel for each kind) against the build before
+# (old.tar.xz: 0094d0b's shmem-bench and shmemrun, whose kernels are
+# 6a70668's), plain builds, each three times alternating, at 1 PE and 2
+# PEs sharing the GPU; then the new build's `moe::` at 1 PE, at 2 shared
+# both ways and at 4 shared, `moe_server` at 2, and the sanitizer over
+# the line tests.
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../.gpu-bundle" && pwd)
+. "$here/../docs/logs/2026-11-25-s12/common.sh"
+unpack_old
+ab3() {
+    local p=$1 k v b
+    for k in 1 2 3; do
+        for v in old new; do
+            b=$here/bin
+            [[ $v == old ]] && b=$here/old/bin
+            run "pe$p-$v$k-moe" 60 "$b/shmemrun" -n "$p" "$b/shmem-bench" --backend gpu --op moe --tokens 1,32,128 --graph \
+                --impl shmem,shmem-lines --json "$dest/r/pe$p-$v$k-moe.jsonl"
+        done
+    done
+}
+ab3 1
+run pe1-moe 100 env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n 1 "$bin/spmd" moe::
+mps_on 2
+ab3 2
+run pe2-moe 120 env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n 2 "$bin/spmd" moe::
+run pe2-moe-forced-rma 120 env SHMEM_FORCE_RMA=1 SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n 2 "$bin/spmd" moe::
+run pe2-moe_server 90 "$bin/shmemrun" -n 2 --tag-output "$bin/moe_server"
+mps_off
+mps_on 4
+run pe4-moe 180 env SHMEM_HEAP_SIZE=1G "$bin/shmemrun" -n 4 "$bin/spmd" moe::
+mps_off
+sanitize_lines
+pack
