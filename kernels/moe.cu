@@ -315,42 +315,77 @@ template <int K> __device__ void a2av_report_first(const A2av &a, const A2avTabl
 }
 
 // What this PE receives, into its out_splits_offsets (after a good
-// check; from the block's middle thread on, so that its first threads,
-// which plan the sends, and its last warps, which plan the line kernel's
-// receipts, go on beside).
+// check): output entry j = q × inner + r, a warp a q and a lane an r
+// (2D: expert q, source r; the combine: source q, expert r; 1D: source
+// r), from the block's warp n on (at most its middle one), so that the
+// first warps, which plan the sends, and the last, which plan the line
+// kernel's receipts, go on beside.
 template <int K> __device__ void a2av_write_so(const TeamSync &t, const A2av &a, const A2avTable &tb) {
-    const int n = tb.n, m = tb.m;
+    const int n = tb.n, m = tb.m, ne = a.ne, me = t.rank, kind = kind_of<K>(a);
+    const int warps = blockDim.x / 32, lane = threadIdx.x % 32;
+    const int outer = kind == A2avV ? 1 : kind == A2av2d ? ne : n, inner = kind == A2av2d || kind == A2avV ? n : ne;
     int64_t *so = t.mine<int64_t>(a.out_so);
-    for (int j = (threadIdx.x + blockDim.x / 2) % blockDim.x; j < m; j += blockDim.x) {
-        int s, i;
-        out_entry(kind_of<K>(a), n, a.ne, t.rank, j, &s, &i);
-        so[j] = tb.splits(s)[i];
-        so[m + j] = static_cast<int64_t>(tb.op(t.rank)[j]);
-    }
+    // This warp's first q, with no division on the way.
+    int q = static_cast<int>(threadIdx.x / 32) - min(n, warps / 2);
+    if (q < 0) q += warps;
+    for (; q < outer; q += warps)
+        for (int r = lane; r < inner; r += 32) {
+            const int j = q * inner + r;
+            const int s = kind == A2av2dOffset ? q : r, i = kind == A2avV ? me : kind == A2av2d ? me * ne + q : r * n + me;
+            so[j] = tb.splits(s)[i];
+            so[m + j] = static_cast<int64_t>(tb.op(me)[j]);
+        }
 }
 
-// Where each of this PE's chunks goes (entry i of its splits is chunk e
-// for destination d, output entry j there), into the send plan (after a
-// good check; the block's first threads).
+// Inclusive sum of `v` over the warp's lanes (whole warp).
+__device__ __forceinline__ uint64_t warp_inclusive_sum(uint64_t v) {
+    const int lane = threadIdx.x % 32;
+    for (int o = 1; o < 32; o <<= 1) {
+        uint64_t u = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += u;
+    }
+    return v;
+}
+
+// Where each of this PE's chunks goes, into the send plan (after a good
+// check): for chunk e for destination d (entry i of this PE's splits,
+// output entry j there), {source row, destination row, rows, first row
+// among this PE's rows for d}. 1D: a thread a chunk (one a
+// destination); 2D: a warp a destination (the block's first warps), a
+// lane a chunk, no division on the way.
 template <int K> __device__ void a2av_plan_sends(const TeamSync &t, const A2av &a, const A2avTable &tb) {
     const int n = tb.n, m = tb.m, ne = a.ne, kind = kind_of<K>(a), me = t.rank;
     const int64_t *mine = tb.splits(me);
-    for (int i = threadIdx.x; i < m; i += blockDim.x) {
-        int d, e, j;
-        uint64_t src_row, start;
-        if (kind == A2avV) {
-            d = i, e = 0, j = me;
-            src_row = tb.rp(me)[i], start = 0;
-        } else if (kind == A2av2d) {
-            d = i / ne, e = i % ne, j = e * n + me;
-            src_row = tb.rp(me)[i], start = src_row - tb.rp(me)[d * ne];
-        } else {
-            e = i / n, d = i % n, j = me * ne + e;
-            src_row = mine[m + i], start = 0;
-            for (int x = 0; x < e; x++) start += mine[x * n + d];
+    if (kind == A2avV) {
+        for (int d = threadIdx.x; d < n; d += blockDim.x) {
+            uint64_t *p = tb.plan(d, 0, ne);
+            p[0] = tb.rp(me)[d], p[1] = tb.op(d)[me], p[2] = mine[d], p[3] = 0;
         }
-        uint64_t *p = tb.plan(d, e, ne);
-        p[0] = src_row, p[1] = tb.op(d)[j], p[2] = mine[i], p[3] = start;
+        return;
+    }
+    const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    for (int d = threadIdx.x / 32; d < n; d += warps) {
+        uint64_t before = 0;  // the combine: rows of d's chunks before this 32
+        for (int e0 = 0; e0 < ne; e0 += 32) {
+            const int e = e0 + lane;
+            const bool live = e < ne;
+            const int i = kind == A2av2d ? d * ne + e : e * n + d;
+            // Not negative: the check passed.
+            const uint64_t rows = live ? static_cast<uint64_t>(mine[i]) : 0;
+            uint64_t *p = tb.plan(d, e, ne);
+            if (kind == A2av2d) {
+                if (live) {
+                    const uint64_t src = tb.rp(me)[i];
+                    p[0] = src, p[1] = tb.op(d)[e * n + me], p[2] = rows, p[3] = src - tb.rp(me)[d * ne];
+                }
+            } else {
+                // The combine's chunks lie where their offsets say: the
+                // first rows are summed.
+                const uint64_t incl = warp_inclusive_sum(rows);
+                if (live) p[0] = mine[m + i], p[1] = tb.op(d)[me * ne + e], p[2] = rows, p[3] = before + incl - rows;
+                before += __shfl_sync(0xffffffffu, incl, 31);
+            }
+        }
     }
 }
 
@@ -360,11 +395,13 @@ template <int K> __device__ void a2av_plan_sends(const TeamSync &t, const A2av &
 // beside it, then a barrier.
 template <int K, typename Also>
 __device__ __forceinline__ void a2av_plan(const TeamSync &t, const A2av &a, const A2avTable &tb, Also also) {
+    phase_mark("verdict");
     a2av_plan_sends<K>(t, a, tb);
     also();
     if (blockIdx.x == 0) a2av_write_so<K>(t, a, tb);
     phase_mark("plans");
     __syncthreads();
+    phase_mark("plans_sync");
 }
 
 // The data blocks that work: by what the busiest PE sends, the same
@@ -456,9 +493,14 @@ __device__ void a2av_push(const TeamSync &t, const A2av &a, const uint64_t *plan
     __syncthreads();
     for (int pe = threadIdx.x; pe < t.n; pe += blockDim.x)
         if (pe != t.rank) signal(t, Data, pe, epoch);
-    wait_all(t, Data, epoch, t.rank);
-    __syncthreads();
-    if (t.rma && threadIdx.x == 0) nvshmem_quiet();
+    // Only the threads that wait wait: nothing after this reads what they
+    // wait for, and the kernel is over when they are.
+    for (int pe = threadIdx.x; pe < t.n; pe += blockDim.x)
+        if (pe != t.rank) wait_geq(t.word(Data, blockIdx.x, pe), epoch);
+    if (t.rma) {
+        __syncthreads();
+        if (threadIdx.x == 0) nvshmem_quiet();
+    }
 }
 
 // The one-kernel form's state, in the team's synchronisation slot after
@@ -701,15 +743,6 @@ template <int K> struct A2avLines {
     __device__ uint64_t row_lines(uint64_t rows) const {
         return div64(rows * a.row_bytes + 8 * Lines::kWords - 1, 8 * Lines::kWords);
     }
-    // Inclusive sum of `v` over the warp's lanes (whole warp).
-    __device__ static uint64_t warp_scan(uint64_t v) {
-        const int lane = threadIdx.x % 32;
-        for (int o = 1; o < 32; o <<= 1) {
-            uint64_t u = __shfl_up_sync(0xffffffffu, v, o);
-            if (lane >= o) v += u;
-        }
-        return v;
-    }
     // Entry of a PE's splits that is its chunk `e` for destination `d`.
     __device__ int entry(int d, int e) const {
         return kind_of<K>(a) == A2avV ? d : kind_of<K>(a) == A2av2d ? d * a.ne + e : e * tb.n + d;
@@ -734,10 +767,10 @@ template <int K> struct A2avLines {
             uint64_t before = 0;
             for (int i = lane; i < d * ne; i += 32) before += mine[i] < 0 ? 0 : static_cast<uint64_t>(mine[i]);
             for (int o = 16; o > 0; o >>= 1) before += __shfl_xor_sync(0xffffffffu, before, o);
-            src = before + warp_scan(rows) - rows;
+            src = before + warp_inclusive_sum(rows) - rows;
         }
         rows = src >= a.in_rows ? 0 : min(rows, a.in_rows - src);
-        const uint64_t l = row_lines(rows), incl = warp_scan(l);
+        const uint64_t l = row_lines(rows), incl = warp_inclusive_sum(l);
         first = live ? split_lines + incl - l : ~0ull;
         return min(split_lines + __shfl_sync(0xffffffffu, incl, 31), ln.room());
     }
@@ -783,7 +816,7 @@ template <int K> struct A2avLines {
         const int me = t.rank, n = tb.n, ne = a.ne, e = threadIdx.x % 32, warps = blockDim.x / 32;
         for (int s = warps - 1 - static_cast<int>(threadIdx.x / 32); s < n; s += warps) {
             const uint64_t rows = e < ne ? rows_of(tb, s, entry(me, e)) : 0, l = row_lines(rows);
-            const uint64_t first = split_lines + warp_scan(l) - l;
+            const uint64_t first = split_lines + warp_inclusive_sum(l) - l;
             if (e < ne) {
                 int j = kind_of<K>(a) == A2avV ? s : kind_of<K>(a) == A2av2d ? e * n + s : s * ne + e;
                 uint64_t *c = recvs + 3 * (static_cast<uint64_t>(s) * ne + e);

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Session 14 run 2, one GPU: the send plan a warp a destination, the
+# out_splits_offsets without divisions, the data kernels' ending without
+# its barriers, against run 1's build (old.tar.xz: f26bad6's shmem-bench
+# and shmemrun), plain builds, each three times alternating, at 1 PE and
+# 2 PEs sharing the GPU; then the new build's `moe::` at 1 PE, at 2 shared
+# both ways and at 3 shared, `moe_server` at 2, and the sanitizer over
+# the one-kernel, two-kernel and line forms' tests at 2 shared.
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../.gpu-bundle" && pwd)
+. "$here/../docs/logs/2026-11-25-s12/common.sh"
+unpack_old
+ab3() {
+    local p=$1 k v b
+    for k in 1 2 3; do
+        for v in old new; do
+            b=$here/bin
+            [[ $v == old ]] && b=$here/old/bin
+            run "pe$p-$v$k-moe" 60 "$b/shmemrun" -n "$p" "$b/shmem-bench" --backend gpu --op moe --tokens 1,32,128 --graph \
+                --impl shmem,shmem-lines --json "$dest/r/pe$p-$v$k-moe.jsonl"
+        done
+    done
+}
+ab3 1
+run pe1-moe 100 env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n 1 "$bin/spmd" moe::
+mps_on 2
+ab3 2
+run pe2-moe 120 env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n 2 "$bin/spmd" moe::
+run pe2-moe-forced-rma 120 env SHMEM_FORCE_RMA=1 SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n 2 "$bin/spmd" moe::
+run pe2-moe_server 90 "$bin/shmemrun" -n 2 --tag-output "$bin/moe_server"
+mps_off
+mps_on 3
+run pe3-moe 180 env SHMEM_HEAP_SIZE=1G "$bin/shmemrun" -n 3 "$bin/spmd" moe::
+mps_off
+OUT=$dest/r/san SHMEM_GPU_PES=2 SAN_JOBS=4 SAN_TIMEOUT=200 \
+    SANITIZE_TESTS='^moe::((plan_then_move::|lines::)?(all_to_all_v|all_to_all_v_2d|all_to_all_v_2d_offset)|errors::(negative_offset|offsets_out_of_order|output_overflow_by_padding|bad_on_one_pe)|dispatch_then_combine_ops)$' \
+    timeout 260 bash "$here/gpu-run.sh" --share --sanitize >"$dest/r/san.log" 2>&1
+echo "== san: rc $?" >>"$log"
+pack
