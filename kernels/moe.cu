@@ -129,15 +129,15 @@ __device__ __forceinline__ A2avTable a2av_shared_table(const TeamSync &t, const 
 __device__ __forceinline__ uint64_t sat_add(uint64_t a, uint64_t b) { return a > ~0ull - b ? ~0ull : a + b; }
 
 // Exclusive prefix sums, saturating, of `segments` runs of `len` words,
-// word i of run g being `word(g, i)`, into `a` (run after run): a warp
-// per run, 32 words at a time, each computing its words as it scans;
-// then `end(g, sum)`, sum being the run's whole (saturated) sum, in each
-// lane of the run's warp.
+// word i of run g being `word(g, i)`, into `a`, run g at a + g × (len + 1)
+// and its last word the run's whole (saturated) sum: a warp per run, 32
+// words at a time, each computing its words as it scans; then `end(g,
+// sum)` in each lane of the run's warp.
 template <typename Word, typename End>
 __device__ __forceinline__ void segmented_exclusive_scan(uint64_t *a, int segments, int len, Word word, End end) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
     for (int g = warp; g < segments; g += warps) {
-        uint64_t *p = a + static_cast<uint64_t>(g) * len, carry = 0;
+        uint64_t *p = a + static_cast<uint64_t>(g) * (len + 1), carry = 0;
         for (int base = 0; base < len; base += 32) {
             int i = base + lane;
             uint64_t incl = i < len ? word(g, i) : 0;
@@ -149,13 +149,24 @@ __device__ __forceinline__ void segmented_exclusive_scan(uint64_t *a, int segmen
             if (i < len) p[i] = lane == 0 ? carry : sat_add(carry, excl);
             carry = sat_add(carry, __shfl_sync(0xffffffffu, incl, 31));
         }
+        if (lane == 0) p[len] = carry;
         end(g, carry);
     }
 }
 
+// The rows of `rows` rounded up to a multiple of `align`, at least
+// `align` (a mask where `align` is a power of 2, as it most often is).
 __device__ __forceinline__ uint64_t padded(uint64_t rows, uint64_t align) {
-    uint64_t r = div64(rows + align - 1, align) * align;
+    uint64_t r = (align & (align - 1)) == 0 ? (rows + align - 1) & ~(align - 1) : div64(rows + align - 1, align) * align;
     return r < align ? align : r;
+}
+
+// x / d for 0 <= x < 2^21 and d >= 1, by a multiplication with `r`,
+// d's reciprocal rounded (`__frcp_rn`): x = q × d + k puts (x + 1/2) / d
+// between q + 1/(2d) and q + 1 − 1/(2d), and the two roundings move it by
+// less than 2^-22 × (x + 1/2) / d < 1/(2d). Larger x divide.
+__device__ __forceinline__ int div_by(int x, int d, float r) {
+    return x < (1 << 21) ? __float2int_rz((static_cast<float>(x) + 0.5f) * r) : x / d;
 }
 
 __device__ __forceinline__ unsigned long long err_code(unsigned long long cls, int pe, uint64_t index) {
@@ -169,14 +180,17 @@ __device__ __forceinline__ uint64_t rows_of(const A2avTable &tb, int s, int i) {
 }
 
 // The (source, entry of that source's splits) of output entry `j` of PE
-// `d`, in output order, and the size of the groups that are padded.
-__device__ __forceinline__ void out_entry(int kind, int n, int ne, int d, int j, int *s, int *i) {
+// `d`, in output order; `rn` and `rne` are n's and ne's reciprocals
+// (`div_by`).
+__device__ __forceinline__ void out_entry(int kind, int n, float rn, int ne, float rne, int d, int j, int *s, int *i) {
     if (kind == A2avV) {
         *s = j, *i = d;
     } else if (kind == A2av2d) {
-        *s = j % n, *i = d * ne + j / n;  // j = e × n + s
+        const int e = div_by(j, n, rn);  // j = e × n + s
+        *s = j - e * n, *i = d * ne + e;
     } else {
-        *s = j / ne, *i = (j % ne) * n + d;  // j = s × ne + e
+        const int s0 = div_by(j, ne, rne);  // j = s × ne + e
+        *s = s0, *i = (j - s0 * ne) * n + d;
     }
 }
 
@@ -184,12 +198,11 @@ __device__ __forceinline__ void out_entry(int kind, int n, int ne, int d, int j,
 // here, and fails the check): run g < n is `rp[g]`, run n + d `op[d]`
 // (2D: the last chunk of each expert's block carries its padding).
 template <int K>
-__device__ __forceinline__ uint64_t work_rows(const A2av &a, const A2avTable &tb, int g, int j) {
-    const int n = tb.n, m = tb.m;
-    if (j >= m) return 0;
+__device__ __forceinline__ uint64_t work_rows(const A2av &a, const A2avTable &tb, float rn, float rne, int g, int j) {
+    const int n = tb.n;
     if (g < n) return rows_of(tb, g, j);
     int s, i;
-    out_entry(kind_of<K>(a), n, a.ne, g - n, j, &s, &i);
+    out_entry(kind_of<K>(a), n, rn, a.ne, rne, g - n, j, &s, &i);
     uint64_t rows = rows_of(tb, s, i);
     if (kind_of<K>(a) == A2av2d && s == n - 1) {
         // The block of expert i % ne of PE g - n: n chunks, one per source.
@@ -249,19 +262,30 @@ __device__ __forceinline__ unsigned long long entry_error(const A2av &a, const A
 // (but for the combine, whose chunks are placed by their offsets) its
 // input all it sends (rp's sum: no chunk ends past the input if the last
 // does not, the rows being non-negative where nothing else failed).
-template <int K> __device__ __forceinline__ bool a2av_sums(const A2av &a, const A2avTable &tb) {
+// With `want` (in shared memory, zeroed before a barrier before this),
+// the data blocks the busiest PE's bytes want, `a.block_bytes` each, for
+// `a2av_active` (where the check passes).
+template <int K>
+__device__ __forceinline__ bool a2av_sums(const A2av &a, const A2avTable &tb, unsigned long long *want = nullptr) {
     const int n = tb.n, m = tb.m;
+    const float rn = __frcp_rn(static_cast<float>(n)), rne = __frcp_rn(static_cast<float>(a.ne));
     bool bad = false;
     segmented_exclusive_scan(
-        tb.work, 2 * n, m + 1,
+        tb.work, 2 * n, m,
         [&](int g, int j) {
             long long v;
-            if (g < n && j < m) bad |= split_error<K>(a, tb, g, j, &v) != ~0ull;
-            return work_rows<K>(a, tb, g, j);
+            if (g < n) bad |= split_error<K>(a, tb, g, j, &v) != ~0ull;
+            return work_rows<K>(a, tb, rn, rne, g, j);
         },
         [&](int g, uint64_t sum) {
-            if (g >= n) bad |= sum > a.out_rows;
-            else if (kind_of<K>(a) != A2av2dOffset) bad |= sum > a.in_rows;
+            if (g >= n) {
+                bad |= sum > a.out_rows;
+                return;
+            }
+            if (kind_of<K>(a) != A2av2dOffset) bad |= sum > a.in_rows;
+            // (A sum past the input fails the check, and then `want` is not read.)
+            if (want != nullptr && threadIdx.x % 32 == 0 && sum <= a.in_rows)
+                atomicMax(want, div64(sum * a.row_bytes + a.block_bytes - 1, a.block_bytes));
         });
     phase_mark("scan");
     return __syncthreads_or(bad);
@@ -404,13 +428,10 @@ __device__ __forceinline__ void a2av_plan(const TeamSync &t, const A2av &a, cons
     phase_mark("plans_sync");
 }
 
-// The data blocks that work: by what the busiest PE sends, the same
-// number on every PE (the same splits everywhere), so that the idle ones
-// skip their channel everywhere.
-__device__ __forceinline__ int a2av_active(const A2av &a, const A2avTable &tb) {
-    uint64_t busiest = 0;
-    for (int s = 0; s < tb.n; s++) busiest = max(busiest, tb.rp(s)[tb.m]);
-    uint64_t want = div64(busiest * a.row_bytes + a.block_bytes - 1, a.block_bytes);
+// The data blocks that work: by what the busiest PE sends (`want`, from
+// `a2av_sums`), the same number on every PE (the same splits everywhere),
+// so that the idle ones skip their channel everywhere.
+__device__ __forceinline__ int a2av_active(const A2av &a, unsigned long long want) {
     return want < 1 ? 1 : (want > static_cast<uint64_t>(a.blocks) ? a.blocks : static_cast<int>(want));
 }
 
@@ -444,7 +465,16 @@ __device__ __forceinline__ void a2av_send_part(const TeamSync &t, const A2av &a,
     Range r = split((total + 15) / 16, part, parts);
     uint64_t lo = min(r.lo * 16, total), hi = min(r.hi * 16, total);
     if (lo >= hi) return;
-    const int e0 = last_at_or_before(ne, [&](int e) { return plan(d, e)[3] * a.row_bytes; }, lo);
+    // The first chunk in the part: by one vote of the warp where it can be
+    // (a chunk's start never decreases; the first starts at 0).
+    int e0 = 0;
+    if (ne > 32) {
+        e0 = last_at_or_before(ne, [&](int e) { return plan(d, e)[3] * a.row_bytes; }, lo);
+    } else if (ne > 1) {
+        const int lane = threadIdx.x % 32;
+        const unsigned at = __ballot_sync(0xffffffffu, lane < ne && plan(d, lane)[3] * a.row_bytes <= lo);
+        e0 = 31 - __clz(at | 1u);
+    }
     phase_mark("part");
     for (int e = e0; e < ne; e++) {
         const uint64_t *p = plan(d, e);
@@ -479,7 +509,8 @@ __device__ void a2av_push(const TeamSync &t, const A2av &a, const uint64_t *plan
     const int remote = active - local;
     const int b = static_cast<int>(blockIdx.x);
     for (int k = 1; k <= t.n; k++) {
-        int d = (t.rank + k) % t.n;  // this PE's own chunks last
+        int d = t.rank + k;  // this PE's own chunks last
+        if (d >= t.n) d -= t.n;
         // This block's part of destination d's chunks, of how many.
         int part = b, parts = active;
         if (local > 0) {
@@ -595,6 +626,8 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_plan(TeamSync t, A2
         tb.work = shared_work + static_cast<uint64_t>(n) * tb.w;
     }
     uint64_t epoch = begin_epoch(t);
+    __shared__ unsigned long long want;  // zeroed before the barriers below
+    if (threadIdx.x == 0) want = 0;
     exchange(t, Arrive, epoch);
     const uint64_t bytes = static_cast<uint64_t>(tb.w) * 8;
     for (int s = 0; s < n; s++) {
@@ -612,7 +645,7 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_plan(TeamSync t, A2
         }
     }
     __syncthreads();
-    if (a2av_sums<kAnyKind>(a, tb)) {
+    if (a2av_sums<kAnyKind>(a, tb, &want)) {
         a2av_report_first<kAnyKind>(a, tb);
         if (threadIdx.x == 0) *tb.verdict() = 1;
         end_epoch(t, epoch);
@@ -621,7 +654,7 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_plan(TeamSync t, A2
     a2av_plan_sends<kAnyKind>(t, a, tb);
     a2av_write_so<kAnyKind>(t, a, tb);
     if (threadIdx.x == 0) {
-        *tb.active_blocks() = a2av_active(a, tb);
+        *tb.active_blocks() = a2av_active(a, want);
         *tb.verdict() = 0;
     }
     end_epoch(t, epoch);
@@ -671,6 +704,8 @@ template <int K> __device__ __forceinline__ void a2av_fused(const TeamSync &team
     const int64_t *mine = t.mine<int64_t>(a.splits);
     for (int i = threadIdx.x; i < w; i += blockDim.x) tb.splits(me)[i] = mine[i];
     for (int pe = threadIdx.x; pe < n; pe += blockDim.x) heaps[pe] = team.peer_heap[pe];
+    __shared__ unsigned long long want;  // zeroed before the barriers below
+    if (threadIdx.x == 0) want = 0;
     A2avPackets pk(t);
     phase_mark("counter");
     // Block 0 sends this PE's splits to every peer; every block gathers
@@ -688,11 +723,11 @@ template <int K> __device__ __forceinline__ void a2av_fused(const TeamSync &team
     __syncthreads();
     phase_mark("sync");
     pk.arrive();
-    if (a2av_sums<K>(a, tb)) {
+    if (a2av_sums<K>(a, tb, &want)) {
         a2av_report_first<K>(a, tb);  // a bad exchange is never sent
     } else {
         a2av_plan<K>(t, a, tb, [] {});
-        const int active = a2av_active(a, tb);
+        const int active = a2av_active(a, want);
         if (static_cast<int>(blockIdx.x) < active) {
             a2av_push(t, a, tb.plans, active, pk.epoch);
             phase_mark("push_signal_wait");

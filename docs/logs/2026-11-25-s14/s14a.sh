@@ -8,22 +8,12 @@
 # the line tests.
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../.gpu-bundle" && pwd)
 . "$here/../docs/logs/2026-11-25-s12/common.sh"
+. "$here/../docs/logs/2026-11-25-s14/common.sh"
 unpack_old
-ab3() {
-    local p=$1 k v b
-    for k in 1 2 3; do
-        for v in old new; do
-            b=$here/bin
-            [[ $v == old ]] && b=$here/old/bin
-            run "pe$p-$v$k-moe" 60 "$b/shmemrun" -n "$p" "$b/shmem-bench" --backend gpu --op moe --tokens 1,32,128 --graph \
-                --impl shmem,shmem-lines --json "$dest/r/pe$p-$v$k-moe.jsonl"
-        done
-    done
-}
-ab3 1
+ab_reps 1 3
 run pe1-moe 100 env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n 1 "$bin/spmd" moe::
 mps_on 2
-ab3 2
+ab_reps 2 3
 run pe2-moe 120 env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n 2 "$bin/spmd" moe::
 run pe2-moe-forced-rma 120 env SHMEM_FORCE_RMA=1 SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n 2 "$bin/spmd" moe::
 run pe2-moe_server 90 "$bin/shmemrun" -n 2 --tag-output "$bin/moe_server"

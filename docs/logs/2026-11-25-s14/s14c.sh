@@ -9,33 +9,14 @@
 # SHMEM_KERNEL_PHASES=1), as session 13's s13a.sh took them.
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../.gpu-bundle" && pwd)
 . "$here/../docs/logs/2026-11-25-s12/common.sh"
+. "$here/../docs/logs/2026-11-25-s14/common.sh"
 unpack_old
-mkdir -p "$here/phases" && tar -C "$here/phases" -xJf "$here/phases.tar.xz"
-ab3() {
-    local p=$1 k v b
-    for k in 1 2 3; do
-        for v in old new; do
-            b=$here/bin
-            [[ $v == old ]] && b=$here/old/bin
-            run "pe$p-$v$k-moe" 60 "$b/shmemrun" -n "$p" "$b/shmem-bench" --backend gpu --op moe --tokens 1,32,128 --graph \
-                --impl shmem,shmem-lines --json "$dest/r/pe$p-$v$k-moe.jsonl"
-        done
-    done
-}
-phases() {
-    local p=$1 b=$here/phases/bin
-    for impl in shmem shmem-lines; do
-        for op in dispatch combine all_to_all_v; do
-            run "ph-pe$p-$impl-$op" 60 "$b/shmemrun" -n "$p" --tag-output "$b/shmem-bench" --backend gpu --op "$op" \
-                --tokens 1 --graph --impl "$impl" --json "$dest/r/ph-pe$p-$impl-$op.jsonl"
-        done
-    done
-}
-ab3 1
+unpack_phases
+ab_reps 1 3
 run pe1-moe 100 env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n 1 "$bin/spmd" moe::
 phases 1
 mps_on 2
-ab3 2
+ab_reps 2 3
 run pe2-moe 120 env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n 2 "$bin/spmd" moe::
 run pe2-moe-forced-rma 120 env SHMEM_FORCE_RMA=1 SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n 2 "$bin/spmd" moe::
 run pe2-moe_server 90 "$bin/shmemrun" -n 2 --tag-output "$bin/moe_server"
