@@ -262,11 +262,10 @@ __device__ __forceinline__ unsigned long long entry_error(const A2av &a, const A
 // (but for the combine, whose chunks are placed by their offsets) its
 // input all it sends (rp's sum: no chunk ends past the input if the last
 // does not, the rows being non-negative where nothing else failed).
-// With `want` (in shared memory, zeroed before a barrier before this),
-// the data blocks the busiest PE's bytes want, `a.block_bytes` each, for
-// `a2av_active` (where the check passes).
+// With `busiest` (in shared memory, zeroed before a barrier before this),
+// the most rows a PE sends, for `a2av_active`.
 template <int K>
-__device__ __forceinline__ bool a2av_sums(const A2av &a, const A2avTable &tb, unsigned long long *want = nullptr) {
+__device__ __forceinline__ bool a2av_sums(const A2av &a, const A2avTable &tb, unsigned long long *busiest = nullptr) {
     const int n = tb.n, m = tb.m;
     const float rn = __frcp_rn(static_cast<float>(n)), rne = __frcp_rn(static_cast<float>(a.ne));
     bool bad = false;
@@ -283,9 +282,7 @@ __device__ __forceinline__ bool a2av_sums(const A2av &a, const A2avTable &tb, un
                 return;
             }
             if (kind_of<K>(a) != A2av2dOffset) bad |= sum > a.in_rows;
-            // (A sum past the input fails the check, and then `want` is not read.)
-            if (want != nullptr && threadIdx.x % 32 == 0 && sum <= a.in_rows)
-                atomicMax(want, div64(sum * a.row_bytes + a.block_bytes - 1, a.block_bytes));
+            if (busiest != nullptr && threadIdx.x % 32 == 0) atomicMax(busiest, sum);
         });
     phase_mark("scan");
     return __syncthreads_or(bad);
@@ -428,10 +425,12 @@ __device__ __forceinline__ void a2av_plan(const TeamSync &t, const A2av &a, cons
     phase_mark("plans_sync");
 }
 
-// The data blocks that work: by what the busiest PE sends (`want`, from
-// `a2av_sums`), the same number on every PE (the same splits everywhere),
-// so that the idle ones skip their channel everywhere.
-__device__ __forceinline__ int a2av_active(const A2av &a, unsigned long long want) {
+// The data blocks that work: by what the busiest PE sends (`busiest`
+// rows, from `a2av_sums`, after a good check), the same number on every
+// PE (the same splits everywhere), so that the idle ones skip their
+// channel everywhere.
+__device__ __forceinline__ int a2av_active(const A2av &a, uint64_t busiest) {
+    uint64_t want = div64(busiest * a.row_bytes + a.block_bytes - 1, a.block_bytes);
     return want < 1 ? 1 : (want > static_cast<uint64_t>(a.blocks) ? a.blocks : static_cast<int>(want));
 }
 
@@ -626,8 +625,8 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_plan(TeamSync t, A2
         tb.work = shared_work + static_cast<uint64_t>(n) * tb.w;
     }
     uint64_t epoch = begin_epoch(t);
-    __shared__ unsigned long long want;  // zeroed before the barriers below
-    if (threadIdx.x == 0) want = 0;
+    __shared__ unsigned long long busiest;  // zeroed before the barriers below
+    if (threadIdx.x == 0) busiest = 0;
     exchange(t, Arrive, epoch);
     const uint64_t bytes = static_cast<uint64_t>(tb.w) * 8;
     for (int s = 0; s < n; s++) {
@@ -645,7 +644,7 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_plan(TeamSync t, A2
         }
     }
     __syncthreads();
-    if (a2av_sums<kAnyKind>(a, tb, &want)) {
+    if (a2av_sums<kAnyKind>(a, tb, &busiest)) {
         a2av_report_first<kAnyKind>(a, tb);
         if (threadIdx.x == 0) *tb.verdict() = 1;
         end_epoch(t, epoch);
@@ -654,7 +653,7 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_plan(TeamSync t, A2
     a2av_plan_sends<kAnyKind>(t, a, tb);
     a2av_write_so<kAnyKind>(t, a, tb);
     if (threadIdx.x == 0) {
-        *tb.active_blocks() = a2av_active(a, want);
+        *tb.active_blocks() = a2av_active(a, busiest);
         *tb.verdict() = 0;
     }
     end_epoch(t, epoch);
@@ -704,8 +703,9 @@ template <int K> __device__ __forceinline__ void a2av_fused(const TeamSync &team
     const int64_t *mine = t.mine<int64_t>(a.splits);
     for (int i = threadIdx.x; i < w; i += blockDim.x) tb.splits(me)[i] = mine[i];
     for (int pe = threadIdx.x; pe < n; pe += blockDim.x) heaps[pe] = team.peer_heap[pe];
-    __shared__ unsigned long long want;  // zeroed before the barriers below
-    if (threadIdx.x == 0) want = 0;
+    __shared__ unsigned long long busiest;  // zeroed before the barriers below
+    __shared__ int active_blocks;
+    if (threadIdx.x == 0) busiest = 0;
     A2avPackets pk(t);
     phase_mark("counter");
     // Block 0 sends this PE's splits to every peer; every block gathers
@@ -723,11 +723,14 @@ template <int K> __device__ __forceinline__ void a2av_fused(const TeamSync &team
     __syncthreads();
     phase_mark("sync");
     pk.arrive();
-    if (a2av_sums<K>(a, tb, &want)) {
+    if (a2av_sums<K>(a, tb, &busiest)) {
         a2av_report_first<K>(a, tb);  // a bad exchange is never sent
     } else {
-        a2av_plan<K>(t, a, tb, [] {});
-        const int active = a2av_active(a, want);
+        // The working blocks, by the block's last thread beside the plan.
+        a2av_plan<K>(t, a, tb, [&] {
+            if (threadIdx.x == blockDim.x - 1) active_blocks = a2av_active(a, busiest);
+        });
+        const int active = active_blocks;
         if (static_cast<int>(blockIdx.x) < active) {
             a2av_push(t, a, tb.plans, active, pk.epoch);
             phase_mark("push_signal_wait");
