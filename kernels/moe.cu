@@ -161,10 +161,19 @@ __device__ __forceinline__ uint64_t padded(uint64_t rows, uint64_t align) {
     return r < align ? align : r;
 }
 
+// d's reciprocal for `div_by`: one approximate instruction, within 1 ulp
+// (2^-23 of it) for the d >= 1 here.
+__device__ __forceinline__ float reciprocal(int d) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(static_cast<float>(d)));
+    return r;
+}
+
 // x / d for 0 <= x < 2^21 and d >= 1, by a multiplication with `r`,
-// d's reciprocal rounded (`__frcp_rn`): x = q × d + k puts (x + 1/2) / d
-// between q + 1/(2d) and q + 1 − 1/(2d), and the two roundings move it by
-// less than 2^-22 × (x + 1/2) / d < 1/(2d). Larger x divide.
+// d's `reciprocal`: x = q × d + k puts (x + 1/2) / d between q + 1/(2d)
+// and q + 1 − 1/(2d), and the reciprocal's error and the product's
+// rounding move it by less than 1.5 × 2^-23 × (x + 1/2) / d < 1/(2d).
+// Larger x divide.
 __device__ __forceinline__ int div_by(int x, int d, float r) {
     return x < (1 << 21) ? __float2int_rz((static_cast<float>(x) + 0.5f) * r) : x / d;
 }
@@ -267,7 +276,7 @@ __device__ __forceinline__ unsigned long long entry_error(const A2av &a, const A
 template <int K>
 __device__ __forceinline__ bool a2av_sums(const A2av &a, const A2avTable &tb, unsigned long long *busiest = nullptr) {
     const int n = tb.n, m = tb.m;
-    const float rn = __frcp_rn(static_cast<float>(n)), rne = __frcp_rn(static_cast<float>(a.ne));
+    const float rn = reciprocal(n), rne = reciprocal(a.ne);
     bool bad = false;
     segmented_exclusive_scan(
         tb.work, 2 * n, m,
@@ -353,8 +362,11 @@ template <int K> __device__ void a2av_write_so(const TeamSync &t, const A2av &a,
         for (int r = lane; r < inner; r += 32) {
             const int j = q * inner + r;
             const int s = kind == A2av2dOffset ? q : r, i = kind == A2avV ? me : kind == A2av2d ? me * ne + q : r * n + me;
-            so[j] = tb.splits(s)[i];
-            so[m + j] = static_cast<int64_t>(tb.op(me)[j]);
+            // Both loads before either store (a store through a generic
+            // address would otherwise hold the second load back).
+            const int64_t rows = tb.splits(s)[i], at = static_cast<int64_t>(tb.op(me)[j]);
+            so[j] = rows;
+            so[m + j] = at;
         }
 }
 
@@ -379,8 +391,11 @@ template <int K> __device__ void a2av_plan_sends(const TeamSync &t, const A2av &
     const int64_t *mine = tb.splits(me);
     if (kind == A2avV) {
         for (int d = threadIdx.x; d < n; d += blockDim.x) {
+            // (Every load before the plan's stores, which could otherwise
+            // alias them, here and below.)
+            const uint64_t src = tb.rp(me)[d], dst = tb.op(d)[me], rows = mine[d];
             uint64_t *p = tb.plan(d, 0, ne);
-            p[0] = tb.rp(me)[d], p[1] = tb.op(d)[me], p[2] = mine[d], p[3] = 0;
+            p[0] = src, p[1] = dst, p[2] = rows, p[3] = 0;
         }
         return;
     }
@@ -396,14 +411,15 @@ template <int K> __device__ void a2av_plan_sends(const TeamSync &t, const A2av &
             uint64_t *p = tb.plan(d, e, ne);
             if (kind == A2av2d) {
                 if (live) {
-                    const uint64_t src = tb.rp(me)[i];
-                    p[0] = src, p[1] = tb.op(d)[e * n + me], p[2] = rows, p[3] = src - tb.rp(me)[d * ne];
+                    const uint64_t src = tb.rp(me)[i], dst = tb.op(d)[e * n + me], first = tb.rp(me)[d * ne];
+                    p[0] = src, p[1] = dst, p[2] = rows, p[3] = src - first;
                 }
             } else {
                 // The combine's chunks lie where their offsets say: the
                 // first rows are summed.
+                const uint64_t src = live ? mine[m + i] : 0, dst = live ? tb.op(d)[me * ne + e] : 0;
                 const uint64_t incl = warp_inclusive_sum(rows);
-                if (live) p[0] = mine[m + i], p[1] = tb.op(d)[me * ne + e], p[2] = rows, p[3] = before + incl - rows;
+                if (live) p[0] = src, p[1] = dst, p[2] = rows, p[3] = before + incl - rows;
                 before += __shfl_sync(0xffffffffu, incl, 31);
             }
         }

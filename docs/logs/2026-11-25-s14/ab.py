@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Old against new from an A/B run's bench JSON (files PREFIX-{old,new}K-SET.jsonl,
 any number of repetitions K): graph rows, each build's repetitions and the
-ratio of their means, per (PEs, op, impl, size)."""
+ratio of their means, per (PEs, op, impl, size, topk)."""
 import collections
 import glob
 import json
@@ -19,8 +19,8 @@ for d in sys.argv[1:]:
             if not r.get("graph"):
                 continue
             size = r.get("tokens", r["bytes"])
-            rows[(int(pes), r["op"], r["impl"], size)][build].append(r["time_us"])
-    print("pes op impl size | old | new | new/old")
+            rows[(int(pes), r["op"], r["impl"], size, r.get("topk", 1))][build].append(r["time_us"])
+    print("pes op impl size topk | old | new | new/old")
     for key in sorted(rows):
         o, n = rows[key]["old"], rows[key]["new"]
         if not o or not n:

@@ -30,3 +30,15 @@ phases() {
         done
     done
 }
+# The MoE forms' bench with each token sent to K experts (--topk), the old
+# build then the new, once each (files PES-{old,new}1-topkK: ab.py reads
+# them as one more set).
+ab_topk() {
+    local p=$1 k=$2 v b
+    for v in old new; do
+        b=$here/bin
+        [[ $v == old ]] && b=$here/old/bin
+        run "pe$p-${v}1-topk$k" 60 "$b/shmemrun" -n "$p" "$b/shmem-bench" --backend gpu --op moe --tokens 1,32,128 --graph \
+            --topk "$k" --impl shmem,shmem-lines --json "$dest/r/pe$p-${v}1-topk$k.jsonl"
+    done
+}
