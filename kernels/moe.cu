@@ -761,15 +761,20 @@ template <int K> __device__ __forceinline__ void a2av_fused(const TeamSync &team
 }  // namespace k
 }  // namespace shmem
 
-extern "C" __global__ void __launch_bounds__(512) shmem_a2av_fused_v(TeamSync t, A2av a) {
-    shmem::k::a2av_fused<shmem::k::A2avV>(t, a);
-}
-extern "C" __global__ void __launch_bounds__(512) shmem_a2av_fused_2d(TeamSync t, A2av a) {
-    shmem::k::a2av_fused<shmem::k::A2av2d>(t, a);
-}
-extern "C" __global__ void __launch_bounds__(512) shmem_a2av_fused_2d_offset(TeamSync t, A2av a) {
-    shmem::k::a2av_fused<shmem::k::A2av2dOffset>(t, a);
-}
+// A kernel for each kind, NAME_v, NAME_2d and NAME_2d_offset, each BODY
+// made for its kind (`A2AV_FUSED` and `A2AV_LINES` in kernels.rs).
+#define SHMEM_A2AV_KERNELS(NAME, BODY)                                                     \
+    extern "C" __global__ void __launch_bounds__(512) NAME##_v(TeamSync t, A2av a) {       \
+        BODY<shmem::k::A2avV>(t, a);                                                       \
+    }                                                                                      \
+    extern "C" __global__ void __launch_bounds__(512) NAME##_2d(TeamSync t, A2av a) {      \
+        BODY<shmem::k::A2av2d>(t, a);                                                      \
+    }                                                                                      \
+    extern "C" __global__ void __launch_bounds__(512) NAME##_2d_offset(TeamSync t, A2av a) { \
+        BODY<shmem::k::A2av2dOffset>(t, a);                                                \
+    }
+
+SHMEM_A2AV_KERNELS(shmem_a2av_fused, shmem::k::a2av_fused)
 
 namespace shmem {
 namespace k {
@@ -967,12 +972,4 @@ template <int K> __device__ __forceinline__ void a2av_lines(const TeamSync &team
 }  // namespace k
 }  // namespace shmem
 
-extern "C" __global__ void __launch_bounds__(512) shmem_a2av_lines_v(TeamSync t, A2av a) {
-    shmem::k::a2av_lines<shmem::k::A2avV>(t, a);
-}
-extern "C" __global__ void __launch_bounds__(512) shmem_a2av_lines_2d(TeamSync t, A2av a) {
-    shmem::k::a2av_lines<shmem::k::A2av2d>(t, a);
-}
-extern "C" __global__ void __launch_bounds__(512) shmem_a2av_lines_2d_offset(TeamSync t, A2av a) {
-    shmem::k::a2av_lines<shmem::k::A2av2dOffset>(t, a);
-}
+SHMEM_A2AV_KERNELS(shmem_a2av_lines, shmem::k::a2av_lines)

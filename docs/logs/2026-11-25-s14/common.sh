@@ -5,7 +5,7 @@
 # `phases PES`, a profiling build's (phases.tar.xz: shmem-bench and
 # shmemrun built with SHMEM_KERNEL_PHASES=1) stamps of the MoE forms, one
 # token, each op its own bench process so that its stamps are its own.
-# (s14a.sh to s14c.sh had the first and the last inline; the same commands.)
+# (The drivers had these steps inline when they ran; the same commands.)
 ab_reps() {
     local p=$1 reps=$2 k v b
     for ((k = 1; k <= reps; k++)); do
@@ -41,4 +41,19 @@ ab_topk() {
         run "pe$p-${v}1-topk$k" 60 "$b/shmemrun" -n "$p" "$b/shmem-bench" --backend gpu --op moe --tokens 1,32,128 --graph \
             --topk "$k" --impl shmem,shmem-lines --json "$dest/r/pe$p-${v}1-topk$k.jsonl"
     done
+}
+# The new build's `moe::` at 2 PEs sharing the GPU both ways (NVLink and
+# SHMEM_FORCE_RMA=1) and `moe_server` at 2 (under mps_on 2).
+moe_tests_2() {
+    run pe2-moe 120 env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n 2 "$bin/spmd" moe::
+    run pe2-moe-forced-rma 120 env SHMEM_FORCE_RMA=1 SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n 2 "$bin/spmd" moe::
+    run pe2-moe_server 90 "$bin/shmemrun" -n 2 --tag-output "$bin/moe_server"
+}
+# compute-sanitizer (memcheck, racecheck, both ways) over the one-kernel,
+# two-kernel and line forms' tests at 2 PEs sharing the GPU.
+sanitize_forms() {
+    OUT=$dest/r/san SHMEM_GPU_PES=2 SAN_JOBS=4 SAN_TIMEOUT=200 \
+        SANITIZE_TESTS='^moe::((plan_then_move::|lines::)?(all_to_all_v|all_to_all_v_2d|all_to_all_v_2d_offset)|errors::(negative_offset|offsets_out_of_order|output_overflow_by_padding|bad_on_one_pe)|dispatch_then_combine_ops)$' \
+        timeout 260 bash "$here/gpu-run.sh" --share --sanitize >"$dest/r/san.log" 2>&1
+    echo "== san: rc $?" >>"$log"
 }

@@ -14,9 +14,7 @@ ab_reps 1 3
 run pe1-moe 100 env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n 1 "$bin/spmd" moe::
 mps_on 2
 ab_reps 2 3
-run pe2-moe 120 env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n 2 "$bin/spmd" moe::
-run pe2-moe-forced-rma 120 env SHMEM_FORCE_RMA=1 SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n 2 "$bin/spmd" moe::
-run pe2-moe_server 90 "$bin/shmemrun" -n 2 --tag-output "$bin/moe_server"
+moe_tests_2
 mps_off
 mps_on 4
 run pe4-moe 180 env SHMEM_HEAP_SIZE=1G "$bin/shmemrun" -n 4 "$bin/spmd" moe::

@@ -14,15 +14,10 @@ ab_reps 1 3
 run pe1-moe 100 env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n 1 "$bin/spmd" moe::
 mps_on 2
 ab_reps 2 3
-run pe2-moe 120 env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n 2 "$bin/spmd" moe::
-run pe2-moe-forced-rma 120 env SHMEM_FORCE_RMA=1 SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n 2 "$bin/spmd" moe::
-run pe2-moe_server 90 "$bin/shmemrun" -n 2 --tag-output "$bin/moe_server"
+moe_tests_2
 mps_off
 mps_on 3
 run pe3-moe 180 env SHMEM_HEAP_SIZE=1G "$bin/shmemrun" -n 3 "$bin/spmd" moe::
 mps_off
-OUT=$dest/r/san SHMEM_GPU_PES=2 SAN_JOBS=4 SAN_TIMEOUT=200 \
-    SANITIZE_TESTS='^moe::((plan_then_move::|lines::)?(all_to_all_v|all_to_all_v_2d|all_to_all_v_2d_offset)|errors::(negative_offset|offsets_out_of_order|output_overflow_by_padding|bad_on_one_pe)|dispatch_then_combine_ops)$' \
-    timeout 260 bash "$here/gpu-run.sh" --share --sanitize >"$dest/r/san.log" 2>&1
-echo "== san: rc $?" >>"$log"
+sanitize_forms
 pack
