@@ -176,8 +176,8 @@ tune() {
             --json "$out/tune-moe-${kib}k.jsonl"
     done
     step tune-moe-lines "${bench[@]}" "${moe[@]}" --impl shmem-lines --json "$out/tune-moe-lines.jsonl"
-    step tune-moe-lines-8k "${bench[@]}" "${moe[@]}" --impl shmem-lines --moe-block-bytes 8K \
-        --json "$out/tune-moe-lines-8k.jsonl"
+    step tune-moe-lines-32k "${bench[@]}" "${moe[@]}" --impl shmem-lines --moe-block-bytes 32K \
+        --json "$out/tune-moe-lines-32k.jsonl"
     unset STEP_TIMEOUT
 }
 

@@ -225,7 +225,11 @@ pub struct Tuning {
     /// The MoE all-to-all-v: bytes of the busiest PE's rows per working
     /// data block, which sets how many blocks move the rows: by default
     /// 32 KiB; at least 16. In [`MoeKernels::Lines`], where every block
-    /// works, bytes of the input (rows it can hold) per block.
+    /// works, bytes of the input (rows it can hold) per block: by default
+    /// 7680 (one pass of the block's warps, 4 lines of 120 bytes each),
+    /// on at most 7/8 of the fewest SMs a PE's GPU gives it (under CUDA
+    /// MPS, its share), so that every block runs at once. Either way at
+    /// most 128 blocks.
     pub moe_block_bytes: Option<usize>,
     /// The largest input (bytes of rows a PE's input holds) for which
     /// [`MoeKernels::Auto`] moves the rows in lines

@@ -73,6 +73,14 @@ const FOLLOWS_STREAM: [&str; 7] = [
 /// unless tuned (the kernels keep as many working as the busiest PE's
 /// bytes need: `a2av_active` in `moe.cu`).
 const A2AV_BYTES_PER_BLOCK: usize = 32 << 10;
+/// Input bytes per block of the MoE line kernel's grid unless tuned: one
+/// pass of its 16 warps, 4 lines of 120 data bytes each (`Lines` in
+/// `common.cuh`), so that a warp's lines leave in one pass where the grid
+/// allows. Against 32 KiB a block on one H100 (docs/perf.md, session 15,
+/// tokens of 7168 bf16): at 1 PE 5–10 % faster at 1 and 32 tokens (but
+/// the combine of 1 token 5 % slower), within 3 % at 128; at 2 PEs sharing
+/// the GPU 13–22 % faster at 1 to 32 tokens, within 1.5 % at 128.
+const A2AV_LINES_BYTES_PER_BLOCK: usize = 16 * 4 * 120;
 /// Most experts per PE of the MoE line kernel: a warp works out a
 /// destination's chunks a lane each (`A2avLines::warp_chunks` in `moe.cu`).
 const A2AV_LINES_MAX_EXPERTS: usize = 32;
@@ -389,6 +397,10 @@ pub(crate) struct Kernels {
     views: Mutex<HashMap<(usize, bool), View>>,
     /// Where the MoE kernels record a failed check.
     a2av_error: HostRecord,
+    /// The fewest SMs any PE's GPU gives it (under CUDA MPS, its share),
+    /// agreed when the kernels are loaded: the MoE line kernel's grid
+    /// stays within 7/8 of them (`Kernels::all_to_all_v`).
+    sms: usize,
 }
 
 /// How a reduction runs.
@@ -436,6 +448,7 @@ impl Kernels {
             layout,
             views: Mutex::new(HashMap::new()),
             a2av_error: HostRecord::new()?,
+            sms: g.cuda.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as usize,
         };
         k.selfcheck(g, me, n)?;
         let world: Vec<usize> = (0..n).collect();
@@ -444,6 +457,16 @@ impl Kernels {
             k.add_view(g, 1, node, me, force)?;
         }
         Ok(k)
+    }
+
+    /// This PE's GPU's SMs (its share under CUDA MPS), before the PEs agree.
+    pub(crate) fn sms(&self) -> usize {
+        self.sms
+    }
+
+    /// The fewest SMs of every PE's GPU, agreed by every PE ([`Kernels::sms`]).
+    pub(crate) fn set_world_sms(&mut self, sms: usize) {
+        self.sms = sms.max(1);
     }
 
     /// Makes the views of a new team on `slot` (both RMA settings) after
@@ -1039,9 +1062,16 @@ impl Kernels {
             };
         // The blocks, by what the input can hold (the line kernel: all of
         // them work).
-        let per = settings.tuning.moe_block_bytes.map_or(A2AV_BYTES_PER_BLOCK, |b| b.max(16));
+        let tuned = settings.tuning.moe_block_bytes.map(|b| b.max(16));
         if lines {
-            a.blocks = in_bytes.div_ceil(per).clamp(1, MAX_BLOCKS) as i32;
+            // Every block of the line kernel waits for the peers' lines
+            // from its start, so all of them must be resident at once on
+            // every PE: within 7/8 of the SMs. (At 2 PEs sharing an H200
+            // under MPS, 66 SMs each, grids of 56 blocks took 128 tokens
+            // in 9 µs, of 66 in 13: the two PEs' grids filled the GPU.)
+            let per = tuned.unwrap_or(A2AV_LINES_BYTES_PER_BLOCK);
+            let resident = (self.sms - self.sms / 8).clamp(1, MAX_BLOCKS);
+            a.blocks = in_bytes.div_ceil(per).clamp(1, resident) as i32;
             let name = A2AV_LINES[a.kind as usize];
             // SAFETY: (TeamSync, A2av) as the kernel declares; the regions
             // were checked on the host, the splits are checked on the
@@ -1050,6 +1080,7 @@ impl Kernels {
         }
         // The other kernels keep as many working as what is sent needs
         // (`a2av_active`; the idle ones skip their channel).
+        let per = tuned.unwrap_or(A2AV_BYTES_PER_BLOCK);
         let blocks = in_bytes.div_ceil(per).clamp(1, most);
         a.block_bytes = per as u64;
         a.blocks = blocks as i32;
