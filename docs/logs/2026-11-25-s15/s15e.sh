@@ -11,19 +11,4 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../.gpu-bundle" && pwd)
 . "$here/../docs/logs/2026-11-25-s12/common.sh"
 . "$here/../docs/logs/2026-11-25-s14/common.sh"
 . "$here/../docs/logs/2026-11-25-s15/common.sh"
-unpack_old
-ab_reps 1 3
-ab_topk 1 8
-ab_large 1
-run pe1-moe 100 env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n 1 "$bin/spmd" moe::
-mps_on 2
-ab_reps 2 3
-ab_topk 2 8
-ab_large 2
-moe_tests_2
-mps_off
-mps_on 3
-ab_reps 3 1
-run pe3-moe 150 env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n 3 "$bin/spmd" moe::
-mps_off
-pack
+grid_steps 3
