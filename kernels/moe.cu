@@ -705,7 +705,6 @@ namespace k {
 // whose peers are all reached over NVLink, n × w ≤ kA2avPacketWords; a
 // kernel for each kind (`shmem_a2av_fused_*` below).
 template <int K> __device__ __forceinline__ void a2av_fused(const TeamSync &team, const A2av &a) {
-    follow_stream();
     phase_begin("fused");
     extern __shared__ uint64_t shared_table[];
     // The peers' heap bases, read at every send: in shared memory.
@@ -762,15 +761,19 @@ template <int K> __device__ __forceinline__ void a2av_fused(const TeamSync &team
 }  // namespace shmem
 
 // A kernel for each kind, NAME_v, NAME_2d and NAME_2d_offset, each BODY
-// made for its kind (`A2AV_FUSED` and `A2AV_LINES` in kernels.rs).
+// made for its kind (`A2AV_FUSED` and `A2AV_LINES` in kernels.rs), after
+// the wait for the kernel before it (launched as a dependent launch).
 #define SHMEM_A2AV_KERNELS(NAME, BODY)                                                     \
     extern "C" __global__ void __launch_bounds__(512) NAME##_v(TeamSync t, A2av a) {       \
+        shmem::k::follow_stream();                                                         \
         BODY<shmem::k::A2avV>(t, a);                                                       \
     }                                                                                      \
     extern "C" __global__ void __launch_bounds__(512) NAME##_2d(TeamSync t, A2av a) {      \
+        shmem::k::follow_stream();                                                         \
         BODY<shmem::k::A2av2d>(t, a);                                                      \
     }                                                                                      \
     extern "C" __global__ void __launch_bounds__(512) NAME##_2d_offset(TeamSync t, A2av a) { \
+        shmem::k::follow_stream();                                                         \
         BODY<shmem::k::A2av2dOffset>(t, a);                                                \
     }
 
@@ -935,7 +938,6 @@ template <int K> struct A2avLines {
 // collectives reuse it (every operation sends every peer its splits). A
 // kernel for each kind (`shmem_a2av_lines_*` below).
 template <int K> __device__ __forceinline__ void a2av_lines(const TeamSync &team, const A2av &a) {
-    follow_stream();
     phase_begin("lines");
     extern __shared__ uint64_t shared_table[];
     A2avTable tb = a2av_shared_table<K>(team, a, shared_table);
