@@ -227,8 +227,8 @@ pub struct Tuning {
     /// 32 KiB; at least 16. In [`MoeKernels::Lines`], where every block
     /// works, bytes of the input (rows it can hold) per block: by default
     /// 7680 (one pass of the block's warps, 4 lines of 120 bytes each),
-    /// on at most 7/8 of the fewest SMs a PE's GPU gives it (under CUDA
-    /// MPS, its share), so that every block runs at once. Either way at
+    /// on no more blocks than every PE's GPU runs at once (a block an SM;
+    /// under CUDA MPS, a PE's share of them less an eighth). Either way at
     /// most 128 blocks.
     pub moe_block_bytes: Option<usize>,
     /// The largest input (bytes of rows a PE's input holds) for which

@@ -397,10 +397,11 @@ pub(crate) struct Kernels {
     views: Mutex<HashMap<(usize, bool), View>>,
     /// Where the MoE kernels record a failed check.
     a2av_error: HostRecord,
-    /// The fewest SMs any PE's GPU gives it (under CUDA MPS, its share),
-    /// agreed when the kernels are loaded: the MoE line kernel's grid
-    /// stays within 7/8 of them (`Kernels::all_to_all_v`).
-    sms: usize,
+    /// Blocks of a kernel (of 512 threads, one an SM) resident at once on
+    /// every PE's GPU, agreed when the kernels are loaded
+    /// ([`Kernels::set_resident_blocks`]): the MoE line kernel's grid
+    /// stays within them (`Kernels::all_to_all_v`). Before, this PE's SMs.
+    resident_blocks: usize,
 }
 
 /// How a reduction runs.
@@ -448,7 +449,8 @@ impl Kernels {
             layout,
             views: Mutex::new(HashMap::new()),
             a2av_error: HostRecord::new()?,
-            sms: g.cuda.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as usize,
+            resident_blocks: g.cuda.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1)
+                as usize,
         };
         k.selfcheck(g, me, n)?;
         let world: Vec<usize> = (0..n).collect();
@@ -459,14 +461,19 @@ impl Kernels {
         Ok(k)
     }
 
-    /// This PE's GPU's SMs (its share under CUDA MPS), before the PEs agree.
+    /// This PE's GPU's SMs (under CUDA MPS, its share), until
+    /// [`Kernels::set_resident_blocks`].
     pub(crate) fn sms(&self) -> usize {
-        self.sms
+        self.resident_blocks
     }
 
-    /// The fewest SMs of every PE's GPU, agreed by every PE ([`Kernels::sms`]).
-    pub(crate) fn set_world_sms(&mut self, sms: usize) {
-        self.sms = sms.max(1);
+    /// The blocks resident at once on every PE's GPU, agreed by every PE:
+    /// the fewest of each PE's SMs, less an eighth where PEs share a GPU
+    /// (under MPS their grids must fit it together: at 2 PEs sharing an
+    /// H200, 66 SMs each, the MoE line kernel took 128 tokens in 9 µs on
+    /// grids of 56 blocks, in 13 on 66).
+    pub(crate) fn set_resident_blocks(&mut self, blocks: usize) {
+        self.resident_blocks = blocks.max(1);
     }
 
     /// Makes the views of a new team on `slot` (both RMA settings) after
@@ -1065,13 +1072,10 @@ impl Kernels {
         let tuned = settings.tuning.moe_block_bytes.map(|b| b.max(16));
         if lines {
             // Every block of the line kernel waits for the peers' lines
-            // from its start, so all of them must be resident at once on
-            // every PE: within 7/8 of the SMs. (At 2 PEs sharing an H200
-            // under MPS, 66 SMs each, grids of 56 blocks took 128 tokens
-            // in 9 µs, of 66 in 13: the two PEs' grids filled the GPU.)
+            // from its start: all of them resident at once on every PE.
             let per = tuned.unwrap_or(A2AV_LINES_BYTES_PER_BLOCK);
-            let resident = (self.sms - self.sms / 8).clamp(1, MAX_BLOCKS);
-            a.blocks = in_bytes.div_ceil(per).clamp(1, resident) as i32;
+            let most = self.resident_blocks.clamp(1, MAX_BLOCKS);
+            a.blocks = in_bytes.div_ceil(per).clamp(1, most) as i32;
             let name = A2AV_LINES[a.kind as usize];
             // SAFETY: (TeamSync, A2av) as the kernel declares; the regions
             // were checked on the host, the splits are checked on the

@@ -283,21 +283,23 @@ impl GpuWorld {
             Err(Error::BackendUnavailable(m)) if m.contains("built without") => Ok(None),
             other => other.map(Some),
         };
-        // Whether this PE has the kernels, and its GPU's SMs.
+        // Whether this PE has the kernels, and the blocks its GPU holds at
+        // once (`Kernels::set_resident_blocks`).
         let (mine, loaded) = match loaded {
             Ok(k) => {
+                let sms = k.as_ref().map_or(0, |k| k.sms());
+                let resident = if pes_per_gpu > 1 { sms - sms / 8 } else { sms };
                 let mut word = vec![k.is_some() as u8];
-                word.extend((k.as_ref().map_or(0, |k| k.sms()) as u32).to_le_bytes());
+                word.extend((resident as u32).to_le_bytes());
                 (Ok(word), k)
             }
             Err(e) => (Err(e), None),
         };
         let usable = agree_ok(boot, mine, "loading the device kernels")?;
-        // Every PE runs the kernels, or none does; the fewest SMs size the
-        // MoE line kernel's grid (the same on every PE).
-        let sms = usable.iter().filter_map(|u| Some(u32::from_le_bytes(u.get(1..5)?.try_into().ok()?))).min();
+        // Every PE runs the kernels, or none does, with the same grids.
+        let resident = usable.iter().filter_map(|u| Some(u32::from_le_bytes(u.get(1..5)?.try_into().ok()?))).min();
         world.kernels = loaded.filter(|_| usable.iter().all(|u| u.first() == Some(&1))).map(|mut k| {
-            k.set_world_sms(sms.unwrap_or(1) as usize);
+            k.set_resident_blocks(resident.unwrap_or(1) as usize);
             k
         });
         Ok(world)
