@@ -78,7 +78,8 @@ const A2AV_BYTES_PER_BLOCK: usize = 32 << 10;
 /// `common.cuh`), so that a warp's lines leave in one pass where the grid
 /// allows. Against 32 KiB a block on one H100 (docs/perf.md, session 15,
 /// tokens of 7168 bf16): at 1 PE 5–10 % faster at 1 and 32 tokens (but
-/// the combine of 1 token 5 % slower), within 3 % at 128; at 2 PEs sharing
+/// the combine of 1 token 5 % slower), and at 128 on 128 blocks 3.6–6.8 %
+/// faster than on 116 (which were within 3 % of 32 KiB); at 2 PEs sharing
 /// the GPU 13–22 % faster at 1 to 32 tokens, within 1.5 % at 128.
 const A2AV_LINES_BYTES_PER_BLOCK: usize = 16 * 4 * 120;
 /// Most experts per PE of the MoE line kernel: a warp works out a
