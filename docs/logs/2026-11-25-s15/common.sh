@@ -35,3 +35,12 @@ grid_steps() {
     mps_off
     pack
 }
+# Runs 1 and 6's first steps (inline in their drivers when they ran; the
+# same commands): the A/B at 1 PE, three repetitions and 8 experts a token
+# once, and the new build's `moe::` at 1 PE.
+ab_one_pe() {
+    unpack_old
+    ab_reps 1 3
+    ab_topk 1 8
+    run pe1-moe 100 env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n 1 "$bin/spmd" moe::
+}
