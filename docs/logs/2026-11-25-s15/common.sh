@@ -1,8 +1,12 @@
-# Sourced by this session's drivers, after sessions 12's and 14's
-# common.sh: `ab_large PES`, the one kernel's MoE bench of 4096 tokens at
-# PES PEs, the old build then the new, once each (files
+# Sourced by this session's drivers (from s15a.sh on, but for s15b.sh
+# and s15c.sh): sessions 12's and 14's common.sh (the box's environment,
+# `run`, MPS, `pack`; `ab_reps`, `ab_topk`, `moe_tests_2`,
+# `sanitize_forms`), then `ab_large PES`, the one kernel's MoE bench of
+# 4096 tokens at PES PEs, the old build then the new, once each (files
 # PES-{old,new}1-large: ab.py reads them as one more set). (Run 4's driver
 # had it inline as `large` when it ran; the same commands.)
+. "$here/../docs/logs/2026-11-25-s12/common.sh"
+. "$here/../docs/logs/2026-11-25-s14/common.sh"
 ab_large() {
     local p=$1 v b
     for v in old new; do

@@ -7,7 +7,5 @@
 # 8 experts a token once each; the new build's `moe::` at 1 PE, at 2
 # shared both ways and at 3 shared, `moe_server` at 2.
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../.gpu-bundle" && pwd)
-. "$here/../docs/logs/2026-11-25-s12/common.sh"
-. "$here/../docs/logs/2026-11-25-s14/common.sh"
 . "$here/../docs/logs/2026-11-25-s15/common.sh"
 grid_steps

@@ -7,8 +7,6 @@
 # PEs sharing the GPU (the same grids: both builds 57 blocks); the new
 # build's `moe::` at 1 PE and at 2 shared both ways, `moe_server` at 2.
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../.gpu-bundle" && pwd)
-. "$here/../docs/logs/2026-11-25-s12/common.sh"
-. "$here/../docs/logs/2026-11-25-s14/common.sh"
 . "$here/../docs/logs/2026-11-25-s15/common.sh"
 ab_one_pe
 mps_on 2
