@@ -33,7 +33,7 @@ strip --strip-debug .gpu-bundle/bin/*
 # is 64 MiB). gpu-run.sh unpacks it.
 tar -C .gpu-bundle -cf - bin | xz -T1 --lzma2=preset=6,dict=192MiB >.gpu-bundle/bin.tar.xz
 rm -rf .gpu-bundle/bin
-cp ci/gpu-run.sh .gpu-bundle/
+cp ci/gpu-run.sh ci/targets.py .gpu-bundle/
 # PyTorch's MoE dispatch, which moe_torch_check compares ours with (run there under torchrun).
 cp ci/torch_a2av_2d.py .gpu-bundle/
 du -sh .gpu-bundle

@@ -9,7 +9,8 @@
 # example; with --sanitize, only the SPMD suite under compute-sanitizer;
 # with --tune, only the kernels' tuning sweep; with --share, any of these
 # with the PEs sharing the box's GPUs under CUDA MPS, for a box with fewer
-# GPUs than PEs, less what needs NCCL).
+# GPUs than PEs, less what needs NCCL). Where it wrote benchmark rows, the
+# issues' targets met or missed by them are in targets.txt (targets.py).
 # Finds the box's NVSHMEM by itself. Logs go to $OUT (or ./gpu-out); exits
 # non-zero if any step failed.
 set -uo pipefail
@@ -144,8 +145,8 @@ each_test() {
 # other collectives with the low-latency kernels to 1 MiB on 64 blocks,
 # and in lines at every size (--ll-lines-min-bytes 0);
 # the MoE dispatch with 32, 16 and 8 KiB of rows a block, and in 128-byte
-# lines (shmem-lines, where the input fits) with 32 and 8 KiB of input a
-# block (56 and 128 blocks at 128 tokens). NCCL
+# lines (shmem-lines, where the input fits) with its default of 7680 bytes
+# of input a block and with 32 KiB (128 and 56 blocks at 128 tokens). NCCL
 # beside the defaults only. Rows in $out/tune-*.jsonl.
 tune() {
     local ar=(--op all_reduce --dtype bf16 --min-bytes 32K --max-bytes 1M --graph)
@@ -487,8 +488,19 @@ for arg in "$@"; do
         STEP_TIMEOUT=${BENCH_TIMEOUT:-420} step bench "$bin/shmemrun" -n "$pes" "$bin/shmem-bench" --backend gpu \
             --op all --dtype f32,bf16 --max-bytes "${BENCH_MAX_BYTES:-256M}" \
             --graph --graph-max-bytes "${BENCH_GRAPH_MAX_BYTES:-1M}" --json "$out/bench.jsonl"
+        # The all-gather target: 256 MiB a rank (`bytes` is the whole output).
+        STEP_TIMEOUT=${BENCH_TIMEOUT:-300} step bench-ag-target "$bin/shmemrun" -n "$pes" "$bin/shmem-bench" --backend gpu \
+            --op all_gather --dtype bf16 --min-bytes "$((pes * 256))M" --max-bytes "$((pes * 256))M" --impl shmem,nccl \
+            --json "$out/bench-ag-target.jsonl"
     fi
 done
+
+# The issues' targets, met or missed, from every row this run wrote (and
+# the tuning sweep's choices): targets.txt.
+if [[ -z $share ]] && compgen -G "$out/*.jsonl" >/dev/null && command -v python3 >/dev/null; then
+    python3 "$here/targets.py" "$out" >"$out/targets.txt" 2>&1
+    cat "$out/targets.txt" >>"$log"
+fi
 
 printf '\n' | tee -a "$log"
 if ((${#failed[@]})); then

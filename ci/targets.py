@@ -1,0 +1,273 @@
+#!/usr/bin/env python3
+"""The issues' performance targets against a GPU run's benchmark rows.
+
+    python3 ci/targets.py DIR_OR_JSONL...
+
+Reads every shmem-bench JSON row (one object a line) in the files given, or
+in the *.jsonl files of the folders given (gpu-run.sh's --bench, --moe and
+--tune write them under $OUT), keeps the rows of the most PEs measured, and
+prints:
+
+- each target of the kernels and MoE issues, met or missed, with the row
+  that decides it and NCCL's time from the same file where it ran;
+- the sizes where shmem's default is slower than NCCL in the same file;
+- from the tuning sweep (tune-*.jsonl), the fastest setting at each size,
+  and what the two defaults that wait for a two-GPU run would be:
+  `Tuning::low_latency_lines_min_bytes` (the smallest all-reduce size from
+  which the 128-byte lines beat the default at every larger size measured)
+  and `Tuning::moe_lines_max_bytes` (the largest input at which the MoE
+  line kernel beats the one kernel, with every smaller one).
+
+Times are medians in µs as shmem-bench reports them; graph rows where both
+exist, as the targets were set on graph replays (the bandwidth targets on
+the faster of the two). Nothing is averaged across files: each row names
+its file.
+"""
+import collections
+import glob
+import json
+import os
+import sys
+
+KIB, MIB = 1 << 10, 1 << 20
+ROW_BYTES = 7168 * 2  # the MoE rows of the targets: 7168 bf16
+
+
+def load(paths):
+    rows = []
+    for p in paths:
+        files = sorted(glob.glob(os.path.join(p, "*.jsonl"))) if os.path.isdir(p) else [p]
+        for f in files:
+            for line in open(f):
+                line = line.strip()
+                if not line.startswith("{"):
+                    continue
+                r = json.loads(line)
+                if "time_us" in r and "op" in r:
+                    r["file"] = os.path.basename(f)
+                    rows.append(r)
+    return rows
+
+
+def fmt_bytes(b):
+    for unit, size in (("MiB", MIB), ("KiB", KIB)):
+        if b >= size and b % size == 0:
+            return f"{b // size} {unit}"
+    return f"{b} B"
+
+
+class Rows:
+    def __init__(self, rows):
+        self.rows = rows
+
+    def pick(self, file=None, **want):
+        """Rows with these fields, from `file` (a name prefix) if given."""
+        out = []
+        for r in self.rows:
+            if file is not None and not r["file"].startswith(file):
+                continue
+            if all(r.get(k) == v for k, v in want.items()):
+                out.append(r)
+        return out
+
+    def best(self, tuned=False, **want):
+        """The fastest graph row with these fields (else the fastest eager
+        one): of the defaults' files (every file but the tuning sweep's
+        settings other than its `-default` rows), or with `tuned` of every
+        file and every shmem form (`impl` shmem-ll128, shmem-lines, …)."""
+        if tuned and want.get("impl") == "shmem":
+            want = {k: v for k, v in want.items() if k != "impl"}
+            rows = [r for r in self.pick(**want) if r["impl"].startswith("shmem")]
+        else:
+            rows = [r for r in self.pick(**want) if tuned or is_default(r)]
+        graph = [r for r in rows if r.get("graph")]
+        rows = graph or rows
+        return min(rows, key=lambda r: r["time_us"]) if rows else None
+
+    def beside(self, r, impl="nccl"):
+        """The same measurement by `impl` from r's file."""
+        same = self.pick(file=r["file"], op=r["op"], impl=impl, bytes=r["bytes"], graph=r.get("graph"))
+        same = [x for x in same if x.get("dtype") == r.get("dtype") and x.get("tokens") == r.get("tokens")]
+        return same[0] if same else None
+
+
+def is_default(r):
+    """Whether a row is of shmem's default settings (gpu-run.sh's tune-*
+    files other than tune-*-default set a knob)."""
+    f = r["file"]
+    return not f.startswith("tune-") or "-default" in f
+
+
+def describe(rs, r):
+    if r is None:
+        return "not measured"
+    mode = "graph" if r.get("graph") else "eager"
+    s = f"{r['time_us']:.2f} µs ({r['impl']}, {mode}, {r['file']})"
+    n = rs.beside(r)
+    if n is not None:
+        s += f"; NCCL {n['time_us']:.2f} µs"
+    return s
+
+
+def with_tuned(rs, r, **want):
+    """`describe` of r, and of the fastest tuned row where it is faster."""
+    s = describe(rs, r)
+    t = rs.best(tuned=True, **want)
+    if t is not None and (r is None or t["time_us"] < r["time_us"]):
+        s += f" (tuned: {t['time_us']:.2f} µs, {t['impl']}, {t['file']})"
+    return s
+
+
+def verdict(ok):
+    return "met" if ok else "MISSED"
+
+
+def targets(rs, pes):
+    print(f"# Targets at {pes} PEs\n")
+    lines = []
+    # Kernels issue: all-reduce bf16.
+    ar = dict(op="all_reduce", impl="shmem", dtype="bf16", pes=pes)
+    small = [rs.best(bytes=b, **ar) for b in sorted({r["bytes"] for r in rs.pick(**ar) if r["bytes"] <= 4 * KIB})]
+    small = [r for r in small if r is not None]
+    if small:
+        worst = max(small, key=lambda r: r["time_us"])
+        lines.append(("all-reduce ≤ 3 µs at ≤ 4 KiB", worst["time_us"] <= 3.0, f"slowest size {fmt_bytes(worst['bytes'])}: " + describe(rs, worst)))
+    else:
+        lines.append(("all-reduce ≤ 3 µs at ≤ 4 KiB", None, "not measured"))
+    r = rs.best(bytes=MIB, **ar)
+    lines.append(("all-reduce ≤ 6 µs at 1 MiB", r and r["time_us"] <= 6.0, with_tuned(rs, r, bytes=MIB, **ar)))
+    big = rs.pick(bytes=256 * MIB, **ar)
+    r = max(big, key=lambda x: x["busbw_gbps"]) if big else None
+    lines.append(("all-reduce ≥ 360 GB/s busbw at 256 MiB", r and r["busbw_gbps"] >= 360.0,
+                  (f"{r['busbw_gbps']:.1f} GB/s, " + describe(rs, r)) if r else "not measured"))
+    # All-gather of 256 MiB per rank: `bytes` is the whole output.
+    ag = [x for x in rs.pick(op="all_gather", impl="shmem", pes=pes)]
+    want = [x for x in ag if x["bytes"] == pes * 256 * MIB]
+    if want:
+        r = min(want, key=lambda x: x["time_us"])
+        lines.append(("all-gather of 256 MiB a rank ≤ 760 µs", r["time_us"] <= 760.0, describe(rs, r)))
+    elif ag:
+        r = max(ag, key=lambda x: (x["bytes"], -x["time_us"]))
+        scaled = r["time_us"] * pes * 256 * MIB / r["bytes"]
+        lines.append(("all-gather of 256 MiB a rank ≤ 760 µs", None,
+                      f"not measured; the largest, {fmt_bytes(r['bytes'] // pes)} a rank: {describe(rs, r)} "
+                      f"(scaled by bytes: about {scaled:.0f} µs)"))
+    else:
+        lines.append(("all-gather of 256 MiB a rank ≤ 760 µs", None, "not measured"))
+    # MoE issue: dispatch of 4096 and 128 tokens, combine within 10 %.
+    for tokens, limit in ((4096, 95.0), (128, 10.0)):
+        want = dict(op="dispatch", impl="shmem", tokens=tokens, pes=pes, topk=1)
+        d = rs.best(**want)
+        lines.append((f"MoE dispatch of {tokens} tokens ≤ {limit:g} µs", d and d["time_us"] <= limit,
+                      with_tuned(rs, d, **want)))
+        dl = rs.best(tuned=True, op="dispatch", impl="shmem-lines", tokens=tokens, pes=pes, topk=1)
+        if dl is not None:
+            lines.append((f"MoE dispatch of {tokens} tokens ≤ {limit:g} µs in the line kernel (asked for)",
+                          dl["time_us"] <= limit, describe(rs, dl)))
+        c = rs.best(op="combine", impl="shmem", tokens=tokens, pes=pes, topk=1)
+        if d is not None and c is not None:
+            lines.append((f"MoE combine of {tokens} tokens within 10 % of dispatch", c["time_us"] <= 1.1 * d["time_us"],
+                          f"{c['time_us']:.2f} against {d['time_us']:.2f} µs ({c['time_us'] / d['time_us']:.2f}×)"))
+    for name, ok, what in lines:
+        mark = "-" if ok is None else verdict(ok)
+        print(f"- {name}: {mark}: {what}")
+
+
+def against_nccl(rs, pes):
+    """Sizes where shmem's default is slower than NCCL in the same file."""
+    slower, total = [], 0
+    for r in filter(is_default, rs.pick(impl="shmem", pes=pes)):
+        n = rs.beside(r)
+        if n is None:
+            continue
+        total += 1
+        if r["time_us"] > n["time_us"]:
+            slower.append((r, n))
+    print(f"\n# shmem's default against NCCL in the same run: {total - len(slower)} of {total} at least as fast\n")
+    for r, n in sorted(slower, key=lambda x: (x[0]["op"], x[0].get("dtype", ""), x[0]["bytes"])):
+        mode = "graph" if r.get("graph") else "eager"
+        size = f"{r['tokens']} tokens" if "tokens" in r else fmt_bytes(r["bytes"])
+        print(f"- {r['op']} {r.get('dtype', '')} {size} {mode}: {r['time_us']:.2f} against {n['time_us']:.2f} µs "
+              f"({n['time_us'] / r['time_us']:.2f}×, {r['file']})")
+
+
+def tuning(rs, pes):
+    tune = [r for r in rs.rows if r["file"].startswith("tune-") and r.get("pes") == pes and r.get("graph")]
+    if not tune:
+        return
+    print("\n# Tuning sweep (graph replays): the fastest setting at each size\n")
+    by = collections.defaultdict(list)
+    for r in tune:
+        if r["impl"] == "nccl":
+            continue
+        setting = r["file"][len("tune-"):-len(".jsonl")] + ("" if r["impl"] == "shmem" else f" ({r['impl']})")
+        size = r.get("tokens", r["bytes"])
+        by[(r["op"], r.get("dtype"), size)].append((r["time_us"], setting))
+    for (op, dtype, size), got in sorted(by.items()):
+        got.sort()
+        label = f"{size} tokens" if op == "dispatch" else fmt_bytes(size)
+        rest = ", ".join(f"{s} {t:.2f}" for t, s in got[1:4])
+        print(f"- {op} {dtype} {label}: {got[0][1]} {got[0][0]:.2f} µs" + (f" (then {rest})" if rest else ""))
+
+    # Tuning::low_latency_lines_min_bytes: the all-reduce in lines against
+    # the default, size by size.
+    def times(file_prefix, op, impl):
+        out = {}
+        for r in tune:
+            if r["file"].startswith(file_prefix) and r["op"] == op and r["impl"] == impl:
+                out[r["bytes"]] = min(out.get(r["bytes"], 1e30), r["time_us"])
+        return out
+
+    default = times("tune-ar-default", "all_reduce", "shmem")
+    lines = {}
+    for r in tune:
+        if r["op"] == "all_reduce" and r["impl"] == "shmem-ll128":
+            lines[r["bytes"]] = min(lines.get(r["bytes"], 1e30), r["time_us"])
+    sizes = sorted(set(default) & set(lines))
+    if sizes:
+        from_size = None
+        for b in reversed(sizes):
+            if lines[b] < default[b]:
+                from_size = b
+            else:
+                break
+        said = fmt_bytes(from_size) if from_size is not None else "never (the lines are slower at the largest size)"
+        print(f"\nTuning::low_latency_lines_min_bytes, by these rows: {said}")
+    # Tuning::moe_lines_max_bytes: the line kernel against the one kernel.
+    one = {r["tokens"]: r["time_us"] for r in tune if r["file"].startswith("tune-moe-default") and r["impl"] == "shmem"}
+    lin = {r["tokens"]: r["time_us"] for r in tune if r["file"].startswith("tune-moe-lines.") and r["impl"] == "shmem-lines"}
+    toks = sorted(set(one) & set(lin))
+    if toks:
+        upto = None
+        for t in toks:
+            if lin[t] < one[t]:
+                upto = t
+            else:
+                break
+        if upto is None:
+            print("Tuning::moe_lines_max_bytes, by these rows: never (the one kernel is faster at the fewest tokens)")
+        else:
+            later = [t for t in toks if t > upto]
+            below = f", below {later[0] * ROW_BYTES} ({later[0]} tokens)" if later else ""
+            print(f"Tuning::moe_lines_max_bytes, by these rows: at least {upto * ROW_BYTES} bytes of input "
+                  f"({upto} tokens of 7168 bf16){below}")
+
+
+def main(argv):
+    if len(argv) < 2 or argv[1] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0 if len(argv) >= 2 else 2
+    rs = Rows(load(argv[1:]))
+    if not rs.rows:
+        print("targets: no benchmark rows found in " + " ".join(argv[1:]), file=sys.stderr)
+        return 1
+    pes = max(r.get("pes", 1) for r in rs.rows)
+    rs.rows = [r for r in rs.rows if r.get("pes", 1) == pes]
+    targets(rs, pes)
+    against_nccl(rs, pes)
+    tuning(rs, pes)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
