@@ -442,6 +442,10 @@ if [[ -n $moe ]]; then
     torchrun=$(ls /opt/*/.venv/bin/torchrun 2>/dev/null | head -n 1)
     if [[ -n $share ]]; then
         echo "gpu-run: --share: the MoE bench rows and the PyTorch comparison (NCCL) are left out" | tee -a "$log"
+    elif ((pes < 2)); then
+        # torch.distributed._symmetric_memory.rendezvous refuses a group of one.
+        echo "gpu-run: the PyTorch comparison needs 2 PEs or more (PyTorch's symmetric memory refuses one rank): skipped" |
+            tee -a "$log"
     elif [[ -n $torchrun ]]; then
         cases=$(mktemp -d)
         STEP_TIMEOUT=${TORCH_TIMEOUT:-240} step torch-a2av-2d "$torchrun" --nproc-per-node "$pes" "$here/torch_a2av_2d.py" --out "$cases" \
