@@ -462,9 +462,9 @@ impl Kernels {
         Ok(k)
     }
 
-    /// This PE's GPU's SMs (under CUDA MPS, its share), until
-    /// [`Kernels::set_resident_blocks`].
-    pub(crate) fn sms(&self) -> usize {
+    /// The blocks resident at once: this PE's GPU's SMs (under CUDA MPS,
+    /// its share) until [`Kernels::set_resident_blocks`].
+    pub(crate) fn resident_blocks(&self) -> usize {
         self.resident_blocks
     }
 

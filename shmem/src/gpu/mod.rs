@@ -287,7 +287,7 @@ impl GpuWorld {
         // once (`Kernels::set_resident_blocks`).
         let (mine, loaded) = match loaded {
             Ok(k) => {
-                let sms = k.as_ref().map_or(0, |k| k.sms());
+                let sms = k.as_ref().map_or(0, |k| k.resident_blocks());
                 let resident = if pes_per_gpu > 1 { sms - sms / 8 } else { sms };
                 let mut word = vec![k.is_some() as u8];
                 word.extend((resident as u32).to_le_bytes());
