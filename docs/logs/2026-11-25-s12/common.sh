@@ -46,18 +46,30 @@ unpack_old() {
     mkdir -p "$here/old"
     tar -C "$here/old" -xJf "$here/old.tar.xz"
 }
-# The MoE forms' bench at PES PEs, each build twice, alternating.
-ab_moe() {
-    local p=$1 k v b
-    for k in 1 2; do
-        for v in old new; do
-            b=$here/bin
-            [[ $v == old ]] && b=$here/old/bin
-            run "pe$p-$v$k-moe" 60 "$b/shmemrun" -n "$p" "$b/shmem-bench" --backend gpu --op moe --tokens 1,32,128 --graph \
-                --impl shmem,shmem-lines --json "$dest/r/pe$p-$v$k-moe.jsonl"
-        done
+# `ab_each PATTERN LIMIT PES BENCH_ARGS...`: shmem-bench at PES PEs, the
+# old build then the new, once each, the step and its JSON named PATTERN
+# with {v} made old or new. (Later sessions' drivers call it; its callers
+# had the loop inline when they ran: the same commands.)
+ab_each() {
+    local pat=$1 limit=$2 p=$3 v b name
+    shift 3
+    for v in old new; do
+        b=$here/bin
+        [[ $v == old ]] && b=$here/old/bin
+        name=${pat//\{v\}/$v}
+        run "$name" "$limit" "$b/shmemrun" -n "$p" "$b/shmem-bench" --backend gpu "$@" --json "$dest/r/$name.jsonl"
     done
 }
+# `ab_reps PES REPS`: the MoE forms' bench at PES PEs, the two builds
+# alternating REPS times.
+ab_reps() {
+    local p=$1 k
+    for ((k = 1; k <= $2; k++)); do
+        ab_each "pe$p-{v}$k-moe" 60 "$p" --op moe --tokens 1,32,128 --graph --impl shmem,shmem-lines
+    done
+}
+# The MoE forms' bench at PES PEs, each build twice, alternating.
+ab_moe() { ab_reps "$1" 2; }
 pack() {
     tar -C "$dest" -czf "$dest/r.tgz" r && rm -rf "$dest/r"
 }

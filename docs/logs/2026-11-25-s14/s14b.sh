@@ -9,15 +9,7 @@
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../.gpu-bundle" && pwd)
 . "$here/../docs/logs/2026-11-25-s12/common.sh"
 . "$here/../docs/logs/2026-11-25-s14/common.sh"
-unpack_old
-ab_reps 1 3
-run pe1-moe 100 env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n 1 "$bin/spmd" moe::
-mps_on 2
-ab_reps 2 3
-moe_tests_2
-mps_off
-mps_on 3
-run pe3-moe 180 env SHMEM_HEAP_SIZE=1G "$bin/shmemrun" -n 3 "$bin/spmd" moe::
-mps_off
+ab_run
+moe_shared 3 180 1G
 sanitize_forms
 pack

@@ -10,29 +10,14 @@
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../.gpu-bundle" && pwd)
 . "$here/../docs/logs/2026-11-25-s12/common.sh"
 . "$here/../docs/logs/2026-11-25-s14/common.sh"
-unpack_old
-unpack_phases
+# The one kernel's 4096 tokens, the old build then the new.
 large() {
-    local p=$1 impls=$2 v b
-    for v in old new; do
-        b=$here/bin
-        [[ $v == old ]] && b=$here/old/bin
-        run "large-pe$p-$v" 120 "$b/shmemrun" -n "$p" "$b/shmem-bench" --backend gpu --op moe --tokens 4096 --graph \
-            --impl "$impls" --json "$dest/r/large-pe$p-$v.jsonl"
-    done
+    case $1 in
+    1) ab_each "large-pe1-{v}" 120 1 --op moe --tokens 4096 --graph --impl shmem,shmem-lines,nccl ;;
+    2) ab_each "large-pe2-{v}" 120 2 --op moe --tokens 4096 --graph --impl shmem,shmem-lines ;;
+    esac
 }
-ab_reps 1 3
-large 1 shmem,shmem-lines,nccl
-run pe1-moe 100 env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n 1 "$bin/spmd" moe::
-phases 1
-mps_on 2
-ab_reps 2 3
-large 2 shmem,shmem-lines
-moe_tests_2
-phases 2
-mps_off
-mps_on 3
-run pe3-moe 180 env SHMEM_HEAP_SIZE=1G "$bin/shmemrun" -n 3 "$bin/spmd" moe::
-mps_off
+ab_run --phases --then large
+moe_shared 3 180 1G
 sanitize_forms
 pack

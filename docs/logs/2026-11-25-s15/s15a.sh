@@ -9,11 +9,6 @@
 # the sanitizer over the three forms' tests.
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../.gpu-bundle" && pwd)
 . "$here/../docs/logs/2026-11-25-s15/common.sh"
-ab_one_pe
-mps_on 2
-ab_reps 2 3
-ab_topk 2 8
-moe_tests_2
-mps_off
+ab_run --topk
 sanitize_forms
 pack

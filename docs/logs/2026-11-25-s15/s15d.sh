@@ -8,4 +8,6 @@
 # shared both ways and at 3 shared, `moe_server` at 2.
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../.gpu-bundle" && pwd)
 . "$here/../docs/logs/2026-11-25-s15/common.sh"
-grid_steps
+ab_run --topk --then ab_large
+moe_shared 3 150 2G
+pack

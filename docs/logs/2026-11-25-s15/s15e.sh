@@ -9,4 +9,6 @@
 # `moe_server` at 2.
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../.gpu-bundle" && pwd)
 . "$here/../docs/logs/2026-11-25-s15/common.sh"
-grid_steps 3
+ab_run --topk --then ab_large
+moe_shared 3 150 2G ab_reps 3 1
+pack

@@ -8,9 +8,5 @@
 # build's `moe::` at 1 PE and at 2 shared both ways, `moe_server` at 2.
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../.gpu-bundle" && pwd)
 . "$here/../docs/logs/2026-11-25-s15/common.sh"
-ab_one_pe
-mps_on 2
-ab_reps 2 1
-moe_tests_2
-mps_off
+ab_run --topk1 --reps2 1
 pack
