@@ -214,18 +214,16 @@ def tuning(rs, pes):
 
     # Tuning::low_latency_lines_min_bytes: the all-reduce in lines against
     # the default, size by size.
-    def times(file_prefix, op, impl):
+    def times(file_prefix, op, impl, key="bytes"):
+        """The fastest time at each size (`key`) of these rows."""
         out = {}
         for r in tune:
             if r["file"].startswith(file_prefix) and r["op"] == op and r["impl"] == impl:
-                out[r["bytes"]] = min(out.get(r["bytes"], 1e30), r["time_us"])
+                out[r[key]] = min(out.get(r[key], 1e30), r["time_us"])
         return out
 
     default = times("tune-ar-default", "all_reduce", "shmem")
-    lines = {}
-    for r in tune:
-        if r["op"] == "all_reduce" and r["impl"] == "shmem-ll128":
-            lines[r["bytes"]] = min(lines.get(r["bytes"], 1e30), r["time_us"])
+    lines = times("tune-ar-ll128", "all_reduce", "shmem-ll128")
     sizes = sorted(set(default) & set(lines))
     if sizes:
         from_size = None
@@ -237,8 +235,8 @@ def tuning(rs, pes):
         said = fmt_bytes(from_size) if from_size is not None else "never (the lines are slower at the largest size)"
         print(f"\nTuning::low_latency_lines_min_bytes, by these rows: {said}")
     # Tuning::moe_lines_max_bytes: the line kernel against the one kernel.
-    one = {r["tokens"]: r["time_us"] for r in tune if r["file"].startswith("tune-moe-default") and r["impl"] == "shmem"}
-    lin = {r["tokens"]: r["time_us"] for r in tune if r["file"].startswith("tune-moe-lines.") and r["impl"] == "shmem-lines"}
+    one = times("tune-moe-default", "dispatch", "shmem", key="tokens")
+    lin = times("tune-moe-lines.", "dispatch", "shmem-lines", key="tokens")
     toks = sorted(set(one) & set(lin))
     if toks:
         upto = None
