@@ -248,6 +248,11 @@ struct Args {
     /// [default: none]
     #[arg(long, value_parser = parse_bytes)]
     moe_lines_max_bytes: Option<usize>,
+    /// GPU kernels' tuning: at 1 PE, the smallest collective (bytes of its
+    /// destination) copied by a copy engine rather than by a kernel (0:
+    /// every one) [default: 1M]
+    #[arg(long, value_parser = parse_bytes_or_zero)]
+    solo_ce_min_bytes: Option<usize>,
     /// ag_matmul, matmul_rs: rows of a (ag_matmul: once gathered, each PE's
     /// shard is m / PEs rows; matmul_rs: each PE's out is m / PEs rows)
     #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..))]
@@ -504,6 +509,7 @@ impl Args {
             push_blocks: self.push_blocks,
             moe_block_bytes: self.moe_block_bytes,
             moe_lines_max_bytes: self.moe_lines_max_bytes,
+            solo_copy_engine_min_bytes: self.solo_ce_min_bytes,
         }
     }
 }

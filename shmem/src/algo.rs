@@ -169,6 +169,16 @@ pub fn low_latency_blocks(bytes: usize, tuning: &Tuning) -> u32 {
     }
 }
 
+/// Smallest collective (bytes of its destination) that a team of one PE
+/// runs as a copy-engine copy (`cuMemcpyAsync` from its source) rather than
+/// by a kernel, under `tuning`; see [`Tuning::solo_copy_engine_min_bytes`].
+pub fn solo_copy_engine_min_bytes(tuning: &Tuning) -> usize {
+    tuning.solo_copy_engine_min_bytes.unwrap_or(SOLO_COPY_ENGINE_MIN_BYTES)
+}
+
+/// The default of [`solo_copy_engine_min_bytes`].
+pub const SOLO_COPY_ENGINE_MIN_BYTES: usize = 1 << 20;
+
 /// Largest all-reduce of the push kernel ([`AllReduceAlgo::Push`]), bytes per PE.
 pub const PUSH_MAX_BYTES: usize = 1 << 20;
 
@@ -236,6 +246,14 @@ pub struct Tuning {
     /// ([`MoeKernels::Lines`]) where they fit: by default none, until the
     /// lines are measured on the box against the one kernel's pushes.
     pub moe_lines_max_bytes: Option<usize>,
+    /// A team of one PE (the world of a single-PE run, or a split team of
+    /// one): every data collective's result is its source as it is (a
+    /// reduction over one member, the only block, the root's own data), so
+    /// it is a copy, and nothing where source and destination are the
+    /// same. From this many bytes of destination the copy goes to a copy
+    /// engine (`cuMemcpyAsync`, as NCCL does with one rank), below it to
+    /// the kernels: by default as [`solo_copy_engine_min_bytes`] says.
+    pub solo_copy_engine_min_bytes: Option<usize>,
 }
 
 #[cfg(test)]

@@ -430,6 +430,18 @@ impl Team {
             .as_ref()
             .filter(|_| cfg.implementation == CollImpl::Kernels && self.n_pes() <= crate::gpu::kernels::MAX_TEAM);
         if let Some(k) = kernels {
+            // A team of one: the result is the source as it is (see
+            // `Tuning::solo_copy_engine_min_bytes`); `begin` made both the
+            // same length.
+            if self.n_pes() == 1 {
+                if d == s {
+                    return Ok(());
+                }
+                let bytes = d.len * elem;
+                if !overlap(d, s, elem) && bytes >= crate::algo::solo_copy_engine_min_bytes(&cfg.tuning) {
+                    return g.copy(g.addr(d.offset), g.addr(s.offset), bytes, st);
+                }
+            }
             // Every (dtype, op) that `begin` accepted has a kernel.
             let team = &self.state;
             let t = k.team(team.slot, &team.members, cfg.force_rma)?;

@@ -40,6 +40,7 @@ pub const TUNED: Tuning = Tuning {
     push_blocks: Some(128),
     moe_block_bytes: Some(256),
     moe_lines_max_bytes: None,
+    solo_copy_engine_min_bytes: None,
 };
 
 impl Variant {
