@@ -1065,7 +1065,7 @@ impl Kernels {
             && moe_lines_fit(n, ne, a.kind == 2, in_bytes)
             && match form {
                 MoeKernels::Lines => true,
-                MoeKernels::Auto => settings.tuning.moe_lines_max_bytes.is_some_and(|most| in_bytes <= most),
+                MoeKernels::Auto => settings.tuning.moe_lines_max_bytes.is_some_and(|max| in_bytes <= max),
                 MoeKernels::PlanThenMove => false,
             };
         // The blocks, by what the input can hold (the line kernel: all of
@@ -1075,8 +1075,8 @@ impl Kernels {
             // Every block of the line kernel waits for the peers' lines
             // from its start: all of them resident at once on every PE.
             let per = tuned.unwrap_or(A2AV_LINES_BYTES_PER_BLOCK);
-            let most = self.resident_blocks.clamp(1, MAX_BLOCKS);
-            a.blocks = in_bytes.div_ceil(per).clamp(1, most) as i32;
+            let resident = self.resident_blocks.clamp(1, MAX_BLOCKS);
+            a.blocks = in_bytes.div_ceil(per).clamp(1, resident) as i32;
             let name = A2AV_LINES[a.kind as usize];
             // SAFETY: (TeamSync, A2av) as the kernel declares; the regions
             // were checked on the host, the splits are checked on the
