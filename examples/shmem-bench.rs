@@ -250,7 +250,8 @@ struct Args {
     moe_lines_max_bytes: Option<usize>,
     /// GPU kernels' tuning: at 1 PE, the smallest collective (bytes of its
     /// destination) copied by a copy engine rather than by a kernel (0:
-    /// every one) [default: 1M]
+    /// every one) [default: every one in a graph; else 2M for all_reduce
+    /// and reduce_scatter, 8M for the others]
     #[arg(long, value_parser = parse_bytes_or_zero)]
     solo_ce_min_bytes: Option<usize>,
     /// ag_matmul, matmul_rs: rows of a (ag_matmul: once gathered, each PE's

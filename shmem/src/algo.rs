@@ -172,12 +172,32 @@ pub fn low_latency_blocks(bytes: usize, tuning: &Tuning) -> u32 {
 /// Smallest collective (bytes of its destination) that a team of one PE
 /// runs as a copy-engine copy (`cuMemcpyAsync` from its source) rather than
 /// by a kernel, under `tuning`; see [`Tuning::solo_copy_engine_min_bytes`].
-pub fn solo_copy_engine_min_bytes(tuning: &Tuning) -> usize {
-    tuning.solo_copy_engine_min_bytes.unwrap_or(SOLO_COPY_ENGINE_MIN_BYTES)
+///
+/// By default: every size in a CUDA graph (a captured copy replayed in
+/// 1.10–1.50 µs from 8 B to 1 MiB on an H100, the kernels in 1.64–2.72);
+/// outside one, from [`SOLO_COPY_ENGINE_MIN_BYTES_REDUCE`] for reductions
+/// (`reduces`) and from [`SOLO_COPY_ENGINE_MIN_BYTES`] for the others,
+/// where the kernels' launch is cheaper below (`docs/perf.md`, session 16).
+pub fn solo_copy_engine_min_bytes(reduces: bool, captured: bool, tuning: &Tuning) -> usize {
+    match tuning.solo_copy_engine_min_bytes {
+        Some(b) => b,
+        None if captured => 0,
+        None if reduces => SOLO_COPY_ENGINE_MIN_BYTES_REDUCE,
+        None => SOLO_COPY_ENGINE_MIN_BYTES,
+    }
 }
 
-/// The default of [`solo_copy_engine_min_bytes`].
-pub const SOLO_COPY_ENGINE_MIN_BYTES: usize = 1 << 20;
+/// Outside a CUDA graph, the smallest all-gather, broadcast or all-to-all
+/// of a team of one that a copy engine copies: below it, a kernel took 4.0
+/// to 5.3 µs back to back on an H100 and a copy 5.0 to 6.0; at 8 MiB the
+/// kernels took 6.7–6.8 µs, a copy 5.3–5.8.
+pub const SOLO_COPY_ENGINE_MIN_BYTES: usize = 8 << 20;
+
+/// As [`SOLO_COPY_ENGINE_MIN_BYTES`] for all-reduce and reduce-scatter:
+/// past the low-latency kernels (1 MiB) the reductions' kernels read and
+/// write as for peers, 6.5–9.5 µs at 2 MiB and 1.5–2.3× a copy's time up
+/// to 256 MiB; up to 1 MiB they took 3.8–4.5 µs, a copy 5.1–5.7.
+pub const SOLO_COPY_ENGINE_MIN_BYTES_REDUCE: usize = 2 << 20;
 
 /// Largest all-reduce of the push kernel ([`AllReduceAlgo::Push`]), bytes per PE.
 pub const PUSH_MAX_BYTES: usize = 1 << 20;
@@ -251,8 +271,9 @@ pub struct Tuning {
     /// reduction over one member, the only block, the root's own data), so
     /// it is a copy, and nothing where source and destination are the
     /// same. From this many bytes of destination the copy goes to a copy
-    /// engine (`cuMemcpyAsync`, as NCCL does with one rank), below it to
-    /// the kernels: by default as [`solo_copy_engine_min_bytes`] says.
+    /// engine (`cuMemcpyAsync`, as NCCL does with one rank), in CUDA graphs
+    /// and outside them, below it to the kernels: by default as
+    /// [`solo_copy_engine_min_bytes`] says.
     pub solo_copy_engine_min_bytes: Option<usize>,
 }
 
@@ -295,6 +316,19 @@ mod tests {
         assert_eq!(low_latency_max_bytes(2, &tuned(4 << 20)), 1 << 20, "capped at the room");
         assert_eq!(low_latency_max_bytes(16, &tuned(1 << 20)), 128 << 10, "capped at the room");
         assert_eq!(low_latency_max_bytes(2, &tuned(0)), 0);
+    }
+
+    #[test]
+    fn a_team_of_one_copies_by_copy_engine_in_graphs_and_when_large() {
+        let none = Tuning::default();
+        assert_eq!(solo_copy_engine_min_bytes(true, true, &none), 0);
+        assert_eq!(solo_copy_engine_min_bytes(false, true, &none), 0);
+        assert_eq!(solo_copy_engine_min_bytes(true, false, &none), 2 << 20);
+        assert_eq!(solo_copy_engine_min_bytes(false, false, &none), 8 << 20);
+        let tuned = Tuning { solo_copy_engine_min_bytes: Some(4096), ..Tuning::default() };
+        for (reduces, captured) in [(true, true), (true, false), (false, true), (false, false)] {
+            assert_eq!(solo_copy_engine_min_bytes(reduces, captured, &tuned), 4096);
+        }
     }
 
     #[test]

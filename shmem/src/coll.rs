@@ -438,7 +438,9 @@ impl Team {
                     return Ok(());
                 }
                 let bytes = d.len * elem;
-                if !overlap(d, s, elem) && bytes >= crate::algo::solo_copy_engine_min_bytes(&cfg.tuning) {
+                let reduces = matches!(kind, OpKind::AllReduce | OpKind::ReduceScatter);
+                let least = crate::algo::solo_copy_engine_min_bytes(reduces, self.capturing(stream), &cfg.tuning);
+                if !overlap(d, s, elem) && bytes >= least {
                     return g.copy(g.addr(d.offset), g.addr(s.offset), bytes, st);
                 }
             }

@@ -32,8 +32,8 @@ pub enum Variant {
 /// [`Variant::Tuned`]'s knobs: the medium sizes' cases past 256 KiB a peer
 /// (f32's 256 KiB + 20 bytes, the 8-byte types' 512 KiB + 40) take the push
 /// kernels on 128 blocks, the rest the low-latency kernels on 64 at every
-/// size (the default grid changes at 32 KiB); a team of one copies by a copy
-/// engine at every size (the default from 1 MiB).
+/// size (the default grid changes at 32 KiB); a team of one never copies by
+/// a copy engine (by default it does in graphs, and from 2 or 8 MiB outside).
 pub const TUNED: Tuning = Tuning {
     low_latency_max_bytes: Some(256 << 10),
     low_latency_blocks: Some(64),
@@ -41,7 +41,7 @@ pub const TUNED: Tuning = Tuning {
     push_blocks: Some(128),
     moe_block_bytes: Some(256),
     moe_lines_max_bytes: None,
-    solo_copy_engine_min_bytes: Some(0),
+    solo_copy_engine_min_bytes: Some(usize::MAX),
 };
 
 impl Variant {
