@@ -6,8 +6,10 @@
 //! running them from every world would only repeat them). After each job,
 //! nothing named after its PEs may be left in `/dev/shm`.
 //!
-//! `SHMEM_TEST_SCENARIO_BACKEND=gpu` runs the scenarios' PEs on the GPU
-//! backend (the suite's own PE may stay on the host backend);
+//! The scenarios' PEs run on the host backend, whatever the suite's own PE
+//! runs on: their jobs of 2 to 4 PEs would not fit a box of fewer GPUs (the
+//! GPU backend refuses more PEs than a node's GPUs take).
+//! `SHMEM_TEST_SCENARIO_BACKEND=gpu` runs them on the GPU backend instead;
 //! `SHMEM_TEST_FAULT_PES` sets the size of the `sigkill_in_*` jobs (3 by
 //! default, at most the GPUs' count on the GPU backend).
 
@@ -45,12 +47,15 @@ const SAW_FAULT: i32 = 5;
 /// The outcome of launching scenario `name` on `n` PEs.
 fn launch(name: &str, n: usize, kill_on_failure: bool, env: &[(&str, &str)]) -> (shmem::launch::Outcome, Duration) {
     let exe = std::env::current_exe().unwrap();
-    let mut l = Launch::new(n, exe).env("SHMEM_TEST_SCENARIO", name).kill_on_failure(kill_on_failure).tag_output(true);
+    // The backend first: a scenario's own setting (`env`) comes after it.
+    let backend = std::env::var("SHMEM_TEST_SCENARIO_BACKEND").unwrap_or_else(|_| "host".into());
+    let mut l = Launch::new(n, exe)
+        .env("SHMEM_TEST_SCENARIO", name)
+        .env("SHMEM_BACKEND", backend)
+        .kill_on_failure(kill_on_failure)
+        .tag_output(true);
     for (k, v) in env {
         l = l.env(k, v);
-    }
-    if let Ok(backend) = std::env::var("SHMEM_TEST_SCENARIO_BACKEND") {
-        l = l.env("SHMEM_BACKEND", backend);
     }
     let start = Instant::now();
     let outcome = l.run().expect("launching the scenario");
