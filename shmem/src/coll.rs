@@ -434,7 +434,7 @@ impl Team {
             // `Tuning::solo_copy_engine_min_bytes`); `begin` made both the
             // same length.
             if self.n_pes() == 1 {
-                if d == s {
+                if d == s || d.len == 0 {
                     return Ok(());
                 }
                 let bytes = d.len * elem;
