@@ -138,9 +138,12 @@ def targets(rs, pes):
     r = rs.best(bytes=MIB, **ar)
     lines.append(("all-reduce ≤ 6 µs at 1 MiB", r and r["time_us"] <= 6.0, with_tuned(rs, r, bytes=MIB, **ar)))
     big = rs.pick(bytes=256 * MIB, **ar)
-    r = max(big, key=lambda x: x["busbw_gbps"]) if big else None
+    # The fastest row has the highest busbw; at 1 PE every busbw is 0
+    # (the (n - 1) / n of nothing sent), so the time alone is shown.
+    r = min(big, key=lambda x: x["time_us"]) if big else None
+    bw = (f"{r['busbw_gbps']:.1f} GB/s, " if pes > 1 else "no busbw at 1 PE, ") if r else ""
     lines.append(("all-reduce ≥ 360 GB/s busbw at 256 MiB", r and r["busbw_gbps"] >= 360.0,
-                  (f"{r['busbw_gbps']:.1f} GB/s, " + describe(rs, r)) if r else "not measured"))
+                  (bw + describe(rs, r)) if r else "not measured"))
     # All-gather of 256 MiB per rank: `bytes` is the whole output.
     ag = [x for x in rs.pick(op="all_gather", impl="shmem", pes=pes)]
     want = [x for x in ag if x["bytes"] == pes * 256 * MIB]
