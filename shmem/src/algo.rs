@@ -188,15 +188,15 @@ pub fn solo_copy_engine_min_bytes(reduces: bool, captured: bool, tuning: &Tuning
 }
 
 /// Outside a CUDA graph, the smallest all-gather, broadcast or all-to-all
-/// of a team of one that a copy engine copies: below it, a kernel took 4.0
-/// to 5.3 µs back to back on an H100 and a copy 5.0 to 6.0; at 8 MiB the
-/// kernels took 6.7–6.8 µs, a copy 5.3–5.8.
+/// of a team of one that a copy engine copies: up to 4 MiB a kernel took
+/// 3.4–5.3 µs back to back on an H100 and a copy 4.8–6.2; at 8 MiB the
+/// kernels took 6.7–6.8 µs, a copy 4.9–6.2.
 pub const SOLO_COPY_ENGINE_MIN_BYTES: usize = 8 << 20;
 
 /// As [`SOLO_COPY_ENGINE_MIN_BYTES`] for all-reduce and reduce-scatter:
 /// past the low-latency kernels (1 MiB) the reductions' kernels read and
-/// write as for peers, 6.5–9.5 µs at 2 MiB and 1.5–2.3× a copy's time up
-/// to 256 MiB; up to 1 MiB they took 3.8–4.5 µs, a copy 5.1–5.7.
+/// write as for peers, 6.4–9.4 µs at 2 MiB and 1.5–2.3× a copy's time up
+/// to 256 MiB; up to 1 MiB they took 3.4–4.5 µs, a copy 4.8–6.2.
 pub const SOLO_COPY_ENGINE_MIN_BYTES_REDUCE: usize = 2 << 20;
 
 /// Largest all-reduce of the push kernel ([`AllReduceAlgo::Push`]), bytes per PE.
