@@ -650,10 +650,19 @@ impl Kernels {
         Ok(())
     }
 
+    /// The most blocks of a data kernel over `t`: fewer where peers are
+    /// reached through RMA.
+    fn most_blocks(t: &TeamSync) -> usize {
+        if t.rma != 0 {
+            RMA_BLOCKS
+        } else {
+            MAX_BLOCKS
+        }
+    }
+
     /// Blocks for `units` of 16 bytes spread over threads (the same on every PE).
     fn blocks(t: &TeamSync, units: usize) -> usize {
-        let most = if t.rma != 0 { RMA_BLOCKS } else { MAX_BLOCKS };
-        units.div_ceil(THREADS as usize).clamp(1, most)
+        units.div_ceil(THREADS as usize).clamp(1, Self::most_blocks(t))
     }
 
     /// # Safety
@@ -1051,7 +1060,6 @@ impl Kernels {
         let mut a = a;
         a.table = self.layout.a2av() as u64;
         a.error = self.a2av_error.device;
-        let most = if t.rma != 0 { RMA_BLOCKS } else { MAX_BLOCKS };
         let in_bytes = (a.in_rows * a.row_bytes) as usize;
         let (n, ne) = (t.n as usize, a.ne as usize);
         // The line kernel's tables: every PE's splits, the work arrays, the
@@ -1086,7 +1094,7 @@ impl Kernels {
         // The other kernels keep as many working as what is sent needs
         // (`a2av_active`; the idle ones skip their channel).
         let per = tuned.unwrap_or(A2AV_BYTES_PER_BLOCK);
-        let blocks = in_bytes.div_ceil(per).clamp(1, most);
+        let blocks = in_bytes.div_ceil(per).clamp(1, Self::most_blocks(&t));
         a.block_bytes = per as u64;
         a.blocks = blocks as i32;
         a.local_blocks = local_blocks.map_or(-1, |b| b.min(MAX_BLOCKS as u32) as i32);
