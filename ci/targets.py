@@ -141,9 +141,11 @@ def targets(rs, pes):
     # The fastest row has the highest busbw; at 1 PE every busbw is 0
     # (the (n - 1) / n of nothing sent), so the time alone is shown.
     r = min(big, key=lambda x: x["time_us"]) if big else None
-    bw = (f"{r['busbw_gbps']:.1f} GB/s, " if pes > 1 else "no busbw at 1 PE, ") if r else ""
-    lines.append(("all-reduce ≥ 360 GB/s busbw at 256 MiB", r and r["busbw_gbps"] >= 360.0,
-                  (bw + describe(rs, r)) if r else "not measured"))
+    if r is None:
+        what = "not measured"
+    else:
+        what = (f"{r['busbw_gbps']:.1f} GB/s, " if pes > 1 else "no busbw at 1 PE, ") + describe(rs, r)
+    lines.append(("all-reduce ≥ 360 GB/s busbw at 256 MiB", r and r["busbw_gbps"] >= 360.0, what))
     # All-gather of 256 MiB per rank: `bytes` is the whole output.
     ag = [x for x in rs.pick(op="all_gather", impl="shmem", pes=pes)]
     want = [x for x in ag if x["bytes"] == pes * 256 * MIB]
