@@ -254,6 +254,11 @@ struct Args {
     /// and reduce_scatter, 8M for the others]
     #[arg(long, value_parser = parse_bytes_or_zero)]
     solo_ce_min_bytes: Option<usize>,
+    /// GPU kernels' tuning: the smallest broadcast (bytes) that the
+    /// members pull from the root over NVLink rather than the root pushing
+    /// it [default: 16M]
+    #[arg(long, value_parser = parse_bytes_or_zero)]
+    pull_bcast_min_bytes: Option<usize>,
     /// ag_matmul, matmul_rs: rows of a (ag_matmul: once gathered, each PE's
     /// shard is m / PEs rows; matmul_rs: each PE's out is m / PEs rows)
     #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..))]
@@ -511,6 +516,7 @@ impl Args {
             moe_block_bytes: self.moe_block_bytes,
             moe_lines_max_bytes: self.moe_lines_max_bytes,
             solo_copy_engine_min_bytes: self.solo_ce_min_bytes,
+            broadcast_pull_min_bytes: self.pull_bcast_min_bytes,
         }
     }
 }

@@ -25,6 +25,40 @@ __device__ __forceinline__ void signal_peers(const TeamSync &t, uint64_t epoch) 
         if (pe != t.rank) signal(t, Data, pe, epoch);
 }
 
+// This block's `bytes` to heap offset `to` of every peer, from `from(pe)`,
+// and, when `self`, from `from(rank)` to `to` in this PE's own memory:
+// RMA peers get a put each (whose completion `signal` awaits), and the
+// NVLink peers and the own copy go in one pass of `block_copy_pairs`, so
+// the own copy overlaps the sends. `kOneSrc`: every member's source is
+// the same.
+template <bool kOneSrc, typename From>
+__device__ __forceinline__ void send_all(const TeamSync &t, uint64_t to, From from, bool self, uint64_t bytes) {
+    __shared__ uint8_t *dsts[kMaxTeam];
+    __shared__ const uint8_t *srcs[kMaxTeam];
+    __shared__ int nd;
+    if (bytes == 0) return;
+    if (threadIdx.x == 0) {
+        nd = 0;
+        if (self) {
+            dsts[nd] = t.mine<uint8_t>(to);
+            srcs[nd++] = from(t.rank);
+        }
+        for (int i = 1; i < t.n; i++) {
+            int pe = (t.rank + i) % t.n;
+            if (t.nvlink(pe)) {
+                dsts[nd] = t.at<uint8_t>(pe, to);
+                srcs[nd++] = from(pe);
+            }
+        }
+    }
+    __syncthreads();
+    for (int i = 1; i < t.n; i++) {
+        int pe = (t.rank + i) % t.n;
+        if (!t.nvlink(pe)) rma_put(t.mine<uint8_t>(to), from(pe), bytes, t.pes[pe]);
+    }
+    block_copy_pairs<kOneSrc>(dsts, srcs, nd, bytes);
+}
+
 __device__ __forceinline__ void finish(const TeamSync &t, uint64_t epoch) {
     __syncthreads();
     if (t.rma && threadIdx.x == 0) nvshmem_quiet();
@@ -55,8 +89,7 @@ extern "C" __global__ void __launch_bounds__(512) shmem_allgather(TeamSync t, ui
     Range r = block_bytes(bytes, blockIdx.x, gridDim.x);
     uint64_t mine = dst + t.rank * bytes;
     const uint8_t *from = t.mine<uint8_t>(in_place ? mine : src) + r.lo;
-    for (int i = 1; i < t.n; i++) block_send(t, (t.rank + i) % t.n, mine + r.lo, from, r.hi - r.lo);
-    if (!in_place) block_copy(t.mine<uint8_t>(mine) + r.lo, from, r.hi - r.lo);
+    send_all<true>(t, mine + r.lo, [&](int) { return from; }, !in_place, r.hi - r.lo);
     signal_peers(t, epoch);
     wait_all(t, Data, epoch, t.rank);
     finish(t, epoch);
@@ -72,8 +105,7 @@ extern "C" __global__ void __launch_bounds__(512) shmem_broadcast(TeamSync t, ui
     if (t.rank == root) {
         Range r = block_bytes(bytes, blockIdx.x, gridDim.x);
         const uint8_t *from = t.mine<uint8_t>(src) + r.lo;
-        for (int i = 1; i < t.n; i++) block_send(t, (t.rank + i) % t.n, dst + r.lo, from, r.hi - r.lo);
-        if (dst != src) block_copy(t.mine<uint8_t>(dst) + r.lo, from, r.hi - r.lo);
+        send_all<true>(t, dst + r.lo, [&](int) { return from; }, dst != src, r.hi - r.lo);
         signal_peers(t, epoch);
     } else if (threadIdx.x == 0) {
         wait_geq(t.word(Data, blockIdx.x, root), epoch);
@@ -115,12 +147,8 @@ extern "C" __global__ void __launch_bounds__(512) shmem_alltoall(TeamSync t, uin
     uint64_t epoch = begin_epoch(t);
     exchange(t, Arrive, epoch);
     Range r = block_bytes(bytes, blockIdx.x, gridDim.x);
-    for (int i = 1; i < t.n; i++) {
-        int pe = (t.rank + i) % t.n;
-        block_send(t, pe, dst + t.rank * bytes + r.lo, t.mine<uint8_t>(src + pe * bytes) + r.lo, r.hi - r.lo);
-    }
-    block_copy(t.mine<uint8_t>(dst + t.rank * bytes) + r.lo, t.mine<uint8_t>(src + t.rank * bytes) + r.lo,
-               r.hi - r.lo);
+    const uint8_t *in = t.mine<uint8_t>(src) + r.lo;
+    send_all<false>(t, dst + t.rank * bytes + r.lo, [&](int pe) { return in + pe * bytes; }, true, r.hi - r.lo);
     signal_peers(t, epoch);
     wait_all(t, Data, epoch, t.rank);
     finish(t, epoch);

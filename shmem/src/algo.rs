@@ -151,11 +151,33 @@ pub fn low_latency_max_bytes(n_pes: usize, tuning: &Tuning) -> usize {
 
 /// Smallest message (bytes one PE sends another) that the low-latency
 /// kernels move in 128-byte lines rather than 8-byte packets under
-/// `tuning`; by default none (`usize::MAX`) until the lines are measured
-/// on the box against the packets.
+/// `tuning`; by default [`LOW_LATENCY_LINES_MIN_BYTES`].
 pub fn low_latency_lines_min_bytes(tuning: &Tuning) -> usize {
-    tuning.low_latency_lines_min_bytes.unwrap_or(usize::MAX)
+    tuning.low_latency_lines_min_bytes.unwrap_or(LOW_LATENCY_LINES_MIN_BYTES)
 }
+
+/// From this message a peer the low-latency kernels move lines. On 2×H100
+/// (graph replays; `docs/perf.md`, session 17) the lines were the fastest
+/// setting of every collective at 512 KiB and 1 MiB (the all-reduce of 1
+/// MiB in 6.92 µs against 9.23 by the push kernel, the all-gather in 4.96
+/// against 5.80); at 256 KiB of the all-reduce (4.04 µs against 4.30),
+/// broadcast and reduce-scatter, while the packets were 0.15–0.18 µs
+/// faster there for all-gather and all-to-all, and 0.2–0.4 µs faster for
+/// every collective from 32 to 128 KiB.
+pub const LOW_LATENCY_LINES_MIN_BYTES: usize = 256 << 10;
+
+/// The largest input (bytes of a PE's rows) that [`MoeKernels::Auto`]
+/// sends in lines ([`MoeKernels::Lines`]) where they fit, under `tuning`;
+/// by default [`MOE_LINES_MAX_BYTES`].
+pub fn moe_lines_max_bytes(tuning: &Tuning) -> usize {
+    tuning.moe_lines_max_bytes.unwrap_or(MOE_LINES_MAX_BYTES)
+}
+
+/// Every input that fits goes in lines by default: on 2×H100 (graphs,
+/// 7168 bf16 a token, 8 experts a PE; session 17) the line kernel
+/// dispatched 1 token in 6.66 µs against the one kernel's 8.04 and 128 in
+/// 10.27 against 10.59; it combined 128 in 10.04 against 10.80.
+pub const MOE_LINES_MAX_BYTES: usize = usize::MAX;
 
 /// Blocks of the low-latency kernels for a message of `bytes` a peer
 /// under `tuning`: by default 16 below 32 KiB and 128 from there (on
@@ -198,6 +220,18 @@ pub const SOLO_COPY_ENGINE_MIN_BYTES: usize = 8 << 20;
 /// write as for peers, 6.4–9.4 µs at 2 MiB and 1.5–2.3× a copy's time up
 /// to 256 MiB; up to 1 MiB they took 3.4–4.5 µs, a copy 4.8–6.2.
 pub const SOLO_COPY_ENGINE_MIN_BYTES_REDUCE: usize = 2 << 20;
+
+/// Smallest broadcast (bytes) that the members pull from the root over
+/// NVLink, under `tuning`; by default [`BROADCAST_PULL_MIN_BYTES`].
+pub fn broadcast_pull_min_bytes(tuning: &Tuning) -> usize {
+    tuning.broadcast_pull_min_bytes.unwrap_or(BROADCAST_PULL_MIN_BYTES)
+}
+
+/// From this many bytes a broadcast is pulled: every member reads the
+/// root's source through NVLink. On 2×H200 pulls took 55–738 µs from 16 to
+/// 256 MiB, 1.02–1.09× NCCL, where pushes by SMs or copy engines took
+/// 828–839 µs at 256 MiB (0.88–0.91×); docs/perf.md, session 6.
+pub const BROADCAST_PULL_MIN_BYTES: usize = 16 << 20;
 
 /// Largest all-reduce of the push kernel ([`AllReduceAlgo::Push`]), bytes per PE.
 pub const PUSH_MAX_BYTES: usize = 1 << 20;
@@ -263,8 +297,9 @@ pub struct Tuning {
     pub moe_block_bytes: Option<usize>,
     /// The largest input (bytes of rows a PE's input holds) for which
     /// [`MoeKernels::Auto`] moves the rows in lines
-    /// ([`MoeKernels::Lines`]) where they fit: by default none, until the
-    /// lines are measured on the box against the one kernel's pushes.
+    /// ([`MoeKernels::Lines`]) where they fit: by default as
+    /// [`moe_lines_max_bytes`] says (every input that fits); 0 leaves only
+    /// empty inputs to them.
     pub moe_lines_max_bytes: Option<usize>,
     /// A team of one PE (the world of a single-PE run, or a split team of
     /// one): every data collective's result is its source as it is (a
@@ -275,6 +310,10 @@ pub struct Tuning {
     /// and outside them, below it to the kernels: by default as
     /// [`solo_copy_engine_min_bytes`] says.
     pub solo_copy_engine_min_bytes: Option<usize>,
+    /// Smallest broadcast (bytes) that every member pulls from the root
+    /// through NVLink rather than the root pushing it (every member over
+    /// NVLink): by default as [`broadcast_pull_min_bytes`] says.
+    pub broadcast_pull_min_bytes: Option<usize>,
 }
 
 #[cfg(test)]

@@ -15,11 +15,6 @@ use crate::gpu::{dispatch, GpuWorld};
 use crate::team::{Desc, OpKind, Team};
 use rayon::prelude::*;
 
-/// From this many bytes, broadcast is pulled: every member reads the
-/// root's source through NVLink. On 2×H200 pulls took 55–738 µs from 16 to
-/// 256 MiB, 1.02–1.09× NCCL, where pushes by SMs or copy engines took
-/// 828–839 µs at 256 MiB (0.88–0.91×); docs/perf.md, session 6.
-const PULL_BROADCAST_MIN_BYTES: usize = 16 << 20;
 
 /// Elements per rayon task.
 const CHUNK: usize = 1 << 15;
@@ -468,7 +463,7 @@ impl Team {
                     }
                 }
                 OpKind::Broadcast => {
-                    if nvlink && d.len * elem >= PULL_BROADCAST_MIN_BYTES {
+                    if nvlink && d.len * elem >= crate::algo::broadcast_pull_min_bytes(&cfg.tuning) {
                         k.broadcast_pull(t, d.offset, s.offset, d.len * elem, root, cu)
                     } else {
                         k.broadcast(t, p, d.offset, s.offset, d.len * elem, root, cu)

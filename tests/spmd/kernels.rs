@@ -32,16 +32,21 @@ pub enum Variant {
 /// [`Variant::Tuned`]'s knobs: the medium sizes' cases past 256 KiB a peer
 /// (f32's 256 KiB + 20 bytes, the 8-byte types' 512 KiB + 40) take the push
 /// kernels on 128 blocks, the rest the low-latency kernels on 64 at every
-/// size (the default grid changes at 32 KiB); a team of one never copies by
-/// a copy engine (by default it does in graphs, and from 2 or 8 MiB outside).
+/// size (the default grid changes at 32 KiB) and in 8-byte packets (by
+/// default in lines from 256 KiB); a team of one never copies by a copy
+/// engine (by default it does in graphs, and from 2 or 8 MiB outside); a
+/// broadcast is never pulled (by default from 16 MiB); the MoE ops take
+/// the one kernel, not the line kernel, for every input but an empty one
+/// (by default the line kernel wherever it fits).
 pub const TUNED: Tuning = Tuning {
     low_latency_max_bytes: Some(256 << 10),
     low_latency_blocks: Some(64),
-    low_latency_lines_min_bytes: None,
+    low_latency_lines_min_bytes: Some(usize::MAX),
     push_blocks: Some(128),
     moe_block_bytes: Some(256),
-    moe_lines_max_bytes: None,
+    moe_lines_max_bytes: Some(0),
     solo_copy_engine_min_bytes: Some(usize::MAX),
+    broadcast_pull_min_bytes: Some(usize::MAX),
 };
 
 impl Variant {

@@ -3,7 +3,9 @@
 //! and registered with `nvshmemx_cumodule_init`.
 
 use super::{check, CUstream, GpuWorld, Nv};
-use crate::algo::{low_latency_room_bytes, moe_lines_fit, AllReduceAlgo, Collectives, MoeKernels, Tuning};
+use crate::algo::{
+    low_latency_room_bytes, moe_lines_fit, moe_lines_max_bytes, AllReduceAlgo, Collectives, MoeKernels, Tuning,
+};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 use cudarc::driver::sys::{self, CUfunction, CUmodule};
@@ -1073,7 +1075,7 @@ impl Kernels {
             && moe_lines_fit(n, ne, a.kind == 2, in_bytes)
             && match form {
                 MoeKernels::Lines => true,
-                MoeKernels::Auto => settings.tuning.moe_lines_max_bytes.is_some_and(|max| in_bytes <= max),
+                MoeKernels::Auto => in_bytes <= moe_lines_max_bytes(&settings.tuning),
                 MoeKernels::PlanThenMove => false,
             };
         // The blocks, by what the input can hold (the line kernel: all of
