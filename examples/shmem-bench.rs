@@ -256,7 +256,7 @@ struct Args {
     solo_ce_min_bytes: Option<usize>,
     /// GPU kernels' tuning: the smallest broadcast (bytes) that the
     /// members pull from the root over NVLink rather than the root pushing
-    /// it [default: 16M]
+    /// it [default: none]
     #[arg(long, value_parser = parse_bytes_or_zero)]
     pull_bcast_min_bytes: Option<usize>,
     /// ag_matmul, matmul_rs: rows of a (ag_matmul: once gathered, each PE's
@@ -396,6 +396,8 @@ enum Imp {
     ShmemOneshot,
     /// all_reduce: the two-shot algorithm
     ShmemTwoshot,
+    /// all_reduce: the two-shot algorithm by stores alone (2 PEs over NVLink, out of place)
+    ShmemTwoshotStores,
     /// all_reduce: the low-latency algorithm (up to its limit, 1 MiB at 2 PEs)
     ShmemLl,
     /// all_reduce: the low-latency algorithm in 128-byte lines (up to 1 MiB, up to 8 PEs)
@@ -440,6 +442,7 @@ impl Imp {
             Imp::Shmem => "shmem",
             Imp::ShmemOneshot => "shmem-oneshot",
             Imp::ShmemTwoshot => "shmem-twoshot",
+            Imp::ShmemTwoshotStores => "shmem-twoshot-stores",
             Imp::ShmemLl => "shmem-ll",
             Imp::ShmemLl128 => "shmem-ll128",
             Imp::ShmemPush => "shmem-push",
@@ -469,6 +472,7 @@ impl Imp {
             Imp::Shmem => default,
             Imp::ShmemOneshot => Collectives { all_reduce: AllReduceAlgo::OneShot, ..default },
             Imp::ShmemTwoshot => Collectives { all_reduce: AllReduceAlgo::TwoShot, ..default },
+            Imp::ShmemTwoshotStores => Collectives { all_reduce: AllReduceAlgo::TwoShotStores, ..default },
             Imp::ShmemLl => Collectives { all_reduce: AllReduceAlgo::LowLatency, ..default },
             Imp::ShmemLl128 => Collectives { all_reduce: AllReduceAlgo::LowLatency128, ..default },
             Imp::ShmemPush => Collectives { all_reduce: AllReduceAlgo::Push, ..default },
@@ -492,7 +496,7 @@ impl Imp {
             Imp::Memcpy => matches!(op, Op::Put | Op::Get),
             Imp::Sequential | Imp::OverlapSm | Imp::OverlapCe | Imp::GemmOnly => op.is_overlap(),
             _ if !gpu => false,
-            Imp::ShmemOneshot | Imp::ShmemTwoshot => op == Op::AllReduce,
+            Imp::ShmemOneshot | Imp::ShmemTwoshot | Imp::ShmemTwoshotStores => op == Op::AllReduce,
             Imp::ShmemLl => op == Op::AllReduce && bytes <= ll_max_bytes,
             Imp::ShmemLl128 => op == Op::AllReduce && bytes <= ll_room,
             Imp::ShmemPush => op == Op::AllReduce && bytes <= shmem::algo::PUSH_MAX_BYTES,

@@ -43,6 +43,14 @@ pub enum AllReduceAlgo {
     OneShot,
     /// Every PE reduces its `1/n` share and writes it to every peer.
     TwoShot,
+    /// Two-shot by stores alone, for a team of two over NVLink, out of
+    /// place (elsewhere as [`TwoShot`](Self::TwoShot)): each PE stores its
+    /// source's half of the peer's share into the peer's destination,
+    /// then reduces its own share from its source and its destination and
+    /// stores the result into both PEs' destinations. No loads cross the
+    /// link. The automatic choice where it applies past the low-latency
+    /// kernels.
+    TwoShotStores,
 }
 
 /// The all-gather algorithm of shmem's kernels.
@@ -227,11 +235,14 @@ pub fn broadcast_pull_min_bytes(tuning: &Tuning) -> usize {
     tuning.broadcast_pull_min_bytes.unwrap_or(BROADCAST_PULL_MIN_BYTES)
 }
 
-/// From this many bytes a broadcast is pulled: every member reads the
-/// root's source through NVLink. On 2×H200 pulls took 55–738 µs from 16 to
-/// 256 MiB, 1.02–1.09× NCCL, where pushes by SMs or copy engines took
-/// 828–839 µs at 256 MiB (0.88–0.91×); docs/perf.md, session 6.
-pub const BROADCAST_PULL_MIN_BYTES: usize = 16 << 20;
+/// By default no broadcast is pulled (every member reading the root's
+/// source through NVLink): since the root's push kernel stores into the
+/// peers and its own destination in one pass (session 17), it took 736 µs
+/// at 256 MiB on 2×H100 where pulls took 787 and NCCL 758, and was as fast
+/// as pulls or faster from 32 MiB (at 16 MiB 55.7 µs against 55.1).
+/// Session 6 had chosen pulls from 16 MiB on 2×H200, when the push kernel
+/// copied the root's own data after its sends (docs/perf.md).
+pub const BROADCAST_PULL_MIN_BYTES: usize = usize::MAX;
 
 /// Largest all-reduce of the push kernel ([`AllReduceAlgo::Push`]), bytes per PE.
 pub const PUSH_MAX_BYTES: usize = 1 << 20;
@@ -312,7 +323,7 @@ pub struct Tuning {
     pub solo_copy_engine_min_bytes: Option<usize>,
     /// Smallest broadcast (bytes) that every member pulls from the root
     /// through NVLink rather than the root pushing it (every member over
-    /// NVLink): by default as [`broadcast_pull_min_bytes`] says.
+    /// NVLink): by default as [`broadcast_pull_min_bytes`] says (none).
     pub broadcast_pull_min_bytes: Option<usize>,
 }
 

@@ -15,7 +15,6 @@ use crate::gpu::{dispatch, GpuWorld};
 use crate::team::{Desc, OpKind, Team};
 use rayon::prelude::*;
 
-
 /// Elements per rayon task.
 const CHUNK: usize = 1 << 15;
 /// Up to this many bytes per PE, all-reduce is one-shot (each PE reduces

@@ -14,6 +14,8 @@ pub enum Variant {
     ForceRma,
     OneShot,
     TwoShot,
+    /// Two-shot by stores alone at 2 PEs over NVLink out of place (else the two-shot).
+    TwoShotStores,
     LowLatency,
     LowLatency128,
     Push,
@@ -27,6 +29,9 @@ pub enum Variant {
     /// The low-latency kernels in 128-byte lines at every size they take
     /// ([`Tuning::low_latency_lines_min_bytes`] 0).
     Lines,
+    /// Every broadcast pulled by its members over NVLink
+    /// ([`Tuning::broadcast_pull_min_bytes`] 0).
+    Pull,
 }
 
 /// [`Variant::Tuned`]'s knobs: the medium sizes' cases past 256 KiB a peer
@@ -35,7 +40,7 @@ pub enum Variant {
 /// size (the default grid changes at 32 KiB) and in 8-byte packets (by
 /// default in lines from 256 KiB); a team of one never copies by a copy
 /// engine (by default it does in graphs, and from 2 or 8 MiB outside); a
-/// broadcast is never pulled (by default from 16 MiB); the MoE ops take
+/// broadcast is never pulled (nor by default); the MoE ops take
 /// the one kernel, not the line kernel, for every input but an empty one
 /// (by default the line kernel wherever it fits).
 pub const TUNED: Tuning = Tuning {
@@ -56,6 +61,7 @@ impl Variant {
             Variant::ForceRma => "force_rma",
             Variant::OneShot => "one_shot",
             Variant::TwoShot => "two_shot",
+            Variant::TwoShotStores => "two_shot_stores",
             Variant::LowLatency => "low_latency",
             Variant::LowLatency128 => "low_latency_128",
             Variant::Push => "push",
@@ -64,6 +70,7 @@ impl Variant {
             Variant::Nvshmem => "nvshmem",
             Variant::Tuned => "tuned",
             Variant::Lines => "lines",
+            Variant::Pull => "pull",
         }
     }
 
@@ -73,6 +80,7 @@ impl Variant {
             Variant::ForceRma => Collectives { force_rma: true, ..base },
             Variant::OneShot => Collectives { all_reduce: AllReduceAlgo::OneShot, ..base },
             Variant::TwoShot => Collectives { all_reduce: AllReduceAlgo::TwoShot, ..base },
+            Variant::TwoShotStores => Collectives { all_reduce: AllReduceAlgo::TwoShotStores, ..base },
             Variant::LowLatency => Collectives { all_reduce: AllReduceAlgo::LowLatency, ..base },
             Variant::LowLatency128 => Collectives { all_reduce: AllReduceAlgo::LowLatency128, ..base },
             Variant::Push => Collectives { all_reduce: AllReduceAlgo::Push, ..base },
@@ -83,6 +91,9 @@ impl Variant {
             Variant::Lines => {
                 Collectives { tuning: Tuning { low_latency_lines_min_bytes: Some(0), ..base.tuning }, ..base }
             }
+            Variant::Pull => {
+                Collectives { tuning: Tuning { broadcast_pull_min_bytes: Some(0), ..base.tuning }, ..base }
+            }
         }
     }
 
@@ -91,10 +102,14 @@ impl Variant {
     pub fn covers(self, coll: Coll) -> bool {
         match self {
             Variant::Default | Variant::ForceRma | Variant::Nvshmem => true,
-            Variant::OneShot | Variant::TwoShot | Variant::LowLatency | Variant::LowLatency128 | Variant::Push => {
-                coll == Coll::AllReduce
-            }
+            Variant::OneShot
+            | Variant::TwoShot
+            | Variant::TwoShotStores
+            | Variant::LowLatency
+            | Variant::LowLatency128
+            | Variant::Push => coll == Coll::AllReduce,
             Variant::Sm | Variant::CopyEngine => coll == Coll::AllGather,
+            Variant::Pull => coll == Coll::Broadcast,
             // Its kernels run up to 1 MiB a peer: the small and medium sizes.
             Variant::Tuned | Variant::Lines => false,
         }
@@ -150,10 +165,12 @@ pub fn graph_replay(env: &Env) -> TestResult {
         Variant::Push,
         Variant::OneShot,
         Variant::TwoShot,
+        Variant::TwoShotStores,
         Variant::Sm,
         Variant::CopyEngine,
         Variant::Tuned,
         Variant::Lines,
+        Variant::Pull,
     ] {
         let _settings = Settings::apply(&env.ctx, v);
         replay(env, stream, v, &mut rep)?;

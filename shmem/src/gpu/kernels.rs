@@ -415,6 +415,7 @@ enum Reduction {
     Push,
     OneShot,
     TwoShot,
+    TwoShotStores,
     ReduceScatter,
     ReduceScatterLowLatency,
     ReduceScatterPush,
@@ -763,16 +764,21 @@ impl Kernels {
         let ll = p.low_latency(&t, bytes);
         let push = p.push(&t, bytes);
         let one_shot = dst != src;
+        // The stores-only two-shot: a pair over NVLink, out of place.
+        let stores = t.n == 2 && t.rma == 0 && dst != src;
         let how = match algo {
             AllReduceAlgo::LowLatency if ll => Reduction::LowLatency,
             AllReduceAlgo::LowLatency128 if p.lines_fit(&t, bytes) => Reduction::LowLatency128,
             AllReduceAlgo::Push if push => Reduction::Push,
             AllReduceAlgo::OneShot if one_shot => Reduction::OneShot,
             AllReduceAlgo::TwoShot => Reduction::TwoShot,
+            AllReduceAlgo::TwoShotStores if stores => Reduction::TwoShotStores,
+            AllReduceAlgo::TwoShotStores => Reduction::TwoShot,
             _ if ll && p.lines(bytes) => Reduction::LowLatency128,
             _ if ll => Reduction::LowLatency,
             _ if push => Reduction::Push,
             _ if one_shot && bytes <= ONE_SHOT_MAX_BYTES => Reduction::OneShot,
+            _ if stores => Reduction::TwoShotStores,
             _ => Reduction::TwoShot,
         };
         self.reduce(t, p, how, dtype, op, dst, src, count, s)
@@ -827,6 +833,9 @@ impl Kernels {
             Reduction::OneShot => (format!("shmem_allreduce_oneshot_{dt}_{o}_{np}"), Self::blocks(&t, units)),
             Reduction::TwoShot => {
                 (format!("shmem_allreduce_twoshot_{dt}_{o}_{np}"), Self::blocks(&t, units.div_ceil(t.n as usize)))
+            }
+            Reduction::TwoShotStores => {
+                (format!("shmem_allreduce_twoshot2_{dt}_{o}_{np}"), Self::blocks(&t, units.div_ceil(2)))
             }
             Reduction::ReduceScatter => (format!("shmem_reducescatter_{dt}_{o}_{np}"), Self::blocks(&t, units)),
             Reduction::ReduceScatterLowLatency => {
