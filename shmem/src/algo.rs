@@ -48,8 +48,7 @@ pub enum AllReduceAlgo {
     /// source's half of the peer's share into the peer's destination,
     /// then reduces its own share from its source and its destination and
     /// stores the result into both PEs' destinations. No loads cross the
-    /// link. The automatic choice where it applies past the low-latency
-    /// kernels.
+    /// link. The automatic choice where it applies from 16 MiB a PE.
     TwoShotStores,
 }
 

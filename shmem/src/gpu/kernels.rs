@@ -45,6 +45,12 @@ const PUSH_MAX_TEAM: usize = 8;
 /// Up to this many bytes per PE the automatic all-reduce is one-shot (out
 /// of place), above it two-shot.
 const ONE_SHOT_MAX_BYTES: usize = 256 << 10;
+/// From this many bytes per PE the automatic two-shot all-reduce of a pair
+/// over NVLink, out of place, moves both halves by stores
+/// (`AllReduceAlgo::TwoShotStores`). On 2×H100 (session 17, run 3) it took
+/// 57.0 µs at 16 MiB against the pulling two-shot's 59.6 and 745.3 at 256
+/// MiB against 795.8; at 2–8 MiB the pulls were 0.2–1.0 µs faster.
+const TWO_SHOT_STORES_MIN_BYTES: usize = 16 << 20;
 
 /// 64-bit words of each PE's MoE all-to-all-v staging: the verdict and
 /// active blocks, every PE's splits (and offsets), the plan kernel's work
@@ -764,7 +770,7 @@ impl Kernels {
         let ll = p.low_latency(&t, bytes);
         let push = p.push(&t, bytes);
         let one_shot = dst != src;
-        // The stores-only two-shot: a pair over NVLink, out of place.
+        // The two-shot by stores: a pair over NVLink, out of place.
         let stores = t.n == 2 && t.rma == 0 && dst != src;
         let how = match algo {
             AllReduceAlgo::LowLatency if ll => Reduction::LowLatency,
@@ -778,7 +784,7 @@ impl Kernels {
             _ if ll => Reduction::LowLatency,
             _ if push => Reduction::Push,
             _ if one_shot && bytes <= ONE_SHOT_MAX_BYTES => Reduction::OneShot,
-            _ if stores => Reduction::TwoShotStores,
+            _ if stores && bytes >= TWO_SHOT_STORES_MIN_BYTES => Reduction::TwoShotStores,
             _ => Reduction::TwoShot,
         };
         self.reduce(t, p, how, dtype, op, dst, src, count, s)
