@@ -381,6 +381,23 @@ mod tests {
     }
 
     #[test]
+    fn defaults_measured_on_two_h100s() {
+        let none = Tuning::default();
+        assert_eq!(low_latency_lines_min_bytes(&none), 256 << 10);
+        assert_eq!(moe_lines_max_bytes(&none), usize::MAX, "the line kernel wherever it fits");
+        assert_eq!(broadcast_pull_min_bytes(&none), usize::MAX, "no broadcast pulled");
+        let tuned = Tuning {
+            low_latency_lines_min_bytes: Some(0),
+            moe_lines_max_bytes: Some(0),
+            broadcast_pull_min_bytes: Some(16 << 20),
+            ..Tuning::default()
+        };
+        assert_eq!(low_latency_lines_min_bytes(&tuned), 0);
+        assert_eq!(moe_lines_max_bytes(&tuned), 0);
+        assert_eq!(broadcast_pull_min_bytes(&tuned), 16 << 20);
+    }
+
+    #[test]
     fn low_latency_grid_widens_at_32_kib() {
         let none = Tuning::default();
         assert_eq!(low_latency_blocks(8, &none), 16);
