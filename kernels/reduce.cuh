@@ -67,8 +67,8 @@ __device__ void allreduce_twoshot(const TeamSync &t, uint64_t dst_off, uint64_t 
 // b has done the same for this PE's share, block b reduces its part of the
 // share from this PE's source and its destination (the peer's values), in
 // team order, into its destination and the peer's. Both halves cross the
-// link as stores: on 2×H100 the pulls of the two-shot kernel above
-// reached 337 GB/s at 256 MiB, the all-gather's stores 359.
+// link as stores, which went faster than loads there on 2×H100: 745 µs
+// for 256 MiB (360 GB/s) against the pulling two-shot's 796.
 template <typename T, int OP, int NP>
 __device__ void allreduce_twoshot_stores(const TeamSync &t, uint64_t dst_off, uint64_t src_off, uint64_t count) {
     __shared__ const T *srcs[2];
