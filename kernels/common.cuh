@@ -216,7 +216,7 @@ __device__ __forceinline__ void block_copy(uint8_t *dst, const uint8_t *src, uin
 }
 
 // Copies `bytes` at `srcs[k]` to `dsts[k]` for every k < n (n at most
-// kMaxTeam; pointers in shared memory), by the whole block, in one pass:
+// kMaxTeam, maybe 0; pointers in shared memory), by the whole block, in one pass:
 // a thread loads its next four 16-byte vectors of a pair and stores them,
 // then goes on to the next pair at the same place. A PE's own copy (a
 // pair whose destination is its own memory) so rides along its stores
@@ -228,6 +228,8 @@ __device__ __forceinline__ void block_copy(uint8_t *dst, const uint8_t *src, uin
 template <bool kOneSrc>
 __device__ __forceinline__ void block_copy_pairs(uint8_t *const *dsts, const uint8_t *const *srcs, int n,
                                                  uint64_t bytes) {
+    // No pair (in place, every peer through RMA): srcs[0] is not set.
+    if (n == 0) return;
     uint64_t align = 0;
     for (int k = 0; k < n; k++)
         align |= reinterpret_cast<uint64_t>(dsts[k]) | reinterpret_cast<uint64_t>(srcs[kOneSrc ? 0 : k]);
