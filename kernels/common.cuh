@@ -564,8 +564,12 @@ struct LL {
 
     __device__ LL(const TeamSync &team) : LL(team, block_ll_epoch(team)) {}
     // With this kernel's epoch `e`, read already.
-    __device__ LL(const TeamSync &team, uint64_t e)
-        : t(team), epoch(e), flag(1 + static_cast<uint32_t>(e % 0xffffffffull)), parity(e & 1) {}
+    __device__ LL(const TeamSync &team, uint64_t e) : t(team) { set_epoch(e); }
+    __device__ void set_epoch(uint64_t e) {
+        epoch = e;
+        flag = 1 + static_cast<uint32_t>(e % 0xffffffffull);
+        parity = e & 1;
+    }
     // Chunks of 8 bytes to move for `bytes` (at least one, so that every
     // peer hears from every peer).
     __device__ uint64_t chunks(uint64_t bytes) const { return bytes == 0 ? 1 : (bytes + 7) / 8; }
@@ -611,11 +615,24 @@ struct Lines {
     LL packets;  // the team, the epoch, the flag and the slots the lines share
     uint64_t flag;  // the packets' flag in both halves
     static constexpr uint64_t kWords = 15;  // data words in a line
+    // Passes a warp takes at once in `send_all` and `reduce_lines`.
+    static constexpr int kLinesUnroll = 2;
 
     __device__ Lines(const TeamSync &team) : Lines(team, block_ll_epoch(team)) {}
     // With this kernel's epoch `e`, read already.
     __device__ Lines(const TeamSync &team, uint64_t e)
         : packets(team, e), flag(packets.flag | static_cast<uint64_t>(packets.flag) << 32) {}
+    // Without the epoch yet: `send_all` given the counter that
+    // `lane_ll_counter` loaded sets it once its first loads are in flight
+    // beside the counter's, so that the kernel's start waits for one load
+    // instead of two in a row (and for no block barrier).
+    struct Later {};
+    __device__ Lines(const TeamSync &team, Later) : packets(team, 0), flag(0) {}
+    // This kernel's epoch from what `lane_ll_counter` loaded (whole warp).
+    __device__ void start(uint64_t counter) {
+        packets.set_epoch(warp_ll_epoch(counter));
+        flag = packets.flag | static_cast<uint64_t>(packets.flag) << 32;
+    }
     // Lines a sender has in a receiver's buffer.
     __device__ uint64_t room() const { return 2 * ll_max_bytes(packets.t.n) / 128; }
     // Lines for `bytes` (at least one, so that every peer hears from every peer).
@@ -678,17 +695,38 @@ struct Lines {
         }
     }
     // Every line of `in` (`bytes`) to every peer, and into `keep` as well
-    // unless it is null (the all-gather's own block, out of place).
-    __device__ void send_all(const uint8_t *in, uint64_t bytes, uint8_t *keep) const {
+    // unless it is null (the all-gather's own block, out of place). A warp
+    // takes its lines of two passes at once (kLinesUnroll), loading both
+    // before it sends either: past one pass (8192 lines, 960 KiB, at 128
+    // blocks of 512) the second pass's loads no longer wait for the first
+    // pass's sends. With kStart (a `Later` object), every warp first
+    // `start`s from `counter`, after its first loads.
+    template <bool kStart = false>
+    __device__ void send_all(const uint8_t *in, uint64_t bytes, uint8_t *keep, uint64_t counter = 0) {
         const TeamSync &t = packets.t;
         const uint64_t n_lines = lines(bytes);
-        for (uint64_t b0 = base(); b0 < n_lines; b0 += stride()) {
-            uint64_t line = line_of(b0);
-            bool live = line < n_lines;
-            uint64_t a, b;
-            load(in, bytes, line, live, a, b);
-            for (int i = 1; i < t.n; i++) send((t.rank + i) % t.n, line, live, a, b);
-            if (keep != nullptr) store(keep, bytes, line, live, a, b);
+        const uint64_t s = stride();
+        // The first pass runs in every warp (one past the lines loads
+        // nothing and sends nothing), so that every warp starts.
+        for (uint64_t b0 = base(), first = 1; first || b0 < n_lines; b0 += kLinesUnroll * s, first = 0) {
+            uint64_t line[kLinesUnroll], a[kLinesUnroll], b[kLinesUnroll];
+            bool live[kLinesUnroll];
+#pragma unroll
+            for (int u = 0; u < kLinesUnroll; u++) {
+                line[u] = line_of(b0 + u * s);
+                live[u] = line[u] < n_lines;
+                load(in, bytes, line[u], live[u], a[u], b[u]);
+            }
+            if (kStart && first) start(counter);
+            if (b0 >= n_lines) break;
+            for (int i = 1; i < t.n; i++) {
+#pragma unroll
+                for (int u = 0; u < kLinesUnroll; u++) send((t.rank + i) % t.n, line[u], live[u], a[u], b[u]);
+            }
+            if (keep != nullptr) {
+#pragma unroll
+                for (int u = 0; u < kLinesUnroll; u++) store(keep, bytes, line[u], live[u], a[u], b[u]);
+            }
         }
     }
     // Block `pe` of `in` (`bytes` each) to every peer `pe`, every line of

@@ -284,11 +284,12 @@ extern "C" __global__ void __launch_bounds__(512)
     shmem_allgather_ll128(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int in_place) {
     shmem::k::follow_stream();
     using namespace shmem::k;
-    Lines ll(t);
+    const uint64_t counter = lane_ll_counter(t);
+    Lines ll(t, Lines::Later{});
     const uint64_t lines = ll.lines(bytes);
     uint8_t *out = t.mine<uint8_t>(dst);
     const uint8_t *in = in_place ? out + t.rank * bytes : t.mine<uint8_t>(src);
-    ll.send_all(in, bytes, in_place ? nullptr : out + t.rank * bytes);
+    ll.send_all<true>(in, bytes, in_place ? nullptr : out + t.rank * bytes, counter);
     for (uint64_t base = ll.base(); base < lines; base += ll.stride()) {
         uint64_t line = ll.line_of(base);
         bool live = line < lines;

@@ -212,32 +212,54 @@ __device__ void allreduce_ll(const TeamSync &t, uint64_t dst_off, uint64_t src_o
 // The second half of the all-reduce and reduce-scatter by lines: what
 // every peer sent this PE, reduced in team order with this PE's own part
 // `own` (`bytes`), into `dst`. `dst` may be `own`: only this lane reads
-// and writes its words of a line, and it reads them first.
+// and writes its words of a line, and it reads them first. A warp takes
+// its lines of two passes at once (as `Lines::send_all` sends them), and
+// loads its own words of both before it waits for any peer's.
 template <typename T, int OP>
 __device__ void reduce_lines(const Lines &ll, uint8_t *dst, const uint8_t *own, uint64_t bytes) {
     using A = typename Acc<T>::type;
     constexpr int kPer = 16 / sizeof(T);
+    constexpr int kU = Lines::kLinesUnroll;
+    union Words {
+        uint64_t u[2];
+        T x[kPer];
+    };
+    const TeamSync &t = ll.packets.t;
     const uint64_t lines = ll.lines(bytes);
-    for (uint64_t base = ll.base(); base < lines; base += ll.stride()) {
-        uint64_t line = ll.line_of(base);
-        bool live = line < lines;
-        union {
-            uint64_t u[2];
-            T x[kPer];
-        } got;
-        A acc[kPer];
-        for (int pe = 0; pe < ll.packets.t.n; pe++) {
-            if (pe == ll.packets.t.rank) {
-                ll.load(own, bytes, line, live, got.u[0], got.u[1]);
-            } else {
-                ll.recv(pe, line, live, got.u[0], got.u[1]);
-            }
+    const uint64_t s = ll.stride();
+    for (uint64_t base = ll.base(); base < lines; base += kU * s) {
+        uint64_t line[kU];
+        bool live[kU];
+        Words mine[kU];
+        A acc[kU][kPer];
 #pragma unroll
-            for (int e = 0; e < kPer; e++) acc[e] = pe == 0 ? to_acc(got.x[e]) : combine<OP>(acc[e], to_acc(got.x[e]));
+        for (int u = 0; u < kU; u++) {
+            line[u] = ll.line_of(base + u * s);
+            live[u] = line[u] < lines;
+            ll.load(own, bytes, line[u], live[u], mine[u].u[0], mine[u].u[1]);
+        }
+        for (int pe = 0; pe < t.n; pe++) {
+#pragma unroll
+            for (int u = 0; u < kU; u++) {
+                Words got;
+                if (pe == t.rank) {
+                    got.u[0] = mine[u].u[0];
+                    got.u[1] = mine[u].u[1];
+                } else {
+                    ll.recv(pe, line[u], live[u], got.u[0], got.u[1]);
+                }
+#pragma unroll
+                for (int e = 0; e < kPer; e++)
+                    acc[u][e] = pe == 0 ? to_acc(got.x[e]) : combine<OP>(acc[u][e], to_acc(got.x[e]));
+            }
         }
 #pragma unroll
-        for (int e = 0; e < kPer; e++) got.x[e] = from_acc<T>(acc[e]);
-        ll.store(dst, bytes, line, live, got.u[0], got.u[1]);
+        for (int u = 0; u < kU; u++) {
+            Words out;
+#pragma unroll
+            for (int e = 0; e < kPer; e++) out.x[e] = from_acc<T>(acc[u][e]);
+            ll.store(dst, bytes, line[u], live[u], out.u[0], out.u[1]);
+        }
     }
 }
 
@@ -246,10 +268,11 @@ __device__ void reduce_lines(const Lines &ll, uint8_t *dst, const uint8_t *own, 
 // peer, then reduces what every peer sent for them in team order.
 template <typename T, int OP>
 __device__ void allreduce_ll128(const TeamSync &t, uint64_t dst_off, uint64_t src_off, uint64_t count) {
-    Lines ll(t);
+    const uint64_t counter = lane_ll_counter(t);
+    Lines ll(t, Lines::Later{});
     const uint64_t bytes = count * sizeof(T);
     const uint8_t *src = t.mine<uint8_t>(src_off);
-    ll.send_all(src, bytes, nullptr);
+    ll.send_all<true>(src, bytes, nullptr, counter);
     reduce_lines<T, OP>(ll, t.mine<uint8_t>(dst_off), src, bytes);
     ll.end();
 }
