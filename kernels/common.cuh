@@ -176,16 +176,18 @@ __device__ __forceinline__ Range split(uint64_t units, uint64_t part, uint64_t p
     return {div64(units * part, parts), div64(units * (part + 1), parts)};
 }
 
-// Copies `bytes` by the whole block: 16-byte vectors when both ends allow.
-__device__ __forceinline__ void block_copy(uint8_t *dst, const uint8_t *src, uint64_t bytes) {
+// Copies `bytes` by the `n` threads of a block whose index less the
+// group's first is `tid` (whole warps): 16-byte vectors when both ends
+// allow.
+__device__ __forceinline__ void group_copy(uint8_t *dst, const uint8_t *src, uint64_t bytes, uint64_t tid,
+                                           uint64_t n) {
     uint64_t align = reinterpret_cast<uint64_t>(dst) | reinterpret_cast<uint64_t>(src);
     uint64_t i = 0;
     if (align % 16 == 0) {
         const uint4 *s = reinterpret_cast<const uint4 *>(src);
         uint4 *d = reinterpret_cast<uint4 *>(dst);
         uint64_t v = bytes / 16;
-        uint64_t j = threadIdx.x;
-        const uint64_t n = blockDim.x;
+        uint64_t j = tid;
         // Four 16-byte loads in flight a thread before their stores: the
         // stores through NVLink keep more of the link busy.
         for (; j + 3 * n < v; j += 4 * n) {
@@ -209,10 +211,15 @@ __device__ __forceinline__ void block_copy(uint8_t *dst, const uint8_t *src, uin
     } else if (align % 4 == 0) {
         const uint32_t *s = reinterpret_cast<const uint32_t *>(src);
         uint32_t *d = reinterpret_cast<uint32_t *>(dst);
-        for (uint64_t j = threadIdx.x; j < bytes / 4; j += blockDim.x) d[j] = s[j];
+        for (uint64_t j = tid; j < bytes / 4; j += n) d[j] = s[j];
         i = bytes / 4 * 4;
     }
-    for (uint64_t j = i + threadIdx.x; j < bytes; j += blockDim.x) dst[j] = src[j];
+    for (uint64_t j = i + tid; j < bytes; j += n) dst[j] = src[j];
+}
+
+// Copies `bytes` by the whole block.
+__device__ __forceinline__ void block_copy(uint8_t *dst, const uint8_t *src, uint64_t bytes) {
+    group_copy(dst, src, bytes, threadIdx.x, blockDim.x);
 }
 
 // Copies `bytes` at `srcs[k]` to `dsts[k]` for every k < n (n at most
@@ -679,19 +686,32 @@ struct Lines {
     // false for lanes past the last line, which load nothing). The warp
     // converges first, so that each line is read by one load instruction.
     __device__ void recv(int pe, uint64_t line, bool live, uint64_t &a, uint64_t &b) const {
-        const uint64_t *p = at(reinterpret_cast<uint8_t *>(packets.t.heap), pe, line);
-        a = b = 0;
+        recv_lines<1>(pe, &line, &live, &a, &b);
+    }
+    // `recv` of kU lines `line[u]` from member `pe`, their first loads in
+    // flight together (whole warp).
+    template <int kU>
+    __device__ void recv_lines(int pe, const uint64_t *line, const bool *live, uint64_t *a, uint64_t *b) const {
+        uint8_t *heap = reinterpret_cast<uint8_t *>(packets.t.heap);
         __syncwarp();
-        if (live) ld_volatile_v2u64(p, a, b);
-        long long start = 0;
-        while (__any_sync(0xffffffffu, live && lane8() == 7 && b != flag)) {
-            if (start == 0) start = clock64();
-            if (clock64() - start > kWaitCycles) {
-                if (live && lane8() == 7 && b != flag)
-                    printf("shmem: waited too long for a line of a low-latency collective from PE %d\n", pe);
-                __trap();
+#pragma unroll
+        for (int u = 0; u < kU; u++) {
+            a[u] = b[u] = 0;
+            if (live[u]) ld_volatile_v2u64(at(heap, pe, line[u]), a[u], b[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < kU; u++) {
+            const uint64_t *p = at(heap, pe, line[u]);
+            long long start = 0;
+            while (__any_sync(0xffffffffu, live[u] && lane8() == 7 && b[u] != flag)) {
+                if (start == 0) start = clock64();
+                if (clock64() - start > kWaitCycles) {
+                    if (live[u] && lane8() == 7 && b[u] != flag)
+                        printf("shmem: waited too long for a line of a low-latency collective from PE %d\n", pe);
+                    __trap();
+                }
+                if (live[u]) ld_volatile_v2u64(p, a[u], b[u]);
             }
-            if (live) ld_volatile_v2u64(p, a, b);
         }
     }
     // Every line of `in` (`bytes`) to every peer, and into `keep` as well

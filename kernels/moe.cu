@@ -468,11 +468,12 @@ __device__ __forceinline__ int last_at_or_before(int n, Start start, uint64_t x)
 
 // Part `part` of `parts` of this PE's chunks for destination `d`
 // (planned at `plan(d, e)`, 4 words a chunk), split evenly by bytes:
-// copied into this PE's output (d is this PE) or sent to d's (whole
+// copied into this PE's output (d is this PE; by the block's first
+// `copiers` threads, whole warps, or all of them) or sent to d's (whole
 // block).
 template <typename Plan>
 __device__ __forceinline__ void a2av_send_part(const TeamSync &t, const A2av &a, Plan plan, int d, int part,
-                                               int parts) {
+                                               int parts, unsigned copiers = 0) {
     const int ne = a.ne;
     const uint8_t *in = t.mine<uint8_t>(a.input);
     const uint64_t *tail = plan(d, ne - 1);
@@ -501,7 +502,7 @@ __device__ __forceinline__ void a2av_send_part(const TeamSync &t, const A2av &a,
             const uint8_t *from = in + p[0] * a.row_bytes + skip;
             uint64_t to = a.output + p[1] * a.row_bytes + skip;
             if (d == t.rank) {
-                block_copy(t.mine<uint8_t>(to), from, a1 - a0);
+                group_copy(t.mine<uint8_t>(to), from, a1 - a0, threadIdx.x, copiers == 0 ? blockDim.x : copiers);
             } else {
                 block_send(t, d, to, from, a1 - a0);
             }
@@ -902,22 +903,42 @@ template <int K> struct A2avLines {
         }
     }
     // Every peer's chunks for this PE, as their lines arrive, into the
-    // output (the grid's warps).
-    __device__ void recv_rows(const TeamSync &t) const {
+    // output: by `group` warps of the grid, this one `gw` of them, each
+    // taking its lines of two passes at once (their loads in flight
+    // together).
+    __device__ void recv_rows(const TeamSync &t, uint64_t gw, uint64_t group) const {
         uint8_t *out = t.mine<uint8_t>(a.output);
+        const uint64_t stride = 4 * group;
         for (int k = 1; k < tb.n; k++) {
             const int s = (t.rank + k) % tb.n;
             const uint64_t *c = recvs + 3ull * s * a.ne;
             const uint64_t total = c[3 * (a.ne - 1) + 2] + row_lines(c[3 * (a.ne - 1) + 1]);
-            for (uint64_t b0 = split_lines + ln.base(); b0 < total; b0 += ln.stride()) {
-                const uint64_t line = ln.line_of(b0);
-                const bool live = line < total;
-                const uint64_t *h = c + 3 * last_at_or_before(a.ne, [&](int e) { return c[3 * e + 2]; }, line);
-                uint64_t x, y;
-                ln.recv(s, line, live, x, y);
-                ln.store(out + h[0] * a.row_bytes, h[1] * a.row_bytes, line - h[2], live, x, y);
+            for (uint64_t b0 = split_lines + 4 * gw; b0 < total; b0 += 2 * stride) {
+                uint64_t line[2], x[2], y[2];
+                bool live[2];
+                const uint64_t *h[2];
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    line[u] = ln.line_of(b0 + u * stride);
+                    live[u] = line[u] < total;
+                    h[u] = c + 3 * last_at_or_before(a.ne, [&](int e) { return c[3 * e + 2]; }, line[u]);
+                }
+                ln.recv_lines<2>(s, line, live, x, y);
+#pragma unroll
+                for (int u = 0; u < 2; u++)
+                    ln.store(out + h[u][0] * a.row_bytes, h[u][1] * a.row_bytes, line[u] - h[u][2], live[u], x[u], y[u]);
             }
         }
+    }
+    // The peers' lines for this PE, past their splits (after the plan).
+    __device__ uint64_t rows_in(const TeamSync &t) const {
+        uint64_t all = 0;
+        for (int s = 0; s < tb.n; s++) {
+            if (s == t.rank) continue;
+            const uint64_t *c = recvs + 3ull * s * a.ne;
+            all += c[3 * (a.ne - 1) + 2] + row_lines(c[3 * (a.ne - 1) + 1]) - split_lines;
+        }
+        return all;
     }
 };
 
@@ -961,10 +982,24 @@ template <int K> __device__ __forceinline__ void a2av_lines(const TeamSync &team
     } else {
         // The own copy's plan and the receipts' side by side.
         a2av_plan<K>(team, a, tb, [&] { x.plan_recvs(team); });
-        a2av_send_part(team, a, [&](int d, int e) { return tb.plan(d, e, a.ne); }, me, blockIdx.x, gridDim.x);
-        phase_mark("own_copy");
-        x.recv_rows(team);
-        phase_mark("recv_rows");
+        // This PE's own rows and the peers' lines side by side: the
+        // block's first warps copy its part of the own rows while the
+        // others take their share of the grid's lines, in proportion to
+        // the bytes of each (the same split in every block), so that
+        // neither's loads wait for the other's stores.
+        const int warps = blockDim.x / 32, w = threadIdx.x / 32;
+        const uint64_t *tail = tb.plan(me, a.ne - 1, a.ne);
+        const uint64_t own = (tail[3] + tail[2]) * a.row_bytes, in = x.rows_in(team) * (8 * Lines::kWords);
+        int copiers = in == 0 ? warps : own == 0 ? 0 : static_cast<int>(div64(own * warps + (own + in) / 2, own + in));
+        if (in != 0 && own != 0) copiers = min(max(copiers, 1), warps - 1);
+        if (w < copiers) {
+            a2av_send_part(team, a, [&](int d, int e) { return tb.plan(d, e, a.ne); }, me, blockIdx.x, gridDim.x,
+                           32 * copiers);
+        } else {
+            x.recv_rows(team, static_cast<uint64_t>(blockIdx.x) * (warps - copiers) + (w - copiers),
+                        static_cast<uint64_t>(gridDim.x) * (warps - copiers));
+        }
+        phase_mark("rows");
     }
     x.ln.end();
     phase_mark("end");
