@@ -838,18 +838,57 @@ template <int K> struct A2avLines {
         return min(split_lines + __shfl_sync(0xffffffffu, incl, 31), ln.room());
     }
 
-    // This PE's splits, then its chunks, to every peer (the grid's warps,
-    // 4 lines each a pass).
+    // This PE's splits, then its chunks, to every peer. Block 0 sends
+    // the splits to every peer first, then raises this PE's gate (the
+    // second word of its two-kernel staging, which this form does not
+    // use otherwise) to the operation's epoch; every warp's rows wait
+    // for the gate. Else the splits, which the peers' whole plan waits
+    // for, would share the link with every block's rows from the start
+    // and arrive behind much of them (at 128 tokens, 2–4.5 µs after
+    // their sending warp's start; session 18, run 1). The gate only
+    // orders what enters the link: the rows' lines are right wherever
+    // the splits are. The rows by the grid's warps, 4 lines each a pass.
     __device__ void send(const TeamSync &team) const {
         const uint8_t *in = team.mine<uint8_t>(a.input);
         const int64_t *mine = team.mine<int64_t>(a.splits);
         const uint64_t split_bytes = static_cast<uint64_t>(tb.w) * 8;
         const int lane = threadIdx.x % 32;
+        volatile uint64_t *gate = team.mine<uint64_t>(a.table) + 1;
+        const uint64_t epoch = ln.packets.epoch;
+        if (blockIdx.x == 0) {
+            for (int k = 1; k < tb.n; k++) {
+                const int d = (team.rank + k) % tb.n;
+                for (uint64_t b0 = threadIdx.x / 32 * 4; b0 < split_lines; b0 += blockDim.x / 8) {
+                    const uint64_t line = ln.line_of(b0);
+                    const bool live = line < split_lines;
+                    uint64_t x, y;
+                    ln.load(reinterpret_cast<const uint8_t *>(mine), split_bytes, line, live, x, y);
+                    ln.send(d, line, live, x, y);
+                }
+            }
+            __syncthreads();
+            if (threadIdx.x == 0) *gate = epoch;
+        }
         for (int k = 1; k < tb.n; k++) {
             const int d = (team.rank + k) % tb.n;
             uint64_t src, n_rows, first;
             const uint64_t total = warp_chunks(mine, d, src, n_rows, first);
-            for (uint64_t b0 = ln.base(); b0 < total; b0 += ln.stride()) {
+            // (The first peer's chunks worked out beside the gate's wait;
+            // a gate left at another value by the two-kernel form only
+            // lets the rows go early.)
+            if (k == 1) {
+                if (lane == 0) {
+                    const long long start = clock64();
+                    while (*gate < epoch) {
+                        if (clock64() - start > kWaitCycles) {
+                            printf("shmem: an MoE line kernel's rows waited too long for its own splits' sending\n");
+                            __trap();
+                        }
+                    }
+                }
+                __syncwarp();
+            }
+            for (uint64_t b0 = split_lines + ln.base(); b0 < total; b0 += ln.stride()) {
                 const uint64_t line = ln.line_of(b0);
                 const bool live = line < total;
                 // The chunk of this lane's line: the last that starts at
@@ -863,11 +902,7 @@ template <int K> struct A2avLines {
                 const uint64_t c_src = __shfl_sync(0xffffffffu, src, e), c_rows = __shfl_sync(0xffffffffu, n_rows, e),
                                c_first = __shfl_sync(0xffffffffu, first, e);
                 uint64_t x, y;
-                if (line < split_lines) {
-                    ln.load(reinterpret_cast<const uint8_t *>(mine), split_bytes, line, live, x, y);
-                } else {
-                    ln.load(in + c_src * a.row_bytes, c_rows * a.row_bytes, line - c_first, live, x, y);
-                }
+                ln.load(in + c_src * a.row_bytes, c_rows * a.row_bytes, line - c_first, live, x, y);
                 ln.send(d, line, live, x, y);
             }
         }
