@@ -686,33 +686,45 @@ struct Lines {
     // false for lanes past the last line, which load nothing). The warp
     // converges first, so that each line is read by one load instruction.
     __device__ void recv(int pe, uint64_t line, bool live, uint64_t &a, uint64_t &b) const {
-        recv_lines<1>(pe, &line, &live, &a, &b);
+        const uint64_t *p = at(reinterpret_cast<uint8_t *>(packets.t.heap), pe, line);
+        a = b = 0;
+        __syncwarp();
+        if (live) ld_volatile_v2u64(p, a, b);
+        wait_line(pe, p, live, a, b);
+    }
+    // Reloads this lane's words of the line at `p` (from member `pe`)
+    // until the warp's lines all carry the flag (whole warp; each reload
+    // one load instruction of the converged warp).
+    __device__ void wait_line(int pe, const uint64_t *p, bool live, uint64_t &a, uint64_t &b) const {
+        long long start = 0;
+        while (__any_sync(0xffffffffu, live && lane8() == 7 && b != flag)) {
+            if (start == 0) start = clock64();
+            if (clock64() - start > kWaitCycles) {
+                if (live && lane8() == 7 && b != flag)
+                    printf("shmem: waited too long for a line of a low-latency collective from PE %d\n", pe);
+                __trap();
+            }
+            if (live) ld_volatile_v2u64(p, a, b);
+        }
     }
     // `recv` of kU lines `line[u]` from member `pe`, their first loads in
-    // flight together (whole warp).
+    // flight together (whole warp): each load after the warp converges,
+    // as in `recv`.
     template <int kU>
     __device__ void recv_lines(int pe, const uint64_t *line, const bool *live, uint64_t *a, uint64_t *b) const {
-        uint8_t *heap = reinterpret_cast<uint8_t *>(packets.t.heap);
-        __syncwarp();
+        const uint64_t *p[kU];
 #pragma unroll
         for (int u = 0; u < kU; u++) {
+            p[u] = at(reinterpret_cast<uint8_t *>(packets.t.heap), pe, line[u]);
             a[u] = b[u] = 0;
-            if (live[u]) ld_volatile_v2u64(at(heap, pe, line[u]), a[u], b[u]);
         }
 #pragma unroll
         for (int u = 0; u < kU; u++) {
-            const uint64_t *p = at(heap, pe, line[u]);
-            long long start = 0;
-            while (__any_sync(0xffffffffu, live[u] && lane8() == 7 && b[u] != flag)) {
-                if (start == 0) start = clock64();
-                if (clock64() - start > kWaitCycles) {
-                    if (live[u] && lane8() == 7 && b[u] != flag)
-                        printf("shmem: waited too long for a line of a low-latency collective from PE %d\n", pe);
-                    __trap();
-                }
-                if (live[u]) ld_volatile_v2u64(p, a[u], b[u]);
-            }
+            __syncwarp();
+            if (live[u]) ld_volatile_v2u64(p[u], a[u], b[u]);
         }
+#pragma unroll
+        for (int u = 0; u < kU; u++) wait_line(pe, p[u], live[u], a[u], b[u]);
     }
     // Every line of `in` (`bytes`) to every peer, and into `keep` as well
     // unless it is null (the all-gather's own block, out of place). A warp
