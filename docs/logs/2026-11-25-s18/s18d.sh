@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 18 run 4, two H100s. The build of 5f6d65d (Lines::recv as it was
+# Session 18 run 4, two H100s. The build of ceb556d (Lines::recv as it was
 # before this session, recv_lines loading each line after the warp
 # converges, the MoE rows gated behind the splits only from 1024 lines a
 # peer) against dc17ab6 (old/): the MoE forms at 1, 32 and 128 tokens and
