@@ -843,15 +843,19 @@ template <int K> struct A2avLines {
     }
 
     // This PE's splits, then its chunks, to every peer. Block 0 sends
-    // the splits to every peer first, then raises this PE's gate (the
-    // second word of its two-kernel staging, which this form does not
-    // use otherwise) to the operation's epoch; every warp's rows wait
-    // for the gate. Else the splits, which the peers' whole plan waits
-    // for, would share the link with every block's rows from the start
-    // and arrive behind much of them (at 128 tokens, 2–4.5 µs after
-    // their sending warp's start; session 18, run 1). The gate only
-    // orders what enters the link: the rows' lines are right wherever
-    // the splits are. The rows by the grid's warps, 4 lines each a pass.
+    // the splits to every peer first. Where this PE has kGateMinLines
+    // lines or more for its first peer, block 0 then raises this PE's
+    // gate (the second word of its two-kernel staging, which this form
+    // does not use otherwise) to the operation's epoch, once all its
+    // warps are past their splits' sends, and every warp's rows wait for
+    // the gate. Else the splits, which the peers' whole plan waits for,
+    // would share the link with every block's rows from the start and
+    // arrive behind much of them (at 128 tokens, 2–4.5 µs after their
+    // sending warp's start; session 18, run 1). Fewer rows go at once:
+    // they hold the splits back little, and the wait cost one token
+    // 0.5–0.6 µs (run 2). The gate only orders what enters the link: the
+    // rows' lines are right wherever the splits are. The rows by the
+    // grid's warps, 4 lines each a pass.
     __device__ void send(const TeamSync &team) const {
         const uint8_t *in = team.mine<uint8_t>(a.input);
         const int64_t *mine = team.mine<int64_t>(a.splits);
@@ -870,20 +874,20 @@ template <int K> struct A2avLines {
                     ln.send(d, line, live, x, y);
                 }
             }
-            __syncthreads();
-            if (threadIdx.x == 0) *gate = epoch;
         }
         for (int k = 1; k < tb.n; k++) {
             const int d = (team.rank + k) % tb.n;
             uint64_t src, n_rows, first;
             const uint64_t total = warp_chunks(mine, d, src, n_rows, first);
-            // (The first peer's chunks worked out beside the gate's wait;
-            // a gate left at another value by the two-kernel form only
-            // lets the rows go early.) Rows of fewer than kGateMinLines
-            // lines for the first peer go at once: they hold the splits
-            // back little, and at one token the wait cost 0.5–0.6 µs
-            // (run 2).
+            // (`total` is the same in every warp of this PE, so block 0's
+            // barrier is reached by all its threads or none. A gate left
+            // at another value by the two-kernel form only lets the rows
+            // go early.)
             if (k == 1 && total >= split_lines + kGateMinLines) {
+                if (blockIdx.x == 0) {
+                    __syncthreads();
+                    if (threadIdx.x == 0) *gate = epoch;
+                }
                 if (lane == 0) {
                     const long long start = clock64();
                     while (*gate < epoch) {
