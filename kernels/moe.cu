@@ -842,20 +842,22 @@ template <int K> struct A2avLines {
         return min(split_lines + __shfl_sync(0xffffffffu, incl, 31), ln.room());
     }
 
-    // This PE's splits, then its chunks, to every peer. Block 0 sends
-    // the splits to every peer first. Where this PE has kGateMinLines
-    // lines or more for its first peer, block 0 then raises this PE's
-    // gate (the second word of its two-kernel staging, which this form
-    // does not use otherwise) to the operation's epoch, once all its
-    // warps are past their splits' sends, and every warp's rows wait for
-    // the gate. Else the splits, which the peers' whole plan waits for,
-    // would share the link with every block's rows from the start and
-    // arrive behind much of them (at 128 tokens, 2–4.5 µs after their
-    // sending warp's start; session 18, run 1). Fewer rows go at once:
-    // they hold the splits back little, and the wait cost one token
-    // 0.5–0.6 µs (run 2). The gate only orders what enters the link: the
-    // rows' lines are right wherever the splits are. The rows by the
-    // grid's warps, 4 lines each a pass.
+    // This PE's splits, then its chunks, to every peer. Block 0's first
+    // warp (its first few, for many PEs and experts) sends the splits to
+    // every peer first, then raises this PE's gate (the second word of
+    // its two-kernel staging, which this form does not use otherwise) to
+    // the operation's epoch; where this PE has kGateMinLines lines or
+    // more for its first peer, every warp's rows wait for the gate. Else
+    // the splits, which the peers' whole plan waits for, would share the
+    // link with every block's rows from the start and arrive behind much
+    // of them (at 128 tokens, 2–4.7 µs after their sending warp's start;
+    // session 18, run 1). Fewer rows go at once: they hold the splits
+    // back little, and the wait cost one token 0.5–0.6 µs (run 2). The
+    // gate orders only what enters the link: the rows' lines are right
+    // wherever the splits are. No block barrier: run 4's, after the
+    // splits' sends, held block 0's rows back 0.3–0.44 µs at one token,
+    // and run 5's, after the rows' plan, the gate 0.3–0.6 µs at 32 and
+    // 128. The rows by the grid's warps, 4 lines each a pass.
     __device__ void send(const TeamSync &team) const {
         const uint8_t *in = team.mine<uint8_t>(a.input);
         const int64_t *mine = team.mine<int64_t>(a.splits);
@@ -863,7 +865,8 @@ template <int K> struct A2avLines {
         const int lane = threadIdx.x % 32;
         volatile uint64_t *gate = team.mine<uint64_t>(a.table) + 1;
         const uint64_t epoch = ln.packets.epoch;
-        if (blockIdx.x == 0) {
+        const uint64_t senders = min((split_lines + 3) / 4, static_cast<uint64_t>(blockDim.x / 32));
+        if (blockIdx.x == 0 && threadIdx.x / 32 < senders) {
             for (int k = 1; k < tb.n; k++) {
                 const int d = (team.rank + k) % tb.n;
                 for (uint64_t b0 = threadIdx.x / 32 * 4; b0 < split_lines; b0 += blockDim.x / 8) {
@@ -874,20 +877,22 @@ template <int K> struct A2avLines {
                     ln.send(d, line, live, x, y);
                 }
             }
+            // Only the senders meet (barrier 1; __syncthreads is 0).
+            if (senders > 1) {
+                asm volatile("bar.sync 1, %0;" ::"r"(static_cast<unsigned>(senders * 32)) : "memory");
+            } else {
+                __syncwarp();
+            }
+            if (threadIdx.x == 0) *gate = epoch;
         }
         for (int k = 1; k < tb.n; k++) {
             const int d = (team.rank + k) % tb.n;
             uint64_t src, n_rows, first;
             const uint64_t total = warp_chunks(mine, d, src, n_rows, first);
-            // (`total` is the same in every warp of this PE, so block 0's
-            // barrier is reached by all its threads or none. A gate left
-            // at another value by the two-kernel form only lets the rows
-            // go early.)
+            // (The first peer's chunks worked out beside the gate's wait;
+            // a gate left at another value by the two-kernel form only
+            // lets the rows go early.)
             if (k == 1 && total >= split_lines + kGateMinLines) {
-                if (blockIdx.x == 0) {
-                    __syncthreads();
-                    if (threadIdx.x == 0) *gate = epoch;
-                }
                 if (lane == 0) {
                     const long long start = clock64();
                     while (*gate < epoch) {
