@@ -32,7 +32,10 @@ pub enum AllReduceAlgo {
     /// As [`LowLatency`](Self::LowLatency), in 128-byte lines of 120 data
     /// bytes and one flag (NCCL's LL128): about half the bytes on the link
     /// of the 8-byte packets. World team, up to the packets' room (1 MiB a
-    /// peer in worlds of up to 8 PEs, else 128 KiB), NVLink path.
+    /// peer in worlds of up to 8 PEs, else 128 KiB), NVLink path. Not
+    /// chosen by default: on 2×H100 a receiver has been seen to take a
+    /// line on its flag while the line's first 64 bytes were still stale
+    /// ([`LOW_LATENCY_LINES_MIN_BYTES`]).
     LowLatency128,
     /// Every PE stores its input into every peer's staging with one flag
     /// per block, and reduces what arrives: no barrier, plain 16-byte
@@ -96,7 +99,8 @@ pub enum MoeKernels {
     /// The world team, every peer over NVLink, at most 32 experts per PE,
     /// an input that fits the buffer ([`moe_lines_fit`]) and splits within
     /// 46 KiB of shared memory, as [`MoeKernels::Auto`]'s one kernel;
-    /// otherwise as [`MoeKernels::Auto`] without it.
+    /// otherwise as [`MoeKernels::Auto`] without it. Its lines share the
+    /// protocol of [`AllReduceAlgo::LowLatency128`], and its caveat.
     Lines,
 }
 
@@ -163,28 +167,32 @@ pub fn low_latency_lines_min_bytes(tuning: &Tuning) -> usize {
     tuning.low_latency_lines_min_bytes.unwrap_or(LOW_LATENCY_LINES_MIN_BYTES)
 }
 
-/// From this message a peer the low-latency kernels move lines. On 2×H100
-/// (graph replays; `docs/perf.md`, session 17) the lines were the fastest
-/// setting of every collective at 512 KiB and 1 MiB (the all-reduce of 1
-/// MiB in 6.92 µs against 9.23 by the push kernel, the all-gather in 4.96
-/// against 5.80); at 256 KiB of the all-reduce (4.04 µs against 4.30),
-/// broadcast and reduce-scatter, while the packets were 0.15–0.18 µs
-/// faster there for all-gather and all-to-all, and 0.2–0.4 µs faster for
-/// every collective from 32 to 128 KiB.
-pub const LOW_LATENCY_LINES_MIN_BYTES: usize = 256 << 10;
+/// From this message a peer the low-latency kernels move lines: by
+/// default never. On 2×H100 (graph replays; `docs/perf.md`, sessions 17
+/// and 18) the lines were the fastest setting of every collective at 512
+/// KiB and 1 MiB (the all-reduce of 1 MiB in 6.77–6.92 µs against 9.23 by
+/// the push kernel), but in session 18 the all-to-all by lines returned
+/// wrong data in 4 of 24 runs of its test: a receiver took a line on its
+/// flag (the line's last 8 bytes) while the line's first 64 bytes still
+/// held the buffer's older contents. Until the protocol guards each half
+/// of a line, they are used only where asked for
+/// ([`AllReduceAlgo::LowLatency128`], [`Tuning::low_latency_lines_min_bytes`]).
+pub const LOW_LATENCY_LINES_MIN_BYTES: usize = usize::MAX;
 
 /// The largest input (bytes of a PE's rows) that [`MoeKernels::Auto`]
 /// sends in lines ([`MoeKernels::Lines`]) where they fit, under `tuning`;
-/// by default [`MOE_LINES_MAX_BYTES`].
-pub fn moe_lines_max_bytes(tuning: &Tuning) -> usize {
-    tuning.moe_lines_max_bytes.unwrap_or(MOE_LINES_MAX_BYTES)
+/// by default [`MOE_LINES_MAX_BYTES`] (`None`: no input).
+pub fn moe_lines_max_bytes(tuning: &Tuning) -> Option<usize> {
+    tuning.moe_lines_max_bytes.or(MOE_LINES_MAX_BYTES)
 }
 
-/// Every input that fits goes in lines by default: on 2×H100 (graphs,
-/// 7168 bf16 a token, 8 experts a PE; session 17) the line kernel
-/// dispatched 1 token in 6.66 µs against the one kernel's 8.04 and 128 in
-/// 10.27 against 10.59; it combined 128 in 10.04 against 10.80.
-pub const MOE_LINES_MAX_BYTES: usize = usize::MAX;
+/// No input goes in lines by default. On 2×H100 (graphs, 7168 bf16 a
+/// token, 8 experts a PE; sessions 17 and 18) the line kernel was the
+/// faster form (128 tokens dispatched in 9.28 µs against the one kernel's
+/// 10.59), but its lines share the protocol that returned wrong data in
+/// session 18's all-to-all test (see [`LOW_LATENCY_LINES_MIN_BYTES`]):
+/// [`MoeKernels::Lines`] or [`Tuning::moe_lines_max_bytes`] ask for it.
+pub const MOE_LINES_MAX_BYTES: Option<usize> = None;
 
 /// Blocks of the low-latency kernels for a message of `bytes` a peer
 /// under `tuning`: by default 16 below 32 KiB and 128 from there (on
@@ -288,7 +296,8 @@ pub struct Tuning {
     /// Smallest message (bytes one PE sends another) that the low-latency
     /// kernels move in 128-byte lines of 120 data bytes and a flag (NCCL's
     /// LL128) rather than in 8-byte packets with a flag each: by default as
-    /// [`low_latency_lines_min_bytes`] says.
+    /// [`low_latency_lines_min_bytes`] says (never: see
+    /// [`LOW_LATENCY_LINES_MIN_BYTES`]).
     pub low_latency_lines_min_bytes: Option<usize>,
     /// Blocks of the low-latency kernels at every size: by default as
     /// [`low_latency_blocks`] says; 1 to 128 (outside, the nearer end).
@@ -308,8 +317,8 @@ pub struct Tuning {
     /// The largest input (bytes of rows a PE's input holds) for which
     /// [`MoeKernels::Auto`] moves the rows in lines
     /// ([`MoeKernels::Lines`]) where they fit: by default as
-    /// [`moe_lines_max_bytes`] says (every input that fits); 0 leaves only
-    /// empty inputs to them.
+    /// [`moe_lines_max_bytes`] says (no input: see
+    /// [`MOE_LINES_MAX_BYTES`]); 0 leaves only empty inputs to them.
     pub moe_lines_max_bytes: Option<usize>,
     /// A team of one PE (the world of a single-PE run, or a split team of
     /// one): every data collective's result is its source as it is (a
@@ -381,10 +390,10 @@ mod tests {
     }
 
     #[test]
-    fn defaults_measured_on_two_h100s() {
+    fn defaults() {
         let none = Tuning::default();
-        assert_eq!(low_latency_lines_min_bytes(&none), 256 << 10);
-        assert_eq!(moe_lines_max_bytes(&none), usize::MAX, "the line kernel wherever it fits");
+        assert_eq!(low_latency_lines_min_bytes(&none), usize::MAX, "no lines unless asked for");
+        assert_eq!(moe_lines_max_bytes(&none), None, "no MoE line kernel unless asked for");
         assert_eq!(broadcast_pull_min_bytes(&none), usize::MAX, "no broadcast pulled");
         let tuned = Tuning {
             low_latency_lines_min_bytes: Some(0),
@@ -393,7 +402,7 @@ mod tests {
             ..Tuning::default()
         };
         assert_eq!(low_latency_lines_min_bytes(&tuned), 0);
-        assert_eq!(moe_lines_max_bytes(&tuned), 0);
+        assert_eq!(moe_lines_max_bytes(&tuned), Some(0));
         assert_eq!(broadcast_pull_min_bytes(&tuned), 16 << 20);
     }
 

@@ -1090,7 +1090,7 @@ impl Kernels {
             && moe_lines_fit(n, ne, a.kind == 2, in_bytes)
             && match form {
                 MoeKernels::Lines => true,
-                MoeKernels::Auto => in_bytes <= moe_lines_max_bytes(&settings.tuning),
+                MoeKernels::Auto => moe_lines_max_bytes(&settings.tuning).is_some_and(|max| in_bytes <= max),
                 MoeKernels::PlanThenMove => false,
             };
         // The blocks, by what the input can hold (the line kernel: all of
