@@ -9,9 +9,8 @@
 # RMA (all-gather and broadcast, in place included).
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../.gpu-bundle" && pwd)
 . "$here/../docs/logs/2026-11-25-s12/common.sh"
-. "$here/../docs/logs/2026-11-25-s14/common.sh"
-unpack_old
-unpack_phases
+. "$here/../docs/logs/2026-11-25-s18/common.sh"
+start_ab_phases
 for k in 1 2; do
     ab_each "ar-{v}$k" 40 2 --op all_reduce --dtype bf16,f32 --min-bytes 256K --max-bytes 1M --graph --impl shmem,nccl
     ab_each "mv-{v}$k" 40 2 --op all_gather,reduce_scatter --dtype bf16 --min-bytes 256K --max-bytes 1M --graph \

@@ -4,9 +4,7 @@
 # every `coll::` test again.
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../.gpu-bundle" && pwd)
 . "$here/../docs/logs/2026-11-25-s12/common.sh"
-for seed in 11 12 13 14 15 16 17 18 19 20; do
-    run "a2a-$seed" 60 env SHMEM_TEST_SEED=$seed SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n 2 "$bin/spmd" \
-        coll::all_to_all::default
-done
+. "$here/../docs/logs/2026-11-25-s18/common.sh"
+torn_test 11 12 13 14 15 16 17 18 19 20
 run coll 170 env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n 2 "$bin/spmd" coll::
 pack

@@ -5,10 +5,8 @@
 # all-reduce and all-to-all at 256 KiB–1 MiB against NCCL (graphs).
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../.gpu-bundle" && pwd)
 . "$here/../docs/logs/2026-11-25-s12/common.sh"
-for seed in 12 19 21 22 23 24 25 26 27 28; do
-    run "a2a-$seed" 60 env SHMEM_TEST_SEED=$seed SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n 2 "$bin/spmd" \
-        coll::all_to_all::default
-done
+. "$here/../docs/logs/2026-11-25-s18/common.sh"
+torn_test 12 19 21 22 23 24 25 26 27 28
 run defaults 90 env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n 2 "$bin/spmd" ::default
 run bench 40 "$bin/shmemrun" -n 2 "$bin/shmem-bench" --backend gpu --op all_reduce,all_to_all --dtype bf16 \
     --min-bytes 256K --max-bytes 1M --graph --impl shmem,nccl --json "$dest/r/bench.jsonl"
