@@ -1043,7 +1043,9 @@ template <int K> __device__ __forceinline__ void a2av_lines(const TeamSync &team
         const uint64_t own = (tail[3] + tail[2]) * a.row_bytes, in = x.rows_in(team) * (8 * Lines::kWords);
         // (In single precision, rounded: the same in every block, and no
         // 64-bit division, which cost this step about 0.5 µs in run 2.)
-        int copiers = in == 0 ? warps : own == 0 ? 0 : __float2int_rn(__fdividef(static_cast<float>(own) * warps, static_cast<float>(own + in)));
+        int copiers = in == 0    ? warps
+                      : own == 0 ? 0
+                                 : __float2int_rn(__fdividef(static_cast<float>(own) * warps, static_cast<float>(own + in)));
         if (in != 0 && own != 0) copiers = min(max(copiers, 1), warps - 1);
         if (w < copiers) {
             a2av_send_part(team, a, [&](int d, int e) { return tb.plan(d, e, a.ne); }, me, blockIdx.x, gridDim.x,
