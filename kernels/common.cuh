@@ -686,11 +686,7 @@ struct Lines {
     // false for lanes past the last line, which load nothing). The warp
     // converges first, so that each line is read by one load instruction.
     __device__ void recv(int pe, uint64_t line, bool live, uint64_t &a, uint64_t &b) const {
-        const uint64_t *p = at(reinterpret_cast<uint8_t *>(packets.t.heap), pe, line);
-        a = b = 0;
-        __syncwarp();
-        if (live) ld_volatile_v2u64(p, a, b);
-        wait_line(pe, p, live, a, b);
+        recv_lines<1>(pe, &line, &live, &a, &b);
     }
     // Reloads this lane's words of the line at `p` (from member `pe`)
     // until the warp's lines all carry the flag (whole warp; each reload

@@ -469,11 +469,11 @@ __device__ __forceinline__ int last_at_or_before(int n, Start start, uint64_t x)
 // Part `part` of `parts` of this PE's chunks for destination `d`
 // (planned at `plan(d, e)`, 4 words a chunk), split evenly by bytes:
 // copied into this PE's output (d is this PE; by the block's first
-// `copiers` threads, whole warps, or all of them) or sent to d's (whole
-// block).
+// `threads` threads, whole warps, or all of them where 0) or sent to d's
+// (whole block).
 template <typename Plan>
 __device__ __forceinline__ void a2av_send_part(const TeamSync &t, const A2av &a, Plan plan, int d, int part,
-                                               int parts, unsigned copiers = 0) {
+                                               int parts, unsigned threads = 0) {
     const int ne = a.ne;
     const uint8_t *in = t.mine<uint8_t>(a.input);
     const uint64_t *tail = plan(d, ne - 1);
@@ -502,7 +502,7 @@ __device__ __forceinline__ void a2av_send_part(const TeamSync &t, const A2av &a,
             const uint8_t *from = in + p[0] * a.row_bytes + skip;
             uint64_t to = a.output + p[1] * a.row_bytes + skip;
             if (d == t.rank) {
-                group_copy(t.mine<uint8_t>(to), from, a1 - a0, threadIdx.x, copiers == 0 ? blockDim.x : copiers);
+                group_copy(t.mine<uint8_t>(to), from, a1 - a0, threadIdx.x, threads == 0 ? blockDim.x : threads);
             } else {
                 block_send(t, d, to, from, a1 - a0);
             }
@@ -963,7 +963,7 @@ template <int K> struct A2avLines {
         for (int k = 1; k < tb.n; k++) {
             const int s = (t.rank + k) % tb.n;
             const uint64_t *c = recvs + 3ull * s * a.ne;
-            const uint64_t total = c[3 * (a.ne - 1) + 2] + row_lines(c[3 * (a.ne - 1) + 1]);
+            const uint64_t total = lines_from(s);
             for (uint64_t b0 = split_lines + 4 * gw; b0 < total; b0 += 2 * stride) {
                 uint64_t line[2], x[2], y[2];
                 bool live[2];
@@ -981,14 +981,17 @@ template <int K> struct A2avLines {
             }
         }
     }
+    // Lines PE `s` sends this PE, its splits' included: to the end of
+    // its last chunk for this PE (after the plan).
+    __device__ uint64_t lines_from(int s) const {
+        const uint64_t *last = recvs + 3 * (static_cast<uint64_t>(s) * a.ne + a.ne - 1);
+        return last[2] + row_lines(last[1]);
+    }
     // The peers' lines for this PE, past their splits (after the plan).
     __device__ uint64_t rows_in(const TeamSync &t) const {
         uint64_t all = 0;
-        for (int s = 0; s < tb.n; s++) {
-            if (s == t.rank) continue;
-            const uint64_t *c = recvs + 3ull * s * a.ne;
-            all += c[3 * (a.ne - 1) + 2] + row_lines(c[3 * (a.ne - 1) + 1]) - split_lines;
-        }
+        for (int s = 0; s < tb.n; s++)
+            if (s != t.rank) all += lines_from(s) - split_lines;
         return all;
     }
 };
