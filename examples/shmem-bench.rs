@@ -240,7 +240,7 @@ struct Args {
     push_blocks: Option<u32>,
     /// GPU kernels' tuning: MoE bytes of the busiest PE's rows per working
     /// data block (the line kernel: of the input per block) [default: 32K;
-    /// the line kernel: 7680]
+    /// the line kernel: 7168]
     #[arg(long, value_parser = parse_bytes)]
     moe_block_bytes: Option<usize>,
     /// GPU kernels' tuning: the largest MoE input (bytes of a PE's input

@@ -477,6 +477,12 @@ constexpr uint64_t kLLMaxBytesSmallTeam = 1 << 20;
 __device__ __forceinline__ uint64_t ll_max_bytes(int n) {
     return n <= kPushMaxTeam ? kLLMaxBytesSmallTeam : kLLMaxBytes;
 }
+// A sender's buffer (for one epoch parity): its packets' room, twice its
+// data, and 64 KiB more that only lines use (512 lines), so that the MoE
+// line kernel's 128 tokens of 7168 bf16 fit with their splits
+// (`low_latency_buffer_bytes` in algo.rs, which must agree).
+constexpr uint64_t kLinesSlackBytes = 64 << 10;
+__device__ __forceinline__ uint64_t ll_buffer_bytes(int n) { return 2 * ll_max_bytes(n) + kLinesSlackBytes; }
 
 // Writes `epoch` into every shared LL/push counter this block owns, a
 // thread each (a one-block kernel owns all 128).
@@ -583,7 +589,7 @@ struct LL {
     __device__ uint64_t first() const { return static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
     __device__ uint64_t stride() const { return static_cast<uint64_t>(gridDim.x) * blockDim.x; }
     __device__ uint64_t slot(int sender, uint64_t c) const {
-        return t.ll_offset + ((parity * t.n + sender) * (ll_max_bytes(t.n) / 8) + c) * 16;
+        return t.ll_offset + (parity * t.n + sender) * ll_buffer_bytes(t.n) + c * 16;
     }
     __device__ void send(int pe, uint64_t c, uint64_t data) const {
         packet_store(t.at<uint4>(pe, slot(t.rank, c)), data, flag);
@@ -603,15 +609,18 @@ __device__ __forceinline__ void ld_volatile_v2u64(const uint64_t *p, uint64_t &a
 }
 
 // The line protocol (LL128; world team, every peer over NVLink, the
-// low-latency packets' room and epochs): data travels in 128-byte lines
-// of 120 data bytes and one 8-byte flag, each line stored by 8 lanes of a
-// warp with one 16-byte store each (lane 8k + 7 carries the flag), so the
-// line is one 128-byte write on the link; the receiver loads it the same
-// way (one 128-byte read) and retries the warp's load until every line's
-// flag is this operation's. It counts, as NCCL's LL128 protocol does on
-// these GPUs, on NVLink delivering an aligned 128-byte store of a warp
-// whole: the flag's arrival is then its line's. Against the 8-byte
-// packets, a line carries 15 words for 16 moved instead of 1 for 2.
+// low-latency packets' room and epochs): data travels in 128-byte lines,
+// each stored by 8 lanes of a warp with one 16-byte store each, so that
+// the line is one 128-byte write on the link, and loaded the same way;
+// the receiver retries the warp's load until every flag of its lines is
+// this operation's. Each 64-byte half of a line carries its own flag (the
+// second word of lanes 3 and 7), so a line holds 112 data bytes (14 words
+// for 16 moved, against 1 for 2 in the 8-byte packets). NCCL's LL128
+// trusts one flag a line, counting on an aligned 128-byte store of a warp
+// to arrive whole; on 2×H100 (docs/perf.md, session 18) a receiver saw a
+// line's flag while its first 64 bytes still held an earlier operation's
+// packets, once in about a hundred line operations, as NVIDIA/nccl#2053
+// reports of GH200. A half's flag is its half's arrival.
 //
 // The lines of a sender go where its packets would (`LL::slot`), so the
 // two protocols share the buffers, the epochs and the argument about
@@ -621,7 +630,10 @@ __device__ __forceinline__ void ld_volatile_v2u64(const uint64_t *p, uint64_t &a
 struct Lines {
     LL packets;  // the team, the epoch, the flag and the slots the lines share
     uint64_t flag;  // the packets' flag in both halves
-    static constexpr uint64_t kWords = 15;  // data words in a line
+    // Flags a line (one a 64-byte half), lanes a flag, data words a line.
+    static constexpr int kFlags = 2;
+    static constexpr int kLanesPerFlag = 8 / kFlags;
+    static constexpr uint64_t kWords = 16 - kFlags;
     // Passes a warp takes at once in `send_all` and `reduce_lines`.
     static constexpr int kLinesUnroll = 2;
 
@@ -641,7 +653,7 @@ struct Lines {
         flag = packets.flag | static_cast<uint64_t>(packets.flag) << 32;
     }
     // Lines a sender has in a receiver's buffer.
-    __device__ uint64_t room() const { return 2 * ll_max_bytes(packets.t.n) / 128; }
+    __device__ uint64_t room() const { return ll_buffer_bytes(packets.t.n) / 128; }
     // Lines for `bytes` (at least one, so that every peer hears from every peer).
     __device__ uint64_t lines(uint64_t bytes) const { return bytes == 0 ? 1 : (bytes + 8 * kWords - 1) / (8 * kWords); }
     // A pass covers 4 lines a warp; `base()` is this warp's first, the
@@ -649,10 +661,12 @@ struct Lines {
     __device__ uint64_t base() const { return (static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32 * 4; }
     __device__ uint64_t stride() const { return static_cast<uint64_t>(gridDim.x) * blockDim.x / 8; }
     __device__ int lane8() const { return threadIdx.x % 8; }
+    // Whether this lane's second word is its half's flag (else data).
+    __device__ bool flag_lane() const { return lane8() % kLanesPerFlag == kLanesPerFlag - 1; }
     __device__ uint64_t line_of(uint64_t base) const { return base + (threadIdx.x % 32) / 8; }
     // 8-byte chunk (of the data) of this lane's first word in `line`; the
-    // second, for lanes 0–6, follows it.
-    __device__ uint64_t chunk(uint64_t line) const { return line * kWords + 2 * lane8(); }
+    // second, for lanes not `flag_lane`, follows it.
+    __device__ uint64_t chunk(uint64_t line) const { return line * kWords + 2 * lane8() - lane8() / kLanesPerFlag; }
     // This lane's 16 bytes of `line` in `sender`'s slots of the heap at `heap`.
     __device__ uint64_t *at(uint8_t *heap, int sender, uint64_t line) const {
         return reinterpret_cast<uint64_t *>(heap + packets.slot(sender, 0) + line * 128 + lane8() * 16);
@@ -662,17 +676,17 @@ struct Lines {
     __device__ void load(const uint8_t *p, uint64_t len, uint64_t line, bool live, uint64_t &a, uint64_t &b) const {
         uint64_t c = chunk(line);
         a = live ? load8(p, c, len) : 0;
-        b = live && lane8() < 7 ? load8(p, c + 1, len) : 0;
+        b = live && !flag_lane() ? load8(p, c + 1, len) : 0;
     }
     // Stores this lane's words of `line` into the `len` bytes at `p`.
     __device__ void store(uint8_t *p, uint64_t len, uint64_t line, bool live, uint64_t a, uint64_t b) const {
         if (!live) return;
         uint64_t c = chunk(line);
         store8(p, c, len, a);
-        if (lane8() < 7) store8(p, c + 1, len, b);
+        if (!flag_lane()) store8(p, c + 1, len, b);
     }
     // This lane's 16 bytes of `line` into member `pe`'s buffer for this PE:
-    // data words `a` and `b` (lanes 0–6) or `a` and the flag (lane 7).
+    // data words `a` and `b`, or `a` and the flag (`flag_lane`).
     // Whole warp: it converges first, so that a line leaves in one store
     // instruction of its 8 lanes, never in parts.
     __device__ void send(int pe, uint64_t line, bool live, uint64_t a, uint64_t b) const {
@@ -680,7 +694,7 @@ struct Lines {
         __syncwarp();
         if (live)
             st_volatile_v2u64(at(reinterpret_cast<uint8_t *>(t.peer_heap[pe]), t.rank, line), a,
-                              lane8() == 7 ? flag : b);
+                              flag_lane() ? flag : b);
     }
     // This lane's data words of `line` from member `pe` (whole warp; `live`
     // false for lanes past the last line, which load nothing). The warp
@@ -693,10 +707,10 @@ struct Lines {
     // one load instruction of the converged warp).
     __device__ void wait_line(int pe, const uint64_t *p, bool live, uint64_t &a, uint64_t &b) const {
         long long start = 0;
-        while (__any_sync(0xffffffffu, live && lane8() == 7 && b != flag)) {
+        while (__any_sync(0xffffffffu, live && flag_lane() && b != flag)) {
             if (start == 0) start = clock64();
             if (clock64() - start > kWaitCycles) {
-                if (live && lane8() == 7 && b != flag)
+                if (live && flag_lane() && b != flag)
                     printf("shmem: waited too long for a line of a low-latency collective from PE %d\n", pe);
                 __trap();
             }
@@ -804,7 +818,7 @@ struct Push {
         epoch = shared_epoch;
         parity = epoch & 1;
     }
-    __device__ uint64_t flags() const { return t.ll_offset + 4 * t.n * ll_max_bytes(t.n); }
+    __device__ uint64_t flags() const { return t.ll_offset + 2 * t.n * ll_buffer_bytes(t.n); }
     // Heap offset (every PE alike) of the staging for what `sender` sends.
     __device__ uint64_t staging(int sender) const {
         uint64_t f = (static_cast<uint64_t>(t.n) * kMaxBlocks * 8 + 255) / 256 * 256;

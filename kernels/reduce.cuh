@@ -281,8 +281,9 @@ __device__ void reduce_lines(const Lines &ll, uint8_t *dst, const uint8_t *own, 
 }
 
 // All-reduce by lines (see `Lines` in common.cuh): each lane takes two
-// words of a line (one, beside the flag, for lane 7), sends them to every
-// peer, then reduces what every peer sent for them in team order.
+// words of a line (one, beside its half's flag, for lanes 3 and 7),
+// sends them to every peer, then reduces what every peer sent for them in
+// team order.
 template <typename T, int OP>
 __device__ void allreduce_ll128(const TeamSync &t, uint64_t dst_off, uint64_t src_off, uint64_t count) {
     const uint64_t counter = lane_ll_counter(t);

@@ -29,10 +29,11 @@ pub enum AllReduceAlgo {
     /// one link latency. World team, up to [`low_latency_max_bytes`],
     /// NVLink path.
     LowLatency,
-    /// As [`LowLatency`](Self::LowLatency), in 128-byte lines of 120 data
-    /// bytes and one flag (NCCL's LL128): about half the bytes on the link
-    /// of the 8-byte packets. World team, up to the packets' room (1 MiB a
-    /// peer in worlds of up to 8 PEs, else 128 KiB), NVLink path. Not
+    /// As [`LowLatency`](Self::LowLatency), in 128-byte lines of 112 data
+    /// bytes and a flag in each 64-byte half (after NCCL's LL128): 1.14×
+    /// the data's bytes on the link, against the 8-byte packets' 2×. World
+    /// team, up to the packets' room (1 MiB a peer in worlds of up to 8
+    /// PEs, else 128 KiB), NVLink path. Not
     /// chosen by default: on 2×H100 a receiver has been seen to take a
     /// line on its flag while the line's first 64 bytes were still stale
     /// ([`LOW_LATENCY_LINES_MIN_BYTES`]).
@@ -91,10 +92,10 @@ pub enum MoeKernels {
     /// team, RMA included.
     PlanThenMove,
     /// One kernel in which each PE, as it starts, sends its splits and
-    /// then its rows for each peer in 128-byte lines of 120 data bytes and
-    /// a flag (LL128) into the peer's low-latency buffer, while every PE
-    /// checks the whole exchange and plans; each PE then copies what
-    /// arrives into its output. No fence, signal or barrier: a line's flag
+    /// then its rows for each peer in 128-byte lines of 112 data bytes and
+    /// a flag in each half (after LL128) into the peer's low-latency
+    /// buffer, while every PE checks the whole exchange and plans; each PE
+    /// then copies what arrives into its output. No fence, signal or barrier: a line's flag
     /// is its arrival, and the rows are on the link while the peers check.
     /// The world team, every peer over NVLink, at most 32 experts per PE,
     /// an input that fits the buffer ([`moe_lines_fit`]) and splits within
@@ -104,16 +105,17 @@ pub enum MoeKernels {
     Lines,
 }
 
-/// Data bytes of one 128-byte line of the line kernels (15 words and a flag).
-const LINE_DATA_BYTES: usize = 120;
+/// Data bytes of one 128-byte line of the line kernels: 14 words, and a
+/// flag in each 64-byte half (`Lines` in the kernels' `common.cuh`).
+pub const LINE_DATA_BYTES: usize = 112;
 
 /// Whether a MoE all-to-all-v (`combine`: `all_to_all_v_2d_offset`) on a
 /// world of `n_pes` with `experts_per_pe` experts each fits the
 /// low-latency buffer in lines ([`MoeKernels::Lines`]) with an input of
 /// `input_bytes`: a PE's splits and all of its input, each chunk from a
-/// fresh line, within what one sender's packets take there.
+/// fresh line, within one sender's buffer ([`low_latency_buffer_bytes`]).
 pub fn moe_lines_fit(n_pes: usize, experts_per_pe: usize, combine: bool, input_bytes: usize) -> bool {
-    let room = 2 * low_latency_room_bytes(n_pes) / 128;
+    let room = low_latency_buffer_bytes(n_pes) / 128;
     let words = n_pes.saturating_mul(experts_per_pe).saturating_mul(if combine { 2 } else { 1 });
     let lines = words
         .div_ceil(LINE_DATA_BYTES / 8)
@@ -142,6 +144,15 @@ pub fn low_latency_room_bytes(n_pes: usize) -> usize {
     } else {
         LOW_LATENCY_MAX_BYTES
     }
+}
+
+/// Bytes of a sender's low-latency buffer (at each receiver, for each of
+/// two epoch parities) in a world of `n_pes`: its packets (16 bytes for 8
+/// of data) and 64 KiB more that only lines use, so that the MoE line
+/// kernel takes 128 tokens of 7168 bf16 with their splits (`ll_buffer_bytes`
+/// in the kernels' `common.cuh`, which must agree).
+pub fn low_latency_buffer_bytes(n_pes: usize) -> usize {
+    2 * low_latency_room_bytes(n_pes) + (64 << 10)
 }
 
 /// Largest message (bytes one PE sends another) that the low-latency
@@ -294,9 +305,9 @@ pub struct Tuning {
     /// ones (more counts as that).
     pub low_latency_max_bytes: Option<usize>,
     /// Smallest message (bytes one PE sends another) that the low-latency
-    /// kernels move in 128-byte lines of 120 data bytes and a flag (NCCL's
-    /// LL128) rather than in 8-byte packets with a flag each: by default as
-    /// [`low_latency_lines_min_bytes`] says (never: see
+    /// kernels move in 128-byte lines of 112 data bytes and a flag in each
+    /// half (after NCCL's LL128) rather than in 8-byte packets with a flag
+    /// each: by default as [`low_latency_lines_min_bytes`] says (never: see
     /// [`LOW_LATENCY_LINES_MIN_BYTES`]).
     pub low_latency_lines_min_bytes: Option<usize>,
     /// Blocks of the low-latency kernels at every size: by default as
@@ -309,7 +320,7 @@ pub struct Tuning {
     /// data block, which sets how many blocks move the rows: by default
     /// 32 KiB; at least 16. In [`MoeKernels::Lines`], where every block
     /// works, bytes of the input (rows it can hold) per block: by default
-    /// 7680 (one pass of the block's warps, 4 lines of 120 bytes each),
+    /// 7168 (one pass of the block's warps, 4 lines of 112 bytes each),
     /// on no more blocks than every PE's GPU runs at once (a block an SM;
     /// under CUDA MPS, a PE's share of them less an eighth). Either way at
     /// most 128 blocks.
@@ -341,22 +352,24 @@ mod tests {
 
     #[test]
     fn moe_lines_fit_the_room_of_one_sender() {
-        // DeepSeek's rows (7168 bf16): 128 tokens of input fit in worlds
-        // of up to 8 PEs (16384 lines of 120 bytes), 138 do not.
+        // DeepSeek's rows (7168 bf16, 128 lines of 112 bytes each): 131
+        // tokens of input fit in worlds of up to 8 PEs (16896 lines), 132
+        // do not.
         let row = 7168 * 2;
         assert!(moe_lines_fit(2, 8, false, 128 * row));
         assert!(moe_lines_fit(8, 8, true, 128 * row));
-        assert!(moe_lines_fit(2, 8, false, 137 * row));
-        assert!(!moe_lines_fit(2, 8, false, 138 * row));
+        assert!(moe_lines_fit(2, 8, false, 131 * row));
+        assert!(!moe_lines_fit(2, 8, false, 132 * row));
         assert!(!moe_lines_fit(2, 8, false, 4096 * row));
-        // Larger worlds have 2048 lines a sender.
+        // Larger worlds have 2560 lines a sender.
         assert!(moe_lines_fit(9, 8, false, 16 * row));
-        assert!(!moe_lines_fit(9, 8, false, 18 * row));
+        assert!(moe_lines_fit(9, 8, false, 19 * row));
+        assert!(!moe_lines_fit(9, 8, false, 20 * row));
         // The splits' lines and a line a chunk count.
-        assert!(moe_lines_fit(2, 1, false, 16382 * 120));
-        assert!(!moe_lines_fit(2, 1, false, 16382 * 120 + 1));
-        assert!(moe_lines_fit(2, 8, false, 16374 * 120));
-        assert!(!moe_lines_fit(2, 8, true, 16374 * 120), "the offsets take a line more");
+        assert!(moe_lines_fit(2, 1, false, 16894 * 112));
+        assert!(!moe_lines_fit(2, 1, false, 16894 * 112 + 1));
+        assert!(moe_lines_fit(2, 8, false, 16886 * 112));
+        assert!(!moe_lines_fit(2, 8, true, 16886 * 112), "the offsets take a line more");
         assert!(!moe_lines_fit(2, usize::MAX, false, 0));
     }
 

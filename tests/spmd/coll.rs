@@ -64,6 +64,7 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("coll::all_gather::lines", |e| world(e, Coll::AllGather, Variant::Lines)),
     ("coll::broadcast::lines", |e| world(e, Coll::Broadcast, Variant::Lines)),
     ("coll::all_to_all::lines", |e| world(e, Coll::AllToAll, Variant::Lines)),
+    ("coll::all_to_all::lines_after_packets", kernels::lines_after_packets),
     ("coll::graph_replay_gpu_only", kernels::graph_replay),
 ];
 

@@ -241,3 +241,62 @@ fn replay(env: &Env, stream: &std::sync::Arc<cudarc::driver::CudaStream>, v: Var
     ctx.barrier_all(s)?;
     Ok(())
 }
+
+/// The line protocol against stale packets: rounds of two all-to-alls in
+/// 8-byte packets, then two in lines (u64, 512 KiB + 40 bytes a peer or
+/// the low-latency limit where that is less, fresh payloads each), so that
+/// each line operation lands on buffers that an operation in packets wrote
+/// last (two epochs before, the same parity); every result exact. On
+/// 2×H100 the lines with one flag a line failed this way about once in a
+/// hundred operations (docs/perf.md, session 18): a line taken on its flag
+/// while its first 64 bytes still held the packets. `SHMEM_TEST_ROUNDS`
+/// sets the rounds (by default 250 on the GPU, 3 on the host, which
+/// ignores the settings and checks the all-to-all alone).
+pub fn lines_after_packets(env: &Env) -> TestResult {
+    let (me, n, s, ctx) = (env.me(), env.n(), &env.s, &env.ctx);
+    let rounds: usize = match std::env::var("SHMEM_TEST_ROUNDS") {
+        Ok(v) => v.parse().map_err(|_| format!("SHMEM_TEST_ROUNDS={v:?}: not a count"))?,
+        Err(_) if env.s.cuda_stream().is_some() => 250,
+        Err(_) => 3,
+    };
+    let limit = shmem::algo::low_latency_max_bytes(n, &Tuning::default());
+    let len = ((1usize << 16) + 5).min(limit / 8);
+    let srcs = (0..4).map(|_| ctx.alloc::<u64>(len * n)).collect::<shmem::Result<Vec<_>>>()?;
+    let dsts = (0..4).map(|_| ctx.alloc::<u64>(len * n)).collect::<shmem::Result<Vec<_>>>()?;
+    let before = ctx.collectives();
+    let packets =
+        Collectives { tuning: Tuning { low_latency_lines_min_bytes: Some(usize::MAX), ..before.tuning }, ..before };
+    let lines = Variant::Lines.settings(before);
+    let mut rep = Report::new(env);
+    let mut run = || -> TestResult {
+        for round in 0..rounds {
+            let label = format!("all_to_all u64 × {len} a peer, packets twice then lines twice, round {round}");
+            let seed = rep.seed(&label);
+            for (k, (src, dst)) in srcs.iter().zip(&dsts).enumerate() {
+                src.copy_from_host(
+                    &(0..len * n).map(|i| payload::<u64>(seed ^ k as u64, me, i)).collect::<Vec<_>>(),
+                    s,
+                )?;
+                dst.fill(poison(), s)?;
+            }
+            ctx.barrier_all(s)?;
+            for (k, (src, dst)) in srcs.iter().zip(&dsts).enumerate() {
+                ctx.set_collectives(if k < 2 { packets } else { lines });
+                ctx.all_to_all(dst, src, s)?;
+            }
+            for (k, dst) in dsts.iter().enumerate() {
+                // Block p of the output is block `me` of PE p's input.
+                let want: Vec<u64> =
+                    (0..len * n).map(|i| payload(seed ^ k as u64, i / len, me * len + i % len)).collect();
+                let what = if k < 2 { "in packets" } else { "in lines" };
+                rep.check(&label, seed, what, &dst.copy_to_host(s)?, &want);
+            }
+        }
+        Ok(())
+    };
+    let result = run();
+    ctx.set_collectives(before);
+    result?;
+    ctx.barrier_all(s)?;
+    rep.finish()
+}
