@@ -3,7 +3,7 @@
 //! inputs. The host backend ignores the settings and cannot capture.
 
 use crate::coll::{input, reduce, Coll, Report};
-use crate::util::{payload, poison, Env, TestResult};
+use crate::util::{mix, payload, poison, Env, TestResult};
 use shmem::{bf16, AllGatherAlgo, AllReduceAlgo, CollImpl, Collectives, Context, ReduceOp, Tuning};
 
 /// One setting of [`Collectives`], applied on top of what the run started
@@ -242,27 +242,35 @@ fn replay(env: &Env, stream: &std::sync::Arc<cudarc::driver::CudaStream>, v: Var
     Ok(())
 }
 
-/// The line protocol against stale packets: rounds of two all-to-alls in
-/// 8-byte packets, then two in lines (u64, 512 KiB + 40 bytes a peer or
-/// the low-latency limit where that is less, fresh payloads each), so that
-/// each line operation lands on buffers that an operation in packets wrote
-/// last (two epochs before, the same parity); every result exact. On
-/// 2×H100 the lines with one flag a line failed this way about once in a
-/// hundred operations (docs/perf.md, session 18): a line taken on its flag
-/// while its first 64 bytes still held the packets. `SHMEM_TEST_ROUNDS`
+/// The line protocol against stale packets, as session 18's torn line
+/// arose (docs/perf.md): in each round, L2 is first flushed (an all-gather
+/// of 64 MiB), then two all-to-alls go in 8-byte packets, of a random
+/// length up to half of the lines' (u64), then two in lines (512 KiB + 40
+/// bytes a peer, or the low-latency limit where that is less); fresh
+/// payloads each, every result exact. Each line operation so lands on
+/// buffers whose last writer (two epochs before, the same parity) sent
+/// packets that end inside one of its lines, the rest of that line cold:
+/// on 2×H100, lines with one flag a line were taken on the flag there
+/// while their first 64 bytes were still the packets'. `SHMEM_TEST_ROUNDS`
 /// sets the rounds (by default 250 on the GPU, 3 on the host, which
-/// ignores the settings and checks the all-to-all alone).
+/// ignores the settings, does not flush and checks the all-to-all alone).
 pub fn lines_after_packets(env: &Env) -> TestResult {
     let (me, n, s, ctx) = (env.me(), env.n(), &env.s, &env.ctx);
+    let gpu = env.s.cuda_stream().is_some();
     let rounds: usize = match std::env::var("SHMEM_TEST_ROUNDS") {
         Ok(v) => v.parse().map_err(|_| format!("SHMEM_TEST_ROUNDS={v:?}: not a count"))?,
-        Err(_) if env.s.cuda_stream().is_some() => 250,
+        Err(_) if gpu => 250,
         Err(_) => 3,
     };
     let limit = shmem::algo::low_latency_max_bytes(n, &Tuning::default());
     let len = ((1usize << 16) + 5).min(limit / 8);
     let srcs = (0..4).map(|_| ctx.alloc::<u64>(len * n)).collect::<shmem::Result<Vec<_>>>()?;
     let dsts = (0..4).map(|_| ctx.alloc::<u64>(len * n)).collect::<shmem::Result<Vec<_>>>()?;
+    // 64 MiB of all-gather output at every PE: more than H100's and H200's
+    // 50 MiB of L2.
+    let flush_len = if gpu { (64 << 20) / 4 / n } else { 0 };
+    let flush_src = ctx.alloc::<f32>(flush_len.max(1))?;
+    let flush_dst = ctx.alloc::<f32>(flush_len.max(1) * n)?;
     let before = ctx.collectives();
     let packets =
         Collectives { tuning: Tuning { low_latency_lines_min_bytes: Some(usize::MAX), ..before.tuning }, ..before };
@@ -270,26 +278,39 @@ pub fn lines_after_packets(env: &Env) -> TestResult {
     let mut rep = Report::new(env);
     let mut run = || -> TestResult {
         for round in 0..rounds {
-            let label = format!("all_to_all u64 × {len} a peer, packets twice then lines twice, round {round}");
-            let seed = rep.seed(&label);
+            let seed = rep.seed(&format!("lines after packets, round {round}"));
+            // The packets' lengths: a sixteenth to a half of the lines'.
+            let lens = [0u64, 1, 2, 3].map(|k| match k {
+                0 | 1 => len / 16 + (mix(seed ^ k) % (len as u64 * 7 / 16)) as usize,
+                _ => len,
+            });
+            let label = format!(
+                "all_to_all u64 × {} and {} a peer in packets, then × {len} in lines twice, round {round}",
+                lens[0], lens[1]
+            );
             for (k, (src, dst)) in srcs.iter().zip(&dsts).enumerate() {
-                src.copy_from_host(
-                    &(0..len * n).map(|i| payload::<u64>(seed ^ k as u64, me, i)).collect::<Vec<_>>(),
+                let l = lens[k];
+                src.slice(..l * n).copy_from_host(
+                    &(0..l * n).map(|i| payload::<u64>(seed ^ k as u64, me, i)).collect::<Vec<_>>(),
                     s,
                 )?;
                 dst.fill(poison(), s)?;
             }
-            ctx.barrier_all(s)?;
+            if gpu {
+                ctx.set_collectives(before);
+                ctx.all_gather(&flush_dst, &flush_src, s)?;
+            }
             for (k, (src, dst)) in srcs.iter().zip(&dsts).enumerate() {
+                let l = lens[k];
                 ctx.set_collectives(if k < 2 { packets } else { lines });
-                ctx.all_to_all(dst, src, s)?;
+                ctx.all_to_all(dst.slice(..l * n), src.slice(..l * n), s)?;
             }
             for (k, dst) in dsts.iter().enumerate() {
+                let l = lens[k];
                 // Block p of the output is block `me` of PE p's input.
-                let want: Vec<u64> =
-                    (0..len * n).map(|i| payload(seed ^ k as u64, i / len, me * len + i % len)).collect();
+                let want: Vec<u64> = (0..l * n).map(|i| payload(seed ^ k as u64, i / l, me * l + i % l)).collect();
                 let what = if k < 2 { "in packets" } else { "in lines" };
-                rep.check(&label, seed, what, &dst.copy_to_host(s)?, &want);
+                rep.check(&label, seed, what, &dst.slice(..l * n).copy_to_host(s)?, &want);
             }
         }
         Ok(())
