@@ -904,33 +904,22 @@ template <int K> struct A2avLines {
                 }
                 __syncwarp();
             }
-            // Two passes at once, their loads before either's sends (as
-            // `Lines::send_all`): a second pass's loads do not wait for
-            // the first's sends.
-            const uint64_t stride = ln.stride();
-            for (uint64_t b0 = split_lines + ln.base(); b0 < total; b0 += 2 * stride) {
-                uint64_t line[2], x[2], y[2];
-                bool live[2];
-#pragma unroll
-                for (int u = 0; u < 2; u++) {
-                    const uint64_t bu = b0 + u * stride;
-                    line[u] = ln.line_of(bu);
-                    live[u] = line[u] < total;
-                    // The chunk of this lane's line: the last that starts
-                    // at or before it (starts never decrease).
-                    unsigned held = 0;
-                    for (int g = 0; g < 4; g++) {
-                        unsigned m = __ballot_sync(0xffffffffu, first <= bu + g);
-                        if (g == lane / 8) held = m;
-                    }
-                    const int e = held == 0 ? 0 : 31 - __clz(held);
-                    const uint64_t c_src = __shfl_sync(0xffffffffu, src, e),
-                                   c_rows = __shfl_sync(0xffffffffu, n_rows, e),
-                                   c_first = __shfl_sync(0xffffffffu, first, e);
-                    ln.load(in + c_src * a.row_bytes, c_rows * a.row_bytes, line[u] - c_first, live[u], x[u], y[u]);
+            for (uint64_t b0 = split_lines + ln.base(); b0 < total; b0 += ln.stride()) {
+                const uint64_t line = ln.line_of(b0);
+                const bool live = line < total;
+                // The chunk of this lane's line: the last that starts at
+                // or before it (starts never decrease).
+                unsigned held = 0;
+                for (int g = 0; g < 4; g++) {
+                    unsigned m = __ballot_sync(0xffffffffu, first <= b0 + g);
+                    if (g == lane / 8) held = m;
                 }
-#pragma unroll
-                for (int u = 0; u < 2; u++) ln.send(d, line[u], live[u], x[u], y[u]);
+                const int e = held == 0 ? 0 : 31 - __clz(held);
+                const uint64_t c_src = __shfl_sync(0xffffffffu, src, e), c_rows = __shfl_sync(0xffffffffu, n_rows, e),
+                               c_first = __shfl_sync(0xffffffffu, first, e);
+                uint64_t x, y;
+                ln.load(in + c_src * a.row_bytes, c_rows * a.row_bytes, line - c_first, live, x, y);
+                ln.send(d, line, live, x, y);
             }
         }
     }
