@@ -227,8 +227,8 @@ struct Args {
     #[arg(long, value_parser = parse_bytes)]
     ll_max_bytes: Option<usize>,
     /// GPU kernels' tuning: the smallest message a peer that the
-    /// low-latency kernels move in 128-byte lines (LL128; 0: every
-    /// message) [default: none]
+    /// low-latency kernels move in 128-byte lines (after LL128; 0: every
+    /// message) [default: 256K]
     #[arg(long, value_parser = parse_bytes_or_zero)]
     ll_lines_min_bytes: Option<usize>,
     /// GPU kernels' tuning: blocks of the low-latency kernels [default: 16
@@ -245,7 +245,7 @@ struct Args {
     moe_block_bytes: Option<usize>,
     /// GPU kernels' tuning: the largest MoE input (bytes of a PE's input
     /// rows) that the default form moves in 128-byte lines where they fit
-    /// [default: none]
+    /// [default: every input]
     #[arg(long, value_parser = parse_bytes)]
     moe_lines_max_bytes: Option<usize>,
     /// GPU kernels' tuning: at 1 PE, the smallest collective (bytes of its

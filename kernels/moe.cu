@@ -1043,13 +1043,23 @@ template <int K> __device__ __forceinline__ void a2av_lines(const TeamSync &team
         // neither's loads wait for the other's stores.
         const int warps = blockDim.x / 32, w = threadIdx.x / 32;
         const uint64_t *tail = tb.plan(me, a.ne - 1, a.ne);
-        const uint64_t own = (tail[3] + tail[2]) * a.row_bytes, in = x.rows_in(team) * (8 * Lines::kWords);
+        const uint64_t in_lines = x.rows_in(team);
+        const uint64_t own = (tail[3] + tail[2]) * a.row_bytes, in = in_lines * (8 * Lines::kWords);
         // (In single precision, rounded: the same in every block, and no
-        // 64-bit division, which cost this step about 0.5 µs in run 2.)
+        // 64-bit division, which cost this step about 0.5 µs in session
+        // 18's run 2.)
         int copiers = in == 0    ? warps
                       : own == 0 ? 0
                                  : __float2int_rn(__fdividef(static_cast<float>(own) * warps, static_cast<float>(own + in)));
-        if (in != 0 && own != 0) copiers = min(max(copiers, 1), warps - 1);
+        if (in != 0 && own != 0) {
+            // Receivers enough, where the block has them, for every line
+            // to be in the first two passes (`recv_rows` takes two at
+            // once; a third is another round of waits): at 128 tokens of
+            // 7168 bf16 at 2 PEs, 8200 lines in, 8 receivers a block took
+            // three passes of 4096 and 1.25 µs more (session 19, run 2).
+            const int need = __float2int_ru(__fdividef(static_cast<float>(in_lines), 8.0f * gridDim.x));
+            copiers = min(max(copiers, 1), warps - min(max(need, 1), warps - 1));
+        }
         if (w < copiers) {
             a2av_send_part(team, a, [&](int d, int e) { return tb.plan(d, e, a.ne); }, me, blockIdx.x, gridDim.x,
                            32 * copiers);

@@ -33,10 +33,8 @@ pub enum AllReduceAlgo {
     /// bytes and a flag in each 64-byte half (after NCCL's LL128): 1.14×
     /// the data's bytes on the link, against the 8-byte packets' 2×. World
     /// team, up to the packets' room (1 MiB a peer in worlds of up to 8
-    /// PEs, else 128 KiB), NVLink path. Not
-    /// chosen by default: on 2×H100 a receiver has been seen to take a
-    /// line on its flag while the line's first 64 bytes were still stale
-    /// ([`LOW_LATENCY_LINES_MIN_BYTES`]).
+    /// PEs, else 128 KiB), NVLink path. The automatic choice from
+    /// [`LOW_LATENCY_LINES_MIN_BYTES`] a peer.
     LowLatency128,
     /// Every PE stores its input into every peer's staging with one flag
     /// per block, and reduces what arrives: no barrier, plain 16-byte
@@ -83,9 +81,9 @@ pub enum MoeKernels {
     /// with a flag in every word, no barrier runs first, every block checks
     /// the whole exchange and pushes its share of the rows straight into
     /// the peers' outputs. On the world team, an input of at most
-    /// [`Tuning::moe_lines_max_bytes`] (by default none) goes as
-    /// [`MoeKernels::Lines`].
-    /// Otherwise as [`MoeKernels::PlanThenMove`].
+    /// [`Tuning::moe_lines_max_bytes`] (by default any) goes as
+    /// [`MoeKernels::Lines`] where it fits. Otherwise as
+    /// [`MoeKernels::PlanThenMove`].
     #[default]
     Auto,
     /// A barrier and plan kernel (one block), then a data kernel: any
@@ -101,7 +99,7 @@ pub enum MoeKernels {
     /// an input that fits the buffer ([`moe_lines_fit`]) and splits within
     /// 46 KiB of shared memory, as [`MoeKernels::Auto`]'s one kernel;
     /// otherwise as [`MoeKernels::Auto`] without it. Its lines share the
-    /// protocol of [`AllReduceAlgo::LowLatency128`], and its caveat.
+    /// protocol of [`AllReduceAlgo::LowLatency128`].
     Lines,
 }
 
@@ -178,32 +176,31 @@ pub fn low_latency_lines_min_bytes(tuning: &Tuning) -> usize {
     tuning.low_latency_lines_min_bytes.unwrap_or(LOW_LATENCY_LINES_MIN_BYTES)
 }
 
-/// From this message a peer the low-latency kernels move lines: by
-/// default never. On 2×H100 (graph replays; `docs/perf.md`, sessions 17
-/// and 18) the lines were the fastest setting of every collective at 512
-/// KiB and 1 MiB (the all-reduce of 1 MiB in 6.77–6.92 µs against 9.23 by
-/// the push kernel), but in session 18 the all-to-all by lines returned
-/// wrong data in 4 of 24 runs of its test: a receiver took a line on its
-/// flag (the line's last 8 bytes) while the line's first 64 bytes still
-/// held the buffer's older contents. Until the protocol guards each half
-/// of a line, they are used only where asked for
-/// ([`AllReduceAlgo::LowLatency128`], [`Tuning::low_latency_lines_min_bytes`]).
-pub const LOW_LATENCY_LINES_MIN_BYTES: usize = usize::MAX;
+/// From this message a peer the low-latency kernels move lines. On 2×H100
+/// (graph replays; `docs/perf.md`, sessions 17 to 19) the lines were the
+/// fastest setting of every collective at 512 KiB and 1 MiB (the
+/// all-reduce of 1 MiB in 7.02 µs against 9.21 by the push kernel), and
+/// of the all-reduce from 256 KiB. Session 18 found lines with one flag a
+/// line torn (a line taken on its flag while its first 64 bytes were the
+/// buffer's older contents), and took them out of the defaults; since
+/// session 19 each 64-byte half carries its own flag, and the stress test
+/// that tore one flag a line in 5 of 8 runs passed 8 of 8.
+pub const LOW_LATENCY_LINES_MIN_BYTES: usize = 256 << 10;
 
 /// The largest input (bytes of a PE's rows) that [`MoeKernels::Auto`]
 /// sends in lines ([`MoeKernels::Lines`]) where they fit, under `tuning`;
-/// by default [`MOE_LINES_MAX_BYTES`] (`None`: no input).
+/// by default [`MOE_LINES_MAX_BYTES`] (every input that fits).
 pub fn moe_lines_max_bytes(tuning: &Tuning) -> Option<usize> {
     tuning.moe_lines_max_bytes.or(MOE_LINES_MAX_BYTES)
 }
 
-/// No input goes in lines by default. On 2×H100 (graphs, 7168 bf16 a
-/// token, 8 experts a PE; sessions 17 and 18) the line kernel was the
-/// faster form (128 tokens dispatched in 9.28 µs against the one kernel's
-/// 10.59), but its lines share the protocol that returned wrong data in
-/// session 18's all-to-all test (see [`LOW_LATENCY_LINES_MIN_BYTES`]):
-/// [`MoeKernels::Lines`] or [`Tuning::moe_lines_max_bytes`] ask for it.
-pub const MOE_LINES_MAX_BYTES: Option<usize> = None;
+/// Every input that fits goes in lines by default: on 2×H100 (graphs,
+/// 7168 bf16 a token, 8 experts a PE; sessions 17 to 19) the line kernel
+/// was the faster form at 1, 32 and 128 tokens (1 token dispatched in
+/// 6.9–7.2 µs against the one kernel's 8.0; see `docs/perf.md`). Its lines
+/// share the protocol of [`AllReduceAlgo::LowLatency128`] (a flag in each
+/// half since session 19; [`LOW_LATENCY_LINES_MIN_BYTES`]).
+pub const MOE_LINES_MAX_BYTES: Option<usize> = Some(usize::MAX);
 
 /// Blocks of the low-latency kernels for a message of `bytes` a peer
 /// under `tuning`: by default 16 below 32 KiB and 128 from there (on
@@ -307,8 +304,7 @@ pub struct Tuning {
     /// Smallest message (bytes one PE sends another) that the low-latency
     /// kernels move in 128-byte lines of 112 data bytes and a flag in each
     /// half (after NCCL's LL128) rather than in 8-byte packets with a flag
-    /// each: by default as [`low_latency_lines_min_bytes`] says (never: see
-    /// [`LOW_LATENCY_LINES_MIN_BYTES`]).
+    /// each: by default as [`low_latency_lines_min_bytes`] says (256 KiB).
     pub low_latency_lines_min_bytes: Option<usize>,
     /// Blocks of the low-latency kernels at every size: by default as
     /// [`low_latency_blocks`] says; 1 to 128 (outside, the nearer end).
@@ -328,8 +324,8 @@ pub struct Tuning {
     /// The largest input (bytes of rows a PE's input holds) for which
     /// [`MoeKernels::Auto`] moves the rows in lines
     /// ([`MoeKernels::Lines`]) where they fit: by default as
-    /// [`moe_lines_max_bytes`] says (no input: see
-    /// [`MOE_LINES_MAX_BYTES`]); 0 leaves only empty inputs to them.
+    /// [`moe_lines_max_bytes`] says (every input that fits); 0 leaves
+    /// only empty inputs to them.
     pub moe_lines_max_bytes: Option<usize>,
     /// A team of one PE (the world of a single-PE run, or a split team of
     /// one): every data collective's result is its source as it is (a
@@ -405,8 +401,8 @@ mod tests {
     #[test]
     fn defaults() {
         let none = Tuning::default();
-        assert_eq!(low_latency_lines_min_bytes(&none), usize::MAX, "no lines unless asked for");
-        assert_eq!(moe_lines_max_bytes(&none), None, "no MoE line kernel unless asked for");
+        assert_eq!(low_latency_lines_min_bytes(&none), 256 << 10, "lines from 256 KiB a peer");
+        assert_eq!(moe_lines_max_bytes(&none), Some(usize::MAX), "the MoE line kernel wherever it fits");
         assert_eq!(broadcast_pull_min_bytes(&none), usize::MAX, "no broadcast pulled");
         let tuned = Tuning {
             low_latency_lines_min_bytes: Some(0),
