@@ -11,3 +11,18 @@ stress() {
             "$here/$b/shmemrun" -n 2 "$here/$b/spmd" coll::all_to_all::lines_after_packets
     done
 }
+# `lines3 REPS`: the MoE line kernel at 1, 32 and 128 tokens (graphs),
+# old/ (8621847), mid/ (run 3's build) and this build in turn, REPS times.
+lines3() {
+    local k v b
+    mkdir -p "$here/mid"
+    tar -C "$here/mid" -xJf "$here/mid.tar.xz"
+    for ((k = 1; k <= $1; k++)); do
+        for v in old mid new; do
+            b=$here/bin
+            [[ $v != new ]] && b=$here/$v/bin
+            run "moe-$v$k" 60 "$b/shmemrun" -n 2 "$b/shmem-bench" --backend gpu --op moe --tokens 1,32,128 \
+                --graph --impl shmem-lines --json "$dest/r/moe-$v$k.jsonl"
+        done
+    done
+}
