@@ -904,12 +904,11 @@ template <int K> struct A2avLines {
                 }
                 __syncwarp();
             }
-            // This lane's words of the pass at `b0` (warp-uniform): the
-            // chunk of its line is the last that starts at or before it
-            // (starts never decrease).
-            auto load = [&](uint64_t b0, uint64_t &line, bool &live, uint64_t &x, uint64_t &y) {
-                line = ln.line_of(b0);
-                live = line < total;
+            for (uint64_t b0 = split_lines + ln.base(); b0 < total; b0 += ln.stride()) {
+                const uint64_t line = ln.line_of(b0);
+                const bool live = line < total;
+                // The chunk of this lane's line: the last that starts at
+                // or before it (starts never decrease).
                 unsigned held = 0;
                 for (int g = 0; g < 4; g++) {
                     unsigned m = __ballot_sync(0xffffffffu, first <= b0 + g);
@@ -918,30 +917,9 @@ template <int K> struct A2avLines {
                 const int e = held == 0 ? 0 : 31 - __clz(held);
                 const uint64_t c_src = __shfl_sync(0xffffffffu, src, e), c_rows = __shfl_sync(0xffffffffu, n_rows, e),
                                c_first = __shfl_sync(0xffffffffu, first, e);
+                uint64_t x, y;
                 ln.load(in + c_src * a.row_bytes, c_rows * a.row_bytes, line - c_first, live, x, y);
-            };
-            // A warp with a second pass loads both before it sends either,
-            // so that the second's loads do not wait behind the first's
-            // sends (at 128 tokens of 7168 bf16 at 2 PEs, 64 tokens fill a
-            // pass of the grid, and a peer's 65th cost about 0.7 µs;
-            // session 19, run 3); one with a single pass takes it alone
-            // (two passes at once for every warp cost 1 and 32 tokens
-            // 0.25–0.3 µs, run 2).
-            const uint64_t stride = ln.stride();
-            for (uint64_t b0 = split_lines + ln.base(); b0 < total;) {
-                uint64_t line[2], x[2], y[2];
-                bool live[2];
-                if (b0 + stride < total) {
-                    load(b0, line[0], live[0], x[0], y[0]);
-                    load(b0 + stride, line[1], live[1], x[1], y[1]);
-                    ln.send(d, line[0], live[0], x[0], y[0]);
-                    ln.send(d, line[1], live[1], x[1], y[1]);
-                    b0 += 2 * stride;
-                } else {
-                    load(b0, line[0], live[0], x[0], y[0]);
-                    ln.send(d, line[0], live[0], x[0], y[0]);
-                    b0 += stride;
-                }
+                ln.send(d, line, live, x, y);
             }
         }
     }
