@@ -4,7 +4,8 @@
 # `start_ab_phases`: session 14's common.sh too, dc17ab6's build (old/)
 # and the profiling build (phases/) unpacked. `ab3 REPS`: the MoE forms'
 # bench at 2 PEs, dc17ab6's build, run 4's (mid/) and this one in turn,
-# REPS times. `torn_test SEED...`: `coll::all_to_all::default` once for
+# REPS times (`--impl` from AB3_IMPL, by default shmem,nccl; session 19's
+# `lines3` calls it with shmem-lines). `torn_test SEED...`: `coll::all_to_all::default` once for
 # each seed. `moe_run`: `gpu-run.sh --moe` into g/.
 start_ab_phases() {
     . "$here/../docs/logs/2026-11-25-s14/common.sh"
@@ -21,7 +22,7 @@ ab3() {
             b=$here/bin
             [[ $v != new ]] && b=$here/$v/bin
             run "moe-$v$k" 60 "$b/shmemrun" -n 2 "$b/shmem-bench" --backend gpu --op moe --tokens 1,32,128 \
-                --graph --impl shmem,nccl --json "$dest/r/moe-$v$k.jsonl"
+                --graph --impl "${AB3_IMPL:-shmem,nccl}" --json "$dest/r/moe-$v$k.jsonl"
         done
     done
 }

@@ -12,17 +12,9 @@ stress() {
     done
 }
 # `lines3 REPS`: the MoE line kernel at 1, 32 and 128 tokens (graphs),
-# old/ (8621847), mid/ (run 3's build) and this build in turn, REPS times.
+# old/ (8621847), mid/ (run 3's build) and this build in turn, REPS times
+# (session 18's `ab3`; when run 4 ran, the loop was written out here).
 lines3() {
-    local k v b
-    mkdir -p "$here/mid"
-    tar -C "$here/mid" -xJf "$here/mid.tar.xz"
-    for ((k = 1; k <= $1; k++)); do
-        for v in old mid new; do
-            b=$here/bin
-            [[ $v != new ]] && b=$here/$v/bin
-            run "moe-$v$k" 60 "$b/shmemrun" -n 2 "$b/shmem-bench" --backend gpu --op moe --tokens 1,32,128 \
-                --graph --impl shmem-lines --json "$dest/r/moe-$v$k.jsonl"
-        done
-    done
+    . "$here/../docs/logs/2026-11-25-s18/common.sh"
+    AB3_IMPL=shmem-lines ab3 "$1"
 }
