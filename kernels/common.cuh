@@ -617,10 +617,12 @@ __device__ __forceinline__ void ld_volatile_v2u64(const uint64_t *p, uint64_t &a
 // second word of lanes 3 and 7), so a line holds 112 data bytes (14 words
 // for 16 moved, against 1 for 2 in the 8-byte packets). NCCL's LL128
 // trusts one flag a line, counting on an aligned 128-byte store of a warp
-// to arrive whole; on 2×H100 (docs/perf.md, session 18) a receiver saw a
-// line's flag while its first 64 bytes still held an earlier operation's
-// packets, once in about a hundred line operations, as NVIDIA/nccl#2053
-// reports of GH200. A half's flag is its half's arrival.
+// to arrive whole; on 2×H100 and 2×H200 (docs/perf.md, sessions 18 and
+// 19) a receiver saw a line's flag while its first 64 bytes still held
+// the buffer's older contents, where an earlier operation's packets had
+// ended inside that line (spmd's coll::all_to_all::lines_after_packets),
+// as NVIDIA/nccl#2053 reports of 64-byte halves on GH200. A half's flag
+// is its half's arrival.
 //
 // The lines of a sender go where its packets would (`LL::slot`), so the
 // two protocols share the buffers, the epochs and the argument about

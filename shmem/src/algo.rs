@@ -93,8 +93,9 @@ pub enum MoeKernels {
     /// then its rows for each peer in 128-byte lines of 112 data bytes and
     /// a flag in each half (after LL128) into the peer's low-latency
     /// buffer, while every PE checks the whole exchange and plans; each PE
-    /// then copies what arrives into its output. No fence, signal or barrier: a line's flag
-    /// is its arrival, and the rows are on the link while the peers check.
+    /// then copies what arrives into its output. No fence, signal or
+    /// barrier: a line's flags are its arrival, and the rows are on the
+    /// link while the peers check.
     /// The world team, every peer over NVLink, at most 32 experts per PE,
     /// an input that fits the buffer ([`moe_lines_fit`]) and splits within
     /// 46 KiB of shared memory, as [`MoeKernels::Auto`]'s one kernel;
@@ -132,10 +133,11 @@ pub const LOW_LATENCY_MAX_BYTES: usize = 128 << 10;
 /// worlds, [`LOW_LATENCY_MAX_BYTES`]).
 pub const LOW_LATENCY_ROOM_BYTES: usize = 1 << 20;
 
-/// Room for the low-latency packets (and the lines of
-/// [`AllReduceAlgo::LowLatency128`], which share it) per sender in a world
-/// of `n_pes`: the most bytes one PE sends another through them
-/// (`ll_max_bytes` in the kernels' `common.cuh`, which must agree).
+/// Room for the low-latency packets per sender in a world of `n_pes`: the
+/// most bytes one PE sends another through them (`ll_max_bytes` in the
+/// kernels' `common.cuh`, which must agree). The lines of
+/// [`AllReduceAlgo::LowLatency128`] share their buffer, which is larger
+/// ([`low_latency_buffer_bytes`]).
 pub fn low_latency_room_bytes(n_pes: usize) -> usize {
     if n_pes <= 8 {
         LOW_LATENCY_ROOM_BYTES
