@@ -18,3 +18,11 @@ lines3() {
     . "$here/../docs/logs/2026-11-25-s18/common.sh"
     AB3_IMPL=shmem-lines ab3 "$1"
 }
+# `mid_as_bin`: run 3's build (mid.tar.xz) in bin/ instead of this one,
+# and as the bundle's bin.tar.xz for gpu-run.sh. (Runs 5 and 6 did this
+# before sourcing the common steps, when they ran: the same result.)
+mid_as_bin() {
+    rm -rf "$here/bin"
+    tar -C "$here" -xJf "$here/mid.tar.xz"
+    mv "$here/mid.tar.xz" "$here/bin.tar.xz"
+}

@@ -5,11 +5,9 @@
 # both ways, moe_server, PyTorch check, the standard sweep, targets.txt);
 # the whole SPMD suite at 2 PEs.
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../.gpu-bundle" && pwd)
-rm -rf "$here/bin"
-tar -C "$here" -xJf "$here/mid.tar.xz"
-mv "$here/mid.tar.xz" "$here/bin.tar.xz"
 . "$here/../docs/logs/2026-11-25-s12/common.sh"
 . "$here/../docs/logs/2026-11-26-s19/common.sh"
+mid_as_bin
 unpack_old
 nvidia-smi -L >"$dest/r/gpus.txt" 2>&1
 stress old/bin old 250 1 2 3 4

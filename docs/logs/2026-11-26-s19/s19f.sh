@@ -5,11 +5,9 @@
 # with RMA forced (the buffers' layout moved the RMA staging); the stress
 # test.
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../.gpu-bundle" && pwd)
-rm -rf "$here/bin"
-tar -C "$here" -xJf "$here/mid.tar.xz"
-mv "$here/mid.tar.xz" "$here/bin.tar.xz"
 . "$here/../docs/logs/2026-11-25-s12/common.sh"
 . "$here/../docs/logs/2026-11-26-s19/common.sh"
+mid_as_bin
 nvidia-smi -L >"$dest/r/gpus.txt" 2>&1
 OUT=$dest/g timeout 200 bash "$here/gpu-run.sh" --examples >"$dest/r/gpu-run.out" 2>&1
 echo "== gpu-run --examples: rc $?" >>"$log"
