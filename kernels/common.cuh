@@ -641,8 +641,7 @@ struct Lines {
 
     __device__ Lines(const TeamSync &team) : Lines(team, block_ll_epoch(team)) {}
     // With this kernel's epoch `e`, read already.
-    __device__ Lines(const TeamSync &team, uint64_t e)
-        : packets(team, e), flag(packets.flag | static_cast<uint64_t>(packets.flag) << 32) {}
+    __device__ Lines(const TeamSync &team, uint64_t e) : packets(team, 0) { set_epoch(e); }
     // Without the epoch yet: `send_all` given the counter that
     // `lane_ll_counter` loaded sets it once its first loads are in flight
     // beside the counter's, so that the kernel's start waits for one load
@@ -650,8 +649,10 @@ struct Lines {
     struct Later {};
     __device__ Lines(const TeamSync &team, Later) : packets(team, 0), flag(0) {}
     // This kernel's epoch from what `lane_ll_counter` loaded (whole warp).
-    __device__ void start(uint64_t counter) {
-        packets.set_epoch(warp_ll_epoch(counter));
+    __device__ void start(uint64_t counter) { set_epoch(warp_ll_epoch(counter)); }
+    // The epoch `e`: the packets' and the lines' flags.
+    __device__ void set_epoch(uint64_t e) {
+        packets.set_epoch(e);
         flag = packets.flag | static_cast<uint64_t>(packets.flag) << 32;
     }
     // Lines a sender has in a receiver's buffer.

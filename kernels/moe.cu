@@ -1055,8 +1055,10 @@ template <int K> __device__ __forceinline__ void a2av_lines(const TeamSync &team
             // Receivers enough, where the block has them, for every line
             // to be in the first two passes (`recv_rows` takes two at
             // once; a third is another round of waits): at 128 tokens of
-            // 7168 bf16 at 2 PEs, 8200 lines in, 8 receivers a block took
-            // three passes of 4096 and 1.25 µs more (session 19, run 2).
+            // 7168 bf16 at 2 PEs, about 8200 lines in, the 8 receivers a
+            // block the bytes gave would take three passes of 4096; with
+            // this floor dispatch took 9.72 µs against 10.20 (2×H100,
+            // session 19, runs 1 and 3).
             const int need = __float2int_ru(__fdividef(static_cast<float>(in_lines), 8.0f * gridDim.x));
             copiers = min(max(copiers, 1), warps - min(max(need, 1), warps - 1));
         }

@@ -250,10 +250,11 @@ fn replay(env: &Env, stream: &std::sync::Arc<cudarc::driver::CudaStream>, v: Var
 /// payloads each, every result exact. Each line operation so lands on
 /// buffers whose last writer (two epochs before, the same parity) sent
 /// packets that end inside one of its lines, the rest of that line cold:
-/// on 2×H100, lines with one flag a line were taken on the flag there
-/// while their first 64 bytes were still the packets'. `SHMEM_TEST_ROUNDS`
-/// sets the rounds (by default 250 on the GPU, 3 on the host, which
-/// ignores the settings, does not flush and checks the all-to-all alone).
+/// lines with one flag a line were taken on the flag there while their
+/// first 64 bytes were still the packets' (2×H100 and 2×H200, sessions 18
+/// and 19). `SHMEM_TEST_ROUNDS` sets the rounds (by default 250 on the
+/// GPU, 3 on the host, which ignores the settings, does not flush and
+/// checks the all-to-all alone).
 pub fn lines_after_packets(env: &Env) -> TestResult {
     let (me, n, s, ctx) = (env.me(), env.n(), &env.s, &env.ctx);
     let gpu = env.s.cuda_stream().is_some();
@@ -271,53 +272,45 @@ pub fn lines_after_packets(env: &Env) -> TestResult {
     let flush_len = if gpu { (64 << 20) / 4 / n } else { 0 };
     let flush_src = ctx.alloc::<f32>(flush_len.max(1))?;
     let flush_dst = ctx.alloc::<f32>(flush_len.max(1) * n)?;
+    // Every call below sets its own settings; the run's come back at the end.
+    let _restore = Settings::apply(ctx, Variant::Default);
     let before = ctx.collectives();
     let packets =
         Collectives { tuning: Tuning { low_latency_lines_min_bytes: Some(usize::MAX), ..before.tuning }, ..before };
     let lines = Variant::Lines.settings(before);
     let mut rep = Report::new(env);
-    let mut run = || -> TestResult {
-        for round in 0..rounds {
-            let seed = rep.seed(&format!("lines after packets, round {round}"));
-            // The packets' lengths: a sixteenth to a half of the lines'.
-            let lens = [0u64, 1, 2, 3].map(|k| match k {
-                0 | 1 => len / 16 + (mix(seed ^ k) % (len as u64 * 7 / 16)) as usize,
-                _ => len,
-            });
-            let label = format!(
-                "all_to_all u64 × {} and {} a peer in packets, then × {len} in lines twice, round {round}",
-                lens[0], lens[1]
-            );
-            for (k, (src, dst)) in srcs.iter().zip(&dsts).enumerate() {
-                let l = lens[k];
-                src.slice(..l * n).copy_from_host(
-                    &(0..l * n).map(|i| payload::<u64>(seed ^ k as u64, me, i)).collect::<Vec<_>>(),
-                    s,
-                )?;
-                dst.fill(poison(), s)?;
-            }
-            if gpu {
-                ctx.set_collectives(before);
-                ctx.all_gather(&flush_dst, &flush_src, s)?;
-            }
-            for (k, (src, dst)) in srcs.iter().zip(&dsts).enumerate() {
-                let l = lens[k];
-                ctx.set_collectives(if k < 2 { packets } else { lines });
-                ctx.all_to_all(dst.slice(..l * n), src.slice(..l * n), s)?;
-            }
-            for (k, dst) in dsts.iter().enumerate() {
-                let l = lens[k];
-                // Block p of the output is block `me` of PE p's input.
-                let want: Vec<u64> = (0..l * n).map(|i| payload(seed ^ k as u64, i / l, me * l + i % l)).collect();
-                let what = if k < 2 { "in packets" } else { "in lines" };
-                rep.check(&label, seed, what, &dst.slice(..l * n).copy_to_host(s)?, &want);
-            }
+    for round in 0..rounds {
+        let seed = rep.seed(&format!("lines after packets, round {round}"));
+        // The packets' lengths: a sixteenth to a half of the lines'.
+        let short = |k: u64| len / 16 + (mix(seed ^ k) % (len as u64 * 7 / 16)) as usize;
+        let lens = [short(0), short(1), len, len];
+        let label = format!(
+            "all_to_all u64 × {} and {} a peer in packets, then × {len} in lines twice, round {round}",
+            lens[0], lens[1]
+        );
+        for (k, (src, dst)) in srcs.iter().zip(&dsts).enumerate() {
+            let l = lens[k];
+            src.slice(..l * n)
+                .copy_from_host(&(0..l * n).map(|i| payload::<u64>(seed ^ k as u64, me, i)).collect::<Vec<_>>(), s)?;
+            dst.fill(poison(), s)?;
         }
-        Ok(())
-    };
-    let result = run();
-    ctx.set_collectives(before);
-    result?;
+        if gpu {
+            ctx.set_collectives(before);
+            ctx.all_gather(&flush_dst, &flush_src, s)?;
+        }
+        for (k, (src, dst)) in srcs.iter().zip(&dsts).enumerate() {
+            let l = lens[k];
+            ctx.set_collectives(if k < 2 { packets } else { lines });
+            ctx.all_to_all(dst.slice(..l * n), src.slice(..l * n), s)?;
+        }
+        for (k, dst) in dsts.iter().enumerate() {
+            let l = lens[k];
+            // Block p of the output is block `me` of PE p's input.
+            let want: Vec<u64> = (0..l * n).map(|i| payload(seed ^ k as u64, i / l, me * l + i % l)).collect();
+            let what = if k < 2 { "in packets" } else { "in lines" };
+            rep.check(&label, seed, what, &dst.slice(..l * n).copy_to_host(s)?, &want);
+        }
+    }
     ctx.barrier_all(s)?;
     rep.finish()
 }
