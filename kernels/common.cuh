@@ -661,7 +661,12 @@ struct Lines {
     __device__ uint64_t lines(uint64_t bytes) const { return bytes == 0 ? 1 : (bytes + 8 * kWords - 1) / (8 * kWords); }
     // A pass covers 4 lines a warp; `base()` is this warp's first, the
     // lane's line is base + lane / 8 (the loop bound stays warp-uniform).
-    __device__ uint64_t base() const { return (static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32 * 4; }
+    // The grid's warps are numbered across the blocks first (warp w of
+    // block b is the grid's w * blocks + b), so that a pass's lines, where
+    // they are fewer than the grid's warps take, and the lines past a
+    // whole pass spread over every block's SM instead of filling the
+    // first blocks' warps.
+    __device__ uint64_t base() const { return (static_cast<uint64_t>(threadIdx.x / 32) * gridDim.x + blockIdx.x) * 4; }
     __device__ uint64_t stride() const { return static_cast<uint64_t>(gridDim.x) * blockDim.x / 8; }
     __device__ int lane8() const { return threadIdx.x % 8; }
     // Whether this lane's second word is its half's flag (else data).

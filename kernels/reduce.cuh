@@ -286,13 +286,18 @@ __device__ void reduce_lines(const Lines &ll, uint8_t *dst, const uint8_t *own, 
 // team order.
 template <typename T, int OP>
 __device__ void allreduce_ll128(const TeamSync &t, uint64_t dst_off, uint64_t src_off, uint64_t count) {
+    phase_begin("ll128_allreduce");
     const uint64_t counter = lane_ll_counter(t);
     Lines ll(t, Lines::Later{});
     const uint64_t bytes = count * sizeof(T);
     const uint8_t *src = t.mine<uint8_t>(src_off);
     ll.send_all<true>(src, bytes, nullptr, counter);
+    phase_mark("send");
     reduce_lines<T, OP>(ll, t.mine<uint8_t>(dst_off), src, bytes);
+    phase_mark("recv_reduce");
     ll.end();
+    phase_mark("end");
+    phase_end();
 }
 
 // Reduce-scatter by lines: block r of this PE's source (`count` elements)

@@ -1,0 +1,30 @@
+# Sourced by this session's drivers, after session 12's common.sh (the
+# box's environment, `run`, `unpack_old`, `ab_each`, `pack`) and session
+# 14's (`unpack_phases`).
+# `ab_lines REPS`: the collectives by lines (bf16, graphs, the default
+# choice), old/ (the build before) then this one, REPS times: all-reduce
+# 128 KiB–2 MiB and at 640, 768 and 896 KiB; all-gather, reduce-scatter,
+# all-to-all and broadcast at 256 KiB–1 MiB; the MoE line kernel at 1, 32
+# and 128 tokens.
+ab_lines() {
+    local k s
+    for ((k = 1; k <= $1; k++)); do
+        ab_each "ar-{v}$k" 60 2 --op all_reduce --dtype bf16 --min-bytes 128K --max-bytes 2M --graph --impl shmem
+        for s in 640K 768K 896K; do
+            ab_each "ar$s-{v}$k" 40 2 --op all_reduce --dtype bf16 --min-bytes "$s" --max-bytes "$s" --graph --impl shmem
+        done
+        ab_each "mv-{v}$k" 60 2 --op all_gather,reduce_scatter,all_to_all,broadcast --dtype bf16 --min-bytes 256K \
+            --max-bytes 1M --graph --impl shmem
+        ab_each "moe-{v}$k" 60 2 --op moe --tokens 1,32,128 --graph --impl shmem-lines
+    done
+}
+# `phases_ar SIZE...`: the profiling build's (phases/) stamps of the
+# all-reduce (bf16, graphs, the default choice) at each size, each its own
+# bench process.
+phases_ar() {
+    local s b=$here/phases/bin
+    for s in "$@"; do
+        run "ph-ar$s" 40 "$b/shmemrun" -n 2 --tag-output "$b/shmem-bench" --backend gpu --op all_reduce --dtype bf16 \
+            --min-bytes "$s" --max-bytes "$s" --graph --impl shmem --json "$dest/r/ph-ar$s.jsonl"
+    done
+}
