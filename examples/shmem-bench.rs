@@ -235,6 +235,10 @@ struct Args {
     /// below 32K a peer, 128 from there]
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=128))]
     ll_blocks: Option<u32>,
+    /// GPU kernels' tuning: threads a block of the low-latency kernels, in
+    /// whole warps [default: 512]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(32..=512))]
+    ll_threads: Option<u32>,
     /// GPU kernels' tuning: blocks of the push kernels [default: 64]
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=128))]
     push_blocks: Option<u32>,
@@ -515,6 +519,7 @@ impl Args {
         shmem::Tuning {
             low_latency_max_bytes: self.ll_max_bytes,
             low_latency_blocks: self.ll_blocks,
+            low_latency_threads: self.ll_threads,
             low_latency_lines_min_bytes: self.ll_lines_min_bytes,
             push_blocks: self.push_blocks,
             moe_block_bytes: self.moe_block_bytes,

@@ -10,6 +10,7 @@
 #include <nvshmem.h>
 #include <nvshmemx.h>
 #include <cstdint>
+#include "phases.cuh"
 #include "shmem_device.cuh"
 
 namespace shmem {
@@ -768,6 +769,7 @@ struct Lines {
                 load(in, bytes, line[u], live[u], a[u], b[u]);
             }
             if (kStart && first) start(counter);
+            if (first) phase_mark("load");
             if (b0 >= n_lines) break;
             for (int i = 1; i < t.n; i++) {
 #pragma unroll

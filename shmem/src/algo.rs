@@ -216,6 +216,13 @@ pub fn low_latency_blocks(bytes: usize, tuning: &Tuning) -> u32 {
     }
 }
 
+/// Threads a block of the low-latency kernels under `tuning`: by default
+/// 512; tuned, 32 to 512 in whole warps (outside, the nearer end; between,
+/// the warp below).
+pub fn low_latency_threads(tuning: &Tuning) -> u32 {
+    tuning.low_latency_threads.map_or(512, |t| t.clamp(32, 512) / 32 * 32)
+}
+
 /// Smallest collective (bytes of its destination) that a team of one PE
 /// runs as a copy-engine copy (`cuMemcpyAsync` from its source) rather than
 /// by a kernel, under `tuning`; see [`Tuning::solo_copy_engine_min_bytes`].
@@ -311,6 +318,9 @@ pub struct Tuning {
     /// Blocks of the low-latency kernels at every size: by default as
     /// [`low_latency_blocks`] says; 1 to 128 (outside, the nearer end).
     pub low_latency_blocks: Option<u32>,
+    /// Threads a block of the low-latency kernels: by default as
+    /// [`low_latency_threads`] says (512).
+    pub low_latency_threads: Option<u32>,
     /// Blocks of the push kernels: by default 64; 1 to 128 (outside, the
     /// nearer end).
     pub push_blocks: Option<u32>,
@@ -427,5 +437,15 @@ mod tests {
         assert_eq!(low_latency_blocks(8, &tuned(64)), 64);
         assert_eq!(low_latency_blocks(1 << 20, &tuned(0)), 1);
         assert_eq!(low_latency_blocks(1 << 20, &tuned(500)), 128);
+    }
+
+    #[test]
+    fn low_latency_threads_are_whole_warps() {
+        assert_eq!(low_latency_threads(&Tuning::default()), 512);
+        let tuned = |t| Tuning { low_latency_threads: Some(t), ..Tuning::default() };
+        assert_eq!(low_latency_threads(&tuned(256)), 256);
+        assert_eq!(low_latency_threads(&tuned(300)), 288);
+        assert_eq!(low_latency_threads(&tuned(0)), 32);
+        assert_eq!(low_latency_threads(&tuned(1024)), 512);
     }
 }

@@ -36,8 +36,9 @@ pub enum Variant {
 
 /// [`Variant::Tuned`]'s knobs: the medium sizes' cases past 256 KiB a peer
 /// (f32's 256 KiB + 20 bytes, the 8-byte types' 512 KiB + 40) take the push
-/// kernels on 128 blocks, the rest the low-latency kernels on 64 at every
-/// size (the default grid changes at 32 KiB) and in 8-byte packets (by
+/// kernels on 128 blocks, the rest the low-latency kernels on 64 blocks of
+/// 192 threads (by default 512) at every size (the default grid changes at
+/// 32 KiB) and in 8-byte packets (by
 /// default in lines from 256 KiB); a team of one never copies by a copy
 /// engine (by default it does in graphs, and from 2 or 8 MiB outside); a
 /// broadcast is never pulled (nor by default); the MoE ops take
@@ -46,6 +47,7 @@ pub enum Variant {
 pub const TUNED: Tuning = Tuning {
     low_latency_max_bytes: Some(256 << 10),
     low_latency_blocks: Some(64),
+    low_latency_threads: Some(192),
     low_latency_lines_min_bytes: Some(usize::MAX),
     push_blocks: Some(128),
     moe_block_bytes: Some(256),

@@ -28,3 +28,33 @@ phases_ar() {
             --min-bytes "$s" --max-bytes "$s" --graph --impl shmem --json "$dest/r/ph-ar$s.jsonl"
     done
 }
+# `threads_sweep REPS THREADS...`: this build's collectives by lines (bf16,
+# graphs) with the low-latency kernels' blocks of each THREADS in turn,
+# REPS times: all-reduce 256 KiB–1 MiB and at 768 KiB, then all-gather,
+# reduce-scatter, all-to-all and broadcast at 256 KiB–1 MiB.
+threads_sweep() {
+    local reps=$1 k t
+    shift
+    for ((k = 1; k <= reps; k++)); do
+        for t in "$@"; do
+            run "ar-t$t-$k" 40 "$bin/shmemrun" -n 2 "$bin/shmem-bench" --backend gpu --op all_reduce --dtype bf16 \
+                --min-bytes 256K --max-bytes 1M --graph --impl shmem --ll-threads "$t" --json "$dest/r/ar-t$t-$k.jsonl"
+            run "ar768K-t$t-$k" 40 "$bin/shmemrun" -n 2 "$bin/shmem-bench" --backend gpu --op all_reduce --dtype bf16 \
+                --min-bytes 768K --max-bytes 768K --graph --impl shmem --ll-threads "$t" \
+                --json "$dest/r/ar768K-t$t-$k.jsonl"
+            run "mv-t$t-$k" 60 "$bin/shmemrun" -n 2 "$bin/shmem-bench" --backend gpu \
+                --op all_gather,reduce_scatter,all_to_all,broadcast --dtype bf16 --min-bytes 256K --max-bytes 1M \
+                --graph --impl shmem --ll-threads "$t" --json "$dest/r/mv-t$t-$k.jsonl"
+        done
+    done
+}
+# `phases_ar_t THREADS SIZE...`: as `phases_ar`, the blocks of THREADS.
+phases_ar_t() {
+    local t=$1 s b=$here/phases/bin
+    shift
+    for s in "$@"; do
+        run "ph-t$t-ar$s" 40 "$b/shmemrun" -n 2 --tag-output "$b/shmem-bench" --backend gpu --op all_reduce \
+            --dtype bf16 --min-bytes "$s" --max-bytes "$s" --graph --impl shmem --ll-threads "$t" \
+            --json "$dest/r/ph-t$t-ar$s.jsonl"
+    done
+}

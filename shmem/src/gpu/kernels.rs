@@ -35,8 +35,23 @@ const RMA_CHUNK: usize = 8192;
 pub(crate) const MAX_TEAM: usize = 64;
 /// Team slots with synchronisation state (as many as the host's team slots).
 const TEAM_SLOTS: usize = 64;
-/// Threads of a block of the collective kernels.
+/// Threads of a block of the collective kernels (the low-latency ones:
+/// unless tuned).
 const THREADS: u32 = 512;
+
+/// A launch's blocks and threads a block.
+#[derive(Clone, Copy, Debug)]
+struct Grid {
+    blocks: usize,
+    threads: u32,
+}
+
+impl Grid {
+    /// `blocks` blocks of [`THREADS`].
+    fn of(blocks: usize) -> Grid {
+        Grid { blocks, threads: THREADS }
+    }
+}
 /// Blocks of the push kernels unless tuned.
 const PUSH_BLOCKS: usize = 64;
 /// The push kernels' largest size and largest world (`kPushMaxBytes`,
@@ -199,8 +214,11 @@ impl Protocols {
     }
 
     /// The low-latency kernels' grid for `bytes` per peer.
-    fn ll_blocks(&self, bytes: usize) -> usize {
-        crate::algo::low_latency_blocks(bytes, &self.tuning) as usize
+    fn ll_grid(&self, bytes: usize) -> Grid {
+        Grid {
+            blocks: crate::algo::low_latency_blocks(bytes, &self.tuning) as usize,
+            threads: crate::algo::low_latency_threads(&self.tuning),
+        }
     }
 
     /// Whether the line (LL128) kernels may take `bytes` per peer on this
@@ -682,7 +700,7 @@ impl Kernels {
     unsafe fn launch4(
         &self,
         name: &str,
-        blocks: usize,
+        grid: Grid,
         t: TeamSync,
         dst: u64,
         src: u64,
@@ -693,7 +711,7 @@ impl Kernels {
         let mut params: [*mut c_void; 4] =
             [(&raw mut t).cast(), (&raw mut dst).cast(), (&raw mut src).cast(), (&raw mut x).cast()];
         // SAFETY: (TeamSync, u64, u64, u64) as the kernel declares; the caller's contract.
-        unsafe { self.launch(name, blocks, THREADS, s, &mut params) }
+        unsafe { self.launch(name, grid.blocks, grid.threads, s, &mut params) }
     }
 
     /// `bytes` from device address `src` to `dst` (either may be a peer's
@@ -833,26 +851,31 @@ impl Kernels {
         let np = if op == ReduceOp::Sum && matches!(t.n, 2 | 4 | 8) { t.n } else { 0 };
         let bytes = count * dtype.size();
         let units = bytes.div_ceil(16);
-        let (name, blocks) = match how {
-            Reduction::LowLatency => (format!("shmem_allreduce_ll_{dt}_{o}"), p.ll_blocks(bytes)),
-            Reduction::LowLatency128 => (format!("shmem_allreduce_ll128_{dt}_{o}"), p.ll_blocks(bytes)),
-            Reduction::Push => (format!("shmem_allreduce_push_{dt}_{o}_{np}"), p.push_blocks),
-            Reduction::OneShot => (format!("shmem_allreduce_oneshot_{dt}_{o}_{np}"), Self::blocks(&t, units)),
-            Reduction::TwoShot => {
-                (format!("shmem_allreduce_twoshot_{dt}_{o}_{np}"), Self::blocks(&t, units.div_ceil(t.n as usize)))
-            }
+        let (name, grid) = match how {
+            Reduction::LowLatency => (format!("shmem_allreduce_ll_{dt}_{o}"), p.ll_grid(bytes)),
+            Reduction::LowLatency128 => (format!("shmem_allreduce_ll128_{dt}_{o}"), p.ll_grid(bytes)),
+            Reduction::Push => (format!("shmem_allreduce_push_{dt}_{o}_{np}"), Grid::of(p.push_blocks)),
+            Reduction::OneShot => (format!("shmem_allreduce_oneshot_{dt}_{o}_{np}"), Grid::of(Self::blocks(&t, units))),
+            Reduction::TwoShot => (
+                format!("shmem_allreduce_twoshot_{dt}_{o}_{np}"),
+                Grid::of(Self::blocks(&t, units.div_ceil(t.n as usize))),
+            ),
             Reduction::TwoShotStores => {
-                (format!("shmem_allreduce_twoshot2_{dt}_{o}_{np}"), Self::blocks(&t, units.div_ceil(2)))
+                (format!("shmem_allreduce_twoshot2_{dt}_{o}_{np}"), Grid::of(Self::blocks(&t, units.div_ceil(2))))
             }
-            Reduction::ReduceScatter => (format!("shmem_reducescatter_{dt}_{o}_{np}"), Self::blocks(&t, units)),
+            Reduction::ReduceScatter => {
+                (format!("shmem_reducescatter_{dt}_{o}_{np}"), Grid::of(Self::blocks(&t, units)))
+            }
             Reduction::ReduceScatterLowLatency => {
-                (format!("shmem_reducescatter{}_{dt}_{o}", p.ll_suffix(bytes)), p.ll_blocks(bytes))
+                (format!("shmem_reducescatter{}_{dt}_{o}", p.ll_suffix(bytes)), p.ll_grid(bytes))
             }
-            Reduction::ReduceScatterPush => (format!("shmem_reducescatter_push_{dt}_{o}_{np}"), p.push_blocks),
+            Reduction::ReduceScatterPush => {
+                (format!("shmem_reducescatter_push_{dt}_{o}_{np}"), Grid::of(p.push_blocks))
+            }
         };
         // SAFETY: (TeamSync, dst, src, count) as every reduction kernel
         // declares; regions checked and agreed by the caller.
-        unsafe { self.launch4(&name, blocks, t, dst as u64, src as u64, count as u64, s) }
+        unsafe { self.launch4(&name, grid, t, dst as u64, src as u64, count as u64, s) }
     }
 
     /// All-gather by an SM kernel: block `rank` of every member's `dst`
@@ -934,10 +957,10 @@ impl Kernels {
         s: CUstream,
     ) -> Result<()> {
         debug_assert_eq!(t.rma, 0, "pulls need every member's NVLink address");
-        let blocks = Self::blocks(&t, bytes.div_ceil(16));
+        let grid = Grid::of(Self::blocks(&t, bytes.div_ceil(16)));
         // SAFETY: (TeamSync, dst, src, bytes, root) as the kernel declares;
         // regions checked and agreed by the caller.
-        unsafe { self.launch5("shmem_broadcast_pull", blocks, t, dst, src, bytes, root as i32, s) }
+        unsafe { self.launch5("shmem_broadcast_pull", grid, t, dst, src, bytes, root as i32, s) }
     }
 
     /// Launches a (TeamSync, dst, src, bytes, int) kernel of `move.cu`:
@@ -954,16 +977,16 @@ impl Kernels {
         x: i32,
         s: CUstream,
     ) -> Result<()> {
-        let (name, blocks) = if p.low_latency(&t, bytes) {
-            (format!("{kernel}{}", p.ll_suffix(bytes)), p.ll_blocks(bytes))
+        let (name, grid) = if p.low_latency(&t, bytes) {
+            (format!("{kernel}{}", p.ll_suffix(bytes)), p.ll_grid(bytes))
         } else if p.push(&t, bytes) {
-            (format!("{kernel}_push"), p.push_blocks)
+            (format!("{kernel}_push"), Grid::of(p.push_blocks))
         } else {
-            (kernel.to_owned(), Self::blocks(&t, bytes.div_ceil(16)))
+            (kernel.to_owned(), Grid::of(Self::blocks(&t, bytes.div_ceil(16))))
         };
         // SAFETY: (TeamSync, u64, u64, u64, int) as these kernels declare;
         // regions checked and agreed by the caller.
-        unsafe { self.launch5(&name, blocks, t, dst, src, bytes, x, s) }
+        unsafe { self.launch5(&name, grid, t, dst, src, bytes, x, s) }
     }
 
     /// Launches a (TeamSync, dst, src, bytes, int) kernel of `move.cu`.
@@ -975,7 +998,7 @@ impl Kernels {
     unsafe fn launch5(
         &self,
         name: &str,
-        blocks: usize,
+        grid: Grid,
         t: TeamSync,
         dst: usize,
         src: usize,
@@ -992,7 +1015,7 @@ impl Kernels {
             (&raw mut x).cast(),
         ];
         // SAFETY: the caller's contract.
-        unsafe { self.launch(name, blocks, THREADS, s, &mut params) }
+        unsafe { self.launch(name, grid.blocks, grid.threads, s, &mut params) }
     }
 
     /// Whether an all-to-all of `bytes` per member may be in place (the
@@ -1014,15 +1037,15 @@ impl Kernels {
         bytes: usize,
         s: CUstream,
     ) -> Result<()> {
-        let (name, blocks) = if p.low_latency(&t, bytes) {
-            (format!("shmem_alltoall{}", p.ll_suffix(bytes)), p.ll_blocks(bytes))
+        let (name, grid) = if p.low_latency(&t, bytes) {
+            (format!("shmem_alltoall{}", p.ll_suffix(bytes)), p.ll_grid(bytes))
         } else if p.push(&t, bytes) {
-            ("shmem_alltoall_push".to_owned(), p.push_blocks)
+            ("shmem_alltoall_push".to_owned(), Grid::of(p.push_blocks))
         } else {
-            ("shmem_alltoall".to_owned(), Self::blocks(&t, bytes.div_ceil(16)))
+            ("shmem_alltoall".to_owned(), Grid::of(Self::blocks(&t, bytes.div_ceil(16))))
         };
         // SAFETY: (TeamSync, dst, src, bytes) as the kernel declares.
-        unsafe { self.launch4(&name, blocks, t, dst as u64, src as u64, bytes as u64, s) }
+        unsafe { self.launch4(&name, grid, t, dst as u64, src as u64, bytes as u64, s) }
     }
 }
 
