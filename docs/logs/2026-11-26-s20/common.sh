@@ -58,3 +58,34 @@ phases_ar_t() {
             --json "$dest/r/ph-t$t-ar$s.jsonl"
     done
 }
+# `ab_all REPS`: old/ (the build before) then this one, REPS times, bf16,
+# graphs, the default choices: the all-reduce 8 B–2 MiB, the other
+# collectives 8 B–1 MiB, the MoE forms (default and line kernel) at 1, 32
+# and 128 tokens.
+ab_all() {
+    local k
+    for ((k = 1; k <= $1; k++)); do
+        ab_each "ar-{v}$k" 60 2 --op all_reduce --dtype bf16 --max-bytes 2M --graph --impl shmem
+        ab_each "mv-{v}$k" 90 2 --op all_gather,reduce_scatter,all_to_all,broadcast --dtype bf16 --max-bytes 1M \
+            --graph --impl shmem
+        ab_each "moe-{v}$k" 60 2 --op moe --tokens 1,32,128 --graph --impl shmem,shmem-lines
+    done
+}
+# `alt_threads REPS THREADS...`: the alternative build in alt/ (alt.tar.xz:
+# shmem-bench and shmemrun), the all-reduce (bf16, graphs) at 512 KiB–2
+# MiB and at 768 KiB with blocks of each THREADS, REPS times.
+alt_threads() {
+    local reps=$1 k t b=$here/alt/bin
+    shift
+    mkdir -p "$here/alt"
+    tar -C "$here/alt" -xJf "$here/alt.tar.xz"
+    for ((k = 1; k <= reps; k++)); do
+        for t in "$@"; do
+            run "alt-t$t-$k" 40 "$b/shmemrun" -n 2 "$b/shmem-bench" --backend gpu --op all_reduce --dtype bf16 \
+                --min-bytes 512K --max-bytes 2M --graph --impl shmem --ll-threads "$t" --json "$dest/r/alt-t$t-$k.jsonl"
+            run "alt768K-t$t-$k" 40 "$b/shmemrun" -n 2 "$b/shmem-bench" --backend gpu --op all_reduce --dtype bf16 \
+                --min-bytes 768K --max-bytes 768K --graph --impl shmem --ll-threads "$t" \
+                --json "$dest/r/alt768K-t$t-$k.jsonl"
+        done
+    done
+}
