@@ -575,10 +575,24 @@ struct LL {
     uint64_t epoch;
     uint32_t flag;
     uint64_t parity;
+    // The next member's heap base, (rank + 1) % n: loaded as the object is
+    // made, beside the epoch's load and the caller's first loads, so that
+    // a send to it (at 2 PEs every send) waits for no load of its own.
+    // Else `send` loaded `peer_heap[pe]` after its data was in: another
+    // load's latency on every kernel's way to the link (the line
+    // all-reduce's first sends took 0.5 µs after its first loads were in;
+    // session 20, run 2).
+    uint64_t next_heap;
 
-    __device__ LL(const TeamSync &team) : LL(team, block_ll_epoch(team)) {}
+    __device__ LL(const TeamSync &team) : t(team), next_heap(team.peer_heap[next_of(team)]) {
+        set_epoch(block_ll_epoch(team));
+    }
     // With this kernel's epoch `e`, read already.
-    __device__ LL(const TeamSync &team, uint64_t e) : t(team) { set_epoch(e); }
+    __device__ LL(const TeamSync &team, uint64_t e) : t(team), next_heap(team.peer_heap[next_of(team)]) {
+        set_epoch(e);
+    }
+    // (rank + 1) % n, without a division.
+    static __device__ int next_of(const TeamSync &team) { return team.rank + 1 == team.n ? 0 : team.rank + 1; }
     __device__ void set_epoch(uint64_t e) {
         epoch = e;
         flag = 1 + static_cast<uint32_t>(e % 0xffffffffull);
@@ -592,8 +606,10 @@ struct LL {
     __device__ uint64_t slot(int sender, uint64_t c) const {
         return t.ll_offset + (parity * t.n + sender) * ll_buffer_bytes(t.n) + c * 16;
     }
+    // Member `pe`'s heap base (NVLink).
+    __device__ uint64_t heap_of(int pe) const { return pe == next_of(t) ? next_heap : t.peer_heap[pe]; }
     __device__ void send(int pe, uint64_t c, uint64_t data) const {
-        packet_store(t.at<uint4>(pe, slot(t.rank, c)), data, flag);
+        packet_store(reinterpret_cast<uint4 *>(heap_of(pe) + slot(t.rank, c)), data, flag);
     }
     __device__ uint64_t recv(int pe, uint64_t c) const {
         return packet_load(t.mine<uint4>(slot(pe, c)), flag, "a low-latency collective's data", pe);
@@ -702,7 +718,7 @@ struct Lines {
         const TeamSync &t = packets.t;
         __syncwarp();
         if (live)
-            st_volatile_v2u64(at(reinterpret_cast<uint8_t *>(t.peer_heap[pe]), t.rank, line), a,
+            st_volatile_v2u64(at(reinterpret_cast<uint8_t *>(packets.heap_of(pe)), t.rank, line), a,
                               flag_lane() ? flag : b);
     }
     // This lane's data words of `line` from member `pe` (whole warp; `live`
