@@ -236,8 +236,9 @@ struct Args {
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=128))]
     ll_blocks: Option<u32>,
     /// GPU kernels' tuning: threads a block of the low-latency kernels, in
-    /// whole warps [default: 512]
-    #[arg(long, value_parser = clap::value_parser!(u32).range(32..=512))]
+    /// whole warps, at most 512 for packets and 640 for lines [default:
+    /// 512 for packets; for lines, the warps for one pass, 256 to 640]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(32..=640))]
     ll_threads: Option<u32>,
     /// GPU kernels' tuning: blocks of the push kernels [default: 64]
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=128))]

@@ -18,6 +18,10 @@ namespace k {
 
 // Most blocks a collective kernel uses: one channel of every signal array each.
 constexpr int kMaxBlocks = 128;
+// Most threads a block of the line kernels (`Lines` below) takes
+// (`LINES_MAX_THREADS` in algo.rs): 20 warps, so that 128 blocks take a
+// peer's 1 MiB (9363 lines) in one pass; at most 96 registers a thread.
+constexpr int kLinesMaxThreads = 640;
 
 // Most blocks when some peer is reached through RMA, and the staging each
 // such block has per peer for gets.
@@ -785,7 +789,11 @@ struct Lines {
                 load(in, bytes, line[u], live[u], a[u], b[u]);
             }
             if (kStart && first) start(counter);
-            if (first) phase_mark("load");
+            if (first) {
+                phase_mark("load");
+                phase_wait(a[0] ^ b[0] ^ a[kLinesUnroll - 1] ^ b[kLinesUnroll - 1]);
+                phase_mark("data");
+            }
             if (b0 >= n_lines) break;
             for (int i = 1; i < t.n; i++) {
 #pragma unroll

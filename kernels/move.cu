@@ -280,7 +280,7 @@ extern "C" __global__ void __launch_bounds__(512)
 
 // The same three in 128-byte lines (see `Lines` in common.cuh), for the
 // larger of the low-latency kernels' messages.
-extern "C" __global__ void __launch_bounds__(512)
+extern "C" __global__ void __launch_bounds__(shmem::k::kLinesMaxThreads, 1)
     shmem_allgather_ll128(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int in_place) {
     shmem::k::follow_stream();
     using namespace shmem::k;
@@ -306,7 +306,7 @@ extern "C" __global__ void __launch_bounds__(512)
 // Every PE other than `root` sends one line to every PE, so that every PE
 // hears from every peer (see `LL`); the first warp of block 0 sends and
 // receives those.
-extern "C" __global__ void __launch_bounds__(512)
+extern "C" __global__ void __launch_bounds__(shmem::k::kLinesMaxThreads, 1)
     shmem_broadcast_ll128(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int root) {
     shmem::k::follow_stream();
     using namespace shmem::k;
@@ -339,7 +339,7 @@ extern "C" __global__ void __launch_bounds__(512)
     ll.end();
 }
 
-extern "C" __global__ void __launch_bounds__(512)
+extern "C" __global__ void __launch_bounds__(shmem::k::kLinesMaxThreads, 1)
     shmem_alltoall_ll128(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes) {
     shmem::k::follow_stream();
     using namespace shmem::k;

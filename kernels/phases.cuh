@@ -80,7 +80,13 @@ __device__ __forceinline__ void phase_end() {
     printf("phase %s %llu mhz %llu\n", p.kernel, sample,
            static_cast<unsigned long long>(done > p.at[0] ? 1000 * cycles / (done - p.at[0]) : 0));
 }
+// Waits (the stamper only) until `v` is in: a mark after it stamps when
+// the loads it came from were in.
+__device__ __forceinline__ void phase_wait(uint64_t v) {
+    if (phase_stamper()) asm volatile("" ::"l"(v));
+}
 #else
+__device__ __forceinline__ void phase_wait(uint64_t) {}
 __device__ __forceinline__ void phase_begin(const char *) {}
 __device__ __forceinline__ void phase_mark(const char *) {}
 __device__ __forceinline__ void phase_end() {}

@@ -394,7 +394,7 @@ __device__ void reduce_scatter_ll(const TeamSync &t, uint64_t dst_off, uint64_t 
         shmem::k::follow_stream();                                                                                 \
         shmem::k::allreduce_ll<T, shmem::k::OP>(t, dst, src, count);                                             \
     }                                                                                                              \
-    extern "C" __global__ void __launch_bounds__(512)                                                             \
+    extern "C" __global__ void __launch_bounds__(shmem::k::kLinesMaxThreads, 1)                                              \
         shmem_allreduce_ll128_##NAME(shmem::k::TeamSync t, uint64_t dst, uint64_t src, uint64_t count) {          \
         shmem::k::follow_stream();                                                                                 \
         shmem::k::allreduce_ll128<T, shmem::k::OP>(t, dst, src, count);                                          \
@@ -404,7 +404,7 @@ __device__ void reduce_scatter_ll(const TeamSync &t, uint64_t dst_off, uint64_t 
         shmem::k::follow_stream();                                                                                 \
         shmem::k::reduce_scatter_ll<T, shmem::k::OP>(t, dst, src, count);                                        \
     }                                                                                                              \
-    extern "C" __global__ void __launch_bounds__(512)                                                             \
+    extern "C" __global__ void __launch_bounds__(shmem::k::kLinesMaxThreads, 1)                                              \
         shmem_reducescatter_ll128_##NAME(shmem::k::TeamSync t, uint64_t dst, uint64_t src, uint64_t count) {      \
         shmem::k::follow_stream();                                                                                 \
         shmem::k::reduce_scatter_ll128<T, shmem::k::OP>(t, dst, src, count);                                     \

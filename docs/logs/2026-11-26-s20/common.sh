@@ -89,3 +89,13 @@ alt_threads() {
         done
     done
 }
+# `size_threads SIZE THREADS...`: this build's all-reduce (bf16, graphs) of
+# SIZE with blocks of each THREADS in turn.
+size_threads() {
+    local s=$1 t
+    shift
+    for t in "$@"; do
+        run "ar$s-t$t" 40 "$bin/shmemrun" -n 2 "$bin/shmem-bench" --backend gpu --op all_reduce --dtype bf16 \
+            --min-bytes "$s" --max-bytes "$s" --graph --impl shmem --ll-threads "$t" --json "$dest/r/ar$s-t$t.jsonl"
+    done
+}

@@ -213,12 +213,17 @@ impl Protocols {
         }
     }
 
-    /// The low-latency kernels' grid for `bytes` per peer.
-    fn ll_grid(&self, bytes: usize) -> Grid {
-        Grid {
-            blocks: crate::algo::low_latency_blocks(bytes, &self.tuning) as usize,
-            threads: crate::algo::low_latency_threads(&self.tuning),
-        }
+    /// The low-latency kernels' grid for `bytes` per peer, in lines or
+    /// in packets.
+    fn ll_grid(&self, bytes: usize, lines: bool) -> Grid {
+        let blocks = crate::algo::low_latency_blocks(bytes, &self.tuning);
+        Grid { blocks: blocks as usize, threads: crate::algo::low_latency_threads(bytes, blocks, lines, &self.tuning) }
+    }
+
+    /// The low-latency kernels' name suffix and grid for `bytes` per peer
+    /// (lines from the tuned size).
+    fn ll(&self, bytes: usize) -> (&'static str, Grid) {
+        (self.ll_suffix(bytes), self.ll_grid(bytes, self.lines(bytes)))
     }
 
     /// Whether the line (LL128) kernels may take `bytes` per peer on this
@@ -852,8 +857,8 @@ impl Kernels {
         let bytes = count * dtype.size();
         let units = bytes.div_ceil(16);
         let (name, grid) = match how {
-            Reduction::LowLatency => (format!("shmem_allreduce_ll_{dt}_{o}"), p.ll_grid(bytes)),
-            Reduction::LowLatency128 => (format!("shmem_allreduce_ll128_{dt}_{o}"), p.ll_grid(bytes)),
+            Reduction::LowLatency => (format!("shmem_allreduce_ll_{dt}_{o}"), p.ll_grid(bytes, false)),
+            Reduction::LowLatency128 => (format!("shmem_allreduce_ll128_{dt}_{o}"), p.ll_grid(bytes, true)),
             Reduction::Push => (format!("shmem_allreduce_push_{dt}_{o}_{np}"), Grid::of(p.push_blocks)),
             Reduction::OneShot => (format!("shmem_allreduce_oneshot_{dt}_{o}_{np}"), Grid::of(Self::blocks(&t, units))),
             Reduction::TwoShot => (
@@ -867,7 +872,8 @@ impl Kernels {
                 (format!("shmem_reducescatter_{dt}_{o}_{np}"), Grid::of(Self::blocks(&t, units)))
             }
             Reduction::ReduceScatterLowLatency => {
-                (format!("shmem_reducescatter{}_{dt}_{o}", p.ll_suffix(bytes)), p.ll_grid(bytes))
+                let (suffix, grid) = p.ll(bytes);
+                (format!("shmem_reducescatter{suffix}_{dt}_{o}"), grid)
             }
             Reduction::ReduceScatterPush => {
                 (format!("shmem_reducescatter_push_{dt}_{o}_{np}"), Grid::of(p.push_blocks))
@@ -978,7 +984,8 @@ impl Kernels {
         s: CUstream,
     ) -> Result<()> {
         let (name, grid) = if p.low_latency(&t, bytes) {
-            (format!("{kernel}{}", p.ll_suffix(bytes)), p.ll_grid(bytes))
+            let (suffix, grid) = p.ll(bytes);
+            (format!("{kernel}{suffix}"), grid)
         } else if p.push(&t, bytes) {
             (format!("{kernel}_push"), Grid::of(p.push_blocks))
         } else {
@@ -1038,7 +1045,8 @@ impl Kernels {
         s: CUstream,
     ) -> Result<()> {
         let (name, grid) = if p.low_latency(&t, bytes) {
-            (format!("shmem_alltoall{}", p.ll_suffix(bytes)), p.ll_grid(bytes))
+            let (suffix, grid) = p.ll(bytes);
+            (format!("shmem_alltoall{suffix}"), grid)
         } else if p.push(&t, bytes) {
             ("shmem_alltoall_push".to_owned(), Grid::of(p.push_blocks))
         } else {
