@@ -50,7 +50,6 @@ struct TeamSync {
     uint64_t sync_offset;       // heap offset of the team's synchronisation state
     uint64_t ll_offset;         // heap offset of the low-latency packets (world)
     uint64_t temp_offset;       // heap offset of this PE's RMA staging
-    uint64_t next_heap;         // peer_heap[(rank + 1) % n], without a load
     int rank;
     int n;
     int rma;                    // some peer is reached through RMA
@@ -580,29 +579,24 @@ struct LL {
     uint64_t epoch;
     uint32_t flag;
     uint64_t parity;
+    // The next member's heap base, (rank + 1) % n: loaded as the object is
+    // made, beside the epoch's load and the caller's first loads, so that
+    // a send to it (at 2 PEs every send) waits for no load of its own.
+    // Else `send` loaded `peer_heap[pe]` after its data was in: another
+    // load's latency on every kernel's way to the link (the line
+    // all-reduce's first sends took 0.5 µs after its first loads were in;
+    // session 20, run 2).
+    uint64_t next_heap;
 
-    __device__ LL(const TeamSync &team) : t(team) {
-        warm_next(team);
+    __device__ LL(const TeamSync &team) : t(team), next_heap(team.peer_heap[next_of(team)]) {
         set_epoch(block_ll_epoch(team));
     }
     // With this kernel's epoch `e`, read already.
-    __device__ LL(const TeamSync &team, uint64_t e) : t(team) {
-        warm_next(team);
+    __device__ LL(const TeamSync &team, uint64_t e) : t(team), next_heap(team.peer_heap[next_of(team)]) {
         set_epoch(e);
     }
     // (rank + 1) % n, without a division.
     static __device__ int next_of(const TeamSync &team) { return team.rank + 1 == team.n ? 0 : team.rank + 1; }
-    // Lane 0 of each warp prefetches the start of this PE's buffers (both
-    // parities) at the next member, as the kernel starts: its first
-    // stores there took 0.45 µs to leave once their data was in (the
-    // profiling build, session 20, runs 3 and 4), as if the first access
-    // to the peer's memory waited for something of its own.
-    static __device__ void warm_next(const TeamSync &team) {
-        if (threadIdx.x % 32 != 0 || team.n < 2 || team.next_heap == 0) return;
-        const uint64_t mine = team.next_heap + team.ll_offset + team.rank * ll_buffer_bytes(team.n);
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(mine));
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(mine + team.n * ll_buffer_bytes(team.n)));
-    }
     __device__ void set_epoch(uint64_t e) {
         epoch = e;
         flag = 1 + static_cast<uint32_t>(e % 0xffffffffull);
@@ -617,7 +611,7 @@ struct LL {
         return t.ll_offset + (parity * t.n + sender) * ll_buffer_bytes(t.n) + c * 16;
     }
     // Member `pe`'s heap base (NVLink).
-    __device__ uint64_t heap_of(int pe) const { return pe == next_of(t) ? t.next_heap : t.peer_heap[pe]; }
+    __device__ uint64_t heap_of(int pe) const { return pe == next_of(t) ? next_heap : t.peer_heap[pe]; }
     __device__ void send(int pe, uint64_t c, uint64_t data) const {
         packet_store(reinterpret_cast<uint4 *>(heap_of(pe) + slot(t.rank, c)), data, flag);
     }
