@@ -4,17 +4,12 @@
 # before (old/, f69b7c8): `ab_lines 2`; NCCL's all-reduce beside; the
 # profiling build's stamps of the all-reduce at 8 B, 256 KiB and 1 MiB;
 # then this build's stress test, line tests and `::default` tests.
+# (Its start and steps, inline when it ran, are common.sh's now: the
+# same commands.)
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../.gpu-bundle" && pwd)
-. "$here/../docs/logs/2026-11-25-s12/common.sh"
-. "$here/../docs/logs/2026-11-25-s14/common.sh"
-. "$here/../docs/logs/2026-11-26-s19/common.sh"
 . "$here/../docs/logs/2026-11-26-s20/common.sh"
-nvidia-smi -L >"$dest/r/gpus.txt" 2>&1
-unpack_old
-unpack_phases
 ab_lines 2
-run nccl 60 "$bin/shmemrun" -n 2 "$bin/shmem-bench" --backend gpu --op all_reduce --dtype bf16 --min-bytes 128K \
-    --max-bytes 2M --graph --impl nccl --json "$dest/r/nccl.jsonl"
+nccl_ar 128K 2M
 phases_ar 8 256K 1M
 stress bin new 250 61 62
 run lines 90 env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n 2 "$bin/spmd" lines

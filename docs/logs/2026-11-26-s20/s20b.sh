@@ -7,12 +7,10 @@
 # 256 KiB and 1 MiB at 512 and 256 threads, and the all-reduce's whole
 # sweep (packets too) with the default grid and with 256 threads; then the
 # SPMD suite's `coll::` (the tuned variant now at 192 threads).
+# (Its start and steps, inline when it ran, are common.sh's now: the
+# same commands.)
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../.gpu-bundle" && pwd)
-. "$here/../docs/logs/2026-11-25-s12/common.sh"
-. "$here/../docs/logs/2026-11-25-s14/common.sh"
 . "$here/../docs/logs/2026-11-26-s20/common.sh"
-nvidia-smi -L >"$dest/r/gpus.txt" 2>&1
-unpack_phases
 threads_sweep 2 512 384 256 128
 phases_ar_t 512 256K 1M
 phases_ar_t 256 256K 1M
