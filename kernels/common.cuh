@@ -582,10 +582,13 @@ struct LL {
     // The next member's heap base, (rank + 1) % n: loaded as the object is
     // made, beside the epoch's load and the caller's first loads, so that
     // a send to it (at 2 PEs every send) waits for no load of its own.
-    // Else `send` loaded `peer_heap[pe]` after its data was in: another
-    // load's latency on every kernel's way to the link (the line
-    // all-reduce's first sends took 0.5 µs after its first loads were in;
-    // session 20, run 2).
+    // Else `send` loaded `peer_heap[pe]` after its data was in, another
+    // load's latency on the way to the link: the packets' all-reduce of 8
+    // B sent 0.48–0.51 µs after its epoch against 0.66, and the MoE forms
+    // took 0.06–0.35 µs less (2×H200, session 20, run 3). (Passing it as
+    // a kernel parameter and prefetching the peer's buffers from every
+    // warp as the kernel starts made every operation 10–100 µs slower:
+    // run 5.)
     uint64_t next_heap;
 
     __device__ LL(const TeamSync &team) : t(team), next_heap(team.peer_heap[next_of(team)]) {
@@ -768,9 +771,9 @@ struct Lines {
     // Every line of `in` (`bytes`) to every peer, and into `keep` as well
     // unless it is null (the all-gather's own block, out of place). A warp
     // takes its lines of two passes at once (kLinesUnroll), loading both
-    // before it sends either: past one pass (8192 lines, 960 KiB, at 128
-    // blocks of 512) the second pass's loads no longer wait for the first
-    // pass's sends. With kStart (a `Later` object), every warp first
+    // before it sends either: past one pass (4 lines a warp of the grid:
+    // by default, up to 10240 lines, 1120 KiB, on 128 blocks of 640) the
+    // second pass's loads no longer wait for the first pass's sends. With kStart (a `Later` object), every warp first
     // `start`s from `counter`, after its first loads.
     template <bool kStart = false>
     __device__ void send_all(const uint8_t *in, uint64_t bytes, uint8_t *keep, uint64_t counter = 0) {

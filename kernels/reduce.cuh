@@ -262,9 +262,10 @@ __device__ __forceinline__ void reduce_lines_pass(const Lines &ll, uint8_t *dst,
 // `own` (`bytes`), into `dst`. `dst` may be `own`: only this lane reads
 // and writes its words of a line, and it reads them first. A warp with
 // lines in two passes or more takes two at once (as `Lines::send_all`
-// sends them); one with a single pass's lines, as every warp below 8192
-// lines, takes one (session 18, run 1: the two-line pass for all cost
-// the all-reduce of 256–896 KiB 0.2 µs).
+// sends them); one with a single pass's lines, as every warp by default
+// up to 10240 lines (blocks of as many warps as one pass needs), takes
+// one (session 18, run 1: the two-line pass for all cost the all-reduce
+// of 256–896 KiB 0.2 µs).
 template <typename T, int OP>
 __device__ void reduce_lines(const Lines &ll, uint8_t *dst, const uint8_t *own, uint64_t bytes) {
     const uint64_t lines = ll.lines(bytes);

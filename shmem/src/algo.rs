@@ -226,11 +226,11 @@ pub const LINES_MAX_THREADS: u32 = 640;
 /// By default 512 for packets; for lines, the warps that take every line
 /// in one pass (4 lines a warp a pass), at least 8 and at most 20: a
 /// second pass costs more than the warps it saves, and fewer warps start
-/// sooner (2×H200, session 20, runs 2 and 3: all-reduce bf16 of 256 KiB
-/// 3.63 µs on 256 threads against 3.83 on 512; 512 KiB 4.58 on 384
-/// against 4.65; 1 MiB 6.42 on 640 against 6.82). Tuned: whole warps, 32
-/// to 512 (to 640 for lines; outside, the nearer end; between, the warp
-/// below).
+/// sooner (2×H200, session 20, run 4: the all-reduce, bf16, graphs, took
+/// 3.68 µs at 256 KiB against 3.83 on 512 threads at every size, 4.52 at
+/// 512 KiB against 4.65, 6.38 at 1 MiB against 6.82; at 768 KiB 5.45 on
+/// 448 threads, 5.51–5.59 on 512–640). Tuned: whole warps, 32 to 512 (to
+/// 640 for lines; outside, the nearer end; between, the warp below).
 pub fn low_latency_threads(bytes: usize, blocks: u32, lines: bool, tuning: &Tuning) -> u32 {
     let most = if lines { LINES_MAX_THREADS } else { 512 };
     match tuning.low_latency_threads {

@@ -35,23 +35,9 @@ const RMA_CHUNK: usize = 8192;
 pub(crate) const MAX_TEAM: usize = 64;
 /// Team slots with synchronisation state (as many as the host's team slots).
 const TEAM_SLOTS: usize = 64;
-/// Threads of a block of the collective kernels (the low-latency ones:
-/// unless tuned).
+/// Threads of a block of the collective kernels (but the low-latency
+/// ones: [`crate::algo::low_latency_threads`]).
 const THREADS: u32 = 512;
-
-/// A launch's blocks and threads a block.
-#[derive(Clone, Copy, Debug)]
-struct Grid {
-    blocks: usize,
-    threads: u32,
-}
-
-impl Grid {
-    /// `blocks` blocks of [`THREADS`].
-    fn of(blocks: usize) -> Grid {
-        Grid { blocks, threads: THREADS }
-    }
-}
 /// Blocks of the push kernels unless tuned.
 const PUSH_BLOCKS: usize = 64;
 /// The push kernels' largest size and largest world (`kPushMaxBytes`,
@@ -236,6 +222,20 @@ impl Protocols {
     /// Whether the push kernels take `bytes` per peer on this team.
     fn push(&self, t: &TeamSync, bytes: usize) -> bool {
         self.world && t.rma == 0 && t.n as usize <= PUSH_MAX_TEAM && bytes <= PUSH_MAX_BYTES
+    }
+}
+
+/// A launch's blocks and threads a block.
+#[derive(Clone, Copy, Debug)]
+struct Grid {
+    blocks: usize,
+    threads: u32,
+}
+
+impl Grid {
+    /// `blocks` blocks of [`THREADS`].
+    fn of(blocks: usize) -> Grid {
+        Grid { blocks, threads: THREADS }
     }
 }
 
