@@ -189,16 +189,6 @@ impl Protocols {
         bytes >= crate::algo::low_latency_lines_min_bytes(&self.tuning)
     }
 
-    /// The low-latency kernels' name suffix for `bytes` per peer: `_ll128`
-    /// (128-byte lines) from the tuned size, else `_ll` (8-byte packets).
-    fn ll_suffix(&self, bytes: usize) -> &'static str {
-        if self.lines(bytes) {
-            "_ll128"
-        } else {
-            "_ll"
-        }
-    }
-
     /// The low-latency kernels' grid for `bytes` per peer, in lines or
     /// in packets.
     fn ll_grid(&self, bytes: usize, lines: bool) -> Grid {
@@ -206,10 +196,12 @@ impl Protocols {
         Grid { blocks: blocks as usize, threads: crate::algo::low_latency_threads(bytes, blocks, lines, &self.tuning) }
     }
 
-    /// The low-latency kernels' name suffix and grid for `bytes` per peer
-    /// (lines from the tuned size).
+    /// The low-latency kernels' name suffix and grid for `bytes` per peer:
+    /// `_ll128` (128-byte lines) from the tuned size, else `_ll` (8-byte
+    /// packets).
     fn ll(&self, bytes: usize) -> (&'static str, Grid) {
-        (self.ll_suffix(bytes), self.ll_grid(bytes, self.lines(bytes)))
+        let lines = self.lines(bytes);
+        (if lines { "_ll128" } else { "_ll" }, self.ll_grid(bytes, lines))
     }
 
     /// Whether the line (LL128) kernels may take `bytes` per peer on this
