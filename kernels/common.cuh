@@ -512,24 +512,35 @@ __device__ __forceinline__ uint4 ld_volatile_v4(const uint4 *p) {
     return v;
 }
 
-// Bytes [8c, 8c + 8) of `p` (`len` long), zero past the end; any alignment.
-__device__ __forceinline__ uint64_t load8(const uint8_t *p, uint64_t c, uint64_t len) {
-    const uint8_t *q = p + c * 8;
-    if (c * 8 + 8 <= len && reinterpret_cast<uint64_t>(q) % 8 == 0) return *reinterpret_cast<const uint64_t *>(q);
+// `N` (4 or 8) bytes at byte `off` of `p` (`len` long), zero past the
+// end; any alignment.
+template <int N> __device__ __forceinline__ uint64_t load_at(const uint8_t *p, uint64_t off, uint64_t len) {
+    const uint8_t *q = p + off;
+    if (off + N <= len && reinterpret_cast<uint64_t>(q) % N == 0)
+        return N == 8 ? *reinterpret_cast<const uint64_t *>(q) : *reinterpret_cast<const uint32_t *>(q);
     uint64_t v = 0;
-    for (uint64_t b = c * 8; b < len && b < c * 8 + 8; b++) v |= static_cast<uint64_t>(p[b]) << (8 * (b - c * 8));
+    for (uint64_t b = off; b < len && b < off + N; b++) v |= static_cast<uint64_t>(p[b]) << (8 * (b - off));
     return v;
 }
 
-// Stores the bytes of `v` that fall before `len` at `p + 8c`.
-__device__ __forceinline__ void store8(uint8_t *p, uint64_t c, uint64_t len, uint64_t v) {
-    uint8_t *q = p + c * 8;
-    if (c * 8 + 8 <= len && reinterpret_cast<uint64_t>(q) % 8 == 0) {
-        *reinterpret_cast<uint64_t *>(q) = v;
+// Stores the low `N` bytes of `v` that fall before `len` at byte `off` of `p`.
+template <int N> __device__ __forceinline__ void store_at(uint8_t *p, uint64_t off, uint64_t len, uint64_t v) {
+    uint8_t *q = p + off;
+    if (off + N <= len && reinterpret_cast<uint64_t>(q) % N == 0) {
+        if (N == 8)
+            *reinterpret_cast<uint64_t *>(q) = v;
+        else
+            *reinterpret_cast<uint32_t *>(q) = static_cast<uint32_t>(v);
         return;
     }
-    for (uint64_t b = c * 8; b < len && b < c * 8 + 8; b++) p[b] = static_cast<uint8_t>(v >> (8 * (b - c * 8)));
+    for (uint64_t b = off; b < len && b < off + N; b++) p[b] = static_cast<uint8_t>(v >> (8 * (b - off)));
 }
+
+// Bytes [8c, 8c + 8) of `p` (`len` long), zero past the end; any alignment.
+__device__ __forceinline__ uint64_t load8(const uint8_t *p, uint64_t c, uint64_t len) { return load_at<8>(p, c * 8, len); }
+
+// Stores the bytes of `v` that fall before `len` at `p + 8c`.
+__device__ __forceinline__ void store8(uint8_t *p, uint64_t c, uint64_t len, uint64_t v) { store_at<8>(p, c * 8, len, v); }
 
 // One packet: 8 data bytes with `flag` beside each half, in one 16-byte
 // store (each 8-byte half arrives whole).
@@ -637,9 +648,14 @@ __device__ __forceinline__ void ld_volatile_v2u64(const uint64_t *p, uint64_t &a
 // each stored by 8 lanes of a warp with one 16-byte store each, so that
 // the line is one 128-byte write on the link, and loaded the same way;
 // the receiver retries the warp's load until every flag of its lines is
-// this operation's. Each 64-byte half of a line carries its own flag (the
-// second word of lanes 3 and 7), so a line holds 112 data bytes (14 words
-// for 16 moved, against 1 for 2 in the 8-byte packets). NCCL's LL128
+// this operation's. Each 64-byte half of a line carries its own flag, in
+// the upper half of the second word of its last lane (lanes 3 and 7): a
+// 4-byte flag, so that a line holds 120 data bytes (against 8 of 16 in the
+// 8-byte packets), or, for reductions of 8-byte elements, which a 4-byte
+// word would split across two lanes, that whole word (112 data bytes,
+// `LinesOf<8>`; every line carried 112 in sessions 19 and 20, and
+// session 18's one 8-byte flag a line, 120, took 0.26 µs less at 1 MiB
+// on 2×H100). NCCL's LL128
 // trusts one flag a line, counting on an aligned 128-byte store of a warp
 // to arrive whole; on 2×H100 and 2×H200 (docs/perf.md, sessions 18 and
 // 19) a receiver saw a line's flag while its first 64 bytes still held
@@ -651,38 +667,52 @@ __device__ __forceinline__ void ld_volatile_v2u64(const uint64_t *p, uint64_t &a
 // The lines of a sender go where its packets would (`LL::slot`), so the
 // two protocols share the buffers, the epochs and the argument about
 // reuse (every operation sends every peer at least one line). The flag is
-// the packet's flag in both halves: a stale packet's word there carries
-// an older flag in its upper half, a zeroed buffer 0.
-struct Lines {
+// the packet's flag in the word's upper half (and, 8-byte, in its lower):
+// whatever lay there before, a packet's or a line's of either layout,
+// carries an older flag in that upper half, a zeroed buffer 0.
+//
+// Where a lane's words lie in a line's data (bytes), 4-byte flags: lanes
+// 0–2 and 4–6 16 bytes each from 0 and from 48; lane 3 8 at 96 and 4 at
+// 112, lane 7 8 at 104 and 4 at 116 (each 8-byte word 8-aligned in the
+// line). 8-byte flags: 16 from 0, 16, 32 (lanes 0–2), 56, 72, 88 (4–6)
+// and 8 at 48 and 104 (3 and 7).
+template <int kFlagBytes>
+struct LinesOf {
+    static_assert(kFlagBytes == 4 || kFlagBytes == 8, "a line's flag is 4 or 8 bytes");
     LL packets;  // the team, the epoch, the flag and the slots the lines share
-    uint64_t flag;  // the packets' flag in both halves
-    // Flags a line (one a 64-byte half), lanes a flag, data words a line.
+    // The packets' flag in the upper half (and, 8-byte flags, the lower).
+    uint64_t flag;
+    // Flags a line (one a 64-byte half), lanes a flag, data bytes a line.
     static constexpr int kFlags = 2;
     static constexpr int kLanesPerFlag = 8 / kFlags;
-    static constexpr uint64_t kWords = 16 - kFlags;
+    static constexpr uint64_t kDataBytes = 128 - kFlags * kFlagBytes;
     // Passes a warp takes at once in `send_all` and `reduce_lines`.
     static constexpr int kLinesUnroll = 2;
 
-    __device__ Lines(const TeamSync &team) : Lines(team, block_ll_epoch(team)) {}
+    __device__ LinesOf(const TeamSync &team) : LinesOf(team, block_ll_epoch(team)) {}
     // With this kernel's epoch `e`, read already.
-    __device__ Lines(const TeamSync &team, uint64_t e) : packets(team, 0) { set_epoch(e); }
+    __device__ LinesOf(const TeamSync &team, uint64_t e) : packets(team, 0) { set_epoch(e); }
     // Without the epoch yet: `send_all` given the counter that
     // `lane_ll_counter` loaded sets it once its first loads are in flight
     // beside the counter's, so that the kernel's start waits for one load
     // instead of two in a row (and for no block barrier).
     struct Later {};
-    __device__ Lines(const TeamSync &team, Later) : packets(team, 0), flag(0) {}
+    __device__ LinesOf(const TeamSync &team, Later) : packets(team, 0), flag(0) {}
     // This kernel's epoch from what `lane_ll_counter` loaded (whole warp).
     __device__ void start(uint64_t counter) { set_epoch(warp_ll_epoch(counter)); }
     // The epoch `e`: the packets' and the lines' flags.
     __device__ void set_epoch(uint64_t e) {
         packets.set_epoch(e);
-        flag = packets.flag | static_cast<uint64_t>(packets.flag) << 32;
+        flag = static_cast<uint64_t>(packets.flag) << 32 | (kFlagBytes == 8 ? packets.flag : 0);
     }
+    // Whether a flag lane's second word `b` carries this operation's flag.
+    __device__ bool flagged(uint64_t b) const { return kFlagBytes == 8 ? b == flag : b >> 32 == flag >> 32; }
+    // A flag lane's second word: its data `b` (4-byte flags) and the flag.
+    __device__ uint64_t with_flag(uint64_t b) const { return kFlagBytes == 8 ? flag : (b & 0xffffffffull) | flag; }
     // Lines a sender has in a receiver's buffer.
     __device__ uint64_t room() const { return ll_buffer_bytes(packets.t.n) / 128; }
     // Lines for `bytes` (at least one, so that every peer hears from every peer).
-    __device__ uint64_t lines(uint64_t bytes) const { return bytes == 0 ? 1 : (bytes + 8 * kWords - 1) / (8 * kWords); }
+    __device__ uint64_t lines(uint64_t bytes) const { return bytes == 0 ? 1 : (bytes + kDataBytes - 1) / kDataBytes; }
     // A pass covers 4 lines a warp; `base()` is this warp's first, the
     // lane's line is base + lane / 8 (the loop bound stays warp-uniform).
     // The grid's warps are numbered across the blocks first (warp w of
@@ -693,12 +723,21 @@ struct Lines {
     __device__ uint64_t base() const { return (static_cast<uint64_t>(threadIdx.x / 32) * gridDim.x + blockIdx.x) * 4; }
     __device__ uint64_t stride() const { return static_cast<uint64_t>(gridDim.x) * blockDim.x / 8; }
     __device__ int lane8() const { return threadIdx.x % 8; }
-    // Whether this lane's second word is its half's flag (else data).
+    // Whether this lane's second word holds its half's flag (else data).
     __device__ bool flag_lane() const { return lane8() % kLanesPerFlag == kLanesPerFlag - 1; }
     __device__ uint64_t line_of(uint64_t base) const { return base + (threadIdx.x % 32) / 8; }
-    // 8-byte chunk (of the data) of this lane's first word in `line`; the
-    // second, for lanes not `flag_lane`, follows it.
-    __device__ uint64_t chunk(uint64_t line) const { return line * kWords + 2 * lane8() - lane8() / kLanesPerFlag; }
+    // Byte (of the data) of this lane's first word in `line` (8 bytes).
+    __device__ uint64_t offset_a(uint64_t line) const {
+        const int l = lane8();
+        if (kFlagBytes == 8) return line * kDataBytes + 8 * (2 * l - l / kLanesPerFlag);
+        return line * kDataBytes + (flag_lane() ? 96 + 8 * (l / kLanesPerFlag) : 16 * (l - l / kLanesPerFlag));
+    }
+    // Byte of its second: 8 bytes after the first, or for a flag lane
+    // (4-byte flags; none with 8-byte) the 4 of its lower half.
+    __device__ uint64_t offset_b(uint64_t line) const {
+        if (!flag_lane()) return offset_a(line) + 8;
+        return line * kDataBytes + 112 + 4 * (lane8() / kLanesPerFlag);
+    }
     // This lane's 16 bytes of `line` in `sender`'s slots of the heap at `heap`.
     __device__ uint64_t *at(uint8_t *heap, int sender, uint64_t line) const {
         return reinterpret_cast<uint64_t *>(heap + packets.slot(sender, 0) + line * 128 + lane8() * 16);
@@ -706,19 +745,23 @@ struct Lines {
     // This lane's words of `line` of the `len` bytes at `p` (zero past the
     // end; nothing loaded when not `live`).
     __device__ void load(const uint8_t *p, uint64_t len, uint64_t line, bool live, uint64_t &a, uint64_t &b) const {
-        uint64_t c = chunk(line);
-        a = live ? load8(p, c, len) : 0;
-        b = live && !flag_lane() ? load8(p, c + 1, len) : 0;
+        a = live ? load_at<8>(p, offset_a(line), len) : 0;
+        b = !live                 ? 0
+            : !flag_lane()        ? load_at<8>(p, offset_b(line), len)
+            : kFlagBytes == 4     ? load_at<4>(p, offset_b(line), len)
+                                  : 0;
     }
     // Stores this lane's words of `line` into the `len` bytes at `p`.
     __device__ void store(uint8_t *p, uint64_t len, uint64_t line, bool live, uint64_t a, uint64_t b) const {
         if (!live) return;
-        uint64_t c = chunk(line);
-        store8(p, c, len, a);
-        if (!flag_lane()) store8(p, c + 1, len, b);
+        store_at<8>(p, offset_a(line), len, a);
+        if (!flag_lane())
+            store_at<8>(p, offset_b(line), len, b);
+        else if (kFlagBytes == 4)
+            store_at<4>(p, offset_b(line), len, b);
     }
     // This lane's 16 bytes of `line` into member `pe`'s buffer for this PE:
-    // data words `a` and `b`, or `a` and the flag (`flag_lane`).
+    // data words `a` and `b`, the flag in `b` for a `flag_lane`.
     // Whole warp: it converges first, so that a line leaves in one store
     // instruction of its 8 lanes, never in parts.
     __device__ void send(int pe, uint64_t line, bool live, uint64_t a, uint64_t b) const {
@@ -726,7 +769,7 @@ struct Lines {
         __syncwarp();
         if (live)
             st_volatile_v2u64(at(reinterpret_cast<uint8_t *>(packets.heap_of(pe)), t.rank, line), a,
-                              flag_lane() ? flag : b);
+                              flag_lane() ? with_flag(b) : b);
     }
     // This lane's data words of `line` from member `pe` (whole warp; `live`
     // false for lanes past the last line, which load nothing). The warp
@@ -739,10 +782,10 @@ struct Lines {
     // one load instruction of the converged warp).
     __device__ void wait_line(int pe, const uint64_t *p, bool live, uint64_t &a, uint64_t &b) const {
         long long start = 0;
-        while (__any_sync(0xffffffffu, live && flag_lane() && b != flag)) {
+        while (__any_sync(0xffffffffu, live && flag_lane() && !flagged(b))) {
             if (start == 0) start = clock64();
             if (clock64() - start > kWaitCycles) {
-                if (live && flag_lane() && b != flag)
+                if (live && flag_lane() && !flagged(b))
                     printf("shmem: waited too long for a line of a low-latency collective from PE %d\n", pe);
                 __trap();
             }
@@ -772,7 +815,7 @@ struct Lines {
     // unless it is null (the all-gather's own block, out of place). A warp
     // takes its lines of two passes at once (kLinesUnroll), loading both
     // before it sends either: past one pass (4 lines a warp of the grid:
-    // by default, up to 10240 lines, 1120 KiB, on 128 blocks of 640) the
+    // by default, up to 10240 lines, 1200 KiB, on 128 blocks of 640) the
     // second pass's loads no longer wait for the first pass's sends. With kStart (a `Later` object), every warp first
     // `start`s from `counter`, after its first loads.
     template <bool kStart = false>
@@ -826,6 +869,9 @@ struct Lines {
     }
     __device__ void end() const { packets.end(); }
 };
+
+// The lines of every kernel but the reductions of 8-byte elements.
+using Lines = LinesOf<4>;
 
 // The push protocol (world team, every peer over NVLink, at most
 // kPushMaxTeam PEs, at most kPushMaxBytes from one PE to another per

@@ -808,7 +808,7 @@ template <int K> struct A2avLines {
 
     // Lines of a chunk of `rows` rows (none for none).
     __device__ uint64_t row_lines(uint64_t rows) const {
-        return div64(rows * a.row_bytes + 8 * Lines::kWords - 1, 8 * Lines::kWords);
+        return div64(rows * a.row_bytes + Lines::kDataBytes - 1, Lines::kDataBytes);
     }
     // Entry of a PE's splits that is its chunk `e` for destination `d`.
     __device__ int entry(int d, int e) const {
@@ -1044,7 +1044,7 @@ template <int K> __device__ __forceinline__ void a2av_lines(const TeamSync &team
         const int warps = blockDim.x / 32, w = threadIdx.x / 32;
         const uint64_t *tail = tb.plan(me, a.ne - 1, a.ne);
         const uint64_t in_lines = x.rows_in(team);
-        const uint64_t own = (tail[3] + tail[2]) * a.row_bytes, in = in_lines * (8 * Lines::kWords);
+        const uint64_t own = (tail[3] + tail[2]) * a.row_bytes, in = in_lines * Lines::kDataBytes;
         // (In single precision, rounded: the same in every block, and no
         // 64-bit division, which cost this step about 0.5 µs in session
         // 18's run 2.)

@@ -213,8 +213,12 @@ __device__ void allreduce_ll(const TeamSync &t, uint64_t dst_off, uint64_t src_o
 // ... (kU of them): each member's words of every line in team order, this
 // PE's own from `own`, the peers' as they arrive, so that a member's loads
 // of all kU lines are in flight together.
+// The lines of a reduction of `T`: 4-byte flags, unless a 4-byte word
+// would split an element (see `LinesOf` in common.cuh).
+template <typename T> using LinesFor = LinesOf<sizeof(T) == 8 ? 8 : 4>;
+
 template <typename T, int OP, int kU>
-__device__ __forceinline__ void reduce_lines_pass(const Lines &ll, uint8_t *dst, const uint8_t *own, uint64_t bytes,
+__device__ __forceinline__ void reduce_lines_pass(const LinesFor<T> &ll, uint8_t *dst, const uint8_t *own, uint64_t bytes,
                                                   uint64_t lines, uint64_t base, uint64_t s) {
     using A = typename Acc<T>::type;
     constexpr int kPer = 16 / sizeof(T);
@@ -231,14 +235,21 @@ __device__ __forceinline__ void reduce_lines_pass(const Lines &ll, uint8_t *dst,
         line[u] = ll.line_of(base + u * s);
         live[u] = line[u] < lines;
     }
+    // This PE's own words are loaded first, whatever its place in the
+    // team order, so that they are in while the peers' lines arrive (else
+    // a PE past rank 0 loaded them only once its peers' lines were in: an
+    // L2 round trip more on the operation's tail).
+    uint64_t own_a[kU], own_b[kU];
+#pragma unroll
+    for (int u = 0; u < kU; u++) ll.load(own, bytes, line[u], live[u], own_a[u], own_b[u]);
     for (int pe = 0; pe < t.n; pe++) {
         Words got[kU];
         uint64_t a[kU], b[kU];
         if (pe == t.rank) {
 #pragma unroll
-            for (int u = 0; u < kU; u++) ll.load(own, bytes, line[u], live[u], a[u], b[u]);
+            for (int u = 0; u < kU; u++) a[u] = own_a[u], b[u] = own_b[u];
         } else {
-            ll.recv_lines<kU>(pe, line, live, a, b);
+            ll.template recv_lines<kU>(pe, line, live, a, b);
         }
 #pragma unroll
         for (int u = 0; u < kU; u++) got[u].u[0] = a[u], got[u].u[1] = b[u];
@@ -267,7 +278,7 @@ __device__ __forceinline__ void reduce_lines_pass(const Lines &ll, uint8_t *dst,
 // one (session 18, run 1: the two-line pass for all cost the all-reduce
 // of 256–896 KiB 0.2 µs).
 template <typename T, int OP>
-__device__ void reduce_lines(const Lines &ll, uint8_t *dst, const uint8_t *own, uint64_t bytes) {
+__device__ void reduce_lines(const LinesFor<T> &ll, uint8_t *dst, const uint8_t *own, uint64_t bytes) {
     const uint64_t lines = ll.lines(bytes);
     const uint64_t s = ll.stride();
     for (uint64_t base = ll.base(); base < lines;) {
@@ -281,18 +292,19 @@ __device__ void reduce_lines(const Lines &ll, uint8_t *dst, const uint8_t *own, 
     }
 }
 
-// All-reduce by lines (see `Lines` in common.cuh): each lane takes two
-// words of a line (one, beside its half's flag, for lanes 3 and 7),
+// All-reduce by lines (see `LinesOf` in common.cuh): each lane takes two
+// words of a line (one and a half, or one, beside its half's flag, for
+// lanes 3 and 7),
 // sends them to every peer, then reduces what every peer sent for them in
 // team order.
 template <typename T, int OP>
 __device__ void allreduce_ll128(const TeamSync &t, uint64_t dst_off, uint64_t src_off, uint64_t count) {
     phase_begin("ll128_allreduce");
     const uint64_t counter = lane_ll_counter(t);
-    Lines ll(t, Lines::Later{});
+    LinesFor<T> ll(t, typename LinesFor<T>::Later{});
     const uint64_t bytes = count * sizeof(T);
     const uint8_t *src = t.mine<uint8_t>(src_off);
-    ll.send_all<true>(src, bytes, nullptr, counter);
+    ll.template send_all<true>(src, bytes, nullptr, counter);
     phase_mark("send");
     reduce_lines<T, OP>(ll, t.mine<uint8_t>(dst_off), src, bytes);
     phase_mark("recv_reduce");
@@ -306,7 +318,7 @@ __device__ void allreduce_ll128(const TeamSync &t, uint64_t dst_off, uint64_t sr
 // destination may be this PE's own block of the source).
 template <typename T, int OP>
 __device__ void reduce_scatter_ll128(const TeamSync &t, uint64_t dst_off, uint64_t src_off, uint64_t count) {
-    Lines ll(t);
+    LinesFor<T> ll(t);
     const uint64_t bytes = count * sizeof(T);
     const uint8_t *src = t.mine<uint8_t>(src_off);
     ll.send_blocks(src, bytes);

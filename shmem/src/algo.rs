@@ -29,9 +29,10 @@ pub enum AllReduceAlgo {
     /// one link latency. World team, up to [`low_latency_max_bytes`],
     /// NVLink path.
     LowLatency,
-    /// As [`LowLatency`](Self::LowLatency), in 128-byte lines of 112 data
-    /// bytes and a flag in each 64-byte half (after NCCL's LL128): 1.14×
-    /// the data's bytes on the link, against the 8-byte packets' 2×. World
+    /// As [`LowLatency`](Self::LowLatency), in 128-byte lines of 120 data
+    /// bytes and a 4-byte flag in each 64-byte half (after NCCL's LL128;
+    /// 112 and 8-byte flags for 8-byte elements): 1.07× the data's bytes on
+    /// the link (1.14×), against the 8-byte packets' 2×. World
     /// team, up to the packets' room (1 MiB a peer in worlds of up to 8
     /// PEs, else 128 KiB), NVLink path. The automatic choice from
     /// [`LOW_LATENCY_LINES_MIN_BYTES`] a peer.
@@ -90,7 +91,7 @@ pub enum MoeKernels {
     /// team, RMA included.
     PlanThenMove,
     /// One kernel in which each PE, as it starts, sends its splits and
-    /// then its rows for each peer in 128-byte lines of 112 data bytes and
+    /// then its rows for each peer in 128-byte lines of 120 data bytes and
     /// a flag in each half (after LL128) into the peer's low-latency
     /// buffer, while every PE checks the whole exchange and plans; each PE
     /// then copies what arrives into its output. No fence, signal or
@@ -104,9 +105,24 @@ pub enum MoeKernels {
     Lines,
 }
 
-/// Data bytes of one 128-byte line of the line kernels: 14 words, and a
-/// flag in each 64-byte half (`Lines` in the kernels' `common.cuh`).
-pub const LINE_DATA_BYTES: usize = 112;
+/// Data bytes of one 128-byte line of the line kernels: a 4-byte flag in
+/// each 64-byte half (`LinesOf` in the kernels' `common.cuh`). Reductions
+/// of 8-byte elements carry [`LINE_DATA_BYTES_WIDE`].
+pub const LINE_DATA_BYTES: usize = 120;
+
+/// Data bytes of one line of a reduction of 8-byte elements (f64, i64,
+/// u64): an 8-byte flag in each half, so that no element is split between
+/// two lanes' words.
+pub const LINE_DATA_BYTES_WIDE: usize = 112;
+
+/// Data bytes of one line of a reduction of `elem_bytes`-byte elements.
+pub fn reduce_line_data_bytes(elem_bytes: usize) -> usize {
+    if elem_bytes == 8 {
+        LINE_DATA_BYTES_WIDE
+    } else {
+        LINE_DATA_BYTES
+    }
+}
 
 /// Whether a MoE all-to-all-v (`combine`: `all_to_all_v_2d_offset`) on a
 /// world of `n_pes` with `experts_per_pe` experts each fits the
@@ -222,7 +238,8 @@ pub fn low_latency_blocks(bytes: usize, tuning: &Tuning) -> u32 {
 pub const LINES_MAX_THREADS: u32 = 640;
 
 /// Threads a block of the low-latency kernels for `bytes` a peer on
-/// `blocks` blocks, in `lines` (128-byte lines) or not, under `tuning`.
+/// `blocks` blocks, in 128-byte lines of `line_bytes` data bytes (else in
+/// packets), under `tuning`.
 /// By default 512 for packets; for lines, the warps that take every line
 /// in one pass (4 lines a warp a pass), at least 8 and at most 20: a
 /// second pass costs more than the warps it saves, and fewer warps start
@@ -231,14 +248,14 @@ pub const LINES_MAX_THREADS: u32 = 640;
 /// 512 KiB against 4.65, 6.38 at 1 MiB against 6.82; at 768 KiB 5.45 on
 /// 448 threads, 5.51–5.59 on 512–640). Tuned: whole warps, 32 to 512 (to
 /// 640 for lines; outside, the nearer end; between, the warp below).
-pub fn low_latency_threads(bytes: usize, blocks: u32, lines: bool, tuning: &Tuning) -> u32 {
-    let most = if lines { LINES_MAX_THREADS } else { 512 };
-    match tuning.low_latency_threads {
-        Some(t) => t.clamp(32, most) / 32 * 32,
-        None if !lines => 512,
-        None => {
+pub fn low_latency_threads(bytes: usize, blocks: u32, line_bytes: Option<usize>, tuning: &Tuning) -> u32 {
+    let most = if line_bytes.is_some() { LINES_MAX_THREADS } else { 512 };
+    match (tuning.low_latency_threads, line_bytes) {
+        (Some(t), _) => t.clamp(32, most) / 32 * 32,
+        (None, None) => 512,
+        (None, Some(per_line)) => {
             let per_pass = 4 * blocks.max(1) as usize;
-            let warps = bytes.max(1).div_ceil(LINE_DATA_BYTES).div_ceil(per_pass);
+            let warps = bytes.max(1).div_ceil(per_line.max(1)).div_ceil(per_pass);
             32 * warps.clamp(8, 20) as u32
         }
     }
@@ -332,7 +349,7 @@ pub struct Tuning {
     /// ones (more counts as that).
     pub low_latency_max_bytes: Option<usize>,
     /// Smallest message (bytes one PE sends another) that the low-latency
-    /// kernels move in 128-byte lines of 112 data bytes and a flag in each
+    /// kernels move in 128-byte lines of 120 data bytes and a flag in each
     /// half (after NCCL's LL128) rather than in 8-byte packets with a flag
     /// each: by default as [`low_latency_lines_min_bytes`] says (256 KiB).
     pub low_latency_lines_min_bytes: Option<usize>,
@@ -350,7 +367,7 @@ pub struct Tuning {
     /// data block, which sets how many blocks move the rows: by default
     /// 32 KiB; at least 16. In [`MoeKernels::Lines`], where every block
     /// works, bytes of the input (rows it can hold) per block: by default
-    /// 7168 (one pass of the block's warps, 4 lines of 112 bytes each),
+    /// 7680 (one pass of the block's warps, 4 lines of 120 bytes each),
     /// on no more blocks than every PE's GPU runs at once (a block an SM;
     /// under CUDA MPS, a PE's share of them less an eighth). Either way at
     /// most 128 blocks.
@@ -382,24 +399,24 @@ mod tests {
 
     #[test]
     fn moe_lines_fit_the_room_of_one_sender() {
-        // DeepSeek's rows (7168 bf16, 128 lines of 112 bytes each): 131
-        // tokens of input fit in worlds of up to 8 PEs (16896 lines), 132
-        // do not.
+        // DeepSeek's rows (7168 bf16, 14336 bytes, 119.5 lines of 120
+        // bytes): 141 tokens of input fit in worlds of up to 8 PEs (16896
+        // lines), 142 do not.
         let row = 7168 * 2;
         assert!(moe_lines_fit(2, 8, false, 128 * row));
         assert!(moe_lines_fit(8, 8, true, 128 * row));
-        assert!(moe_lines_fit(2, 8, false, 131 * row));
-        assert!(!moe_lines_fit(2, 8, false, 132 * row));
+        assert!(moe_lines_fit(2, 8, false, 141 * row));
+        assert!(!moe_lines_fit(2, 8, false, 142 * row));
         assert!(!moe_lines_fit(2, 8, false, 4096 * row));
         // Larger worlds have 2560 lines a sender.
         assert!(moe_lines_fit(9, 8, false, 16 * row));
-        assert!(moe_lines_fit(9, 8, false, 19 * row));
-        assert!(!moe_lines_fit(9, 8, false, 20 * row));
+        assert!(moe_lines_fit(9, 8, false, 21 * row));
+        assert!(!moe_lines_fit(9, 8, false, 22 * row));
         // The splits' lines and a line a chunk count.
-        assert!(moe_lines_fit(2, 1, false, 16894 * 112));
-        assert!(!moe_lines_fit(2, 1, false, 16894 * 112 + 1));
-        assert!(moe_lines_fit(2, 8, false, 16886 * 112));
-        assert!(!moe_lines_fit(2, 8, true, 16886 * 112), "the offsets take a line more");
+        assert!(moe_lines_fit(2, 1, false, 16894 * LINE_DATA_BYTES));
+        assert!(!moe_lines_fit(2, 1, false, 16894 * LINE_DATA_BYTES + 1));
+        assert!(moe_lines_fit(2, 8, false, 16886 * LINE_DATA_BYTES));
+        assert!(!moe_lines_fit(2, 8, true, 16886 * LINE_DATA_BYTES), "the offsets take a line more");
         assert!(!moe_lines_fit(2, usize::MAX, false, 0));
     }
 
@@ -464,25 +481,34 @@ mod tests {
     #[test]
     fn low_latency_threads_take_the_lines_in_one_pass() {
         let none = Tuning::default();
+        let (lines, wide) = (Some(LINE_DATA_BYTES), Some(LINE_DATA_BYTES_WIDE));
         // Packets: 512 at every size.
-        assert_eq!(low_latency_threads(8, 16, false, &none), 512);
-        assert_eq!(low_latency_threads(128 << 10, 128, false, &none), 512);
+        assert_eq!(low_latency_threads(8, 16, None, &none), 512);
+        assert_eq!(low_latency_threads(128 << 10, 128, None, &none), 512);
         // Lines on 128 blocks: 512 lines a pass a warp of each block.
-        // 256 KiB (2341 lines): 5 warps would do, at least 8.
-        assert_eq!(low_latency_threads(256 << 10, 128, true, &none), 256);
-        // 512 KiB (4682 lines): 10 warps.
-        assert_eq!(low_latency_threads(512 << 10, 128, true, &none), 320);
-        // 1 MiB (9363 lines): 19 warps; 8192 + 512 × 3 lines: 19 as well.
-        assert_eq!(low_latency_threads(1 << 20, 128, true, &none), 608);
-        assert_eq!(low_latency_threads(9728 * LINE_DATA_BYTES, 128, true, &none), 608);
-        assert_eq!(low_latency_threads(9728 * LINE_DATA_BYTES + 1, 128, true, &none), 640);
+        // 256 KiB (2185 lines): 5 warps would do, at least 8.
+        assert_eq!(low_latency_threads(256 << 10, 128, lines, &none), 256);
+        // 512 KiB (4370 lines): 9 warps.
+        assert_eq!(low_latency_threads(512 << 10, 128, lines, &none), 288);
+        // 1 MiB (8739 lines): 18 warps; in lines of 112 bytes (9363), 19.
+        assert_eq!(low_latency_threads(1 << 20, 128, lines, &none), 576);
+        assert_eq!(low_latency_threads(1 << 20, 128, wide, &none), 608);
+        assert_eq!(low_latency_threads(9728 * LINE_DATA_BYTES, 128, lines, &none), 608);
+        assert_eq!(low_latency_threads(9728 * LINE_DATA_BYTES + 1, 128, lines, &none), 640);
         // Past one pass of 20 warps: 20.
-        assert_eq!(low_latency_threads(4 << 20, 128, true, &none), 640);
+        assert_eq!(low_latency_threads(4 << 20, 128, lines, &none), 640);
         let tuned = |t| Tuning { low_latency_threads: Some(t), ..Tuning::default() };
-        assert_eq!(low_latency_threads(1 << 20, 128, true, &tuned(256)), 256);
-        assert_eq!(low_latency_threads(8, 16, false, &tuned(300)), 288);
-        assert_eq!(low_latency_threads(8, 16, false, &tuned(0)), 32);
-        assert_eq!(low_latency_threads(8, 16, false, &tuned(1024)), 512);
-        assert_eq!(low_latency_threads(8, 16, true, &tuned(1024)), 640);
+        assert_eq!(low_latency_threads(1 << 20, 128, lines, &tuned(256)), 256);
+        assert_eq!(low_latency_threads(8, 16, None, &tuned(300)), 288);
+        assert_eq!(low_latency_threads(8, 16, None, &tuned(0)), 32);
+        assert_eq!(low_latency_threads(8, 16, None, &tuned(1024)), 512);
+        assert_eq!(low_latency_threads(8, 16, lines, &tuned(1024)), 640);
+    }
+
+    #[test]
+    fn reductions_of_8_byte_elements_keep_wide_flags() {
+        assert_eq!(reduce_line_data_bytes(2), 120);
+        assert_eq!(reduce_line_data_bytes(4), 120);
+        assert_eq!(reduce_line_data_bytes(8), 112);
     }
 }

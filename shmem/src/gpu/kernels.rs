@@ -84,8 +84,8 @@ const FOLLOWS_STREAM: [&str; 7] = [
 /// bytes need: `a2av_active` in `moe.cu`).
 const A2AV_BYTES_PER_BLOCK: usize = 32 << 10;
 /// Input bytes per block of the MoE line kernel's grid unless tuned: one
-/// pass of its 16 warps, 4 lines of 112 data bytes each (`Lines` in
-/// `common.cuh`), so that a warp's lines leave in one pass where the grid
+/// pass of its 16 warps, 4 lines of 120 data bytes each (`Lines` in
+/// `common.cuh`; 112 before session 21), so that a warp's lines leave in one pass where the grid
 /// allows. Against 32 KiB a block on one H100 (docs/perf.md, session 15,
 /// tokens of 7168 bf16): at 1 PE 5–10 % faster at 1 and 32 tokens (but
 /// the combine of 1 token 5 % slower), and at 128 on 128 blocks 3.6–6.8 %
@@ -189,19 +189,22 @@ impl Protocols {
         bytes >= crate::algo::low_latency_lines_min_bytes(&self.tuning)
     }
 
-    /// The low-latency kernels' grid for `bytes` per peer, in lines or
-    /// in packets.
-    fn ll_grid(&self, bytes: usize, lines: bool) -> Grid {
+    /// The low-latency kernels' grid for `bytes` per peer, in lines of
+    /// `line_bytes` data bytes or in packets.
+    fn ll_grid(&self, bytes: usize, line_bytes: Option<usize>) -> Grid {
         let blocks = crate::algo::low_latency_blocks(bytes, &self.tuning);
-        Grid { blocks: blocks as usize, threads: crate::algo::low_latency_threads(bytes, blocks, lines, &self.tuning) }
+        Grid {
+            blocks: blocks as usize,
+            threads: crate::algo::low_latency_threads(bytes, blocks, line_bytes, &self.tuning),
+        }
     }
 
     /// The low-latency kernels' name suffix and grid for `bytes` per peer:
-    /// `_ll128` (128-byte lines) from the tuned size, else `_ll` (8-byte
-    /// packets).
-    fn ll(&self, bytes: usize) -> (&'static str, Grid) {
+    /// `_ll128` (128-byte lines of `line_bytes` data bytes) from the tuned
+    /// size, else `_ll` (8-byte packets).
+    fn ll(&self, bytes: usize, line_bytes: usize) -> (&'static str, Grid) {
         let lines = self.lines(bytes);
-        (if lines { "_ll128" } else { "_ll" }, self.ll_grid(bytes, lines))
+        (if lines { "_ll128" } else { "_ll" }, self.ll_grid(bytes, lines.then_some(line_bytes)))
     }
 
     /// Whether the line (LL128) kernels may take `bytes` per peer on this
@@ -848,9 +851,10 @@ impl Kernels {
         let np = if op == ReduceOp::Sum && matches!(t.n, 2 | 4 | 8) { t.n } else { 0 };
         let bytes = count * dtype.size();
         let units = bytes.div_ceil(16);
+        let line_bytes = crate::algo::reduce_line_data_bytes(dtype.size());
         let (name, grid) = match how {
-            Reduction::LowLatency => (format!("shmem_allreduce_ll_{dt}_{o}"), p.ll_grid(bytes, false)),
-            Reduction::LowLatency128 => (format!("shmem_allreduce_ll128_{dt}_{o}"), p.ll_grid(bytes, true)),
+            Reduction::LowLatency => (format!("shmem_allreduce_ll_{dt}_{o}"), p.ll_grid(bytes, None)),
+            Reduction::LowLatency128 => (format!("shmem_allreduce_ll128_{dt}_{o}"), p.ll_grid(bytes, Some(line_bytes))),
             Reduction::Push => (format!("shmem_allreduce_push_{dt}_{o}_{np}"), Grid::of(p.push_blocks)),
             Reduction::OneShot => (format!("shmem_allreduce_oneshot_{dt}_{o}_{np}"), Grid::of(Self::blocks(&t, units))),
             Reduction::TwoShot => (
@@ -864,7 +868,7 @@ impl Kernels {
                 (format!("shmem_reducescatter_{dt}_{o}_{np}"), Grid::of(Self::blocks(&t, units)))
             }
             Reduction::ReduceScatterLowLatency => {
-                let (suffix, grid) = p.ll(bytes);
+                let (suffix, grid) = p.ll(bytes, line_bytes);
                 (format!("shmem_reducescatter{suffix}_{dt}_{o}"), grid)
             }
             Reduction::ReduceScatterPush => {
@@ -976,7 +980,7 @@ impl Kernels {
         s: CUstream,
     ) -> Result<()> {
         let (name, grid) = if p.low_latency(&t, bytes) {
-            let (suffix, grid) = p.ll(bytes);
+            let (suffix, grid) = p.ll(bytes, LINE_DATA_BYTES);
             (format!("{kernel}{suffix}"), grid)
         } else if p.push(&t, bytes) {
             (format!("{kernel}_push"), Grid::of(p.push_blocks))
@@ -1037,7 +1041,7 @@ impl Kernels {
         s: CUstream,
     ) -> Result<()> {
         let (name, grid) = if p.low_latency(&t, bytes) {
-            let (suffix, grid) = p.ll(bytes);
+            let (suffix, grid) = p.ll(bytes, LINE_DATA_BYTES);
             (format!("shmem_alltoall{suffix}"), grid)
         } else if p.push(&t, bytes) {
             ("shmem_alltoall_push".to_owned(), Grid::of(p.push_blocks))
