@@ -1,0 +1,20 @@
+# Sourced by this session's drivers: session 20's common.sh (the box's
+# environment, `run`, `ab_each`, `ab_lines`, `ab_all`, `ar_at`,
+# `phases_ar`, `nccl_ar`, `gpu_run`, `pack`; old/ and phases/ unpacked
+# where the bundle has them), and alt/ (alt.tar.xz: shmem-bench and
+# shmemrun of an experimental build, named in the README) unpacked where
+# the bundle has it.
+. "$here/../docs/logs/2026-11-26-s20/common.sh"
+if [[ -f $here/alt.tar.xz ]]; then
+    mkdir -p "$here/alt"
+    tar -C "$here/alt" -xJf "$here/alt.tar.xz"
+fi
+# `ab3 PATTERN LIMIT BENCH_ARGS...`: shmem-bench at 2 PEs, old/ then this
+# build then alt/, once each, named PATTERN with {v} made old, new or alt.
+ab3() {
+    local pat=$1 limit=$2
+    shift 2
+    ab_each "$pat" "$limit" 2 "$@"
+    run "${pat//\{v\}/alt}" "$limit" "$here/alt/bin/shmemrun" -n 2 "$here/alt/bin/shmem-bench" --backend gpu "$@" \
+        --json "$dest/r/${pat//\{v\}/alt}.jsonl"
+}
