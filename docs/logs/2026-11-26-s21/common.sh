@@ -18,3 +18,23 @@ ab3() {
     run "${pat//\{v\}/alt}" "$limit" "$here/alt/bin/shmemrun" -n 2 "$here/alt/bin/shmem-bench" --backend gpu "$@" \
         --json "$dest/r/${pat//\{v\}/alt}.jsonl"
 }
+# Variant builds beside the bundle (VAR.tar.xz: shmem-bench and shmemrun),
+# each unpacked into VAR/; `bench_v VAR NAME BENCH_ARGS...` runs VAR's
+# shmem-bench at 2 PEs (VAR old: old/, new: this build), its log and JSON
+# NAME.
+for f in "$here"/v[0-9]*.tar.xz; do
+    [[ -f $f ]] || continue
+    v=$(basename "$f" .tar.xz)
+    mkdir -p "$here/$v"
+    tar -C "$here/$v" -xJf "$f"
+done
+bench_v() {
+    local v=$1 name=$2 b
+    shift 2
+    case $v in
+        new) b=$bin ;;
+        old) b=$here/old/bin ;;
+        *) b=$here/$v/bin ;;
+    esac
+    run "$name" 60 "$b/shmemrun" -n 2 "$b/shmem-bench" --backend gpu "$@" --json "$dest/r/$name.jsonl"
+}
