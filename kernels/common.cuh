@@ -651,11 +651,11 @@ __device__ __forceinline__ void ld_volatile_v2u64(const uint64_t *p, uint64_t &a
 // this operation's. Each 64-byte half of a line carries its own flag, in
 // the upper half of the second word of its last lane (lanes 3 and 7): a
 // 4-byte flag, so that a line holds 120 data bytes (against 8 of 16 in the
-// 8-byte packets), or, for reductions of 8-byte elements, which a 4-byte
-// word would split across two lanes, that whole word (112 data bytes,
-// `LinesOf<8>`; every line carried 112 in sessions 19 and 20, and
-// session 18's one 8-byte flag a line, 120, took 0.26 µs less at 1 MiB
-// on 2×H100). NCCL's LL128
+// 8-byte packets), or that whole word (112 data bytes, `LinesOf<8>`):
+// for reductions of 8-byte elements, which a 4-byte word would split
+// across two lanes, and for the MoE line kernel (`MoeLines` in moe.cu).
+// Lines of 120 took the all-reduce of 1 MiB (bf16, 2×H200, session 21,
+// run 2) from 6.42 µs to 6.29, of 768 KiB from 5.45 to 5.33. NCCL's LL128
 // trusts one flag a line, counting on an aligned 128-byte store of a warp
 // to arrive whole; on 2×H100 and 2×H200 (docs/perf.md, sessions 18 and
 // 19) a receiver saw a line's flag while its first 64 bytes still held
@@ -870,7 +870,7 @@ struct LinesOf {
     __device__ void end() const { packets.end(); }
 };
 
-// The lines of every kernel but the reductions of 8-byte elements.
+// The lines of the collectives but the reductions of 8-byte elements.
 using Lines = LinesOf<4>;
 
 // The push protocol (world team, every peer over NVLink, at most

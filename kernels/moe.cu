@@ -795,8 +795,14 @@ namespace k {
 // wait for its splits to leave first (`A2avLines::send`).
 constexpr uint64_t kGateMinLines = 1024;
 
+// The line kernel's lines: 8-byte flags, 112 data bytes a line. In lines
+// of 120 (4-byte flags, as the collectives' since session 21) one token
+// and 32 took 0.3–0.55 µs longer in every form (2×H200, session 21, run
+// 2): they wait on the latency of each line, not on the link.
+using MoeLines = LinesOf<8>;
+
 template <int K> struct A2avLines {
-    Lines ln;
+    MoeLines ln;
     const A2av &a;
     const A2avTable &tb;
     uint64_t split_lines;
@@ -808,7 +814,7 @@ template <int K> struct A2avLines {
 
     // Lines of a chunk of `rows` rows (none for none).
     __device__ uint64_t row_lines(uint64_t rows) const {
-        return div64(rows * a.row_bytes + Lines::kDataBytes - 1, Lines::kDataBytes);
+        return div64(rows * a.row_bytes + MoeLines::kDataBytes - 1, MoeLines::kDataBytes);
     }
     // Entry of a PE's splits that is its chunk `e` for destination `d`.
     __device__ int entry(int d, int e) const {
@@ -1044,7 +1050,7 @@ template <int K> __device__ __forceinline__ void a2av_lines(const TeamSync &team
         const int warps = blockDim.x / 32, w = threadIdx.x / 32;
         const uint64_t *tail = tb.plan(me, a.ne - 1, a.ne);
         const uint64_t in_lines = x.rows_in(team);
-        const uint64_t own = (tail[3] + tail[2]) * a.row_bytes, in = in_lines * Lines::kDataBytes;
+        const uint64_t own = (tail[3] + tail[2]) * a.row_bytes, in = in_lines * MoeLines::kDataBytes;
         // (In single precision, rounded: the same in every block, and no
         // 64-bit division, which cost this step about 0.5 µs in session
         // 18's run 2.)

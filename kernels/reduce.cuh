@@ -235,19 +235,12 @@ __device__ __forceinline__ void reduce_lines_pass(const LinesFor<T> &ll, uint8_t
         line[u] = ll.line_of(base + u * s);
         live[u] = line[u] < lines;
     }
-    // This PE's own words are loaded first, whatever its place in the
-    // team order, so that they are in while the peers' lines arrive (else
-    // a PE past rank 0 loaded them only once its peers' lines were in: an
-    // L2 round trip more on the operation's tail).
-    uint64_t own_a[kU], own_b[kU];
-#pragma unroll
-    for (int u = 0; u < kU; u++) ll.load(own, bytes, line[u], live[u], own_a[u], own_b[u]);
     for (int pe = 0; pe < t.n; pe++) {
         Words got[kU];
         uint64_t a[kU], b[kU];
         if (pe == t.rank) {
 #pragma unroll
-            for (int u = 0; u < kU; u++) a[u] = own_a[u], b[u] = own_b[u];
+            for (int u = 0; u < kU; u++) ll.load(own, bytes, line[u], live[u], a[u], b[u]);
         } else {
             ll.template recv_lines<kU>(pe, line, live, a, b);
         }

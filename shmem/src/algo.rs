@@ -91,7 +91,7 @@ pub enum MoeKernels {
     /// team, RMA included.
     PlanThenMove,
     /// One kernel in which each PE, as it starts, sends its splits and
-    /// then its rows for each peer in 128-byte lines of 120 data bytes and
+    /// then its rows for each peer in 128-byte lines of 112 data bytes and
     /// a flag in each half (after LL128) into the peer's low-latency
     /// buffer, while every PE checks the whole exchange and plans; each PE
     /// then copies what arrives into its output. No fence, signal or
@@ -105,14 +105,18 @@ pub enum MoeKernels {
     Lines,
 }
 
-/// Data bytes of one 128-byte line of the line kernels: a 4-byte flag in
-/// each 64-byte half (`LinesOf` in the kernels' `common.cuh`). Reductions
-/// of 8-byte elements carry [`LINE_DATA_BYTES_WIDE`].
+/// Data bytes of one 128-byte line of the collectives' line kernels: a
+/// 4-byte flag in each 64-byte half (`LinesOf` in the kernels'
+/// `common.cuh`). Reductions of 8-byte elements and the MoE line kernel
+/// carry [`LINE_DATA_BYTES_WIDE`].
 pub const LINE_DATA_BYTES: usize = 120;
 
-/// Data bytes of one line of a reduction of 8-byte elements (f64, i64,
-/// u64): an 8-byte flag in each half, so that no element is split between
-/// two lanes' words.
+/// Data bytes of one line with an 8-byte flag in each half: in reductions
+/// of 8-byte elements (f64, i64, u64), so that no element is split between
+/// two lanes' words, and in the MoE line kernel ([`MoeKernels::Lines`]),
+/// which waits on each line's latency more than on the link (one token
+/// and 32 took 0.3–0.55 µs longer in lines of 120 bytes: 2×H200, session
+/// 21, run 2).
 pub const LINE_DATA_BYTES_WIDE: usize = 112;
 
 /// Data bytes of one line of a reduction of `elem_bytes`-byte elements.
@@ -133,9 +137,9 @@ pub fn moe_lines_fit(n_pes: usize, experts_per_pe: usize, combine: bool, input_b
     let room = low_latency_buffer_bytes(n_pes) / 128;
     let words = n_pes.saturating_mul(experts_per_pe).saturating_mul(if combine { 2 } else { 1 });
     let lines = words
-        .div_ceil(LINE_DATA_BYTES / 8)
+        .div_ceil(LINE_DATA_BYTES_WIDE / 8)
         .saturating_add(experts_per_pe)
-        .saturating_add(input_bytes.div_ceil(LINE_DATA_BYTES));
+        .saturating_add(input_bytes.div_ceil(LINE_DATA_BYTES_WIDE));
     lines <= room
 }
 
@@ -367,7 +371,7 @@ pub struct Tuning {
     /// data block, which sets how many blocks move the rows: by default
     /// 32 KiB; at least 16. In [`MoeKernels::Lines`], where every block
     /// works, bytes of the input (rows it can hold) per block: by default
-    /// 7680 (one pass of the block's warps, 4 lines of 120 bytes each),
+    /// 7168 (one pass of the block's warps, 4 lines of 112 bytes each),
     /// on no more blocks than every PE's GPU runs at once (a block an SM;
     /// under CUDA MPS, a PE's share of them less an eighth). Either way at
     /// most 128 blocks.
@@ -399,24 +403,25 @@ mod tests {
 
     #[test]
     fn moe_lines_fit_the_room_of_one_sender() {
-        // DeepSeek's rows (7168 bf16, 14336 bytes, 119.5 lines of 120
-        // bytes): 141 tokens of input fit in worlds of up to 8 PEs (16896
-        // lines), 142 do not.
+        // DeepSeek's rows (7168 bf16, 128 lines of 112 bytes each): 131
+        // tokens of input fit in worlds of up to 8 PEs (16896 lines), 132
+        // do not.
         let row = 7168 * 2;
         assert!(moe_lines_fit(2, 8, false, 128 * row));
         assert!(moe_lines_fit(8, 8, true, 128 * row));
-        assert!(moe_lines_fit(2, 8, false, 141 * row));
-        assert!(!moe_lines_fit(2, 8, false, 142 * row));
+        assert!(moe_lines_fit(2, 8, false, 131 * row));
+        assert!(!moe_lines_fit(2, 8, false, 132 * row));
         assert!(!moe_lines_fit(2, 8, false, 4096 * row));
         // Larger worlds have 2560 lines a sender.
         assert!(moe_lines_fit(9, 8, false, 16 * row));
-        assert!(moe_lines_fit(9, 8, false, 21 * row));
-        assert!(!moe_lines_fit(9, 8, false, 22 * row));
+        assert!(moe_lines_fit(9, 8, false, 19 * row));
+        assert!(!moe_lines_fit(9, 8, false, 20 * row));
         // The splits' lines and a line a chunk count.
-        assert!(moe_lines_fit(2, 1, false, 16894 * LINE_DATA_BYTES));
-        assert!(!moe_lines_fit(2, 1, false, 16894 * LINE_DATA_BYTES + 1));
-        assert!(moe_lines_fit(2, 8, false, 16886 * LINE_DATA_BYTES));
-        assert!(!moe_lines_fit(2, 8, true, 16886 * LINE_DATA_BYTES), "the offsets take a line more");
+        let line = LINE_DATA_BYTES_WIDE;
+        assert!(moe_lines_fit(2, 1, false, 16894 * line));
+        assert!(!moe_lines_fit(2, 1, false, 16894 * line + 1));
+        assert!(moe_lines_fit(2, 8, false, 16886 * line));
+        assert!(!moe_lines_fit(2, 8, true, 16886 * line), "the offsets take a line more");
         assert!(!moe_lines_fit(2, usize::MAX, false, 0));
     }
 

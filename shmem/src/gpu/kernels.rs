@@ -5,7 +5,7 @@
 use super::{check, CUstream, GpuWorld, Nv};
 use crate::algo::{
     low_latency_buffer_bytes, low_latency_room_bytes, moe_lines_fit, moe_lines_max_bytes, AllReduceAlgo, Collectives,
-    MoeKernels, Tuning, LINE_DATA_BYTES,
+    MoeKernels, Tuning, LINE_DATA_BYTES, LINE_DATA_BYTES_WIDE,
 };
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
@@ -84,14 +84,14 @@ const FOLLOWS_STREAM: [&str; 7] = [
 /// bytes need: `a2av_active` in `moe.cu`).
 const A2AV_BYTES_PER_BLOCK: usize = 32 << 10;
 /// Input bytes per block of the MoE line kernel's grid unless tuned: one
-/// pass of its 16 warps, 4 lines of 120 data bytes each (`Lines` in
-/// `common.cuh`; 112 before session 21), so that a warp's lines leave in one pass where the grid
+/// pass of its 16 warps, 4 lines of 112 data bytes each (`MoeLines` in
+/// `moe.cu`), so that a warp's lines leave in one pass where the grid
 /// allows. Against 32 KiB a block on one H100 (docs/perf.md, session 15,
 /// tokens of 7168 bf16): at 1 PE 5–10 % faster at 1 and 32 tokens (but
 /// the combine of 1 token 5 % slower), and at 128 on 128 blocks 3.6–6.8 %
 /// faster than on 116 (which were within 3 % of 32 KiB); at 2 PEs sharing
 /// the GPU 13–22 % faster at 1 to 32 tokens, within 1.5 % at 128.
-const A2AV_LINES_BYTES_PER_BLOCK: usize = 16 * 4 * LINE_DATA_BYTES;
+const A2AV_LINES_BYTES_PER_BLOCK: usize = 16 * 4 * LINE_DATA_BYTES_WIDE;
 /// Most experts per PE of the MoE line kernel: a warp works out a
 /// destination's chunks a lane each (`A2avLines::warp_chunks` in `moe.cu`).
 const A2AV_LINES_MAX_EXPERTS: usize = 32;
