@@ -8,7 +8,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../.gpu-bundle" && pwd)
 . "$here/../docs/logs/2026-11-26-s21/common.sh"
 ncu=/usr/local/cuda/bin/ncu
 mkdir -p "$dest/ncu"
-metrics=gpu__time_duration.sum,nvltx__bytes.sum,nvlrx__bytes.sum,nvltx__bytes_data_user.sum,nvlrx__bytes_data_user.sum,lts__t_bytes.sum,smsp__warps_issue_stalled_barrier.sum,smsp__warps_issue_stalled_branch_resolving.sum,smsp__warps_issue_stalled_dispatch_stall.sum,smsp__warps_issue_stalled_drain.sum,smsp__warps_issue_stalled_imc_miss.sum,smsp__warps_issue_stalled_lg_throttle.sum,smsp__warps_issue_stalled_long_scoreboard.sum,smsp__warps_issue_stalled_membar.sum,smsp__warps_issue_stalled_mio_throttle.sum,smsp__warps_issue_stalled_misc.sum,smsp__warps_issue_stalled_no_instruction.sum,smsp__warps_issue_stalled_not_selected.sum,smsp__warps_issue_stalled_selected.sum,smsp__warps_issue_stalled_short_scoreboard.sum,smsp__warps_issue_stalled_sleeping.sum,smsp__warps_issue_stalled_tex_throttle.sum,smsp__warps_issue_stalled_wait.sum
+metrics=gpu__time_duration.sum,nvltx__bytes.sum,nvlrx__bytes.sum,nvltx__bytes_data_user.sum,nvlrx__bytes_data_user.sum
 "$ncu" --query-metrics --chip gh100 >"$dest/r/ncu-metrics.txt" 2>&1
 for s in 1M 256K; do
     run "ncu-$s" 120 "$bin/shmemrun" -n 2 "$ncu" --replay-mode application --kernel-name regex:allreduce_ll128 \
