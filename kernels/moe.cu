@@ -798,8 +798,9 @@ constexpr uint64_t kGateMinLines = 1024;
 // The line kernel's lines: 8-byte flags, 112 data bytes a line. In lines
 // of 120 (4-byte flags, as the collectives' since session 21) one token
 // and 32 took 0.3–0.55 µs longer in every form (2×H200, session 21, run
-// 2): they wait on the latency of each line, not on the link.
-using MoeLines = LinesOf<8>;
+// 2; run 8 again with the byte loops rolled): they wait on the latency of
+// each line, not on the link. Its byte loops rolled (`load_at`).
+using MoeLines = LinesOf<8, true>;
 
 template <int K> struct A2avLines {
     MoeLines ln;
