@@ -209,14 +209,14 @@ __device__ void allreduce_ll(const TeamSync &t, uint64_t dst_off, uint64_t src_o
     phase_end();
 }
 
-// One pass of `reduce_lines` over a warp's lines at `base`, `base + s`,
-// ... (kU of them): each member's words of every line in team order, this
-// PE's own from `own`, the peers' as they arrive, so that a member's loads
-// of all kU lines are in flight together.
 // The lines of a reduction of `T`: 4-byte flags, unless a 4-byte word
 // would split an element (see `LinesOf` in common.cuh).
 template <typename T> using LinesFor = LinesOf<sizeof(T) == 8 ? 8 : 4>;
 
+// One pass of `reduce_lines` over a warp's lines at `base`, `base + s`,
+// ... (kU of them): each member's words of every line in team order, this
+// PE's own from `own`, the peers' as they arrive, so that a member's loads
+// of all kU lines are in flight together.
 template <typename T, int OP, int kU>
 __device__ __forceinline__ void reduce_lines_pass(const LinesFor<T> &ll, uint8_t *dst, const uint8_t *own, uint64_t bytes,
                                                   uint64_t lines, uint64_t base, uint64_t s) {
@@ -286,10 +286,9 @@ __device__ void reduce_lines(const LinesFor<T> &ll, uint8_t *dst, const uint8_t 
 }
 
 // All-reduce by lines (see `LinesOf` in common.cuh): each lane takes two
-// words of a line (one and a half, or one, beside its half's flag, for
-// lanes 3 and 7),
-// sends them to every peer, then reduces what every peer sent for them in
-// team order.
+// words of a line (lanes 3 and 7, beside their half's flag, one and a
+// half, or one with 8-byte flags), sends them to every peer, then
+// reduces what every peer sent for them in team order.
 template <typename T, int OP>
 __device__ void allreduce_ll128(const TeamSync &t, uint64_t dst_off, uint64_t src_off, uint64_t count) {
     phase_begin("ll128_allreduce");
