@@ -32,7 +32,7 @@ pub enum AllReduceAlgo {
     /// As [`LowLatency`](Self::LowLatency), in 128-byte lines of 120 data
     /// bytes and a 4-byte flag in each 64-byte half (after NCCL's LL128;
     /// 112 and 8-byte flags for 8-byte elements): 1.07× the data's bytes on
-    /// the link (1.14×), against the 8-byte packets' 2×. World
+    /// the link (1.14× with 8-byte flags), against the 8-byte packets' 2×. World
     /// team, up to the packets' room (1 MiB a peer in worlds of up to 8
     /// PEs, else 128 KiB), NVLink path. The automatic choice from
     /// [`LOW_LATENCY_LINES_MIN_BYTES`] a peer.
