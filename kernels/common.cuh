@@ -517,7 +517,7 @@ __device__ __forceinline__ uint4 ld_volatile_v4(const uint4 *p) {
 // buffer) stays a loop, else the compiler unrolls it at every call site.
 // Rolled, the kernels' code is a third to a half as long (the line
 // all-reduce's 2448 instructions against 6872), and on 2×H200 (session
-// 21, run 8) the packets' collectives took 0.04–0.18 µs less and the MoE
+// 21, run 8) the packets' collectives took 0.03–0.18 µs less and the MoE
 // line kernel's dispatch of 1 and 32 tokens 0.22 less, but the line
 // collectives 0.17–0.36 more: the packets (`load8`, `store8`) and the MoE
 // line kernel (`MoeLines`) roll them, the line collectives do not.
