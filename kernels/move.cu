@@ -44,7 +44,7 @@ __device__ __forceinline__ void send_all(const TeamSync &t, uint64_t to, From fr
             srcs[nd++] = from(t.rank);
         }
         for (int i = 1; i < t.n; i++) {
-            int pe = (t.rank + i) % t.n;
+            int pe = t.after(i);
             if (t.nvlink(pe)) {
                 dsts[nd] = t.at<uint8_t>(pe, to);
                 srcs[nd++] = from(pe);
@@ -53,7 +53,7 @@ __device__ __forceinline__ void send_all(const TeamSync &t, uint64_t to, From fr
     }
     __syncthreads();
     for (int i = 1; i < t.n; i++) {
-        int pe = (t.rank + i) % t.n;
+        int pe = t.after(i);
         if (!t.nvlink(pe)) rma_put(t.mine<uint8_t>(to), from(pe), bytes, t.pes[pe]);
     }
     block_copy_pairs<kOneSrc>(dsts, srcs, nd, bytes);
@@ -166,7 +166,7 @@ extern "C" __global__ void __launch_bounds__(512)
     Range r = block_bytes(bytes, blockIdx.x, gridDim.x);
     uint8_t *out = t.mine<uint8_t>(dst);
     const uint8_t *from = t.mine<uint8_t>(in_place ? dst + t.rank * bytes : src) + r.lo;
-    for (int i = 1; i < t.n; i++) push.send((t.rank + i) % t.n, r.lo, from, r.hi - r.lo);
+    for (int i = 1; i < t.n; i++) push.send(t.after(i), r.lo, from, r.hi - r.lo);
     if (!in_place) block_copy(out + t.rank * bytes + r.lo, from, r.hi - r.lo);
     push.flag_and_wait();
     for (int pe = 0; pe < t.n; pe++)
@@ -183,7 +183,7 @@ extern "C" __global__ void __launch_bounds__(512)
     uint8_t *out = t.mine<uint8_t>(dst) + r.lo;
     if (t.rank == root) {
         const uint8_t *from = t.mine<uint8_t>(src) + r.lo;
-        for (int i = 1; i < t.n; i++) push.send((t.rank + i) % t.n, r.lo, from, r.hi - r.lo);
+        for (int i = 1; i < t.n; i++) push.send(t.after(i), r.lo, from, r.hi - r.lo);
         if (dst != src) block_copy(out, from, r.hi - r.lo);
     }
     // Every member flags every member, so that all hear from all.
@@ -203,7 +203,7 @@ extern "C" __global__ void __launch_bounds__(512)
     const uint8_t *in = t.mine<uint8_t>(src);
     uint8_t *out = t.mine<uint8_t>(dst);
     for (int i = 1; i < t.n; i++) {
-        int pe = (t.rank + i) % t.n;
+        int pe = t.after(i);
         push.send(pe, r.lo, in + pe * bytes + r.lo, r.hi - r.lo);
     }
     if (dst != src) block_copy(out + t.rank * bytes + r.lo, in + t.rank * bytes + r.lo, r.hi - r.lo);
@@ -224,7 +224,7 @@ extern "C" __global__ void __launch_bounds__(512)
     const uint8_t *in = in_place ? out + t.rank * bytes : t.mine<uint8_t>(src);
     for (uint64_t c = ll.first(); c < ll.chunks(bytes); c += ll.stride()) {
         uint64_t mine = load8(in, c, bytes);
-        for (int i = 1; i < t.n; i++) ll.send((t.rank + i) % t.n, c, mine);
+        for (int i = 1; i < t.n; i++) ll.send(t.after(i), c, mine);
         if (!in_place) store8(out + t.rank * bytes, c, bytes, mine);
     }
     for (uint64_t c = ll.first(); c < ll.chunks(bytes); c += ll.stride())
@@ -242,11 +242,11 @@ extern "C" __global__ void __launch_bounds__(512)
     LL ll(t);
     uint8_t *out = t.mine<uint8_t>(dst);
     if (ll.first() == 0 && t.rank != root)
-        for (int i = 1; i < t.n; i++) ll.send((t.rank + i) % t.n, 0, 0);
+        for (int i = 1; i < t.n; i++) ll.send(t.after(i), 0, 0);
     for (uint64_t c = ll.first(); c < ll.chunks(bytes); c += ll.stride()) {
         if (t.rank == root) {
             uint64_t v = load8(t.mine<uint8_t>(src), c, bytes);
-            for (int i = 1; i < t.n; i++) ll.send((t.rank + i) % t.n, c, v);
+            for (int i = 1; i < t.n; i++) ll.send(t.after(i), c, v);
             if (dst != src) store8(out, c, bytes, v);
         } else {
             // Receivers have nothing to send first but the token above.
@@ -268,7 +268,7 @@ extern "C" __global__ void __launch_bounds__(512)
     const uint8_t *in = t.mine<uint8_t>(src);
     for (uint64_t c = ll.first(); c < ll.chunks(bytes); c += ll.stride()) {
         for (int i = 1; i < t.n; i++) {
-            int pe = (t.rank + i) % t.n;
+            int pe = t.after(i);
             ll.send(pe, c, load8(in + pe * bytes, c, bytes));
         }
     }
@@ -315,14 +315,14 @@ extern "C" __global__ void __launch_bounds__(shmem::k::kLinesMaxThreads, 1)
     const bool token = blockIdx.x == 0 && threadIdx.x < 32;
     uint8_t *out = t.mine<uint8_t>(dst);
     if (token && t.rank != root)
-        for (int i = 1; i < t.n; i++) ll.send((t.rank + i) % t.n, 0, threadIdx.x < 8, 0, 0);
+        for (int i = 1; i < t.n; i++) ll.send(t.after(i), 0, threadIdx.x < 8, 0, 0);
     for (uint64_t base = ll.base(); base < lines; base += ll.stride()) {
         uint64_t line = ll.line_of(base);
         bool live = line < lines;
         uint64_t a, b;
         if (t.rank == root) {
             ll.load(t.mine<uint8_t>(src), bytes, line, live, a, b);
-            for (int i = 1; i < t.n; i++) ll.send((t.rank + i) % t.n, line, live, a, b);
+            for (int i = 1; i < t.n; i++) ll.send(t.after(i), line, live, a, b);
             if (dst != src) ll.store(out, bytes, line, live, a, b);
         } else {
             // Receivers have nothing to send first but the line above.

@@ -8,8 +8,10 @@
 // it prints, after the kernel's last stamp (`phase_end`), one line a
 // phase: the kernel, the sample, the phase and its nanoseconds; first the
 // gap since the end of the stamped kernel before it in the same file
-// (negative where programmatic dependent launch overlapped them), last
-// the SM's clock over the kernel. What one thread sees: a
+// (negative where programmatic dependent launch overlapped them) as block
+// 0 saw it, then the same from the end of that kernel's last block
+// (`gap_last`; every block's thread 0 stamps its end), last the SM's
+// clock over the kernel. What one thread sees: a
 // phase that ends in a block barrier includes the wait for the block's
 // slowest warp. A profiling build's operations are slower as a whole (the
 // stamps, the count, the printing): compare its stamps with stamps only.
@@ -26,6 +28,10 @@ constexpr unsigned long long kPhaseEvery = 64;
 // Per source file (static), so that each .cu counts its own launches.
 static __device__ unsigned long long phase_launches;
 static __device__ unsigned long long phase_last_end;
+// The latest end of any block of the stamped kernels in this file (each
+// block's thread 0 at `phase_end`), and its value when this kernel
+// began: the end of the kernel before's last block.
+static __device__ unsigned long long phase_any_end;
 // The stamper's state: in shared memory, so that a mark costs little and
 // helpers can mark without being handed anything.
 struct PhaseState {
@@ -33,6 +39,7 @@ struct PhaseState {
     const char *names[kPhaseMax];
     uint64_t at[kPhaseMax + 1];
     long long clock0;  // clock64 at the start: the SM's clock over the kernel
+    uint64_t any_end;  // `phase_any_end` at the start
     int n;
 };
 static __shared__ PhaseState phase_state;
@@ -48,6 +55,7 @@ __device__ __forceinline__ void phase_begin(const char *kernel) {
     PhaseState &p = phase_state;
     p.at[0] = phase_now();
     p.clock0 = clock64();
+    p.any_end = *static_cast<volatile unsigned long long *>(&phase_any_end);
     p.kernel = kernel;
     p.n = 0;
 }
@@ -63,6 +71,7 @@ __device__ __forceinline__ void phase_mark(const char *name) {
 }
 // After the kernel's last mark (by every thread; one prints).
 __device__ __forceinline__ void phase_end() {
+    if (threadIdx.x == 0) atomicMax(&phase_any_end, static_cast<unsigned long long>(phase_now()));
     if (!phase_stamper()) return;
     const PhaseState &p = phase_state;
     const uint64_t done = p.at[p.n], before = phase_last_end;
@@ -73,6 +82,8 @@ __device__ __forceinline__ void phase_end() {
     const unsigned long long sample = atomicAdd(&phase_launches, 1ull) + 1;
     if (sample % kPhaseEvery != 0) return;
     printf("phase %s %llu gap %lld\n", p.kernel, sample, static_cast<long long>(p.at[0] - before));
+    // The same from the kernel before's last block to end.
+    printf("phase %s %llu gap_last %lld\n", p.kernel, sample, static_cast<long long>(p.at[0] - p.any_end));
     for (int i = 0; i < p.n; i++)
         printf("phase %s %llu %s %llu\n", p.kernel, sample, p.names[i],
                static_cast<unsigned long long>(p.at[i + 1] - p.at[i]));

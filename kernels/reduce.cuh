@@ -47,7 +47,7 @@ __device__ void allreduce_twoshot(const TeamSync &t, uint64_t dst_off, uint64_t 
     reduce_range<T, OP, NP>(t, dst, dst_off, src_off, lo, hi, true);
     __syncthreads();
     for (int i = 1; i < t.n; i++) {
-        int pe = (t.rank + i) % t.n;
+        int pe = t.after(i);
         if (!t.nvlink(pe))
             block_send(t, pe, dst_off + lo * sizeof(T), reinterpret_cast<const uint8_t *>(dst + lo),
                        (hi - lo) * sizeof(T));
@@ -129,7 +129,7 @@ __device__ void allreduce_push(const TeamSync &t, uint64_t dst_off, uint64_t src
     const T *src = t.mine<T>(src_off);
     const uint64_t off = r.lo * sizeof(T), bytes = (r.hi - r.lo) * sizeof(T);
     for (int i = 1; i < t.n; i++)
-        push.send((t.rank + i) % t.n, off, reinterpret_cast<const uint8_t *>(src + r.lo), bytes);
+        push.send(t.after(i), off, reinterpret_cast<const uint8_t *>(src + r.lo), bytes);
     push.flag_and_wait();
     if (threadIdx.x == 0) {
         dsts[0] = t.mine<T>(dst_off) + r.lo;
@@ -153,7 +153,7 @@ __device__ void reduce_scatter_push(const TeamSync &t, uint64_t dst_off, uint64_
     const T *src = t.mine<T>(src_off);
     const uint64_t off = r.lo * sizeof(T), bytes = (r.hi - r.lo) * sizeof(T);
     for (int i = 1; i < t.n; i++) {
-        int pe = (t.rank + i) % t.n;
+        int pe = t.after(i);
         push.send(pe, off, reinterpret_cast<const uint8_t *>(src + pe * count + r.lo), bytes);
     }
     push.flag_and_wait();
@@ -182,7 +182,7 @@ __device__ void allreduce_ll(const TeamSync &t, uint64_t dst_off, uint64_t src_o
     uint8_t *dst = t.mine<uint8_t>(dst_off);
     for (uint64_t c = ll.first(); c < ll.chunks(bytes); c += ll.stride()) {
         uint64_t v = load8(src, c, bytes);
-        for (int i = 1; i < t.n; i++) ll.send((t.rank + i) % t.n, c, v);
+        for (int i = 1; i < t.n; i++) ll.send(t.after(i), c, v);
     }
     phase_mark("send");
     for (uint64_t c = ll.first(); c < ll.chunks(bytes); c += ll.stride()) {
@@ -264,31 +264,25 @@ __device__ __forceinline__ void reduce_lines_pass(const LinesFor<T> &ll, uint8_t
 // The second half of the all-reduce and reduce-scatter by lines: what
 // every peer sent this PE, reduced in team order with this PE's own part
 // `own` (`bytes`), into `dst`. `dst` may be `own`: only this lane reads
-// and writes its words of a line, and it reads them first. A warp with
-// lines in two passes or more takes two at once (as `Lines::send_all`
-// sends them); one with a single pass's lines, as every warp by default
-// up to 10240 lines (blocks of as many warps as one pass needs), takes
-// one (session 18, run 1: the two-line pass for all cost the all-reduce
-// of 256–896 KiB 0.2 µs).
+// and writes its words of a line, and it reads them first. One line a
+// pass: by default every warp's lines take one pass (blocks of as many
+// warps as one pass needs, up to 20), and the code for two lines at once
+// (for tuned grids of fewer threads) made the all-reduce's kernel spill
+// and its start slower (2×H100, session 22, run 1: one line a pass took
+// the all-reduce of 1 MiB from 6.43 µs to 6.26).
 template <typename T, int OP>
 __device__ void reduce_lines(const LinesFor<T> &ll, uint8_t *dst, const uint8_t *own, uint64_t bytes) {
     const uint64_t lines = ll.lines(bytes);
     const uint64_t s = ll.stride();
-    for (uint64_t base = ll.base(); base < lines;) {
-        if (base + s < lines) {
-            reduce_lines_pass<T, OP, 2>(ll, dst, own, bytes, lines, base, s);
-            base += 2 * s;
-        } else {
-            reduce_lines_pass<T, OP, 1>(ll, dst, own, bytes, lines, base, s);
-            base += s;
-        }
-    }
+    for (uint64_t base = ll.base(); base < lines; base += s)
+        reduce_lines_pass<T, OP, 1>(ll, dst, own, bytes, lines, base, s);
 }
 
 // All-reduce by lines (see `LinesOf` in common.cuh): each lane takes two
 // words of a line (lanes 3 and 7, beside their half's flag, one and a
 // half, or one with 8-byte flags), sends them to every peer, then
-// reduces what every peer sent for them in team order.
+// reduces what every peer sent for them in team order. One line a pass,
+// as `reduce_lines`.
 template <typename T, int OP>
 __device__ void allreduce_ll128(const TeamSync &t, uint64_t dst_off, uint64_t src_off, uint64_t count) {
     phase_begin("ll128_allreduce");
@@ -296,7 +290,7 @@ __device__ void allreduce_ll128(const TeamSync &t, uint64_t dst_off, uint64_t sr
     LinesFor<T> ll(t, typename LinesFor<T>::Later{});
     const uint64_t bytes = count * sizeof(T);
     const uint8_t *src = t.mine<uint8_t>(src_off);
-    ll.template send_all<true>(src, bytes, nullptr, counter);
+    ll.template send_all<true, 1>(src, bytes, nullptr, counter);
     phase_mark("send");
     reduce_lines<T, OP>(ll, t.mine<uint8_t>(dst_off), src, bytes);
     phase_mark("recv_reduce");
@@ -330,7 +324,7 @@ __device__ void reduce_scatter_ll(const TeamSync &t, uint64_t dst_off, uint64_t 
     uint8_t *dst = t.mine<uint8_t>(dst_off);
     for (uint64_t c = ll.first(); c < ll.chunks(bytes); c += ll.stride()) {
         for (int i = 1; i < t.n; i++) {
-            int pe = (t.rank + i) % t.n;
+            int pe = t.after(i);
             ll.send(pe, c, load8(src + pe * bytes, c, bytes));
         }
     }
