@@ -781,7 +781,9 @@ struct LinesOf {
     // numbers without divisions (`LL::set_epoch`, `TeamSync::after`), the
     // collectives by lines took 0.05–0.55 µs less on 2×H100 (session 22,
     // run 2; the all-reduce of 1 MiB 6.43 → 5.88) and those by packets
-    // 0.05–0.22.
+    // 0.05–0.22. Not for the MoE line kernel (`kRolled`): with them its
+    // dispatch of 128 tokens took 9.60 µs against 9.40 (run 3), without
+    // 9.48 and its combines 0.03–0.1 less.
     static __device__ bool whole(const uint8_t *p, uint64_t len, uint64_t line) {
         return (line + 1) * kDataBytes <= len && reinterpret_cast<uint64_t>(p) % 8 == 0;
     }
@@ -792,7 +794,7 @@ struct LinesOf {
     // This lane's words of `line` of the `len` bytes at `p` (zero past the
     // end; nothing loaded when not `live`).
     __device__ void load(const uint8_t *p, uint64_t len, uint64_t line, bool live, uint64_t &a, uint64_t &b) const {
-        if (live && whole(p, len, line)) {
+        if (!kRolled && live && whole(p, len, line)) {
             const uint8_t *q = p + line * kDataBytes;
             a = *reinterpret_cast<const uint64_t *>(q + lane_a());
             if (!flag_lane())
@@ -810,7 +812,7 @@ struct LinesOf {
     // Stores this lane's words of `line` into the `len` bytes at `p`.
     __device__ void store(uint8_t *p, uint64_t len, uint64_t line, bool live, uint64_t a, uint64_t b) const {
         if (!live) return;
-        if (whole(p, len, line)) {
+        if (!kRolled && whole(p, len, line)) {
             uint8_t *q = p + line * kDataBytes;
             *reinterpret_cast<uint64_t *>(q + lane_a()) = a;
             if (!flag_lane())
