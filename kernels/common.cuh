@@ -779,9 +779,9 @@ struct LinesOf {
     // checks of `load_at` and `store_at` for each. Together with one line
     // a pass in the all-reduce, the flag's remainder and the peers'
     // numbers without divisions (`LL::set_epoch`, `TeamSync::after`), the
-    // collectives by lines took 0.05–0.55 µs less on 2×H100 (session 22,
-    // run 2; the all-reduce of 1 MiB 6.43 → 5.88) and those by packets
-    // 0.05–0.22. Not for the MoE line kernel (`kRolled`): with them its
+    // collectives by lines took 0.07–0.55 µs less on 2×H100 (session 22,
+    // run 2; the all-reduce of 1 MiB 6.43 → 5.88) and those by packets up
+    // to 0.22. Not for the MoE line kernel (`kRolled`): with them its
     // dispatch of 128 tokens took 9.60 µs against 9.40 (run 3), without
     // 9.48 and its combines 0.03–0.1 less.
     static __device__ bool whole(const uint8_t *p, uint64_t len, uint64_t line) {
