@@ -82,7 +82,7 @@ __device__ __forceinline__ void phase_end() {
     const unsigned long long sample = atomicAdd(&phase_launches, 1ull) + 1;
     if (sample % kPhaseEvery != 0) return;
     printf("phase %s %llu gap %lld\n", p.kernel, sample, static_cast<long long>(p.at[0] - before));
-    // The same from the kernel before's last block to end.
+    // The same from the end of the kernel before's last block.
     printf("phase %s %llu gap_last %lld\n", p.kernel, sample, static_cast<long long>(p.at[0] - p.any_end));
     for (int i = 0; i < p.n; i++)
         printf("phase %s %llu %s %llu\n", p.kernel, sample, p.names[i],
