@@ -8,14 +8,7 @@
 # eager, application replay, PE 0's and PE 1's kernel 21).
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../.gpu-bundle" && pwd)
 . "$here/../docs/logs/2026-11-26-s21/common.sh"
-g=$dest/g
-mkdir -p "$g"
-run bench 300 "$bin/shmemrun" -n 2 "$bin/shmem-bench" --backend gpu --op all --dtype f32,bf16 --max-bytes 256M \
-    --graph --graph-max-bytes 1M --json "$g/bench.jsonl"
-run bench-ag-target 120 "$bin/shmemrun" -n 2 "$bin/shmem-bench" --backend gpu --op all_gather --dtype bf16 \
-    --min-bytes 512M --max-bytes 512M --impl shmem,nccl --json "$g/bench-ag-target.jsonl"
-run bench-moe 120 "$bin/shmemrun" -n 2 "$bin/shmem-bench" --backend gpu --op moe --graph --json "$g/bench-moe.jsonl"
-python3 "$here/targets.py" "$g" >"$dest/r/targets.txt" 2>&1
+sweep
 gpu_run e 100 gpu-run-examples.out --examples
 ls /usr/local/cuda/bin >"$dest/r/cuda-bin.txt" 2>&1
 ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
