@@ -213,13 +213,18 @@ __device__ void allreduce_ll(const TeamSync &t, uint64_t dst_off, uint64_t src_o
 // would split an element (see `LinesOf` in common.cuh).
 template <typename T> using LinesFor = LinesOf<sizeof(T) == 8 ? 8 : 4>;
 
-// One pass of `reduce_lines` over a warp's lines at `base`, `base + s`,
-// ... (kU of them): each member's words of every line in team order, this
-// PE's own from `own`, the peers' as they arrive, so that a member's loads
-// of all kU lines are in flight together.
-template <typename T, int OP, int kU>
-__device__ __forceinline__ void reduce_lines_pass(const LinesFor<T> &ll, uint8_t *dst, const uint8_t *own, uint64_t bytes,
-                                                  uint64_t lines, uint64_t base, uint64_t s) {
+// The second half of the all-reduce and reduce-scatter by lines: what
+// every peer sent this PE, reduced in team order with this PE's own part
+// `own` (`bytes`), into `dst`: each member's words of a line in team
+// order, this PE's own from `own`, the peers' as they arrive. `dst` may
+// be `own`: only this lane reads and writes its words of a line, and it
+// reads them first. One line a pass: by default every warp's lines take
+// one pass (blocks of as many warps as one pass needs, up to 20), and the
+// code for two lines at once (for tuned grids of fewer threads) made the
+// all-reduce's kernel spill and its start slower (2×H100, session 22, run
+// 1: one line a pass took the all-reduce of 1 MiB from 6.43 µs to 6.26).
+template <typename T, int OP>
+__device__ void reduce_lines(const LinesFor<T> &ll, uint8_t *dst, const uint8_t *own, uint64_t bytes) {
     using A = typename Acc<T>::type;
     constexpr int kPer = 16 / sizeof(T);
     union Words {
@@ -227,55 +232,28 @@ __device__ __forceinline__ void reduce_lines_pass(const LinesFor<T> &ll, uint8_t
         T x[kPer];
     };
     const TeamSync &t = ll.packets.t;
-    uint64_t line[kU];
-    bool live[kU];
-    A acc[kU][kPer];
-#pragma unroll
-    for (int u = 0; u < kU; u++) {
-        line[u] = ll.line_of(base + u * s);
-        live[u] = line[u] < lines;
-    }
-    for (int pe = 0; pe < t.n; pe++) {
-        Words got[kU];
-        uint64_t a[kU], b[kU];
-        if (pe == t.rank) {
-#pragma unroll
-            for (int u = 0; u < kU; u++) ll.load(own, bytes, line[u], live[u], a[u], b[u]);
-        } else {
-            ll.template recv_lines<kU>(pe, line, live, a, b);
-        }
-#pragma unroll
-        for (int u = 0; u < kU; u++) got[u].u[0] = a[u], got[u].u[1] = b[u];
-#pragma unroll
-        for (int u = 0; u < kU; u++)
-#pragma unroll
-            for (int e = 0; e < kPer; e++)
-                acc[u][e] = pe == 0 ? to_acc(got[u].x[e]) : combine<OP>(acc[u][e], to_acc(got[u].x[e]));
-    }
-#pragma unroll
-    for (int u = 0; u < kU; u++) {
-        Words out;
-#pragma unroll
-        for (int e = 0; e < kPer; e++) out.x[e] = from_acc<T>(acc[u][e]);
-        ll.store(dst, bytes, line[u], live[u], out.u[0], out.u[1]);
-    }
-}
-
-// The second half of the all-reduce and reduce-scatter by lines: what
-// every peer sent this PE, reduced in team order with this PE's own part
-// `own` (`bytes`), into `dst`. `dst` may be `own`: only this lane reads
-// and writes its words of a line, and it reads them first. One line a
-// pass: by default every warp's lines take one pass (blocks of as many
-// warps as one pass needs, up to 20), and the code for two lines at once
-// (for tuned grids of fewer threads) made the all-reduce's kernel spill
-// and its start slower (2×H100, session 22, run 1: one line a pass took
-// the all-reduce of 1 MiB from 6.43 µs to 6.26).
-template <typename T, int OP>
-__device__ void reduce_lines(const LinesFor<T> &ll, uint8_t *dst, const uint8_t *own, uint64_t bytes) {
     const uint64_t lines = ll.lines(bytes);
     const uint64_t s = ll.stride();
-    for (uint64_t base = ll.base(); base < lines; base += s)
-        reduce_lines_pass<T, OP, 1>(ll, dst, own, bytes, lines, base, s);
+    for (uint64_t base = ll.base(); base < lines; base += s) {
+        const uint64_t line = ll.line_of(base);
+        const bool live = line < lines;
+        A acc[kPer];
+        for (int pe = 0; pe < t.n; pe++) {
+            uint64_t a, b;
+            if (pe == t.rank)
+                ll.load(own, bytes, line, live, a, b);
+            else
+                ll.recv(pe, line, live, a, b);
+            Words got;
+            got.u[0] = a, got.u[1] = b;
+#pragma unroll
+            for (int e = 0; e < kPer; e++) acc[e] = pe == 0 ? to_acc(got.x[e]) : combine<OP>(acc[e], to_acc(got.x[e]));
+        }
+        Words out;
+#pragma unroll
+        for (int e = 0; e < kPer; e++) out.x[e] = from_acc<T>(acc[e]);
+        ll.store(dst, bytes, line, live, out.u[0], out.u[1]);
+    }
 }
 
 // All-reduce by lines (see `LinesOf` in common.cuh): each lane takes two
