@@ -626,15 +626,13 @@ struct LL {
     // run 5.)
     uint64_t next_heap;
 
-    __device__ LL(const TeamSync &team) : t(team), next_heap(team.peer_heap[next_of(team)]) {
+    __device__ LL(const TeamSync &team) : t(team), next_heap(team.peer_heap[team.after(1)]) {
         set_epoch(block_ll_epoch(team));
     }
     // With this kernel's epoch `e`, read already.
-    __device__ LL(const TeamSync &team, uint64_t e) : t(team), next_heap(team.peer_heap[next_of(team)]) {
+    __device__ LL(const TeamSync &team, uint64_t e) : t(team), next_heap(team.peer_heap[team.after(1)]) {
         set_epoch(e);
     }
-    // (rank + 1) % n, without a division.
-    static __device__ int next_of(const TeamSync &team) { return team.after(1); }
     __device__ void set_epoch(uint64_t e) {
         epoch = e;
         flag = 1 + mod_2_32_minus_1(e);
@@ -657,7 +655,7 @@ struct LL {
         return t.ll_offset + (parity * t.n + sender) * ll_buffer_bytes(t.n) + c * 16;
     }
     // Member `pe`'s heap base (NVLink).
-    __device__ uint64_t heap_of(int pe) const { return pe == next_of(t) ? next_heap : t.peer_heap[pe]; }
+    __device__ uint64_t heap_of(int pe) const { return pe == t.after(1) ? next_heap : t.peer_heap[pe]; }
     __device__ void send(int pe, uint64_t c, uint64_t data) const {
         packet_store(reinterpret_cast<uint4 *>(heap_of(pe) + slot(t.rank, c)), data, flag);
     }
@@ -708,7 +706,11 @@ __device__ __forceinline__ void ld_volatile_v2u64(const uint64_t *p, uint64_t &a
 // 112, lane 7 8 at 104 and 4 at 116 (each 8-byte word 8-aligned in the
 // line). 8-byte flags: 16 from 0, 16, 32 (lanes 0–2), 56, 72, 88 (4–6)
 // and 8 at 48 and 104 (3 and 7).
-// `kRolled`: the byte loops of its loads and stores (`load_at`).
+// `kRolled`: the MoE line kernel's form (`MoeLines` in moe.cu): the byte
+// loops of its loads and stores rolled (`load_at`), and every line taken
+// through them, whole ones too (no `whole` path). Each measured faster
+// for that kernel and slower for the collectives (session 21, run 8;
+// session 22, run 3).
 template <int kFlagBytes, bool kRolled = false>
 struct LinesOf {
     static_assert(kFlagBytes == 4 || kFlagBytes == 8, "a line's flag is 4 or 8 bytes");
@@ -880,8 +882,8 @@ struct LinesOf {
     }
     // Every line of `in` (`bytes`) to every peer, and into `keep` as well
     // unless it is null (the all-gather's own block, out of place). A warp
-    // takes its lines of kUnroll passes at once (kLinesUnroll), loading
-    // them all before it sends any: past one pass (4 lines a warp of the
+    // takes its lines of kUnroll passes at once (by default kLinesUnroll),
+    // loading them all before it sends any: past one pass (4 lines a warp of the
     // grid: by default, up to 10240 lines, 1200 KiB, on 128 blocks of 640)
     // the second pass's loads no longer wait for the first pass's sends.
     // With kStart (a `Later` object), every warp first `start`s from

@@ -29,8 +29,9 @@ constexpr unsigned long long kPhaseEvery = 64;
 static __device__ unsigned long long phase_launches;
 static __device__ unsigned long long phase_last_end;
 // The latest end of any block of the stamped kernels in this file (each
-// block's thread 0 at `phase_end`), and its value when this kernel
-// began: the end of the kernel before's last block.
+// block's thread 0 at `phase_end`), and its value when this kernel's
+// block 0 began: the end of the kernel before's last block (unless a
+// block of this kernel ended before block 0 began).
 static __device__ unsigned long long phase_any_end;
 // The stamper's state: in shared memory, so that a mark costs little and
 // helpers can mark without being handed anything.
