@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The issues' performance targets against a GPU run's benchmark rows.
+"""shmem's two-GPU performance targets against a GPU run's benchmark rows.
 
     python3 ci/targets.py DIR_OR_JSONL...
 
@@ -8,8 +8,9 @@ in the *.jsonl files of the folders given (gpu-run.sh's --bench, --moe and
 --tune write them under $OUT), keeps the rows of the most PEs measured, and
 prints:
 
-- each target of the kernels and MoE issues, met or missed, with the row
-  that decides it and NCCL's time from the same file where it ran;
+- each target (the collectives' latency and bandwidth, the MoE exchange's
+  time), met or missed, with the row that decides it and NCCL's time from
+  the same file where it ran;
 - the sizes where shmem's default is slower than NCCL in the same file;
 - from the tuning sweep (tune-*.jsonl), the fastest setting at each size,
   and what the two defaults that wait for a two-GPU run would be:
@@ -126,7 +127,7 @@ def verdict(ok):
 def targets(rs, pes):
     print(f"# Targets at {pes} PEs\n")
     lines = []
-    # Kernels issue: all-reduce bf16.
+    # The collectives: all-reduce bf16.
     ar = dict(op="all_reduce", impl="shmem", dtype="bf16", pes=pes)
     small = [rs.best(bytes=b, **ar) for b in sorted({r["bytes"] for r in rs.pick(**ar) if r["bytes"] <= 4 * KIB})]
     small = [r for r in small if r is not None]
@@ -160,7 +161,7 @@ def targets(rs, pes):
                       f"(scaled by bytes: about {scaled:.0f} µs)"))
     else:
         lines.append(("all-gather of 256 MiB a rank ≤ 760 µs", None, "not measured"))
-    # MoE issue: dispatch of 4096 and 128 tokens, combine within 10 %.
+    # The MoE exchange: dispatch of 4096 and 128 tokens, combine within 10 %.
     for tokens, limit in ((4096, 95.0), (128, 10.0)):
         want = dict(op="dispatch", impl="shmem", tokens=tokens, pes=pes, topk=1)
         d = rs.best(**want)
