@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""docs/perf.md's tables from shmem-bench's JSON rows.
+
+    python3 ci/perf_tables.py DIR_OR_JSONL...
+
+Reads every shmem-bench row (one JSON object a line) in the files given, or
+in the *.jsonl files of the folders given, and prints one Markdown table
+per operation family and PE count: shmem's default against NCCL (and
+NVSHMEM's own collective, eager, where measured) at a fixed set of sizes,
+graph-replayed up to the bench's `--graph-max-bytes` and eager throughout;
+then the MoE all-to-all-v by tokens. Times are the bench's medians in µs;
+"NCCL / shmem" above 1 means shmem is faster.
+"""
+import glob
+import json
+import os
+import sys
+
+KIB, MIB = 1 << 10, 1 << 20
+SIZES = [8, 256, 4 * KIB, 64 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB]
+COLLECTIVES = [("all_reduce", "bf16"), ("all_reduce", "f32"), ("reduce_scatter", "bf16"),
+               ("all_gather", "f32"), ("broadcast", "f32"), ("all_to_all", "f32")]
+MOE_OPS = ["dispatch", "combine", "all_to_all_v"]
+
+
+def load(paths):
+    rows = []
+    for p in paths:
+        files = sorted(glob.glob(os.path.join(p, "*.jsonl"))) if os.path.isdir(p) else [p]
+        for f in files:
+            for line in open(f):
+                line = line.strip()
+                if line.startswith("{"):
+                    r = json.loads(line)
+                    if "time_us" in r and "op" in r:
+                        rows.append(r)
+    return rows
+
+
+def fmt_bytes(b):
+    for unit, size in (("MiB", MIB), ("KiB", KIB)):
+        if b >= size and b % size == 0:
+            return f"{b // size} {unit}"
+    return f"{b} B"
+
+
+def find(rows, **want):
+    for r in rows:
+        if all(r.get(k) == v for k, v in want.items()):
+            return r
+    return None
+
+
+def cell(r):
+    return f"{r['time_us']:.2f}" if r else "—"
+
+
+def ratio(ours, theirs):
+    return f"{theirs['time_us'] / ours['time_us']:.2f}" if ours and theirs else "—"
+
+
+def collective_table(rows, op, dtype, pes):
+    mine = [r for r in rows if r["op"] == op and r.get("dtype") == dtype and r["pes"] == pes]
+    if not mine:
+        return
+    busbw = op in ("all_reduce", "reduce_scatter", "all_gather")
+    print(f"#### {op.replace('_', '-')}, {dtype}, {pes} PEs\n")
+    head = "| bytes | graph: shmem | NCCL | NCCL / shmem | eager: shmem | NCCL | NCCL / shmem | NVSHMEM |"
+    print(head + (" busbw GB/s |" if busbw else ""))
+    print("|---" * (head.count("|") - 1 + busbw) + "|")
+    for b in SIZES:
+        k = dict(op=op, dtype=dtype, pes=pes, bytes=b)
+        sg, ng = find(mine, impl="shmem", graph=True, **k), find(mine, impl="nccl", graph=True, **k)
+        se, ne = find(mine, impl="shmem", graph=False, **k), find(mine, impl="nccl", graph=False, **k)
+        nv = find(mine, impl="nvshmem", graph=False, **k)
+        if not (sg or se):
+            continue
+        line = (f"| {fmt_bytes(b)} | {cell(sg)} | {cell(ng)} | {ratio(sg, ng)} "
+                f"| {cell(se)} | {cell(ne)} | {ratio(se, ne)} | {cell(nv)} |")
+        if busbw:
+            best = min((x for x in (sg, se) if x), key=lambda x: x["time_us"])
+            line += f" {best['busbw_gbps']:.1f} |"
+        print(line)
+    print()
+
+
+def moe_table(rows, pes):
+    mine = [r for r in rows if r["op"] in MOE_OPS and r["pes"] == pes]
+    if not mine:
+        return
+    hidden = mine[0].get("hidden")
+    print(f"#### MoE all-to-all-v, bf16, hidden {hidden}, {pes} PEs\n")
+    print("| op | tokens | top-k | graph: shmem | NCCL | NCCL / shmem | eager: shmem | NCCL | NCCL / shmem |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    keys = sorted({(MOE_OPS.index(r["op"]), r["op"], r.get("tokens"), r.get("topk")) for r in mine})
+    for _, op, tokens, topk in keys:
+        k = dict(op=op, pes=pes, tokens=tokens, topk=topk)
+        sg, ng = find(mine, impl="shmem", graph=True, **k), find(mine, impl="nccl", graph=True, **k)
+        se, ne = find(mine, impl="shmem", graph=False, **k), find(mine, impl="nccl", graph=False, **k)
+        print(f"| {op} | {tokens} | {topk} | {cell(sg)} | {cell(ng)} | {ratio(sg, ng)} "
+              f"| {cell(se)} | {cell(ne)} | {ratio(se, ne)} |")
+    print()
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    rows = load(sys.argv[1:])
+    for pes in sorted({r["pes"] for r in rows}):
+        for op, dtype in COLLECTIVES:
+            collective_table(rows, op, dtype, pes)
+        moe_table(rows, pes)
+
+
+if __name__ == "__main__":
+    main()
