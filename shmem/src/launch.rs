@@ -10,10 +10,11 @@
 //!
 //! A program that should also run on its own hands its body to
 //! [`spmd_main`]: under a launcher the body runs as this PE; run directly,
-//! the program starts a job of itself.
+//! the program starts a job of itself, one PE per GPU on the gpu backend.
 //!
 //! ```no_run
 //! fn main() -> std::process::ExitCode {
+//!     // 2 PEs on the host backend; on the gpu backend one per GPU.
 //!     shmem::launch::spmd_main("hello", 2, || -> shmem::Result<()> {
 //!         let ctx = shmem::init()?;
 //!         println!("PE {} of {}", ctx.my_pe(), ctx.n_pes());
@@ -41,6 +42,7 @@
 //! SIGHUP on to them. On Linux a PE is also killed if the launcher dies.
 
 mod output;
+mod pes;
 mod signals;
 #[cfg(test)]
 mod tests;
@@ -67,11 +69,17 @@ use std::time::{Duration, Instant};
 /// a quick test). Started by a launcher (`shmemrun`, `mpirun`, `srun`: see
 /// [`crate::bootstrap::started_by_launcher`]), it runs `body` as this PE
 /// and, if `body` fails, prints `name failed: <error>` and returns 1.
-/// Started directly, it runs `pes` PEs of this same program with the same
-/// arguments (each output line tagged with its PE; the job stopped at the
-/// first failure), says which PE failed if one did, and returns the job's
-/// exit code (see [`Outcome::exit_code`], saturated to 255).
-pub fn spmd_main<E: fmt::Display>(name: &str, pes: usize, body: impl FnOnce() -> Result<(), E>) -> ExitCode {
+///
+/// Started directly, it starts a job of this same program with the same
+/// arguments, as many PEs as the backend that `init` will pick takes
+/// (`SHMEM_BACKEND`, `auto` by default): on the gpu backend one per GPU
+/// this process sees (`CUDA_VISIBLE_DEVICES` applies; `SHMEM_PES_PER_GPU`
+/// per GPU if set), on the host backend `host_pes`. It prints how many and
+/// why (`quickstart: 2 PEs, one per GPU (gpu backend)`), tags each output
+/// line with its PE, stops the job at the first failure, says which PE
+/// failed if one did, and returns the job's exit code (see
+/// [`Outcome::exit_code`], saturated to 255).
+pub fn spmd_main<E: fmt::Display>(name: &str, host_pes: usize, body: impl FnOnce() -> Result<(), E>) -> ExitCode {
     if crate::bootstrap::started_by_launcher() {
         return match body() {
             Ok(()) => ExitCode::SUCCESS,
@@ -81,6 +89,8 @@ pub fn spmd_main<E: fmt::Display>(name: &str, pes: usize, body: impl FnOnce() ->
             }
         };
     }
+    let pes::Choice { pes, why } = pes::choose_here(host_pes);
+    println!("{name}: {why}");
     let job = std::env::current_exe()
         .map(|exe| Launch::new(pes, exe).args(std::env::args_os().skip(1)).tag_output(true).kill_on_failure(true));
     match job.and_then(|j| j.run()) {
