@@ -3,7 +3,7 @@
 //! inputs. The host backend ignores the settings and cannot capture.
 
 use crate::coll::{input, reduce, Coll, Report};
-use crate::util::{mix, payload, poison, Env, TestResult};
+use crate::util::{mix, needs_gpu, payload, poison, Env, TestResult};
 use shmem::{bf16, AllGatherAlgo, AllReduceAlgo, CollImpl, Collectives, Context, ReduceOp, Tuning};
 
 /// One setting of [`Collectives`], applied on top of what the run started
@@ -150,15 +150,7 @@ impl Drop for Settings<'_> {
 /// algorithm setting, then replayed 1000 times with new inputs written from
 /// the host between replays; every result exact.
 pub fn graph_replay(env: &Env) -> TestResult {
-    let Some(stream) = env.s.cuda_stream() else {
-        if env.me() == 0 {
-            eprintln!(
-                "coll::graph_replay_gpu_only: skipped: needs the gpu backend (this run is {:?})",
-                env.ctx.backend()
-            );
-        }
-        return Ok(());
-    };
+    let stream = needs_gpu(env)?;
     let mut rep = Report::new(env);
     for v in [
         Variant::Default,
