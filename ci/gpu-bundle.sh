@@ -12,6 +12,7 @@ fi
 # nvcc and NVSHMEM's device library, so build.rs embeds the kernels.
 eval "$(bash ci/gpu-toolchain.sh)"
 cargo build --release -p shmem --features mpi --bins --examples
+cargo build --release -p shmem-bench --features mpi
 # The SPMD suite's binary, from cargo's JSON (its name carries a hash).
 spmd=$(cargo test --release -p shmem --features mpi --test spmd --no-run --message-format=json-render-diagnostics |
     grep '"reason":"compiler-artifact"' | grep '"name":"spmd"' |
@@ -20,8 +21,8 @@ spmd=$(cargo test --release -p shmem --features mpi --test spmd --no-run --messa
 
 rm -rf .gpu-bundle
 mkdir -p .gpu-bundle/bin
-cp target/release/shmemrun .gpu-bundle/bin/
-for ex in quickstart ring allreduce peer_kernel device_kernel all_gather_matmul matmul_reduce_scatter shmem-bench \
+cp target/release/shmemrun target/release/shmem-bench .gpu-bundle/bin/
+for ex in quickstart ring allreduce peer_kernel device_kernel all_gather_matmul matmul_reduce_scatter \
     moe_torch_check moe_server soak; do
     cp "target/release/examples/$ex" .gpu-bundle/bin/
 done

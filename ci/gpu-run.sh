@@ -138,7 +138,7 @@ each_test() {
 }
 
 # --tune: the kernels' knobs (shmem::Tuning, through shmem-bench's flags)
-# against the defaults, in one call: the all-reduce (bf16, 32 KiB to
+# against the defaults, in one invocation: the all-reduce (bf16, 32 KiB to
 # 1 MiB) with the push kernels on 32, 64 and 128 blocks and with the
 # low-latency kernels taking everything up to 1 MiB on 16, 32, 64 and 128
 # blocks, and in 128-byte lines (shmem-ll128) on 64 and 128 blocks; the
@@ -245,13 +245,13 @@ soak() {
 # repeats the MoE tests with RMA forced), one job per group and tool (one
 # NVSHMEM start-up under the sanitizer, about 50 s with memcheck, for many
 # tests), SAN_JOBS (default 6) jobs at once: the start-ups contend for the
-# GPUs (14 jobs took 6 minutes to start); a test in no group runs in a last
+# GPUs, and many at once start slowly; a test in no group runs in a last
 # one. The per-dtype tests run one type of each element size and the
 # kernels' three arithmetic families, SAN_DTYPES (default f32,bf16,i64),
 # the collectives leave out their 256 MiB cases (SAN_HUGE=1 keeps them),
 # and the captured graphs replay SAN_REPLAYS (100) times, not 1000: the
-# kernels take the same paths, and the whole matrix does not fit one
-# device call. shmemrun starts one sanitizer per
+# kernels take the same paths, and the whole matrix would not fit the
+# jobs' time limit (SAN_TIMEOUT). shmemrun starts one sanitizer per
 # PE, which starts spmd (the launcher's environment passes through);
 # --tag-output keeps each PE's report apart. Each job's log is in san/
 # (packed into san-logs.tar.xz). A job passes when it exits 0, its tests

@@ -33,8 +33,8 @@ previous call: its splits exchange writes the source offsets into each peer's
 ``out_splits_offsets``, which the peer's data kernel reads and, at its end,
 overwrites with the output offsets. A rank that starts the next call early
 gets its offsets overwritten, reads output offsets as source offsets, and
-the op reads out of bounds ("an illegal memory access", seen in runs 3-5
-of session 4, each time in another case). So every call here is fenced:
+the op reads out of bounds ("an illegal memory access", in whichever case
+the ranks drift apart). So every call here is fenced:
 the cases by a host barrier after the output is poisoned, the timing by a
 barrier on the stream after each call (``torch`` rows: the op and that
 barrier; ``torch_barrier`` rows: the barrier alone, to subtract).

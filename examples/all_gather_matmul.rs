@@ -7,13 +7,14 @@
 //!
 //! Run: `shmemrun -n 2 target/release/examples/all_gather_matmul` (on the
 //! host backend, `SHMEM_BACKEND=host`, the same call multiplies on the CPU);
-//! run alone it starts 2 PEs of itself.
+//! run alone it starts a job of itself, one PE per GPU (host backend: 2).
 
 use shmem::{f16, Overlap, OverlapComm};
 use std::process::ExitCode;
 
-/// PEs started when the example is run on its own.
-const PES: usize = 2;
+/// PEs started on the host backend when the example is run on its own
+/// (on the gpu backend: one per GPU).
+const HOST_PES: usize = 2;
 /// Rows of activations on each PE.
 const ROWS: usize = 64;
 /// Activation width: the weight's rows.
@@ -46,7 +47,7 @@ fn w(pe: usize, i: usize, j: usize) -> f16 {
 }
 
 fn main() -> ExitCode {
-    shmem::launch::spmd_main("all_gather_matmul", PES, run)
+    shmem::launch::spmd_main("all_gather_matmul", HOST_PES, run)
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {

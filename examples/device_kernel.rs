@@ -14,7 +14,8 @@
 //! and advance it there instead.
 //!
 //! Needs the gpu backend: `shmemrun -n 2 target/release/examples/device_kernel`
-//! on a machine with two GPUs. Elsewhere it says so and exits successfully.
+//! on a machine with two GPUs (run alone it starts one PE per GPU).
+//! Elsewhere it says so and exits successfully.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use shmem::BackendKind;

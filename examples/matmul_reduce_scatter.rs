@@ -9,14 +9,16 @@
 //!
 //! Run: `shmemrun -n 2 target/release/examples/matmul_reduce_scatter` (on
 //! the host backend, `SHMEM_BACKEND=host`, the same call multiplies on the
-//! CPU); run alone it starts 2 PEs of itself.
+//! CPU); run alone it starts a job of itself, one PE per GPU (host
+//! backend: 2).
 
 use shmem::overlap::reduce_scatter_workspace_len;
 use shmem::{f16, Overlap, OverlapComm};
 use std::process::ExitCode;
 
-/// PEs started when the example is run on its own.
-const PES: usize = 2;
+/// PEs started on the host backend when the example is run on its own
+/// (on the gpu backend: one per GPU).
+const HOST_PES: usize = 2;
 /// Rows of the output each PE ends with.
 const ROWS_PER_PE: usize = 64;
 /// The activations' columns (the weight's rows) on each PE.
@@ -50,7 +52,7 @@ fn w(i: usize, j: usize) -> f16 {
 }
 
 fn main() -> ExitCode {
-    shmem::launch::spmd_main("matmul_reduce_scatter", PES, run)
+    shmem::launch::spmd_main("matmul_reduce_scatter", HOST_PES, run)
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {

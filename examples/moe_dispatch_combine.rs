@@ -3,15 +3,16 @@
 //! tokens it receives, and the combine returns each token's weighted sum of
 //! its experts' outputs, in the token's original place.
 //!
-//! `cargo run --example moe_dispatch_combine` starts 2 PEs of itself on
-//! the host backend; under `shmemrun` it runs on the world it is given.
+//! `cargo run --example moe_dispatch_combine` starts a job of itself (one
+//! PE per GPU on the gpu backend, 2 PEs on the host backend); under
+//! `shmemrun` it runs on the world it is given.
 
-use shmem::{bf16, BackendKind, MoeAllToAll, MoeConfig};
+use shmem::{bf16, MoeAllToAll, MoeConfig};
 use std::process::ExitCode;
 use std::time::Instant;
 
-/// PEs started when the example is run on its own.
-const PES: usize = 2;
+/// PEs started on the host backend when the example is run on its own.
+const HOST_PES: usize = 2;
 const HIDDEN: usize = 256;
 const TOKENS: usize = 64;
 const EXPERTS_PER_PE: usize = 4;
@@ -20,7 +21,7 @@ const TOP_K: usize = 2;
 const ALIGN: usize = 16;
 
 fn main() -> ExitCode {
-    shmem::launch::spmd_main("moe_dispatch_combine", PES, run)
+    shmem::launch::spmd_main("moe_dispatch_combine", HOST_PES, run)
 }
 
 /// Token `t` of PE `pe`: small values, exact in bf16.
@@ -41,8 +42,7 @@ fn expert(g: usize, x: bf16) -> bf16 {
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
-    // The MoE exchange's device kernels are not built yet: the host backend.
-    let ctx = shmem::Config::new().backend(BackendKind::Host).init()?;
+    let ctx = shmem::init()?;
     let s = ctx.stream();
     let (me, n) = (ctx.my_pe(), ctx.n_pes());
     let experts = n * EXPERTS_PER_PE;

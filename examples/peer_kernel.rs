@@ -4,7 +4,8 @@
 //! A second kernel takes the buffer itself as its argument (cudarc interop).
 //!
 //! Needs the gpu backend: `shmemrun -n 2 target/release/examples/peer_kernel`
-//! on a machine with two GPUs. Elsewhere it says so and exits successfully.
+//! on a machine with two GPUs (run alone it starts one PE per GPU).
+//! Elsewhere it says so and exits successfully.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use shmem::BackendKind;

@@ -1,7 +1,8 @@
 //! A first tour of shmem: a ring of signalled puts, an all-reduce and an
 //! all-to-all, each checked element by element.
 //!
-//! `cargo run --release --example quickstart` starts 4 PEs of itself; under
+//! `cargo run --release --example quickstart` starts a job of itself: one
+//! PE per GPU on the gpu backend, 4 PEs on the host backend; under
 //! `shmemrun` or `mpirun` it runs on the world it is given.
 
 use shmem::{Cmp, Context, ReduceOp, SignalOp, Stream};
@@ -12,8 +13,8 @@ use std::time::{Duration, Instant};
 
 type Res<T = ()> = Result<T, Box<dyn Error>>;
 
-/// PEs started when the example is run on its own.
-const PES: usize = 4;
+/// PEs started on the host backend when the example is run on its own.
+const HOST_PES: usize = 4;
 /// Elements each PE sends in the ring.
 const RING_LEN: usize = 4096;
 /// Elements of the all-reduce: 4 MiB of f32, above the one-shot limit.
@@ -22,7 +23,7 @@ const REDUCE_LEN: usize = 1 << 20;
 const A2A_BLOCK: usize = 1024;
 
 fn main() -> ExitCode {
-    shmem::launch::spmd_main("quickstart", PES, run)
+    shmem::launch::spmd_main("quickstart", HOST_PES, run)
 }
 
 fn run() -> Res {

@@ -1,7 +1,7 @@
 //! Bad input: a clear error on every PE, nothing written, and the world
 //! still usable afterwards.
 
-use crate::util::{payloads, poison, Env, TestResult};
+use crate::util::{needs_pes, payloads, poison, Env, TestResult};
 use crate::{assert_err, TestFn};
 use shmem::{Error, ReduceOp, SignalOp};
 
@@ -44,9 +44,7 @@ fn init_twice(env: &Env) -> TestResult {
 }
 
 fn alloc_size_differs(env: &Env) -> TestResult {
-    if env.n() < 2 {
-        return Ok(()); // needs two PEs to differ
-    }
+    needs_pes(env, 2)?; // two PEs to differ
     let len = if env.me() == 0 { 10 } else { 11 };
     let e = assert_err!(env.ctx.alloc::<f32>(len), Error::CollectiveMismatch(_));
     assert!(e.to_string().contains("alloc"), "{e}");
@@ -54,9 +52,7 @@ fn alloc_size_differs(env: &Env) -> TestResult {
 }
 
 fn alloc_dtype_differs(env: &Env) -> TestResult {
-    if env.n() < 2 {
-        return Ok(());
-    }
+    needs_pes(env, 2)?;
     // Same bytes, different types.
     if env.me() == 0 {
         assert_err!(env.ctx.alloc::<f32>(8), Error::CollectiveMismatch(_));
@@ -67,9 +63,7 @@ fn alloc_dtype_differs(env: &Env) -> TestResult {
 }
 
 fn freed_on_one_pe_only(env: &Env) -> TestResult {
-    if env.n() < 2 {
-        return Ok(());
-    }
+    needs_pes(env, 2)?;
     let a = env.ctx.alloc::<u32>(100)?;
     let b = env.ctx.alloc::<u32>(100)?;
     // PE 0 frees `a` before the next allocation, the others do not.
@@ -153,9 +147,7 @@ fn host_copy_length(env: &Env) -> TestResult {
 }
 
 fn collective_count_differs(env: &Env) -> TestResult {
-    if env.n() < 2 {
-        return Ok(());
-    }
+    needs_pes(env, 2)?;
     let s = &env.s;
     let src = env.ctx.alloc::<f32>(16)?;
     let dst = env.ctx.alloc::<f32>(16)?;
@@ -172,9 +164,7 @@ fn collective_count_differs(env: &Env) -> TestResult {
 }
 
 fn collective_op_or_kind_differs(env: &Env) -> TestResult {
-    if env.n() < 2 {
-        return Ok(());
-    }
+    needs_pes(env, 2)?;
     let (me, n, s) = (env.me(), env.n(), &env.s);
     let src = env.ctx.alloc::<i32>(4)?;
     let dst = env.ctx.alloc::<i32>(4 * n)?;
@@ -191,9 +181,7 @@ fn collective_op_or_kind_differs(env: &Env) -> TestResult {
 }
 
 fn collective_buffer_differs(env: &Env) -> TestResult {
-    if env.n() < 2 {
-        return Ok(());
-    }
+    needs_pes(env, 2)?;
     let s = &env.s;
     let a = env.ctx.alloc::<u64>(8)?;
     let b = env.ctx.alloc::<u64>(8)?;

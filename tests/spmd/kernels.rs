@@ -3,7 +3,7 @@
 //! inputs. The host backend ignores the settings and cannot capture.
 
 use crate::coll::{input, reduce, Coll, Report};
-use crate::util::{mix, payload, poison, Env, TestResult};
+use crate::util::{mix, needs_gpu, payload, poison, Env, TestResult};
 use shmem::{bf16, AllGatherAlgo, AllReduceAlgo, CollImpl, Collectives, Context, ReduceOp, Tuning};
 
 /// One setting of [`Collectives`], applied on top of what the run started
@@ -150,15 +150,7 @@ impl Drop for Settings<'_> {
 /// algorithm setting, then replayed 1000 times with new inputs written from
 /// the host between replays; every result exact.
 pub fn graph_replay(env: &Env) -> TestResult {
-    let Some(stream) = env.s.cuda_stream() else {
-        if env.me() == 0 {
-            eprintln!(
-                "coll::graph_replay_gpu_only: skipped: needs the gpu backend (this run is {:?})",
-                env.ctx.backend()
-            );
-        }
-        return Ok(());
-    };
+    let stream = needs_gpu(env)?;
     let mut rep = Report::new(env);
     for v in [
         Variant::Default,
@@ -244,19 +236,18 @@ fn replay(env: &Env, stream: &std::sync::Arc<cudarc::driver::CudaStream>, v: Var
     Ok(())
 }
 
-/// The line protocol against stale packets, as session 18's torn line
-/// arose (docs/perf.md): in each round, L2 is first flushed (an all-gather
-/// of 64 MiB), then two all-to-alls go in 8-byte packets, of a random
-/// length up to half of the lines' (u64), then two in lines (512 KiB + 40
-/// bytes a peer, or the low-latency limit where that is less); fresh
-/// payloads each, every result exact. Each line operation so lands on
-/// buffers whose last writer (two epochs before, the same parity) sent
-/// packets that end inside one of its lines, the rest of that line cold:
-/// lines with one flag a line were taken on the flag there while their
-/// first 64 bytes were still the packets' (2×H100 and 2×H200, sessions 18
-/// and 19). `SHMEM_TEST_ROUNDS` sets the rounds (by default 250 on the
-/// GPU, 3 on the host, which ignores the settings, does not flush and
-/// checks the all-to-all alone).
+/// The line protocol against stale packets: in each round, L2 is first
+/// flushed (an all-gather of 64 MiB), then two all-to-alls go in 8-byte
+/// packets, of a random length up to half of the lines' (u64), then two in
+/// lines (512 KiB + 40 bytes a peer, or the low-latency limit where that
+/// is less); fresh payloads each, every result exact. Each line operation
+/// so lands on buffers whose last writer (two epochs before, the same
+/// parity) sent packets that end inside one of its lines, the rest of that
+/// line cold: the case where a line with one flag could be taken on its
+/// flag while its first 64 bytes were still the packets'.
+/// `SHMEM_TEST_ROUNDS` sets the rounds (by default 250 on the GPU, 3 on
+/// the host, which ignores the settings, does not flush and checks the
+/// all-to-all alone).
 pub fn lines_after_packets(env: &Env) -> TestResult {
     let (me, n, s, ctx) = (env.me(), env.n(), &env.s, &env.ctx);
     let gpu = env.s.cuda_stream().is_some();

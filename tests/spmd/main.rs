@@ -5,6 +5,10 @@
 //!   and 4 PEs (`SHMEM_TEST_WORLDS=2,4` to choose) and sums the results.
 //! - Started by `shmemrun` or `mpirun`: runs on that world; only PE 0
 //!   prints the libtest report, and a test fails when it fails on any PE.
+//!   A test that does not apply to the run (the gpu backend's, on the host
+//!   backend; one that needs more PEs) is reported as ignored, with why:
+//!   `test coll::graph_replay_gpu_only ... ignored (needs the gpu backend;
+//!   this run is on the host backend)`.
 //! - `SHMEM_TEST_SCENARIO=name`: one of the multi-process scenarios that
 //!   tests launch themselves (dead PEs, start-up errors, finalize).
 //! - `SHMEM_TEST_DTYPES=f32,bf16,i64` narrows the per-dtype tests to those
@@ -23,12 +27,13 @@ mod scenarios;
 mod teams;
 mod util;
 
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use std::cell::RefCell;
 use std::process::ExitCode;
 use util::Env;
 
-/// A test body; every PE runs it. Errors and panics fail the test.
+/// A test body; every PE runs it. Errors and panics fail the test, but for
+/// [`util::NotApplicable`], which makes it ignored.
 pub type TestFn = fn(&Env) -> util::TestResult;
 
 fn all_tests() -> Vec<(&'static str, TestFn)> {
@@ -90,7 +95,9 @@ fn main() -> ExitCode {
     ENV.with(|slot| *slot.borrow_mut() = Some(env));
     let trials = all_tests()
         .into_iter()
-        .map(|(name, body)| Trial::test(name, move || ENV.with(|e| run_one(name, body, e.borrow().as_ref().unwrap()))))
+        .map(|(name, body)| {
+            Trial::ignorable_test(name, move || ENV.with(|e| run_one(name, body, e.borrow().as_ref().unwrap())))
+        })
         .collect();
     let conclusion = libtest_mimic::run(&args, trials);
     util::write_report(me, &conclusion);
@@ -106,15 +113,25 @@ fn main() -> ExitCode {
     }
 }
 
-/// Runs `body` on this PE, then agrees with every PE on the outcome.
-fn run_one(name: &str, body: TestFn, env: &Env) -> Result<(), Failed> {
+/// What a test did on one PE, as the word the PEs agree on.
+const PASSED: u32 = 0;
+const FAILED: u32 = 1;
+const NOT_APPLICABLE: u32 = 2;
+
+/// Runs `body` on this PE, then agrees with every PE on the outcome: it
+/// failed if it failed on any PE, and is ignored (with the reason) if it
+/// did not apply on every PE.
+fn run_one(name: &str, body: TestFn, env: &Env) -> Result<Completion, Failed> {
     if let Some(why) = BROKEN.with(|b| b.borrow().clone()) {
         return Err(format!("not run: {why}").into());
     }
     let me = env.ctx.my_pe();
     let outcome = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(env))) {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(format!("error: {e}")),
+        Ok(Ok(())) => Ok(None),
+        Ok(Err(e)) => match e.downcast::<util::NotApplicable>() {
+            Ok(why) => Ok(Some(why.0)),
+            Err(e) => Err(format!("error: {e}")),
+        },
         Err(panic) => Err(panic
             .downcast_ref::<String>()
             .cloned()
@@ -124,22 +141,38 @@ fn run_one(name: &str, body: TestFn, env: &Env) -> Result<(), Failed> {
     if let Err(msg) = &outcome {
         eprintln!("[pe {me}] {name}: {msg}");
     }
+    let word = match &outcome {
+        Ok(None) => PASSED,
+        Err(_) => FAILED,
+        Ok(Some(_)) => NOT_APPLICABLE,
+    };
     // Agree on the outcome over a team of its own, so the world team's
     // state does not matter here.
-    let failed_on = match env.agree_failures(outcome.is_err()) {
-        Ok(list) => list,
+    let words = match env.agree(word) {
+        Ok(words) => words,
         Err(e) => {
             let why = format!("the PEs could not agree on the outcome of {name}: {e}");
             BROKEN.with(|b| *b.borrow_mut() = Some(why.clone()));
             return Err(why.into());
         }
     };
-    if failed_on.is_empty() {
-        return Ok(());
+    let on = |w: u32| -> Vec<usize> { (0..words.len()).filter(|&pe| words[pe] == w).collect() };
+    let (failed_on, skipped_on) = (on(FAILED), on(NOT_APPLICABLE));
+    if failed_on.is_empty() && skipped_on.is_empty() {
+        return Ok(Completion::Completed);
     }
-    // A test that failed part-way may have left the PEs at different points
-    // of a collective; the rest of the run would only report echoes.
+    if failed_on.is_empty() && skipped_on.len() == words.len() {
+        // Every PE returned before anything collective.
+        return Ok(Completion::ignored_with(outcome.ok().flatten().unwrap_or_default()));
+    }
+    // A test that failed part-way, or ran on some PEs only, may have left
+    // the PEs at different points of a collective; the rest of the run
+    // would only report echoes.
     BROKEN.with(|b| *b.borrow_mut() = Some(format!("{name} failed before it")));
+    if failed_on.is_empty() {
+        let why = outcome.ok().flatten().map_or(String::new(), |w| format!(" ({w})"));
+        return Err(format!("did not apply on PE(s) {skipped_on:?} only{why}").into());
+    }
     let mine = outcome.err().map_or(String::new(), |m| format!("; on PE {me}: {m}"));
     Err(format!("failed on PE(s) {failed_on:?}{mine}").into())
 }

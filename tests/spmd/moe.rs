@@ -5,7 +5,7 @@
 //! trip and its weighted combine; and every refusal, on every PE, with
 //! the poisoned outputs left as they were.
 
-use crate::util::{assert_bits_eq, mix, payload, poison, Env, TestElem, TestResult};
+use crate::util::{assert_bits_eq, mix, needs_gpu, payload, poison, Env, TestElem, TestResult};
 use crate::{assert_err, TestFn};
 use shmem::{
     bf16, f16, BackendKind, Collectives, CombineElement, Error, MoeAllToAll, MoeConfig, MoeKernels, SymmetricBuffer,
@@ -577,12 +577,8 @@ fn err_bad_on_one_pe(env: &Env) -> TestResult {
 /// GPU only: a bad split enqueues fine, writes nothing, and fails the next
 /// MoE call on every PE (which writes nothing either); then all is well.
 fn device_error_fails_next_call(env: &Env) -> TestResult {
-    if env.ctx.backend() != BackendKind::Gpu {
-        if env.me() == 0 {
-            eprintln!("moe::device_error_fails_next_call: skipped: needs the gpu backend (the host checks before the call returns)");
-        }
-        return Ok(());
-    }
+    // The host backend checks the splits before the call returns.
+    needs_gpu(env)?;
     let (n, me, s, ctx) = (env.n(), env.me(), &env.s, &env.ctx);
     let row_len = 3;
     let input = buffer(env, &vec![1u32; IN_ROWS * row_len])?;
@@ -613,15 +609,7 @@ fn device_error_fails_next_call(env: &Env) -> TestResult {
 /// and inputs written between replays; every dispatch and round trip exact.
 fn graph_replay(env: &Env) -> TestResult {
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-    let Some(stream) = env.s.cuda_stream() else {
-        if env.me() == 0 {
-            eprintln!(
-                "moe::graph_replay_gpu_only: skipped: needs the gpu backend (this run is {:?})",
-                env.ctx.backend()
-            );
-        }
-        return Ok(());
-    };
+    let stream = needs_gpu(env)?;
     let (n, me, s, ctx) = (env.n(), env.me(), &env.s, &env.ctx);
     let (row_len, ne, align) = (5, 3, 8);
     let m = n * ne;

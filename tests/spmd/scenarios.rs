@@ -3,7 +3,8 @@
 //! all-reduce or a MoE dispatch), a PE that never starts, mismatched
 //! start-up settings, a setting that cannot be read, and use after
 //! finalize. The tests run in the 1-PE world (each launches its own job;
-//! running them from every world would only repeat them). After each job,
+//! running them from every world would only repeat them; the others report
+//! them as ignored). After each job,
 //! nothing named after its PEs may be left in `/dev/shm`.
 //!
 //! The scenarios' PEs run on the host backend, whatever the suite's own PE
@@ -13,7 +14,7 @@
 //! `SHMEM_TEST_FAULT_PES` sets the size of the `sigkill_in_*` jobs (3 by
 //! default, at most the GPUs' count on the GPU backend).
 
-use crate::util::{Env, TestResult};
+use crate::util::{Env, NotApplicable, TestResult};
 use crate::TestFn;
 use shmem::launch::Launch;
 use shmem::{Error, ReduceOp};
@@ -83,14 +84,18 @@ fn exit_codes(o: &shmem::launch::Outcome) -> Vec<i32> {
     o.statuses.iter().map(|s| s.code().unwrap_or(-1)).collect()
 }
 
-fn only_in_one_pe_world(env: &Env) -> bool {
-    env.n() == 1
+/// Whether this is the 1-PE world, where the scenarios run.
+fn only_in_one_pe_world(env: &Env) -> Result<(), NotApplicable> {
+    match env.n() {
+        1 => Ok(()),
+        n => Err(NotApplicable(format!(
+            "runs in the 1-PE world only, as it starts jobs of its own; this world has {n} PEs"
+        ))),
+    }
 }
 
 fn dead_pe_fails_barrier_waiters(env: &Env) -> TestResult {
-    if !only_in_one_pe_world(env) {
-        return Ok(());
-    }
+    only_in_one_pe_world(env)?;
     let (o, took) = launch("die_then_barrier", 3, false, &[]);
     assert!(took < Duration::from_secs(30), "took {took:?}");
     let codes = exit_codes(&o);
@@ -99,9 +104,7 @@ fn dead_pe_fails_barrier_waiters(env: &Env) -> TestResult {
 }
 
 fn dead_pe_fails_signal_waiters(env: &Env) -> TestResult {
-    if !only_in_one_pe_world(env) {
-        return Ok(());
-    }
+    only_in_one_pe_world(env)?;
     let (o, took) = launch("die_then_signal_wait", 2, false, &[]);
     assert!(took < Duration::from_secs(30), "took {took:?}");
     assert_eq!(exit_codes(&o), vec![SAW_IT as i32, DIES]);
@@ -109,9 +112,7 @@ fn dead_pe_fails_signal_waiters(env: &Env) -> TestResult {
 }
 
 fn pe_that_never_starts(env: &Env) -> TestResult {
-    if !only_in_one_pe_world(env) {
-        return Ok(());
-    }
+    only_in_one_pe_world(env)?;
     let (o, took) = launch("never_start", 3, false, &[("SHMEM_PEER_TIMEOUT", "2")]);
     assert!(took < Duration::from_secs(20), "took {took:?}");
     assert_eq!(exit_codes(&o), vec![SAW_IT as i32, DIES, SAW_IT as i32]);
@@ -119,9 +120,7 @@ fn pe_that_never_starts(env: &Env) -> TestResult {
 }
 
 fn launcher_ends_job_when_a_pe_fails(env: &Env) -> TestResult {
-    if !only_in_one_pe_world(env) {
-        return Ok(());
-    }
+    only_in_one_pe_world(env)?;
     // PE 2 fails at once; the others would wait for it for ever in init (no
     // peer timeout): the launcher must end them and report PE 2's status.
     let (o, took) = launch("never_start_no_timeout", 4, true, &[("SHMEM_PEER_TIMEOUT", "3600")]);
@@ -131,9 +130,7 @@ fn launcher_ends_job_when_a_pe_fails(env: &Env) -> TestResult {
 }
 
 fn heap_size_differs(env: &Env) -> TestResult {
-    if !only_in_one_pe_world(env) {
-        return Ok(());
-    }
+    only_in_one_pe_world(env)?;
     let (o, _) = launch("heap_size_differs", 2, false, &[]);
     assert_eq!(exit_codes(&o), vec![SAW_IT as i32; 2]);
     Ok(())
@@ -144,9 +141,7 @@ fn heap_size_differs(env: &Env) -> TestResult {
 /// also when only one PE has it; nothing is left in `/dev/shm` (checked by
 /// [`launch`]).
 fn bad_settings_fail_every_pe(env: &Env) -> TestResult {
-    if !only_in_one_pe_world(env) {
-        return Ok(());
-    }
+    only_in_one_pe_world(env)?;
     // (variable, value, the one PE that has it (None: every PE), what every PE's error says)
     let cases: &[(&str, &str, Option<usize>, &str)] = &[
         // Used to panic in `Duration::from_secs_f64`.
@@ -174,9 +169,7 @@ fn bad_settings_fail_every_pe(env: &Env) -> TestResult {
 }
 
 fn use_after_finalize_and_foreign(env: &Env) -> TestResult {
-    if !only_in_one_pe_world(env) {
-        return Ok(());
-    }
+    only_in_one_pe_world(env)?;
     // A process of its own, started with no launcher: a world of one PE,
     // which may initialise again after finalizing.
     let mut cmd = Command::new(std::env::current_exe()?);
@@ -191,9 +184,7 @@ fn use_after_finalize_and_foreign(env: &Env) -> TestResult {
 }
 
 fn collectives_on_different_teams(env: &Env) -> TestResult {
-    if !only_in_one_pe_world(env) {
-        return Ok(());
-    }
+    only_in_one_pe_world(env)?;
     // PE 0 enters a barrier of a sub-team, PE 1 one of the world: neither
     // can go on; both must say so, quickly, instead of hanging.
     // The first to notice says "collective mismatch"; the other may instead
@@ -240,9 +231,7 @@ fn sigkill_in_dispatch_2d(env: &Env) -> TestResult {
 /// [`SAW_FAULT`]; the launcher reports the victim's SIGKILL as the job's
 /// first failure.
 fn sigkill_in(name: &str, env: &Env) -> TestResult {
-    if !only_in_one_pe_world(env) {
-        return Ok(());
-    }
+    only_in_one_pe_world(env)?;
     let n: usize = std::env::var("SHMEM_TEST_FAULT_PES").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
     assert!(n > VICTIM, "SHMEM_TEST_FAULT_PES={n}: the job needs PE {VICTIM}");
     let scratch = std::env::temp_dir().join(format!("shmem-{name}-{}", std::process::id()));

@@ -1,12 +1,48 @@
 //! The suite's shared pieces: the per-PE environment, deterministic random
 //! payloads, dtype iteration and the self-launching driver.
 
+use cudarc::driver::CudaStream;
 use shmem::{bf16, f16, Context, Element, ReduceOp, Stream, SymmetricBuffer, Team};
 use std::cell::Cell;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// Why a test does not apply to this run: the backend or the world size it
+/// needs. A test returns it, as its error, before anything collective; the
+/// harness then reports the test as ignored, with this reason, once every
+/// PE has said the same (see `run_one`).
+#[derive(Debug)]
+pub struct NotApplicable(pub String);
+
+impl std::fmt::Display for NotApplicable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for NotApplicable {}
+
+/// This PE's CUDA stream on the gpu backend; elsewhere the test does not
+/// apply. Every PE runs one backend (`init` makes sure), so every PE
+/// decides the same.
+pub fn needs_gpu(env: &Env) -> Result<&Arc<CudaStream>, NotApplicable> {
+    env.s.cuda_stream().ok_or_else(|| {
+        let backend = format!("{:?}", env.ctx.backend()).to_lowercase();
+        NotApplicable(format!("needs the gpu backend; this run is on the {backend} backend"))
+    })
+}
+
+/// Whether the world has at least `pes` PEs; if not, the test does not
+/// apply.
+pub fn needs_pes(env: &Env, pes: usize) -> Result<(), NotApplicable> {
+    match env.n() {
+        n if n >= pes => Ok(()),
+        n => Err(NotApplicable(format!("needs {pes} PEs or more; this world has {n} PE(s)"))),
+    }
+}
 
 /// How long any single wait may take inside the suite before it fails
 /// (a hang becomes a failure): `SHMEM_TEST_WAIT_TIMEOUT` seconds, default 120.
@@ -90,12 +126,11 @@ impl Env {
         self.ctx.n_pes()
     }
 
-    /// The PEs whose test failed, as agreed by all.
-    pub fn agree_failures(&self, failed: bool) -> shmem::Result<Vec<usize>> {
-        self.flag.copy_from_host(&[failed as u32], &self.s)?;
+    /// Every PE's `word` (the outcome of its test), by PE, as agreed by all.
+    pub fn agree(&self, word: u32) -> shmem::Result<Vec<u32>> {
+        self.flag.copy_from_host(&[word], &self.s)?;
         self.harness.all_gather(&self.flags, &self.flag, &self.s)?;
-        let all = self.flags.copy_to_host(&self.s)?;
-        Ok(all.iter().enumerate().filter(|(_, &f)| f != 0).map(|(pe, _)| pe).collect())
+        self.flags.copy_to_host(&self.s)
     }
 
     /// Frees the harness's buffers and finalizes.

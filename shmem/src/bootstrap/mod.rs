@@ -18,6 +18,7 @@ use std::time::Duration;
 
 #[cfg(feature = "mpi")]
 pub(crate) mod mpi;
+pub(crate) mod server;
 pub(crate) mod tcp;
 
 /// Environment variables set by the launcher for each PE.

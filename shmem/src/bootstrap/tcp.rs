@@ -4,7 +4,7 @@
 //! and tells every PE where it is through `SHMEM_RENDEZVOUS`. Each PE connects,
 //! says hello with its rank, waits until every PE has connected, and then uses
 //! the connection for a few [`Client::allgather`] rounds during `init` before
-//! saying goodbye. The server side lives in `crate::launch`; both ends share
+//! saying goodbye. The server side is [`super::server`]; both ends share
 //! the [`wire`] format below.
 
 use super::env;
@@ -599,7 +599,7 @@ fn connect_until(addr: &str, deadline: Instant, timeout: Duration) -> Result<Tcp
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::launch::RendezvousServer;
+    use crate::bootstrap::server::RendezvousServer;
     use std::collections::HashMap;
     use std::thread;
 

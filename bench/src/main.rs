@@ -4,16 +4,18 @@
 //! count of the MoE all-to-all-v ops, next to NCCL; and the overlapped
 //! matmuls, sequential against overlapped.
 //!
-//! Run alone it starts itself as `--pes` PEs (2 by default); under
-//! `shmemrun`/`mpirun` it runs on the world it is given. PE 0 prints one
-//! table per operation, element type and timing mode, and with `--json
-//! PATH` writes one JSON object per row (`op`, `impl`, `backend`, `dtype`,
-//! `bytes`, `pes`, `graph`, `time_us`, `algbw_gbps`, `busbw_gbps`,
-//! `vs_nccl`, `vs_nvshmem`, `vs_memcpy`, for the MoE ops `tokens`,
-//! `hidden`, `experts_per_pe`, `topk`, `major_align`, and for the
-//! overlapped matmuls `m`, `n`, `k`, `chunks`, `tflops`, `vs_sequential`);
-//! rows go to `PATH.partial` as they are measured, so a crash keeps what
-//! was done.
+//! Built on its own: `cargo build --release -p shmem-bench` (add
+//! `--features mpi` to run it under `mpirun`), as
+//! `target/release/shmem-bench`. Run alone it starts itself as `--pes` PEs
+//! (2 by default); under `shmemrun`/`mpirun` it runs on the world it is
+//! given. PE 0 prints one table per operation, element type and timing
+//! mode, and with `--json PATH` writes one JSON object per row (`op`,
+//! `impl`, `backend`, `dtype`, `bytes`, `pes`, `graph`, `time_us`,
+//! `algbw_gbps`, `busbw_gbps`, `vs_nccl`, `vs_nvshmem`, `vs_memcpy`, for
+//! the MoE ops `tokens`, `hidden`, `experts_per_pe`, `topk`,
+//! `major_align`, and for the overlapped matmuls `m`, `n`, `k`, `chunks`,
+//! `tflops`, `vs_sequential`); rows go to `PATH.partial` as they are
+//! measured, so a crash keeps what was done.
 //!
 //! ```text
 //! shmem-bench [--backend host|gpu|auto] [--pes N] [--op all|barrier,put,get,all_reduce,all_gather,
@@ -51,7 +53,7 @@
 //! sends `tokens × topk` rows of `--hidden` elements, each token to
 //! `--topk` distinct experts of the `n × --experts-per-pe`, drawn
 //! uniformly from a fixed seed (every PE knows every PE's routes; see
-//! `shmem-bench/moe.rs`); the dispatch pads each expert's block to
+//! `moe.rs`); the dispatch pads each expert's block to
 //! `--major-align` rows. `bytes` is what a PE sends: `tokens × topk ×
 //! hidden × element` (in the combine each PE sends back what it received:
 //! that on average); algbw is bytes over time, busbw algbw × (n-1)/n.
@@ -74,7 +76,7 @@
 //! one PE's block: its shard (ag_matmul; 64 MiB at the defaults over 2
 //! PEs in f16) or its block of the output (matmul_rs); `tflops` is `2 m n
 //! k` over the time; `vs_sequential` is sequential's time over this row's.
-//! Their checks and timing inputs are in `shmem-bench/overlap.rs`. On the
+//! Their checks and timing inputs are in `overlap.rs`. On the
 //! host backend the three run the same code (the collective, then a host
 //! matmul). No graph rows: the calls cannot be captured.
 //!
@@ -145,10 +147,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-#[path = "shmem-bench/moe.rs"]
 mod moe;
 use moe::MoeShape;
-#[path = "shmem-bench/overlap.rs"]
 mod overlap;
 use overlap::MatmulShape;
 

@@ -1,0 +1,228 @@
+//! The launcher's tests: jobs of `sh -c` scripts, and of this test binary
+//! itself acting as PEs of a rendezvous.
+
+use super::*;
+use crate::bootstrap::tcp::Client;
+use std::path::Path;
+
+fn sh(n: usize, script: &str) -> Launch {
+    Launch::new(n, "sh").args(["-c", script])
+}
+
+fn captured(launch: Launch) -> (Launch, Arc<Mutex<Vec<u8>>>) {
+    let buf = Arc::new(Mutex::new(Vec::new()));
+    let launch = Launch { capture: Some(buf.clone()), ..launch.tag_output(true) };
+    (launch, buf)
+}
+
+fn text(buf: &Mutex<Vec<u8>>) -> String {
+    String::from_utf8_lossy(&lock(buf)).into_owned()
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "Miri: no processes (it starts PEs)")]
+fn exit_codes_and_first_failure() {
+    let out = sh(4, "sleep 0.$SHMEM_RANK; exit $SHMEM_RANK").kill_on_failure(false).run().unwrap();
+    let codes: Vec<_> = out.statuses.iter().map(|s| s.code()).collect();
+    assert_eq!(codes, [Some(0), Some(1), Some(2), Some(3)]);
+    let (rank, status) = out.first_failure.unwrap();
+    assert_eq!((rank, status.code()), (1, Some(1)));
+    assert_eq!(out.exit_code(), 1);
+    assert!(!out.success());
+    assert_eq!(out.to_string(), "PE 1 exited with status 1");
+
+    let out = sh(3, "exit 0").run().unwrap();
+    assert!(out.success());
+    assert_eq!(out.exit_code(), 0);
+    assert_eq!(out.to_string(), "all 3 PEs exited successfully");
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "Miri: no processes (it starts PEs)")]
+fn failed_job_removes_pe0s_host_heap_leftover() {
+    if !Path::new("/dev/shm").is_dir() {
+        eprintln!("skipped: no /dev/shm");
+        return;
+    }
+    // PE 0 leaves an object named as a host heap's, and a file that
+    // only looks like one (not hex); PE 1 fails the job.
+    let script = r#"if [ "$SHMEM_RANK" = 0 ]; then
+          : > /dev/shm/shmem-$$-1f2e; : > /dev/shm/shmem-$$-notes; echo $$ > "$PE0"; sleep 100
+        else sleep 0.3; exit 4; fi"#;
+    let pid_file = std::env::temp_dir().join(format!("shmem-launch-test-{}", std::process::id()));
+    let out = sh(2, script).env("PE0", pid_file.to_str().unwrap()).run().unwrap();
+    assert_eq!(out.first_failure.map(|(r, s)| (r, s.code())), Some((1, Some(4))));
+    let pid = std::fs::read_to_string(&pid_file).unwrap().trim().to_string();
+    let _ = std::fs::remove_file(&pid_file);
+    assert_eq!(pid, out.pids[0].to_string(), "sh -c's $$ is the PE's pid");
+    assert!(!Path::new(&format!("/dev/shm/shmem-{pid}-1f2e")).exists(), "the leftover was removed");
+    let other = format!("/dev/shm/shmem-{pid}-notes");
+    assert!(Path::new(&other).exists(), "only names of the host heap's form are removed");
+    std::fs::remove_file(other).unwrap();
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "Miri: no processes (it starts PEs)")]
+fn first_failure_stops_the_others() {
+    let start = Instant::now();
+    // `sleep` runs as the shell's child: stopping the group ends it too.
+    let out = sh(4, r#"[ "$SHMEM_RANK" = 2 ] && exit 3; sleep 100"#).run().unwrap();
+    assert!(start.elapsed() < Duration::from_secs(2), "took {:?}", start.elapsed());
+    let (rank, status) = out.first_failure.unwrap();
+    assert_eq!((rank, status.code()), (2, Some(3)));
+    assert_eq!(out.exit_code(), 3);
+    assert_eq!(out.to_string(), "PE 2 exited with status 3");
+    for r in [0, 1, 3] {
+        assert_eq!(out.statuses[r].signal(), Some(libc::SIGTERM), "PE {r}");
+    }
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "Miri: no processes (it starts PEs)")]
+fn stubborn_pes_get_sigkill_after_the_grace() {
+    let start = Instant::now();
+    // PE 0 fails once PE 1 had time to ignore SIGTERM.
+    let script = r#"[ "$SHMEM_RANK" = 0 ] && sleep 0.4 && exit 1; trap '' TERM; while :; do sleep 0.05; done"#;
+    let out = sh(2, script).kill_grace(Duration::from_millis(200)).run().unwrap();
+    assert!(start.elapsed() < Duration::from_secs(2), "took {:?}", start.elapsed());
+    assert_eq!(out.statuses[1].signal(), Some(libc::SIGKILL));
+    assert_eq!(out.exit_code(), 1);
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "Miri: no processes (it starts PEs)")]
+fn killed_by_a_signal() {
+    let out = sh(2, r#"[ "$SHMEM_RANK" = 1 ] && kill -KILL $$; sleep 100"#).run().unwrap();
+    assert_eq!(out.first_failure.map(|(r, _)| r), Some(1));
+    assert_eq!(out.exit_code(), 128 + 9);
+    assert_eq!(out.to_string(), "PE 1 was killed by signal 9 (SIGKILL)");
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "Miri: no processes (it starts PEs)")]
+fn environment_arguments_and_tagged_output() {
+    let script = r#"echo "$SHMEM_RANK $SHMEM_WORLD_SIZE $SHMEM_LOCAL_RANK $SHMEM_LOCAL_SIZE $SHMEM_RENDEZVOUS $FOO $1"
+                    echo "err $SHMEM_RANK" >&2
+                    printf 'no newline'"#;
+    let (launch, buf) = captured(sh(3, script).args(["sh", "-x"]).env("FOO", "bar"));
+    let out = launch.run().unwrap();
+    assert!(out.success());
+    let text = text(&buf);
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines.sort();
+    assert_eq!(lines.len(), 9, "{text}");
+    for rank in 0..3 {
+        let env_line = lines.iter().find(|l| l.starts_with(&format!("[{rank}] {rank} 3 {rank} 3 127.0.0.1:")));
+        let env_line = env_line.unwrap_or_else(|| panic!("no environment line of PE {rank} in {text}"));
+        assert!(env_line.ends_with(" bar -x"), "{env_line}");
+        assert!(lines.contains(&format!("[{rank}] err {rank}").as_str()), "{text}");
+        assert!(lines.contains(&format!("[{rank}] no newline").as_str()), "{text}");
+    }
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "Miri: no processes (it starts PEs)")]
+fn start_errors() {
+    let e = Launch::new(0, "true").run().unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+    let e = Launch::new(2, "/nonexistent/shmem-test-program").run().unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::NotFound);
+    assert!(e.to_string().contains("for PE 0"), "{e}");
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "Miri: no processes (it starts PEs)")]
+fn forwards_signals() {
+    let script = r#"echo started; exec sleep 100"#;
+    let (launch, buf) = captured(sh(2, script).forward_signals(true));
+    let waiter = thread::spawn(move || launch.run());
+    // Signal ourselves only once both PEs run, so that the handler is
+    // surely installed.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while text(&buf).matches("started").count() < 2 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(10));
+    }
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(libc::getpid(), libc::SIGHUP) };
+    let out = waiter.join().unwrap().unwrap();
+    assert_eq!(out.statuses.iter().map(|s| s.signal()).collect::<Vec<_>>(), [Some(libc::SIGHUP); 2]);
+    assert_eq!(out.exit_code(), 128 + libc::SIGHUP);
+}
+
+/// Environment variable that makes `child_pe` act as a PE of a test job.
+const ROLE: &str = "SHMEM_LAUNCH_TEST_ROLE";
+
+/// Not a test by itself: the body of the PEs that the tests below start
+/// by re-running this test binary.
+#[test]
+fn child_pe() {
+    let Ok(role) = std::env::var(ROLE) else {
+        return;
+    };
+    let timeout = Duration::from_secs(5);
+    let rank: usize = std::env::var("SHMEM_RANK").unwrap().parse().unwrap();
+    match role.as_str() {
+        "allgather" => {
+            let mut c = Client::connect_from_env(timeout).unwrap();
+            for round in 0..3 {
+                let all = c.allgather(format!("{rank}:{round}").as_bytes()).unwrap();
+                let want: Vec<Vec<u8>> = (0..c.size()).map(|r| format!("{r}:{round}").into_bytes()).collect();
+                assert_eq!(all, want);
+            }
+            c.close();
+        }
+        "crash" => {
+            let mut c = Client::connect_from_env(timeout).unwrap();
+            if rank == 1 {
+                std::process::exit(7); // no goodbye
+            }
+            let err = c.allgather(b"x").unwrap_err().to_string();
+            assert!(err.contains("PE 1 left during bootstrap"), "{err}");
+            println!("saw: {err}");
+        }
+        "early-exit" => {
+            if rank == 1 {
+                std::process::exit(5);
+            }
+            let err = Client::connect_from_env(timeout).err().unwrap().to_string();
+            assert!(err.contains("PE 1 exited with status 5 before connecting"), "{err}");
+            println!("saw: {err}");
+        }
+        other => panic!("unknown role {other}"),
+    }
+}
+
+fn self_launch(n: usize, role: &str) -> (Outcome, String) {
+    let exe = std::env::current_exe().unwrap();
+    let launch = Launch::new(n, exe)
+        .args(["--exact", "launch::tests::child_pe", "--nocapture", "--test-threads=1", "-q"])
+        .env(ROLE, role)
+        .kill_on_failure(false);
+    let (launch, buf) = captured(launch);
+    let out = launch.run().unwrap();
+    (out, text(&buf))
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "Miri: no processes (it starts PEs)")]
+fn self_launched_pes_allgather() {
+    let (out, text) = self_launch(3, "allgather");
+    assert!(out.success(), "{out}\n{text}");
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "Miri: no processes (it starts PEs)")]
+fn crashed_pe_fails_the_others_bootstrap() {
+    let (out, text) = self_launch(3, "crash");
+    assert_eq!(out.first_failure.map(|(r, s)| (r, s.code())), Some((1, Some(7))), "{text}");
+    assert!(out.statuses[0].success() && out.statuses[2].success(), "{text}");
+    assert_eq!(text.matches("saw: ").count(), 2, "{text}");
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "Miri: no processes (it starts PEs)")]
+fn pe_exiting_before_connecting_fails_the_others_bootstrap() {
+    let (out, text) = self_launch(3, "early-exit");
+    assert_eq!(out.first_failure.map(|(r, s)| (r, s.code())), Some((1, Some(5))), "{text}");
+    assert!(out.statuses[0].success() && out.statuses[2].success(), "{text}");
+}
