@@ -16,6 +16,12 @@
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 bin=$here/bin
+# Run from the repository (ci/gpu-run.sh) on a machine with cargo: build the
+# bundle's binaries first, and run the bundle's copy of this script.
+if [[ ! -d "$bin" && ! -f "$here/bin.tar.xz" && -f "$here/gpu-bundle.sh" ]]; then
+    bash "$here/gpu-bundle.sh" --no-archive || exit 1
+    exec bash "$here/../.gpu-bundle/gpu-run.sh" "$@"
+fi
 # gpu-bundle.sh packs the binaries into one archive.
 if [[ -f "$here/bin.tar.xz" && ! -d "$bin" ]]; then
     tar -C "$here" -xJf "$here/bin.tar.xz" || { echo "gpu-run: cannot unpack $here/bin.tar.xz" >&2; exit 1; }
@@ -25,44 +31,9 @@ mkdir -p "$out"
 log=$out/gpu-run.log
 : >"$log"
 
-# NVLink multicast stays off on these machines, whatever else is set.
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-
-nvlib=
-for d in ${NVSHMEM_HOME:+"$NVSHMEM_HOME/lib"} /opt/*/.venv/lib/python3*/site-packages/nvidia/nvshmem/lib \
-    /usr/local/lib/python3*/dist-packages/nvidia/nvshmem/lib /usr/lib/x86_64-linux-gnu/nvshmem/*; do
-    if [[ -e "$d/libnvshmem_host.so.3" ]]; then nvlib=$d; break; fi
-done
-if [[ -z "$nvlib" ]]; then
-    echo "gpu-run: no libnvshmem_host.so.3 found; set NVSHMEM_HOME" | tee -a "$log"
+if ! . "$here/gpu-env.sh"; then
+    echo "gpu-run: the GPU environment is incomplete (above)" | tee -a "$log"
     exit 1
-fi
-export NVSHMEM_HOME=${nvlib%/lib}
-export LD_LIBRARY_PATH="$nvlib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-# cuBLAS for the overlapped matmuls (cudarc opens libcublas.so.13, loaded at
-# first use): the CUDA toolkit's lib64 above, else another toolkit's or the
-# nvidia-cublas wheel's lib, appended so that it shadows nothing.
-cublas=
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-13*/lib64 \
-    /opt/*/.venv/lib/python3*/site-packages/nvidia/cu13/lib /opt/*/.venv/lib/python3*/site-packages/nvidia/cublas/lib \
-    /usr/local/lib/python3*/dist-packages/nvidia/cu13/lib /usr/local/lib/python3*/dist-packages/nvidia/cublas/lib; do
-    if [[ -e "$d/libcublas.so.13" ]]; then cublas=$d; break; fi
-done
-if [[ -z "$cublas" ]]; then
-    echo "gpu-run: no libcublas.so.13 found: the overlapped matmuls will fail" | tee -a "$log"
-elif [[ ":$LD_LIBRARY_PATH:" != *":$cublas:"* ]]; then
-    export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$cublas"
-fi
-# NCCL for the benchmark's reference rows. cudarc asks for libnccl.so, which
-# runtime-only installs (pip wheel, libnccl2) lack: link it beside ours.
-nccl=
-for f in /opt/*/.venv/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2 /usr/lib/x86_64-linux-gnu/libnccl.so.2; do
-    if [[ -e "$f" ]]; then nccl=$f; break; fi
-done
-if [[ -n "$nccl" ]]; then
-    ncclDir=$(mktemp -d)
-    ln -sf "$nccl" "$ncclDir/libnccl.so"
-    export LD_LIBRARY_PATH="$ncclDir:$LD_LIBRARY_PATH"
 fi
 export SHMEM_BACKEND=gpu
 # The collectives' tests name each case before running it (a hang names its case).
@@ -364,7 +335,18 @@ examples() {
     step allreduce "${mpi[@]}" "$bin/allreduce"
     step peer_kernel "$bin/shmemrun" -n "$pes" --tag-output "$bin/peer_kernel"
     step device_kernel "$bin/shmemrun" -n "$pes" --tag-output "$bin/device_kernel"
+    step moe_dispatch_combine "$bin/shmemrun" -n "$pes" --tag-output "$bin/moe_dispatch_combine"
     overlap_examples
+    # Run directly, an example started by spmd_main starts one PE per
+    # visible GPU: on 1, 2 and every GPU of the machine.
+    local gpus g ex
+    gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+    for g in $(printf '%s\n' 1 2 "$gpus" | sort -nu); do
+        ((g <= gpus)) || continue
+        for ex in quickstart peer_kernel device_kernel moe_dispatch_combine all_gather_matmul matmul_reduce_scatter; do
+            step "$ex-direct-$g" env CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((g - 1)))" "$bin/$ex"
+        done
+    done
     # Bad set-ups: clear errors on every PE, no hang.
     # One PE more than the box's GPUs take (SHMEM_PES_PER_GPU each).
     local over=$(($(nvidia-smi -L 2>/dev/null | grep -c '^GPU') * ${SHMEM_PES_PER_GPU:-1} + 1))

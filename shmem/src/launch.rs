@@ -102,6 +102,14 @@ pub fn spmd_main<E: fmt::Display>(name: &str, host_pes: usize, body: impl FnOnce
     }
 }
 
+/// The most PEs this machine takes on the backend `init` will pick: on the
+/// gpu backend one per GPU this process sees (times `SHMEM_PES_PER_GPU`),
+/// `None` on the host backend (no limit of the machine's). For programs
+/// that choose their own job sizes, as the SPMD test suite does.
+pub fn machine_pes() -> Option<usize> {
+    pes::gpu_pes_here()
+}
+
 /// Default time between SIGTERM and SIGKILL when stopping the survivors.
 const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(2);
 /// How long output forwarding may go on after the last PE exited (a PE's

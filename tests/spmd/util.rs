@@ -373,10 +373,18 @@ pub fn write_report(me: usize, c: &libtest_mimic::Conclusion) {
 /// Runs this test binary on worlds of 1–4 PEs (or `SHMEM_TEST_WORLDS`) and
 /// prints one libtest-style summary of them all.
 pub fn launch_worlds() -> ExitCode {
+    // By default 1 to 4 PEs, as many as the machine takes (one per GPU on
+    // the gpu backend).
     let worlds: Vec<usize> = std::env::var("SHMEM_TEST_WORLDS")
         .ok()
         .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
-        .unwrap_or_else(|| vec![1, 2, 3, 4]);
+        .unwrap_or_else(|| {
+            let most = shmem::launch::machine_pes().unwrap_or(4).clamp(1, 4);
+            if most < 4 {
+                println!("SPMD suite: worlds of 1 to {most} PE(s), one per GPU (SHMEM_TEST_WORLDS to choose)");
+            }
+            (1..=most).collect()
+        });
     let exe = std::env::current_exe().expect("the test binary's path");
     let args: Vec<String> = std::env::args().skip(1).collect();
     let start = Instant::now();

@@ -20,6 +20,16 @@ pub(super) fn choose_here(host_pes: usize) -> Choice {
     choose(host_pes, config.backend, config.pes_per_gpu, visible_gpus)
 }
 
+/// The PEs the gpu backend takes here, or `None` where `init` would pick
+/// the host backend.
+pub(super) fn gpu_pes_here() -> Option<usize> {
+    let config = Config::new();
+    if config.backend == BackendKind::Host {
+        return None;
+    }
+    visible_gpus().ok().map(|gpus| gpus * config.pes_per_gpu.max(1))
+}
+
 /// The GPUs the gpu backend would use here, or why it cannot run: `init`'s
 /// own check ([`crate::gpu::available`]: a CUDA driver with a device, and an
 /// NVSHMEM library), then the driver's count of GPUs, which honours
