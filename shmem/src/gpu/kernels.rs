@@ -2,7 +2,7 @@
 //! `build.rs` into one cubin embedded here, loaded with `cuModuleLoadData`
 //! and registered with `nvshmemx_cumodule_init`.
 
-use super::{check, CUstream, GpuWorld, Nv};
+use super::{check, CUstream, CudaCall, GpuWorld, Nv};
 use crate::algo::{
     low_latency_buffer_bytes, low_latency_room_bytes, moe_lines_fit, moe_lines_max_bytes, AllReduceAlgo, Collectives,
     MoeKernels, Tuning, LINE_DATA_BYTES, LINE_DATA_BYTES_WIDE,
@@ -577,8 +577,8 @@ impl Kernels {
         }
         let cname = CString::new(name).expect("kernel names have no NUL");
         // SAFETY: the module is loaded; the name is a C string.
-        let f = unsafe { cudarc::driver::result::module::get_function(self.module, cname) }
-            .map_err(|e| Error::Cuda(format!("kernel {name}: {e:?}")))?;
+        let f =
+            unsafe { cudarc::driver::result::module::get_function(self.module, cname) }.cuda("cuModuleGetFunction")?;
         map.insert(name.to_owned(), f as usize);
         Ok(f)
     }
