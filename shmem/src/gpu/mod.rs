@@ -36,11 +36,23 @@ macro_rules! call {
         }
     };
 }
+mod a2av;
+pub(crate) mod abi;
 mod amo;
 pub(crate) mod blas;
+mod collectives;
 pub(crate) mod dispatch;
 pub mod interop;
+mod kernel_id;
 pub(crate) mod kernels;
+mod layout;
+mod module;
+mod moe_layer;
+mod overlap;
+mod record;
+mod teams;
+
+pub(crate) use collectives::Protocols;
 
 /// A failed driver call as the crate's error, noting a failure that leaves
 /// the context unusable ([`sticky`]).
