@@ -66,9 +66,8 @@ pub enum AllReduceAlgo {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AllGatherAlgo {
     /// The low-latency kernel up to [`low_latency_max_bytes`] per PE (world
-    /// team, NVLink),
-    /// else the SM kernel, which measured as fast as copy engines or faster
-    /// at every size on 2×H200 (`docs/perf.md`).
+    /// team, NVLink), else the SM kernel, which is as fast as copy engines
+    /// or faster at every size (`docs/perf.md`).
     #[default]
     Auto,
     /// An SM kernel writes this PE's block into every peer's output.
@@ -122,8 +121,7 @@ pub const LINE_DATA_BYTES: usize = abi::LINE_DATA_BYTES;
 /// of 8-byte elements (f64, i64, u64), so that no element is split between
 /// two lanes' words, and in the MoE line kernel ([`MoeKernels::Lines`]),
 /// which waits on each line's latency more than on the link (one token
-/// and 32 took 0.3–0.55 µs longer in lines of 120 bytes: 2×H200, session
-/// 21, run 2).
+/// and 32 took 0.3–0.55 µs longer in lines of 120 bytes).
 pub const LINE_DATA_BYTES_WIDE: usize = abi::LINE_DATA_BYTES_WIDE;
 
 /// Data bytes of one line of a reduction of `elem_bytes`-byte elements.
@@ -187,11 +185,11 @@ pub fn low_latency_buffer_bytes(n_pes: usize) -> usize {
 ///
 /// By default each PE sends at most [`LOW_LATENCY_ROOM_BYTES`] of data in
 /// all (`1 MiB / (n_pes - 1)` a peer), and never less than
-/// [`LOW_LATENCY_MAX_BYTES`] a peer: on 2×H200 the low-latency kernels beat
-/// the push kernels up to 1 MiB for every collective (`docs/perf.md`,
-/// session 9); their packets carry a flag in every 8-byte word, so a PE's
-/// link carries twice its data, and the limit is set by what each PE sends
-/// in all. Larger worlds were not measured.
+/// [`LOW_LATENCY_MAX_BYTES`] a peer: in a pair the low-latency kernels beat
+/// the push kernels up to 1 MiB for every collective (`docs/perf.md`);
+/// their packets carry a flag in every 8-byte word, so a PE's link carries
+/// twice its data, and the limit is set by what each PE sends in all.
+/// Larger worlds were not measured.
 pub fn low_latency_max_bytes(n_pes: usize, tuning: &Tuning) -> usize {
     let room = low_latency_room_bytes(n_pes);
     let default = (LOW_LATENCY_ROOM_BYTES / n_pes.saturating_sub(1).max(1)).max(LOW_LATENCY_MAX_BYTES);
@@ -205,15 +203,13 @@ pub fn low_latency_lines_min_bytes(tuning: &Tuning) -> usize {
     tuning.low_latency_lines_min_bytes.unwrap_or(LOW_LATENCY_LINES_MIN_BYTES)
 }
 
-/// From this message a peer the low-latency kernels move lines. On 2×H100
-/// (graph replays; `docs/perf.md`, sessions 17 to 19) the lines were the
-/// fastest setting of every collective at 512 KiB and 1 MiB (the
-/// all-reduce of 1 MiB in 7.02 µs against 9.21 by the push kernel), and
-/// of the all-reduce from 256 KiB. Session 18 found lines with one flag a
-/// line torn (a line taken on its flag while its first 64 bytes were the
-/// buffer's older contents), and took them out of the defaults; since
-/// session 19 each 64-byte half carries its own flag, and the stress test
-/// that tore one flag a line in 5 of 8 runs passed 8 of 8.
+/// From this message a peer the low-latency kernels move lines: in a pair
+/// (graph replays; `docs/perf.md`) the lines are the fastest setting of
+/// every collective at 512 KiB and 1 MiB (the all-reduce of 1 MiB in 7.02
+/// µs against 9.21 by the push kernel), and of the all-reduce from 256
+/// KiB. Each 64-byte half of a line carries its own flag: with one flag a
+/// line, a line could be taken on its flag while its first 64 bytes were
+/// still the buffer's older contents.
 pub const LOW_LATENCY_LINES_MIN_BYTES: usize = 256 << 10;
 
 /// The largest input (bytes of a PE's rows) that [`MoeKernels::Auto`]
@@ -223,18 +219,18 @@ pub fn moe_lines_max_bytes(tuning: &Tuning) -> Option<usize> {
     tuning.moe_lines_max_bytes.or(MOE_LINES_MAX_BYTES)
 }
 
-/// Every input that fits goes in lines by default: on 2×H100 (graphs,
-/// 7168 bf16 a token, 8 experts a PE; sessions 17 to 19) the line kernel
-/// was the faster form at 1, 32 and 128 tokens (1 token dispatched in
-/// 6.9–7.2 µs against the one kernel's 8.0; see `docs/perf.md`). Its lines
-/// share the protocol of [`AllReduceAlgo::LowLatency128`] (a flag in each
-/// half since session 19; [`LOW_LATENCY_LINES_MIN_BYTES`]).
+/// Every input that fits goes in lines by default: in a pair (graphs, 7168
+/// bf16 a token, 8 experts a PE) the line kernel is the faster form at 1,
+/// 32 and 128 tokens (1 token dispatched in 6.9–7.2 µs against the one
+/// kernel's 8.0; see `docs/perf.md`). Its lines share the protocol of
+/// [`AllReduceAlgo::LowLatency128`], a flag in each half
+/// ([`LOW_LATENCY_LINES_MIN_BYTES`]).
 pub const MOE_LINES_MAX_BYTES: Option<usize> = Some(usize::MAX);
 
 /// Blocks of the low-latency kernels for a message of `bytes` a peer
-/// under `tuning`: by default 16 below 32 KiB and 128 from there (on
-/// 2×H200 more blocks were faster at every size from 32 KiB: 256 KiB
-/// all-reduces took 5.87 µs on 16 blocks, 4.28 on 128).
+/// under `tuning`: by default 16 below 32 KiB and 128 from there (more
+/// blocks are faster at every size from 32 KiB: 256 KiB all-reduces took
+/// 5.87 µs on 16 blocks, 4.28 on 128).
 pub fn low_latency_blocks(bytes: usize, tuning: &Tuning) -> u32 {
     match tuning.low_latency_blocks {
         Some(b) => b.clamp(1, 128),
@@ -254,11 +250,11 @@ pub const LINES_MAX_THREADS: u32 = abi::LINES_MAX_THREADS;
 /// By default 512 for packets; for lines, the warps that take every line
 /// in one pass (4 lines a warp a pass), at least 8 and at most 20: a
 /// second pass costs more than the warps it saves, and fewer warps start
-/// sooner (2×H200, session 20, run 4: the all-reduce, bf16, graphs, took
-/// 3.68 µs at 256 KiB against 3.83 on 512 threads at every size, 4.52 at
-/// 512 KiB against 4.65, 6.38 at 1 MiB against 6.82; at 768 KiB 5.45 on
-/// 448 threads, 5.51–5.59 on 512–640). Tuned: whole warps, 32 to 512 (to
-/// 640 for lines; outside, the nearer end; between, the warp below).
+/// sooner (the all-reduce of bf16 in graphs took 3.68 µs at 256 KiB
+/// against 3.83 on 512 threads at every size, 4.52 at 512 KiB against
+/// 4.65, 6.38 at 1 MiB against 6.82; at 768 KiB 5.45 on 448 threads,
+/// 5.51–5.59 on 512–640). Tuned: whole warps, 32 to 512 (to 640 for
+/// lines; outside, the nearer end; between, the warp below).
 pub fn low_latency_threads(bytes: usize, blocks: u32, line_bytes: Option<usize>, tuning: &Tuning) -> u32 {
     let most = if line_bytes.is_some() { LINES_MAX_THREADS } else { abi::THREADS };
     match (tuning.low_latency_threads, line_bytes) {
@@ -276,11 +272,11 @@ pub fn low_latency_threads(bytes: usize, blocks: u32, line_bytes: Option<usize>,
 /// runs as a copy-engine copy (`cuMemcpyAsync` from its source) rather than
 /// by a kernel, under `tuning`; see [`Tuning::solo_copy_engine_min_bytes`].
 ///
-/// By default: every size in a CUDA graph (a captured copy replayed in
-/// 1.10–1.50 µs from 8 B to 1 MiB on an H100, the kernels in 1.64–2.72);
-/// outside one, from [`SOLO_COPY_ENGINE_MIN_BYTES_REDUCE`] for reductions
-/// (`reduces`) and from [`SOLO_COPY_ENGINE_MIN_BYTES`] for the others,
-/// where the kernels' launch is cheaper below (`docs/perf.md`, session 16).
+/// By default: every size in a CUDA graph (a captured copy replays in
+/// 1.10–1.50 µs from 8 B to 1 MiB, the kernels in 1.64–2.72); outside one,
+/// from [`SOLO_COPY_ENGINE_MIN_BYTES_REDUCE`] for reductions (`reduces`)
+/// and from [`SOLO_COPY_ENGINE_MIN_BYTES`] for the others, where the
+/// kernels' launch is cheaper below (`docs/perf.md`).
 pub fn solo_copy_engine_min_bytes(reduces: bool, captured: bool, tuning: &Tuning) -> usize {
     match tuning.solo_copy_engine_min_bytes {
         Some(b) => b,
@@ -292,8 +288,8 @@ pub fn solo_copy_engine_min_bytes(reduces: bool, captured: bool, tuning: &Tuning
 
 /// Outside a CUDA graph, the smallest all-gather, broadcast or all-to-all
 /// of a team of one that a copy engine copies: up to 4 MiB a kernel took
-/// 3.4–5.3 µs back to back on an H100 and a copy 4.8–6.2; at 8 MiB the
-/// kernels took 6.7–6.8 µs, a copy 4.9–6.2.
+/// 3.4–5.3 µs back to back and a copy 4.8–6.2; at 8 MiB the kernels took
+/// 6.7–6.8 µs, a copy 4.9–6.2.
 pub const SOLO_COPY_ENGINE_MIN_BYTES: usize = 8 << 20;
 
 /// As [`SOLO_COPY_ENGINE_MIN_BYTES`] for all-reduce and reduce-scatter:
@@ -309,12 +305,10 @@ pub fn broadcast_pull_min_bytes(tuning: &Tuning) -> usize {
 }
 
 /// By default no broadcast is pulled (every member reading the root's
-/// source through NVLink): since the root's push kernel stores into the
-/// peers and its own destination in one pass (session 17), it took 736 µs
-/// at 256 MiB on 2×H100 where pulls took 787 and NCCL 758, and was as fast
-/// as pulls or faster from 32 MiB (at 16 MiB 55.7 µs against 55.1).
-/// Session 6 had chosen pulls from 16 MiB on 2×H200, when the push kernel
-/// copied the root's own data after its sends (docs/perf.md).
+/// source through NVLink): the root's push kernel stores into the peers
+/// and its own destination in one pass, and in a pair took 736 µs at 256
+/// MiB where pulls took 787 and NCCL 758; it is as fast as pulls or faster
+/// from 32 MiB (at 16 MiB 55.7 µs against 55.1; docs/perf.md).
 pub const BROADCAST_PULL_MIN_BYTES: usize = usize::MAX;
 
 /// Largest all-reduce of the push kernel ([`AllReduceAlgo::Push`]), bytes per PE.
@@ -337,7 +331,7 @@ pub struct Collectives {
     /// Of the MoE all-to-all-v's data blocks, how many copy this PE's own
     /// chunks while the others push to the peers: `None` (the default)
     /// lets the kernel choose by the blocks at work (half of a small grid,
-    /// an eighth of a large one, as measured on 2×H200); `Some(0)` has
+    /// an eighth of a large one); `Some(0)` has
     /// each block push its share, then copy its share; a number not below
     /// the working blocks counts as 0. A tuning knob; each PE may choose
     /// its own.
@@ -347,8 +341,8 @@ pub struct Collectives {
 }
 
 /// Knobs of shmem's kernels for measuring them on a machine (`shmem-bench
-/// --ll-max-bytes …`, `gpu-run.sh --tune`); `None` keeps the default,
-/// chosen on 2×H200 (docs/perf.md). Every PE must set the same: PEs that
+/// --ll-max-bytes …`, `gpu-run.sh --tune`); `None` keeps the default
+/// (docs/perf.md). Every PE must set the same: PEs that
 /// disagree pick different kernels or grids and wait for each other until
 /// the device-side wait traps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -411,9 +405,9 @@ pub(crate) const ONE_SHOT_MAX_BYTES: usize = 256 << 10;
 
 /// From this many bytes per PE the automatic two-shot all-reduce of a pair
 /// over NVLink, out of place, moves both halves by stores
-/// ([`AllReduceAlgo::TwoShotStores`]). On 2×H100 (session 17, run 3) it
-/// took 57.0 µs at 16 MiB against the pulling two-shot's 59.6 and 745.3 at
-/// 256 MiB against 795.8; at 2–8 MiB the pulls were 0.2–1.0 µs faster.
+/// ([`AllReduceAlgo::TwoShotStores`]): it took 57.0 µs at 16 MiB against
+/// the pulling two-shot's 59.6, and 745.3 at 256 MiB against 795.8; at
+/// 2–8 MiB the pulls were 0.2–1.0 µs faster.
 pub(crate) const TWO_SHOT_STORES_MIN_BYTES: usize = 16 << 20;
 
 /// Blocks of the push kernels unless tuned ([`Tuning::push_blocks`]).
@@ -595,8 +589,8 @@ pub(crate) fn solo(
 
 /// Whether an all-gather runs on copy engines: where asked
 /// ([`AllGatherAlgo::CopyEngine`]) and every member has an NVLink address
-/// (`nvlink`); the SM kernel measured as fast as copy engines or faster,
-/// and faster than pulls, at every size on 2×H200 (docs/perf.md).
+/// (`nvlink`); the SM kernel is as fast or faster at every size, and than
+/// pulls (`docs/perf.md`).
 pub(crate) fn all_gather_by_copy_engine(asked: AllGatherAlgo, nvlink: bool) -> bool {
     asked == AllGatherAlgo::CopyEngine && nvlink
 }

@@ -255,9 +255,8 @@ impl KernelId {
     /// Whether the kernel is launched by programmatic dependent launch
     /// (`CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`): its launch
     /// overlaps the end of the kernel before it on the stream, which it
-    /// waits for as its first step (`follow_stream` in `common.cuh`);
-    /// measured on H200, the gap between two MoE kernels fell from 2.0 to
-    /// 0.8 µs. Every kernel
+    /// waits for as its first step (`follow_stream` in `common.cuh`); the
+    /// gap between two MoE kernels falls from 2.0 to 0.8 µs. Every kernel
     /// this says so of must begin with that wait: the collectives and the
     /// MoE all-to-all-v, not the local kernels.
     pub(crate) fn follows_stream(self) -> bool {

@@ -113,9 +113,9 @@ pub(crate) fn note_fault() {
 /// the exit handlers NVSHMEM, NCCL and CUDA registered when they loaded.
 /// After a fault their teardown talks to the dead peer or a failed context
 /// and can end the process by a signal instead of the status it asked for
-/// (seen on the box: survivors of a SIGKILLed PE exited by a signal after
-/// reporting the death). A faulted process so leaves at once, with its own
-/// status; the OS frees its GPU memory and mappings.
+/// (survivors of a SIGKILLed PE can exit by a signal after reporting the
+/// death). A faulted process so leaves at once, with its own status; the
+/// OS frees its GPU memory and mappings.
 extern "C" fn exit_without_teardown(status: c_int, _: *mut c_void) {
     if FAULTED.load(Ordering::Acquire) {
         // SAFETY: flushing C stdio and leaving; nothing runs after.
