@@ -7,6 +7,13 @@
 //! collectives: the choice decides which kernel runs, and PEs running
 //! different kernels would wait for each other forever (until the bounded
 //! device wait traps).
+//!
+//! The choices themselves are this module's (crate-private) pure
+//! functions, called by the collectives and the kernels' launchers: which
+//! implementation runs, which algorithm and protocol a size, team and
+//! tuning take, and the kernels' grids.
+
+use crate::gpu::abi;
 
 /// Who runs the GPU backend's collectives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -59,9 +66,8 @@ pub enum AllReduceAlgo {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AllGatherAlgo {
     /// The low-latency kernel up to [`low_latency_max_bytes`] per PE (world
-    /// team, NVLink),
-    /// else the SM kernel, which measured as fast as copy engines or faster
-    /// at every size on 2×H200 (`docs/perf.md`).
+    /// team, NVLink), else the SM kernel, which is as fast as copy engines
+    /// or faster at every size (`docs/perf.md`).
     #[default]
     Auto,
     /// An SM kernel writes this PE's block into every peer's output.
@@ -109,15 +115,14 @@ pub enum MoeKernels {
 /// 4-byte flag in each 64-byte half (`LinesOf` in the kernels'
 /// `common.cuh`). Reductions of 8-byte elements and the MoE line kernel
 /// carry [`LINE_DATA_BYTES_WIDE`].
-pub const LINE_DATA_BYTES: usize = 120;
+pub const LINE_DATA_BYTES: usize = abi::LINE_DATA_BYTES;
 
 /// Data bytes of one line with an 8-byte flag in each half: in reductions
 /// of 8-byte elements (f64, i64, u64), so that no element is split between
 /// two lanes' words, and in the MoE line kernel ([`MoeKernels::Lines`]),
 /// which waits on each line's latency more than on the link (one token
-/// and 32 took 0.3–0.55 µs longer in lines of 120 bytes: 2×H200, session
-/// 21, run 2).
-pub const LINE_DATA_BYTES_WIDE: usize = 112;
+/// and 32 took 0.3–0.55 µs longer in lines of 120 bytes).
+pub const LINE_DATA_BYTES_WIDE: usize = abi::LINE_DATA_BYTES_WIDE;
 
 /// Data bytes of one line of a reduction of `elem_bytes`-byte elements.
 pub fn reduce_line_data_bytes(elem_bytes: usize) -> usize {
@@ -134,7 +139,7 @@ pub fn reduce_line_data_bytes(elem_bytes: usize) -> usize {
 /// `input_bytes`: a PE's splits and all of its input, each chunk from a
 /// fresh line, within one sender's buffer ([`low_latency_buffer_bytes`]).
 pub fn moe_lines_fit(n_pes: usize, experts_per_pe: usize, combine: bool, input_bytes: usize) -> bool {
-    let room = low_latency_buffer_bytes(n_pes) / 128;
+    let room = low_latency_buffer_bytes(n_pes) / abi::LINE_BYTES;
     let words = n_pes.saturating_mul(experts_per_pe).saturating_mul(if combine { 2 } else { 1 });
     let lines = words
         .div_ceil(LINE_DATA_BYTES_WIDE / 8)
@@ -146,12 +151,12 @@ pub fn moe_lines_fit(n_pes: usize, experts_per_pe: usize, combine: bool, input_b
 /// Largest message (bytes one PE sends another) of the low-latency kernels
 /// in worlds of more than 8 PEs, and the least of any world, unless tuned
 /// ([`Tuning::low_latency_max_bytes`]); see [`low_latency_max_bytes`].
-pub const LOW_LATENCY_MAX_BYTES: usize = 128 << 10;
+pub const LOW_LATENCY_MAX_BYTES: usize = abi::LL_MAX_BYTES;
 
 /// Room for the low-latency kernels' packets per sender in worlds of up to
 /// 8 PEs: the largest [`Tuning::low_latency_max_bytes`] there (in larger
 /// worlds, [`LOW_LATENCY_MAX_BYTES`]).
-pub const LOW_LATENCY_ROOM_BYTES: usize = 1 << 20;
+pub const LOW_LATENCY_ROOM_BYTES: usize = abi::LL_MAX_BYTES_SMALL_TEAM;
 
 /// Room for the low-latency packets per sender in a world of `n_pes`: the
 /// most bytes one PE sends another through them (`ll_max_bytes` in the
@@ -159,7 +164,7 @@ pub const LOW_LATENCY_ROOM_BYTES: usize = 1 << 20;
 /// [`AllReduceAlgo::LowLatency128`] share their buffer, which is larger
 /// ([`low_latency_buffer_bytes`]).
 pub fn low_latency_room_bytes(n_pes: usize) -> usize {
-    if n_pes <= 8 {
+    if n_pes <= abi::PUSH_MAX_TEAM {
         LOW_LATENCY_ROOM_BYTES
     } else {
         LOW_LATENCY_MAX_BYTES
@@ -172,7 +177,7 @@ pub fn low_latency_room_bytes(n_pes: usize) -> usize {
 /// kernel takes 128 tokens of 7168 bf16 with their splits (`ll_buffer_bytes`
 /// in the kernels' `common.cuh`, which must agree).
 pub fn low_latency_buffer_bytes(n_pes: usize) -> usize {
-    2 * low_latency_room_bytes(n_pes) + (64 << 10)
+    2 * low_latency_room_bytes(n_pes) + abi::LINES_SLACK_BYTES
 }
 
 /// Largest message (bytes one PE sends another) that the low-latency
@@ -180,11 +185,11 @@ pub fn low_latency_buffer_bytes(n_pes: usize) -> usize {
 ///
 /// By default each PE sends at most [`LOW_LATENCY_ROOM_BYTES`] of data in
 /// all (`1 MiB / (n_pes - 1)` a peer), and never less than
-/// [`LOW_LATENCY_MAX_BYTES`] a peer: on 2×H200 the low-latency kernels beat
-/// the push kernels up to 1 MiB for every collective (`docs/perf.md`,
-/// session 9); their packets carry a flag in every 8-byte word, so a PE's
-/// link carries twice its data, and the limit is set by what each PE sends
-/// in all. Larger worlds were not measured.
+/// [`LOW_LATENCY_MAX_BYTES`] a peer: in a pair the low-latency kernels beat
+/// the push kernels up to 1 MiB for every collective (`docs/perf.md`);
+/// their packets carry a flag in every 8-byte word, so a PE's link carries
+/// twice its data, and the limit is set by what each PE sends in all.
+/// Larger worlds were not measured.
 pub fn low_latency_max_bytes(n_pes: usize, tuning: &Tuning) -> usize {
     let room = low_latency_room_bytes(n_pes);
     let default = (LOW_LATENCY_ROOM_BYTES / n_pes.saturating_sub(1).max(1)).max(LOW_LATENCY_MAX_BYTES);
@@ -198,15 +203,13 @@ pub fn low_latency_lines_min_bytes(tuning: &Tuning) -> usize {
     tuning.low_latency_lines_min_bytes.unwrap_or(LOW_LATENCY_LINES_MIN_BYTES)
 }
 
-/// From this message a peer the low-latency kernels move lines. On 2×H100
-/// (graph replays; `docs/perf.md`, sessions 17 to 19) the lines were the
-/// fastest setting of every collective at 512 KiB and 1 MiB (the
-/// all-reduce of 1 MiB in 7.02 µs against 9.21 by the push kernel), and
-/// of the all-reduce from 256 KiB. Session 18 found lines with one flag a
-/// line torn (a line taken on its flag while its first 64 bytes were the
-/// buffer's older contents), and took them out of the defaults; since
-/// session 19 each 64-byte half carries its own flag, and the stress test
-/// that tore one flag a line in 5 of 8 runs passed 8 of 8.
+/// From this message a peer the low-latency kernels move lines: in a pair
+/// (graph replays; `docs/perf.md`) the lines are the fastest setting of
+/// every collective at 512 KiB and 1 MiB (the all-reduce of 1 MiB in 7.02
+/// µs against 9.21 by the push kernel), and of the all-reduce from 256
+/// KiB. Each 64-byte half of a line carries its own flag: with one flag a
+/// line, a line could be taken on its flag while its first 64 bytes were
+/// still the buffer's older contents.
 pub const LOW_LATENCY_LINES_MIN_BYTES: usize = 256 << 10;
 
 /// The largest input (bytes of a PE's rows) that [`MoeKernels::Auto`]
@@ -216,18 +219,18 @@ pub fn moe_lines_max_bytes(tuning: &Tuning) -> Option<usize> {
     tuning.moe_lines_max_bytes.or(MOE_LINES_MAX_BYTES)
 }
 
-/// Every input that fits goes in lines by default: on 2×H100 (graphs,
-/// 7168 bf16 a token, 8 experts a PE; sessions 17 to 19) the line kernel
-/// was the faster form at 1, 32 and 128 tokens (1 token dispatched in
-/// 6.9–7.2 µs against the one kernel's 8.0; see `docs/perf.md`). Its lines
-/// share the protocol of [`AllReduceAlgo::LowLatency128`] (a flag in each
-/// half since session 19; [`LOW_LATENCY_LINES_MIN_BYTES`]).
+/// Every input that fits goes in lines by default: in a pair (graphs, 7168
+/// bf16 a token, 8 experts a PE) the line kernel is the faster form at 1,
+/// 32 and 128 tokens (1 token dispatched in 6.9–7.2 µs against the one
+/// kernel's 8.0; see `docs/perf.md`). Its lines share the protocol of
+/// [`AllReduceAlgo::LowLatency128`], a flag in each half
+/// ([`LOW_LATENCY_LINES_MIN_BYTES`]).
 pub const MOE_LINES_MAX_BYTES: Option<usize> = Some(usize::MAX);
 
 /// Blocks of the low-latency kernels for a message of `bytes` a peer
-/// under `tuning`: by default 16 below 32 KiB and 128 from there (on
-/// 2×H200 more blocks were faster at every size from 32 KiB: 256 KiB
-/// all-reduces took 5.87 µs on 16 blocks, 4.28 on 128).
+/// under `tuning`: by default 16 below 32 KiB and 128 from there (more
+/// blocks are faster at every size from 32 KiB: 256 KiB all-reduces took
+/// 5.87 µs on 16 blocks, 4.28 on 128).
 pub fn low_latency_blocks(bytes: usize, tuning: &Tuning) -> u32 {
     match tuning.low_latency_blocks {
         Some(b) => b.clamp(1, 128),
@@ -239,7 +242,7 @@ pub fn low_latency_blocks(bytes: usize, tuning: &Tuning) -> u32 {
 /// Most threads a block of the line kernels takes (`kLinesMaxThreads` in
 /// `common.cuh`): 20 warps, so that 128 blocks move a peer's 1 MiB in one
 /// pass of 4 lines a warp.
-pub const LINES_MAX_THREADS: u32 = 640;
+pub const LINES_MAX_THREADS: u32 = abi::LINES_MAX_THREADS;
 
 /// Threads a block of the low-latency kernels for `bytes` a peer on
 /// `blocks` blocks, in 128-byte lines of `line_bytes` data bytes (else in
@@ -247,16 +250,16 @@ pub const LINES_MAX_THREADS: u32 = 640;
 /// By default 512 for packets; for lines, the warps that take every line
 /// in one pass (4 lines a warp a pass), at least 8 and at most 20: a
 /// second pass costs more than the warps it saves, and fewer warps start
-/// sooner (2×H200, session 20, run 4: the all-reduce, bf16, graphs, took
-/// 3.68 µs at 256 KiB against 3.83 on 512 threads at every size, 4.52 at
-/// 512 KiB against 4.65, 6.38 at 1 MiB against 6.82; at 768 KiB 5.45 on
-/// 448 threads, 5.51–5.59 on 512–640). Tuned: whole warps, 32 to 512 (to
-/// 640 for lines; outside, the nearer end; between, the warp below).
+/// sooner (the all-reduce of bf16 in graphs took 3.68 µs at 256 KiB
+/// against 3.83 on 512 threads at every size, 4.52 at 512 KiB against
+/// 4.65, 6.38 at 1 MiB against 6.82; at 768 KiB 5.45 on 448 threads,
+/// 5.51–5.59 on 512–640). Tuned: whole warps, 32 to 512 (to 640 for
+/// lines; outside, the nearer end; between, the warp below).
 pub fn low_latency_threads(bytes: usize, blocks: u32, line_bytes: Option<usize>, tuning: &Tuning) -> u32 {
-    let most = if line_bytes.is_some() { LINES_MAX_THREADS } else { 512 };
+    let most = if line_bytes.is_some() { LINES_MAX_THREADS } else { abi::THREADS };
     match (tuning.low_latency_threads, line_bytes) {
         (Some(t), _) => t.clamp(32, most) / 32 * 32,
-        (None, None) => 512,
+        (None, None) => abi::THREADS,
         (None, Some(per_line)) => {
             let per_pass = 4 * blocks.max(1) as usize;
             let warps = bytes.max(1).div_ceil(per_line.max(1)).div_ceil(per_pass);
@@ -269,11 +272,11 @@ pub fn low_latency_threads(bytes: usize, blocks: u32, line_bytes: Option<usize>,
 /// runs as a copy-engine copy (`cuMemcpyAsync` from its source) rather than
 /// by a kernel, under `tuning`; see [`Tuning::solo_copy_engine_min_bytes`].
 ///
-/// By default: every size in a CUDA graph (a captured copy replayed in
-/// 1.10–1.50 µs from 8 B to 1 MiB on an H100, the kernels in 1.64–2.72);
-/// outside one, from [`SOLO_COPY_ENGINE_MIN_BYTES_REDUCE`] for reductions
-/// (`reduces`) and from [`SOLO_COPY_ENGINE_MIN_BYTES`] for the others,
-/// where the kernels' launch is cheaper below (`docs/perf.md`, session 16).
+/// By default: every size in a CUDA graph (a captured copy replays in
+/// 1.10–1.50 µs from 8 B to 1 MiB, the kernels in 1.64–2.72); outside one,
+/// from [`SOLO_COPY_ENGINE_MIN_BYTES_REDUCE`] for reductions (`reduces`)
+/// and from [`SOLO_COPY_ENGINE_MIN_BYTES`] for the others, where the
+/// kernels' launch is cheaper below (`docs/perf.md`).
 pub fn solo_copy_engine_min_bytes(reduces: bool, captured: bool, tuning: &Tuning) -> usize {
     match tuning.solo_copy_engine_min_bytes {
         Some(b) => b,
@@ -285,8 +288,8 @@ pub fn solo_copy_engine_min_bytes(reduces: bool, captured: bool, tuning: &Tuning
 
 /// Outside a CUDA graph, the smallest all-gather, broadcast or all-to-all
 /// of a team of one that a copy engine copies: up to 4 MiB a kernel took
-/// 3.4–5.3 µs back to back on an H100 and a copy 4.8–6.2; at 8 MiB the
-/// kernels took 6.7–6.8 µs, a copy 4.9–6.2.
+/// 3.4–5.3 µs back to back and a copy 4.8–6.2; at 8 MiB the kernels took
+/// 6.7–6.8 µs, a copy 4.9–6.2.
 pub const SOLO_COPY_ENGINE_MIN_BYTES: usize = 8 << 20;
 
 /// As [`SOLO_COPY_ENGINE_MIN_BYTES`] for all-reduce and reduce-scatter:
@@ -302,16 +305,14 @@ pub fn broadcast_pull_min_bytes(tuning: &Tuning) -> usize {
 }
 
 /// By default no broadcast is pulled (every member reading the root's
-/// source through NVLink): since the root's push kernel stores into the
-/// peers and its own destination in one pass (session 17), it took 736 µs
-/// at 256 MiB on 2×H100 where pulls took 787 and NCCL 758, and was as fast
-/// as pulls or faster from 32 MiB (at 16 MiB 55.7 µs against 55.1).
-/// Session 6 had chosen pulls from 16 MiB on 2×H200, when the push kernel
-/// copied the root's own data after its sends (docs/perf.md).
+/// source through NVLink): the root's push kernel stores into the peers
+/// and its own destination in one pass, and in a pair took 736 µs at 256
+/// MiB where pulls took 787 and NCCL 758; it is as fast as pulls or faster
+/// from 32 MiB (at 16 MiB 55.7 µs against 55.1; docs/perf.md).
 pub const BROADCAST_PULL_MIN_BYTES: usize = usize::MAX;
 
 /// Largest all-reduce of the push kernel ([`AllReduceAlgo::Push`]), bytes per PE.
-pub const PUSH_MAX_BYTES: usize = 1 << 20;
+pub const PUSH_MAX_BYTES: usize = abi::PUSH_MAX_BYTES;
 
 /// The GPU backend's collective settings; see [`crate::Context::set_collectives`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -330,7 +331,7 @@ pub struct Collectives {
     /// Of the MoE all-to-all-v's data blocks, how many copy this PE's own
     /// chunks while the others push to the peers: `None` (the default)
     /// lets the kernel choose by the blocks at work (half of a small grid,
-    /// an eighth of a large one, as measured on 2×H200); `Some(0)` has
+    /// an eighth of a large one); `Some(0)` has
     /// each block push its share, then copy its share; a number not below
     /// the working blocks counts as 0. A tuning knob; each PE may choose
     /// its own.
@@ -340,8 +341,8 @@ pub struct Collectives {
 }
 
 /// Knobs of shmem's kernels for measuring them on a machine (`shmem-bench
-/// --ll-max-bytes …`, `gpu-run.sh --tune`); `None` keeps the default,
-/// chosen on 2×H200 (docs/perf.md). Every PE must set the same: PEs that
+/// --ll-max-bytes …`, `gpu-run.sh --tune`); `None` keeps the default
+/// (docs/perf.md). Every PE must set the same: PEs that
 /// disagree pick different kernels or grids and wait for each other until
 /// the device-side wait traps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -395,6 +396,263 @@ pub struct Tuning {
     /// through NVLink rather than the root pushing it (every member over
     /// NVLink): by default as [`broadcast_pull_min_bytes`] says (none).
     pub broadcast_pull_min_bytes: Option<usize>,
+}
+
+/// Up to this many bytes per PE the automatic all-reduce is one-shot (each
+/// PE reduces everything) where it may be (out of place, on the GPU
+/// backend), above it two-shot (reduce-scatter, then all-gather).
+pub(crate) const ONE_SHOT_MAX_BYTES: usize = 256 << 10;
+
+/// From this many bytes per PE the automatic two-shot all-reduce of a pair
+/// over NVLink, out of place, moves both halves by stores
+/// ([`AllReduceAlgo::TwoShotStores`]): it took 57.0 µs at 16 MiB against
+/// the pulling two-shot's 59.6, and 745.3 at 256 MiB against 795.8; at
+/// 2–8 MiB the pulls were 0.2–1.0 µs faster.
+pub(crate) const TWO_SHOT_STORES_MIN_BYTES: usize = 16 << 20;
+
+/// Blocks of the push kernels unless tuned ([`Tuning::push_blocks`]).
+pub(crate) const PUSH_BLOCKS: usize = 64;
+
+/// What the choice of a collective's protocol reads of its team.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct TeamShape {
+    /// The world team: the low-latency and push kernels' buffers are its.
+    pub(crate) world: bool,
+    pub(crate) n_pes: usize,
+    /// Every member is reached over NVLink (no RMA).
+    pub(crate) nvlink: bool,
+}
+
+impl TeamShape {
+    /// Whether the world's protocols (low-latency packets and lines,
+    /// pushes) may serve this team at all.
+    fn world_over_nvlink(self) -> bool {
+        self.world && self.nvlink
+    }
+}
+
+/// How a collective's kernel reaches the peers: by loads and stores (or
+/// RMA) on the team's synchronisation, or by one of the world team's
+/// protocols over NVLink: low-latency packets, their 128-byte lines, or
+/// pushes into the peers' staging.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Protocol {
+    Sm,
+    LowLatency,
+    LowLatency128,
+    Push,
+}
+
+/// How an all-reduce runs: [`AllReduceAlgo`] resolved for one call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AllReduceChoice {
+    LowLatency,
+    LowLatency128,
+    Push,
+    OneShot,
+    TwoShot,
+    TwoShotStores,
+}
+
+/// Whether shmem's kernels run a collective of a team of `n_pes` under
+/// `implementation` (else NVSHMEM's collectives), where the kernels are
+/// loaded.
+pub(crate) fn kernels_take(implementation: CollImpl, n_pes: usize) -> bool {
+    implementation == CollImpl::Kernels && n_pes <= abi::MAX_TEAM
+}
+
+/// Whether the low-latency kernels take `bytes` per peer on `team`.
+pub(crate) fn low_latency_takes(team: TeamShape, bytes: usize, tuning: &Tuning) -> bool {
+    // The limit is within the packets' room already.
+    team.world_over_nvlink() && bytes <= low_latency_max_bytes(team.n_pes, tuning)
+}
+
+/// Whether the line kernels take `bytes` per peer on `team` when asked for
+/// ([`AllReduceAlgo::LowLatency128`]): the low-latency packets' room, which
+/// their lines share.
+pub(crate) fn lines_take(team: TeamShape, bytes: usize) -> bool {
+    team.world_over_nvlink() && bytes <= low_latency_room_bytes(team.n_pes)
+}
+
+/// Whether the push kernels take `bytes` per peer on `team`.
+pub(crate) fn push_takes(team: TeamShape, bytes: usize) -> bool {
+    team.world_over_nvlink() && team.n_pes <= abi::PUSH_MAX_TEAM && bytes <= abi::PUSH_MAX_BYTES
+}
+
+/// The protocol of an all-gather, broadcast (pushed by the root),
+/// all-to-all or reduce-scatter of `bytes` per peer on `team`: the
+/// low-latency kernels where they take it (in lines from
+/// [`low_latency_lines_min_bytes`]), else the push kernels where they take
+/// it, else loads and stores.
+pub(crate) fn protocol(team: TeamShape, bytes: usize, tuning: &Tuning) -> Protocol {
+    if low_latency_takes(team, bytes, tuning) {
+        if bytes >= low_latency_lines_min_bytes(tuning) {
+            Protocol::LowLatency128
+        } else {
+            Protocol::LowLatency
+        }
+    } else if push_takes(team, bytes) {
+        Protocol::Push
+    } else {
+        Protocol::Sm
+    }
+}
+
+/// Whether an all-to-all of `bytes` per member may be in place on the
+/// device: the low-latency and push kernels read every block of a chunk
+/// before writing it; the others go through a copy of the source.
+pub(crate) fn all_to_all_in_place(team: TeamShape, bytes: usize, tuning: &Tuning) -> bool {
+    protocol(team, bytes, tuning) != Protocol::Sm
+}
+
+/// The all-reduce of `bytes` per PE on `team`: `asked` where it applies,
+/// else the automatic choice. Low-latency (in lines from
+/// [`low_latency_lines_min_bytes`]) where it takes the size, else push,
+/// else one-shot out of place up to [`ONE_SHOT_MAX_BYTES`], else two-shot
+/// (by stores for a pair over NVLink, out of place, from
+/// [`TWO_SHOT_STORES_MIN_BYTES`]).
+pub(crate) fn all_reduce_choice(
+    team: TeamShape,
+    asked: AllReduceAlgo,
+    bytes: usize,
+    in_place: bool,
+    tuning: &Tuning,
+) -> AllReduceChoice {
+    let ll = low_latency_takes(team, bytes, tuning);
+    let push = push_takes(team, bytes);
+    let one_shot = !in_place;
+    // The two-shot by stores: a pair over NVLink, out of place.
+    let stores = team.n_pes == 2 && team.nvlink && !in_place;
+    match asked {
+        AllReduceAlgo::LowLatency if ll => AllReduceChoice::LowLatency,
+        AllReduceAlgo::LowLatency128 if lines_take(team, bytes) => AllReduceChoice::LowLatency128,
+        AllReduceAlgo::Push if push => AllReduceChoice::Push,
+        AllReduceAlgo::OneShot if one_shot => AllReduceChoice::OneShot,
+        AllReduceAlgo::TwoShot => AllReduceChoice::TwoShot,
+        AllReduceAlgo::TwoShotStores if stores => AllReduceChoice::TwoShotStores,
+        AllReduceAlgo::TwoShotStores => AllReduceChoice::TwoShot,
+        _ if ll && bytes >= low_latency_lines_min_bytes(tuning) => AllReduceChoice::LowLatency128,
+        _ if ll => AllReduceChoice::LowLatency,
+        _ if push => AllReduceChoice::Push,
+        _ if one_shot && bytes <= ONE_SHOT_MAX_BYTES => AllReduceChoice::OneShot,
+        _ if stores && bytes >= TWO_SHOT_STORES_MIN_BYTES => AllReduceChoice::TwoShotStores,
+        _ => AllReduceChoice::TwoShot,
+    }
+}
+
+/// Whether the host backend's all-reduce of `count` elements (`bytes` per
+/// PE) over `n_pes` is one-shot (every PE reduces the whole vector) rather
+/// than two-shot (each reduces its block, then gathers the others'): up to
+/// [`ONE_SHOT_MAX_BYTES`], and whenever there are fewer elements than PEs.
+pub(crate) fn host_all_reduce_one_shot(bytes: usize, count: usize, n_pes: usize) -> bool {
+    bytes <= ONE_SHOT_MAX_BYTES || count < n_pes
+}
+
+/// Blocks of the push kernels under `tuning`: by default [`PUSH_BLOCKS`];
+/// 1 to 128 (outside, the nearer end).
+pub(crate) fn push_blocks(tuning: &Tuning) -> usize {
+    tuning.push_blocks.map_or(PUSH_BLOCKS, |b| (b as usize).clamp(1, abi::MAX_BLOCKS))
+}
+
+/// What a collective of a team of one does: its result is its source as
+/// it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Solo {
+    /// Source and destination are the same, or empty.
+    Nothing,
+    /// A copy-engine copy from the source.
+    CopyEngine,
+    /// The kernels, as for a larger team.
+    Kernel,
+}
+
+/// A team of one's collective of `bytes` of destination: nothing where the
+/// source is the destination (`same`) or it is empty; a copy engine from
+/// [`solo_copy_engine_min_bytes`] where the two do not overlap; else the
+/// kernels.
+pub(crate) fn solo(
+    same: bool,
+    bytes: usize,
+    overlapping: bool,
+    reduces: bool,
+    captured: bool,
+    tuning: &Tuning,
+) -> Solo {
+    if same || bytes == 0 {
+        Solo::Nothing
+    } else if !overlapping && bytes >= solo_copy_engine_min_bytes(reduces, captured, tuning) {
+        Solo::CopyEngine
+    } else {
+        Solo::Kernel
+    }
+}
+
+/// Whether an all-gather runs on copy engines: where asked
+/// ([`AllGatherAlgo::CopyEngine`]) and every member has an NVLink address
+/// (`nvlink`); the SM kernel is as fast or faster at every size, and than
+/// pulls (`docs/perf.md`).
+pub(crate) fn all_gather_by_copy_engine(asked: AllGatherAlgo, nvlink: bool) -> bool {
+    asked == AllGatherAlgo::CopyEngine && nvlink
+}
+
+/// Whether a broadcast of `bytes` is pulled from the root by every member
+/// (each with the root's NVLink address: `nvlink`) rather than pushed by
+/// the root: from [`broadcast_pull_min_bytes`].
+pub(crate) fn broadcast_pulls(nvlink: bool, bytes: usize, tuning: &Tuning) -> bool {
+    nvlink && bytes >= broadcast_pull_min_bytes(tuning)
+}
+
+/// How the kernels run one MoE all-to-all-v.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MoeForm {
+    /// The line kernel ([`MoeKernels::Lines`]).
+    Lines,
+    /// The one kernel of [`MoeKernels::Auto`].
+    OneKernel,
+    /// The plan kernel, then the data kernel ([`MoeKernels::PlanThenMove`]).
+    PlanThenMove,
+}
+
+/// The MoE all-to-all-v of `input_bytes` on `team`, with `experts_per_pe`
+/// experts each (`with_offsets`: the combine, whose splits come with
+/// offsets): the line kernel on the world team over NVLink where
+/// [`MoeKernels::Lines`] is asked for, or [`MoeKernels::Auto`] and the
+/// input is within [`moe_lines_max_bytes`], and it fits (at most 32
+/// experts a PE, [`moe_lines_fit`], its tables within the shared memory);
+/// else the one kernel over NVLink where the splits fit its packets and
+/// shared memory, unless [`MoeKernels::PlanThenMove`] is asked for; else
+/// the plan kernel and the data kernel. Every PE makes the same choice.
+pub(crate) fn moe_form(
+    team: TeamShape,
+    experts_per_pe: usize,
+    with_offsets: bool,
+    input_bytes: usize,
+    asked: MoeKernels,
+    tuning: &Tuning,
+) -> MoeForm {
+    let (n, ne) = (team.n_pes, experts_per_pe);
+    let lines = team.world_over_nvlink()
+        && ne <= abi::A2AV_LINES_MAX_EXPERTS
+        && abi::a2av_lines_shared_bytes(n, ne, with_offsets) <= abi::A2AV_SHARED_MAX_BYTES
+        && moe_lines_fit(n, ne, with_offsets, input_bytes)
+        && match asked {
+            MoeKernels::Lines => true,
+            MoeKernels::Auto => moe_lines_max_bytes(tuning).is_some_and(|max| input_bytes <= max),
+            MoeKernels::PlanThenMove => false,
+        };
+    if lines {
+        return MoeForm::Lines;
+    }
+    let packets = n * abi::a2av_split_words(n, ne, with_offsets);
+    let one_kernel = asked != MoeKernels::PlanThenMove
+        && team.nvlink
+        && packets <= abi::A2AV_PACKET_WORDS
+        && abi::a2av_one_kernel_shared_bytes(n, ne, with_offsets) <= abi::A2AV_SHARED_MAX_BYTES;
+    if one_kernel {
+        MoeForm::OneKernel
+    } else {
+        MoeForm::PlanThenMove
+    }
 }
 
 #[cfg(test)]
@@ -508,6 +766,162 @@ mod tests {
         assert_eq!(low_latency_threads(8, 16, None, &tuned(0)), 32);
         assert_eq!(low_latency_threads(8, 16, None, &tuned(1024)), 512);
         assert_eq!(low_latency_threads(8, 16, lines, &tuned(1024)), 640);
+    }
+
+    const PAIR: TeamShape = TeamShape { world: true, n_pes: 2, nvlink: true };
+
+    #[test]
+    fn the_kernels_take_teams_of_up_to_64_unless_nvshmem_is_asked_for() {
+        assert!(kernels_take(CollImpl::Kernels, 1));
+        assert!(kernels_take(CollImpl::Kernels, 64));
+        assert!(!kernels_take(CollImpl::Kernels, 65));
+        assert!(!kernels_take(CollImpl::Nvshmem, 2));
+    }
+
+    #[test]
+    fn protocols_by_size_team_and_path() {
+        let none = Tuning::default();
+        assert_eq!(protocol(PAIR, 8, &none), Protocol::LowLatency);
+        assert_eq!(protocol(PAIR, (256 << 10) - 1, &none), Protocol::LowLatency);
+        assert_eq!(protocol(PAIR, 256 << 10, &none), Protocol::LowLatency128);
+        assert_eq!(protocol(PAIR, 1 << 20, &none), Protocol::LowLatency128);
+        assert_eq!(protocol(PAIR, (1 << 20) + 1, &none), Protocol::Sm, "past the packets' room and the push staging");
+        let four = TeamShape { n_pes: 4, ..PAIR };
+        assert_eq!(protocol(four, (1 << 20) / 3, &none), Protocol::LowLatency128);
+        assert_eq!(protocol(four, (1 << 20) / 3 + 1, &none), Protocol::Push);
+        assert_eq!(protocol(four, 1 << 20, &none), Protocol::Push);
+        let nine = TeamShape { n_pes: 9, ..PAIR };
+        assert_eq!(protocol(nine, 128 << 10, &none), Protocol::LowLatency);
+        assert_eq!(protocol(nine, (128 << 10) + 1, &none), Protocol::Sm, "no push staging past 8 PEs");
+        for team in [TeamShape { world: false, ..PAIR }, TeamShape { nvlink: false, ..PAIR }] {
+            for bytes in [0, 8, 256 << 10, 1 << 20, 64 << 20] {
+                assert_eq!(protocol(team, bytes, &none), Protocol::Sm);
+            }
+        }
+        let lines = Tuning { low_latency_lines_min_bytes: Some(0), ..Tuning::default() };
+        assert_eq!(protocol(PAIR, 8, &lines), Protocol::LowLatency128);
+        let no_ll = Tuning { low_latency_max_bytes: Some(0), ..Tuning::default() };
+        assert_eq!(protocol(PAIR, 8, &no_ll), Protocol::Push);
+        assert!(all_to_all_in_place(PAIR, 1 << 20, &none));
+        assert!(!all_to_all_in_place(PAIR, 2 << 20, &none));
+    }
+
+    #[test]
+    fn the_automatic_all_reduce() {
+        let none = Tuning::default();
+        let auto = |team, bytes, in_place| all_reduce_choice(team, AllReduceAlgo::Auto, bytes, in_place, &none);
+        assert_eq!(auto(PAIR, 8, false), AllReduceChoice::LowLatency);
+        assert_eq!(auto(PAIR, 256 << 10, true), AllReduceChoice::LowLatency128);
+        assert_eq!(auto(PAIR, 1 << 20, false), AllReduceChoice::LowLatency128);
+        let four = TeamShape { n_pes: 4, ..PAIR };
+        assert_eq!(auto(four, 1 << 20, false), AllReduceChoice::Push);
+        // Past the world's protocols: one-shot out of place up to 256 KiB,
+        // two-shot, by stores for a pair over NVLink out of place from 16 MiB.
+        let split = TeamShape { world: false, ..PAIR };
+        assert_eq!(auto(split, 256 << 10, false), AllReduceChoice::OneShot);
+        assert_eq!(auto(split, 256 << 10, true), AllReduceChoice::TwoShot);
+        assert_eq!(auto(split, (256 << 10) + 1, false), AllReduceChoice::TwoShot);
+        assert_eq!(auto(split, (16 << 20) - 1, false), AllReduceChoice::TwoShot);
+        assert_eq!(auto(split, 16 << 20, false), AllReduceChoice::TwoShotStores);
+        assert_eq!(auto(split, 16 << 20, true), AllReduceChoice::TwoShot);
+        assert_eq!(auto(PAIR, 16 << 20, false), AllReduceChoice::TwoShotStores);
+        assert_eq!(auto(TeamShape { nvlink: false, ..PAIR }, 16 << 20, false), AllReduceChoice::TwoShot);
+        assert_eq!(auto(TeamShape { n_pes: 3, ..split }, 16 << 20, false), AllReduceChoice::TwoShot);
+    }
+
+    #[test]
+    fn an_asked_all_reduce_where_it_applies() {
+        let none = Tuning::default();
+        let asked = |team, algo, bytes, in_place| all_reduce_choice(team, algo, bytes, in_place, &none);
+        let split = TeamShape { world: false, ..PAIR };
+        assert_eq!(asked(PAIR, AllReduceAlgo::LowLatency, 512 << 10, false), AllReduceChoice::LowLatency);
+        assert_eq!(asked(split, AllReduceAlgo::LowLatency, 8, false), AllReduceChoice::OneShot, "else automatic");
+        assert_eq!(asked(PAIR, AllReduceAlgo::LowLatency128, 8, false), AllReduceChoice::LowLatency128);
+        let nine = TeamShape { n_pes: 9, ..PAIR };
+        assert_eq!(
+            asked(nine, AllReduceAlgo::LowLatency128, (128 << 10) + 1, false),
+            AllReduceChoice::OneShot,
+            "past the packets' room of a larger world"
+        );
+        assert_eq!(asked(PAIR, AllReduceAlgo::Push, 8, false), AllReduceChoice::Push);
+        assert_eq!(asked(nine, AllReduceAlgo::Push, 8, false), AllReduceChoice::LowLatency);
+        assert_eq!(asked(PAIR, AllReduceAlgo::OneShot, 64 << 20, false), AllReduceChoice::OneShot);
+        assert_eq!(asked(PAIR, AllReduceAlgo::OneShot, 8, true), AllReduceChoice::LowLatency, "in place: automatic");
+        assert_eq!(asked(PAIR, AllReduceAlgo::TwoShot, 8, true), AllReduceChoice::TwoShot);
+        assert_eq!(asked(PAIR, AllReduceAlgo::TwoShotStores, 8, false), AllReduceChoice::TwoShotStores);
+        assert_eq!(asked(PAIR, AllReduceAlgo::TwoShotStores, 8, true), AllReduceChoice::TwoShot);
+        assert_eq!(asked(nine, AllReduceAlgo::TwoShotStores, 8, false), AllReduceChoice::TwoShot);
+    }
+
+    #[test]
+    fn the_host_all_reduce_is_one_shot_when_small() {
+        assert!(host_all_reduce_one_shot(256 << 10, 64 << 10, 4));
+        assert!(!host_all_reduce_one_shot((256 << 10) + 4, (64 << 10) + 1, 4));
+        assert!(host_all_reduce_one_shot(1 << 30, 3, 4), "fewer elements than PEs");
+    }
+
+    #[test]
+    fn push_grids() {
+        assert_eq!(push_blocks(&Tuning::default()), 64);
+        let tuned = |b| Tuning { push_blocks: Some(b), ..Tuning::default() };
+        assert_eq!(push_blocks(&tuned(0)), 1);
+        assert_eq!(push_blocks(&tuned(32)), 32);
+        assert_eq!(push_blocks(&tuned(500)), 128);
+    }
+
+    #[test]
+    fn a_team_of_one_copies_or_does_nothing() {
+        let none = Tuning::default();
+        assert_eq!(solo(true, 64 << 20, true, false, false, &none), Solo::Nothing);
+        assert_eq!(solo(false, 0, false, false, false, &none), Solo::Nothing);
+        assert_eq!(solo(false, 8, false, false, true, &none), Solo::CopyEngine, "in a graph");
+        assert_eq!(solo(false, 8, true, false, true, &none), Solo::Kernel, "overlapping");
+        assert_eq!(solo(false, (8 << 20) - 1, false, false, false, &none), Solo::Kernel);
+        assert_eq!(solo(false, 8 << 20, false, false, false, &none), Solo::CopyEngine);
+        assert_eq!(solo(false, 2 << 20, false, true, false, &none), Solo::CopyEngine);
+    }
+
+    #[test]
+    fn copy_engines_and_pulls_where_asked_over_nvlink() {
+        assert!(all_gather_by_copy_engine(AllGatherAlgo::CopyEngine, true));
+        assert!(!all_gather_by_copy_engine(AllGatherAlgo::CopyEngine, false));
+        assert!(!all_gather_by_copy_engine(AllGatherAlgo::Auto, true));
+        assert!(!all_gather_by_copy_engine(AllGatherAlgo::Sm, true));
+        let none = Tuning::default();
+        assert!(!broadcast_pulls(true, usize::MAX - 1, &none), "no broadcast pulled by default");
+        let tuned = Tuning { broadcast_pull_min_bytes: Some(16 << 20), ..Tuning::default() };
+        assert!(broadcast_pulls(true, 16 << 20, &tuned));
+        assert!(!broadcast_pulls(true, (16 << 20) - 1, &tuned));
+        assert!(!broadcast_pulls(false, 16 << 20, &tuned));
+    }
+
+    #[test]
+    fn moe_forms() {
+        let none = Tuning::default();
+        let row = 7168 * 2;
+        let form = |team, ne, combine, bytes, asked| moe_form(team, ne, combine, bytes, asked, &none);
+        assert_eq!(form(PAIR, 8, false, 128 * row, MoeKernels::Auto), MoeForm::Lines);
+        assert_eq!(form(PAIR, 8, true, 128 * row, MoeKernels::Auto), MoeForm::Lines);
+        assert_eq!(form(PAIR, 8, false, 132 * row, MoeKernels::Auto), MoeForm::OneKernel, "past the lines' buffer");
+        assert_eq!(form(PAIR, 8, false, 132 * row, MoeKernels::Lines), MoeForm::OneKernel);
+        assert_eq!(form(PAIR, 8, false, row, MoeKernels::PlanThenMove), MoeForm::PlanThenMove);
+        let split = TeamShape { world: false, ..PAIR };
+        assert_eq!(form(split, 8, false, row, MoeKernels::Lines), MoeForm::OneKernel, "lines on the world only");
+        let rma = TeamShape { nvlink: false, ..PAIR };
+        assert_eq!(form(rma, 8, false, row, MoeKernels::Auto), MoeForm::PlanThenMove);
+        assert_eq!(form(PAIR, 32, false, row, MoeKernels::Auto), MoeForm::Lines);
+        assert_eq!(form(PAIR, 33, false, row, MoeKernels::Auto), MoeForm::OneKernel, "a lane a chunk");
+        // The one kernel's packets: n × n × ne words (twice for the combine) up to 1024.
+        let eight = TeamShape { n_pes: 8, ..split };
+        assert_eq!(form(eight, 16, false, row, MoeKernels::Auto), MoeForm::OneKernel);
+        assert_eq!(form(eight, 17, false, row, MoeKernels::Auto), MoeForm::PlanThenMove);
+        assert_eq!(form(eight, 8, true, row, MoeKernels::Auto), MoeForm::OneKernel);
+        assert_eq!(form(eight, 9, true, row, MoeKernels::Auto), MoeForm::PlanThenMove);
+        // Lines up to a tuned input size.
+        let tuned = Tuning { moe_lines_max_bytes: Some(0), ..Tuning::default() };
+        assert_eq!(moe_form(PAIR, 8, false, 0, MoeKernels::Auto, &tuned), MoeForm::Lines);
+        assert_eq!(moe_form(PAIR, 8, false, 1, MoeKernels::Auto, &tuned), MoeForm::OneKernel);
+        assert_eq!(moe_form(PAIR, 8, false, 1, MoeKernels::Lines, &tuned), MoeForm::Lines);
     }
 
     #[test]

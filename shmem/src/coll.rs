@@ -5,21 +5,18 @@
 //! peers' mapped heaps and parallelised with rayon. Reductions combine the
 //! PEs' values in team order, so every PE gets bit-identical results.
 
-use crate::algo::{AllGatherAlgo, CollImpl};
+use crate::algo::{self, Solo};
 use crate::buffer::{Region, SymSlice};
 use crate::context::{Context, Stream};
 use crate::dtype::{Element, ReduceOp};
 use crate::error::{Error, Result};
-use crate::gpu::kernels::{Kernels, Protocols};
-use crate::gpu::{dispatch, GpuWorld};
+use crate::gpu::abi::MAX_TEAM;
+use crate::gpu::{dispatch, CudaCall, GpuWorld, Protocols};
 use crate::team::{Desc, OpKind, Team};
 use rayon::prelude::*;
 
 /// Elements per rayon task.
 const CHUNK: usize = 1 << 15;
-/// Up to this many bytes per PE, all-reduce is one-shot (each PE reduces
-/// everything); above, two-shot (reduce-scatter, then all-gather).
-const ONE_SHOT_MAX_BYTES: usize = 256 << 10;
 
 /// An address that may cross into rayon tasks.
 #[derive(Clone, Copy)]
@@ -232,7 +229,7 @@ impl Team {
         }
         let in_place = d == s;
         let n = self.n_pes();
-        if d.len * elem <= ONE_SHOT_MAX_BYTES || d.len < n {
+        if algo::host_all_reduce_one_shot(d.len * elem, d.len, n) {
             // One-shot: every PE reduces the whole vector.
             if in_place {
                 let mut tmp = vec_for::<T>(d.len);
@@ -419,23 +416,19 @@ impl Team {
         let st = g.stream(stream);
         let elem = size_of::<T>();
         let cfg = *self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner());
-        let kernels = g
-            .kernels
-            .as_ref()
-            .filter(|_| cfg.implementation == CollImpl::Kernels && self.n_pes() <= crate::gpu::kernels::MAX_TEAM);
+        let kernels = g.kernels.as_ref().filter(|_| algo::kernels_take(cfg.implementation, self.n_pes()));
         if let Some(k) = kernels {
             // A team of one: the result is the source as it is (see
             // `Tuning::solo_copy_engine_min_bytes`); `begin` made both the
             // same length.
             if self.n_pes() == 1 {
-                if d == s || d.len == 0 {
-                    return Ok(());
-                }
                 let bytes = d.len * elem;
                 let reduces = matches!(kind, OpKind::AllReduce | OpKind::ReduceScatter);
-                let least = crate::algo::solo_copy_engine_min_bytes(reduces, self.capturing(stream), &cfg.tuning);
-                if !overlap(d, s, elem) && bytes >= least {
-                    return g.copy(g.addr(d.offset), g.addr(s.offset), bytes, st);
+                let overlapping = overlap(d, s, elem);
+                match algo::solo(d == s, bytes, overlapping, reduces, self.capturing(stream), &cfg.tuning) {
+                    Solo::Nothing => return Ok(()),
+                    Solo::CopyEngine => return g.copy(g.addr(d.offset), g.addr(s.offset), bytes, st),
+                    Solo::Kernel => {}
                 }
             }
             // Every (dtype, op) that `begin` accepted has a kernel.
@@ -452,17 +445,14 @@ impl Team {
                 OpKind::AllGather => {
                     let in_place = overlap(d, s, elem);
                     let bytes = s.len * elem;
-                    // The SM kernel measured as fast as copy engines or
-                    // faster, and faster than pulls, at every size on
-                    // 2×H200 (docs/perf.md).
-                    if cfg.all_gather == AllGatherAlgo::CopyEngine && nvlink {
+                    if algo::all_gather_by_copy_engine(cfg.all_gather, nvlink) {
                         k.all_gather_ce(g, t, &team.members, d.offset, s.offset, bytes, in_place, cu)
                     } else {
                         k.all_gather(t, p, d.offset, s.offset, bytes, in_place, cu)
                     }
                 }
                 OpKind::Broadcast => {
-                    if nvlink && d.len * elem >= crate::algo::broadcast_pull_min_bytes(&cfg.tuning) {
+                    if algo::broadcast_pulls(nvlink, d.len * elem, &cfg.tuning) {
                         k.broadcast_pull(t, d.offset, s.offset, d.len * elem, root, cu)
                     } else {
                         k.broadcast(t, p, d.offset, s.offset, d.len * elem, root, cu)
@@ -470,7 +460,7 @@ impl Team {
                 }
                 OpKind::AllToAll => {
                     let per_pe = d.len / self.n_pes() * elem;
-                    if !overlap(d, s, elem) || Kernels::all_to_all_in_place(&t, p, per_pe) {
+                    if !overlap(d, s, elem) || algo::all_to_all_in_place(p.shape(&t), per_pe, &cfg.tuning) {
                         return k.all_to_all(t, p, d.offset, s.offset, per_pe, cu);
                     }
                     // In place: this PE's blocks go out from a copy, as peers
@@ -485,7 +475,7 @@ impl Team {
                     let sc = self.ctx.scratch(s.len * elem)?;
                     g.copy(g.addr(sc.offset), g.addr(s.offset), s.len * elem, st)?;
                     k.all_to_all(t, p, d.offset, sc.offset, per_pe, cu)?;
-                    st.synchronize()?;
+                    st.synchronize().cuda("cuStreamSynchronize")?;
                     drop(sc);
                     Ok(())
                 }
@@ -499,7 +489,7 @@ impl Team {
                  host (shmem's own kernels can, and run unless CollImpl::Nvshmem is chosen or the team has more \
                  than {} PEs)",
                 kind.name(),
-                crate::gpu::kernels::MAX_TEAM
+                MAX_TEAM
             )));
         }
         // NVSHMEM wants source and destination apart (a reduction may be
@@ -533,7 +523,7 @@ impl Team {
         crate::gpu::check(kind.name(), rc)?;
         if let Some(sc) = scratch {
             // Peers may read this PE's copy until every PE is done with it.
-            st.synchronize()?;
+            st.synchronize().cuda("cuStreamSynchronize")?;
             self.raw_barrier()?;
             drop(sc);
         }

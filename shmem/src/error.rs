@@ -1,5 +1,8 @@
 //! The runtime's error type.
 
+use cudarc::cublas::sys::cublasStatus_t;
+use cudarc::driver::sys::CUresult;
+use cudarc::nvrtc::sys::nvrtcResult;
 use std::fmt;
 
 /// What went wrong, as seen by this PE.
@@ -60,9 +63,16 @@ pub enum Error {
     /// A wait exceeded its time limit.
     #[error("timed out after {secs:.1} s {what}")]
     Timeout { secs: f64, what: String },
-    /// A CUDA driver call failed.
-    #[error("CUDA: {0}")]
-    Cuda(String),
+    /// A CUDA driver call failed: the call and the driver's result code.
+    #[error("CUDA {0}")]
+    Cuda(CudaError),
+    /// A cuBLAS call failed.
+    #[error("cuBLAS {call} failed: {code:?}")]
+    Cublas { call: &'static str, code: cublasStatus_t },
+    /// NVRTC failed to compile a kernel: the call, its result code and the
+    /// compiler's log (empty when there was none).
+    #[error("NVRTC {call} failed: {code:?}{}", on_lines(.log))]
+    Nvrtc { call: &'static str, code: nvrtcResult, log: String },
     /// An NVSHMEM call returned an error status.
     #[error("NVSHMEM {call} returned {code}")]
     Nvshmem { call: &'static str, code: i32 },
@@ -89,5 +99,78 @@ impl Error {
 
     pub(crate) fn bootstrap(msg: impl fmt::Display) -> Self {
         Error::Bootstrap(msg.to_string())
+    }
+}
+
+/// `text` on the lines after a message, if any.
+fn on_lines(text: &str) -> String {
+    if text.is_empty() {
+        String::new()
+    } else {
+        format!("\n{text}")
+    }
+}
+
+/// A failed CUDA driver call: which call, and the `CUresult` it returned.
+///
+/// Displayed as the call, the code's name and the driver's description of
+/// it: `cuStreamSynchronize failed: CUDA_ERROR_LAUNCH_FAILED (unspecified
+/// launch failure)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CudaError {
+    /// The driver function (or the cudarc method) that failed, or
+    /// [`CudaError::UNNAMED`].
+    pub call: &'static str,
+    /// The driver's result code.
+    pub code: CUresult,
+}
+
+impl CudaError {
+    /// The `call` of a failure whose call site did not name the call.
+    pub const UNNAMED: &'static str = "driver call";
+
+    /// The code's name (`CUDA_ERROR_ILLEGAL_ADDRESS`).
+    pub fn name(&self) -> String {
+        format!("{:?}", self.code)
+    }
+
+    /// The driver's description of the code (`cuGetErrorString`), where a
+    /// driver is loaded and knows the code.
+    pub fn description(&self) -> Option<String> {
+        // SAFETY: only asks the loader whether the driver library exists.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return None;
+        }
+        let e = cudarc::driver::DriverError(self.code);
+        e.error_string().ok().map(|s| s.to_string_lossy().into_owned())
+    }
+}
+
+impl fmt::Display for CudaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} failed: {}", self.call, self.name())?;
+        match self.description() {
+            Some(d) => write!(f, " ({d})"),
+            None => Ok(()),
+        }
+    }
+}
+
+impl std::error::Error for CudaError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cuda_error_names_the_call_and_the_code() {
+        let e = Error::Cuda(CudaError { call: "cuStreamSynchronize", code: CUresult::CUDA_ERROR_LAUNCH_FAILED });
+        let text = e.to_string();
+        assert!(text.starts_with("CUDA cuStreamSynchronize failed: CUDA_ERROR_LAUNCH_FAILED"), "{text}");
+        let e =
+            Error::Nvrtc { call: "nvrtcCompileProgram", code: nvrtcResult::NVRTC_ERROR_COMPILATION, log: "x".into() };
+        assert_eq!(e.to_string(), "NVRTC nvrtcCompileProgram failed: NVRTC_ERROR_COMPILATION\nx");
+        let e = Error::Cublas { call: "cublasCreate", code: cublasStatus_t::CUBLAS_STATUS_NOT_INITIALIZED };
+        assert_eq!(e.to_string(), "cuBLAS cublasCreate failed: CUBLAS_STATUS_NOT_INITIALIZED");
     }
 }

@@ -115,6 +115,12 @@ pub struct DevicePeerHandle<'a> {
     _handle: std::marker::PhantomData<&'a ()>,
 }
 
+const _: () = assert!(std::mem::size_of::<DevicePeerHandle<'static>>() == 24);
+const _: () = assert!(std::mem::offset_of!(DevicePeerHandle<'static>, buffer_ptrs) == 0);
+const _: () = assert!(std::mem::offset_of!(DevicePeerHandle<'static>, signal_pads) == 8);
+const _: () = assert!(std::mem::offset_of!(DevicePeerHandle<'static>, rank) == 16);
+const _: () = assert!(std::mem::offset_of!(DevicePeerHandle<'static>, world_size) == 20);
+
 // SAFETY: `#[repr(C)]` plain data laid out as the header's struct (two
 // 8-byte addresses, two `int`s, no padding); the marker is zero-sized.
 unsafe impl cudarc::driver::DeviceRepr for DevicePeerHandle<'_> {}

@@ -75,6 +75,9 @@ use crate::buffer::{Region, SymSlice};
 use crate::context::{Context, Stream};
 use crate::dtype::Element;
 use crate::error::{Error, Result};
+use crate::gpu::abi::{
+    A2avKind, A2AV_NEGATIVE_OFFSET, A2AV_NEGATIVE_SPLIT, A2AV_OFFSET_BACKWARDS, A2AV_PAST_INPUT, ROUTE_BAD,
+};
 use crate::gpu::kernels::{A2av, DeviceCheckFailure, Kernels};
 use crate::gpu::GpuWorld;
 use crate::team::{Desc, OpKind, Team};
@@ -137,9 +140,9 @@ fn overlap(a: (usize, usize), b: (usize, usize)) -> bool {
 /// The `kind` of `moe.cu`'s `A2av`.
 fn device_kind(kind: OpKind) -> i32 {
     match kind {
-        OpKind::AllToAllV => 0,
-        OpKind::AllToAllV2d => 1,
-        _ => 2,
+        OpKind::AllToAllV => A2avKind::V as i32,
+        OpKind::AllToAllV2d => A2avKind::TwoD as i32,
+        _ => A2avKind::TwoDOffset as i32,
     }
 }
 
@@ -150,24 +153,22 @@ pub(crate) fn device_check_error(f: DeviceCheckFailure) -> Error {
         .copied()
         .unwrap_or(OpKind::AllToAllV);
     let (pe, i, v, limit) = (f.pe, f.index, f.value, f.limit);
-    // The marker of `moe_layer.cu`'s route kernel.
-    const ROUTE_BAD: i64 = -(1 << 62);
     let what = match f.class {
-        1 if i == 0 && v == ROUTE_BAD => {
+        A2AV_NEGATIVE_SPLIT if i == 0 && v == ROUTE_BAD => {
             format!("MoeAllToAll::dispatch_on_device: PE {pe}'s token count is negative or above max_tokens")
         }
-        1 if i == 0 && v < ROUTE_BAD && v > ROUTE_BAD - (1 << 40) => format!(
+        A2AV_NEGATIVE_SPLIT if i == 0 && v < ROUTE_BAD && v > ROUTE_BAD - (1 << 40) => format!(
             "MoeAllToAll::dispatch_on_device: on PE {pe}, (token, slot) pair {} (token × top_k + slot) routes to an \
              expert id out of range",
             ROUTE_BAD - v - 1
         ),
-        1 => format!("PE {pe}'s split {i} is negative ({v})"),
-        2 => format!("PE {pe}'s offset {i} is negative ({v})"),
-        3 => format!(
+        A2AV_NEGATIVE_SPLIT => format!("PE {pe}'s split {i} is negative ({v})"),
+        A2AV_NEGATIVE_OFFSET => format!("PE {pe}'s offset {i} is negative ({v})"),
+        A2AV_OFFSET_BACKWARDS => format!(
             "PE {pe}'s offset {i} ({v}) starts before the end of its previous chunk: offsets must be ascending and \
              chunks must not overlap"
         ),
-        4 => format!("PE {pe}'s chunk {i} ({v} rows) runs past its input of {limit} rows"),
+        A2AV_PAST_INPUT => format!("PE {pe}'s chunk {i} ({v} rows) runs past its input of {limit} rows"),
         _ => {
             let padding = if kind == OpKind::AllToAllV2d { " (with major_align padding)" } else { "" };
             format!("PE {pe} would receive {v} rows{padding}, but its output holds {limit} rows")
@@ -176,7 +177,7 @@ pub(crate) fn device_check_error(f: DeviceCheckFailure) -> Error {
     let more =
         if f.count > 1 { format!(" ({} operations failed since the last check)", f.count) } else { String::new() };
     let msg = format!("checked on the device, nothing was written: {what}{more}");
-    if f.class >= 4 {
+    if f.class >= A2AV_PAST_INPUT {
         mismatch(kind, msg)
     } else {
         invalid(kind, msg)

@@ -6,10 +6,11 @@
 //! NVRTC. Peers without an NVLink address get a clear error until the
 //! device-initiated kernels (which can use NVSHMEM's device atomics) exist.
 
-use super::GpuWorld;
+use super::{CudaCall, GpuWorld};
 use crate::dtype::{AtomicElement, AtomicOp};
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::CompileError;
 use std::sync::Mutex;
 
 const SOURCE: &str = r#"
@@ -41,11 +42,38 @@ pub(crate) struct Amo {
 
 impl Amo {
     fn build(g: &GpuWorld) -> Result<Amo> {
-        let ptx = cudarc::nvrtc::compile_ptx(SOURCE)
-            .map_err(|e| Error::BackendUnavailable(format!("compiling the atomics kernel with NVRTC: {e:?}")))?;
-        let module = g.cuda.load_module(ptx)?;
-        let old = g.own_stream().alloc_zeros::<u64>(1)?;
-        Ok(Amo { amo32: module.load_function("amo32")?, amo64: module.load_function("amo64")?, old: Mutex::new(old) })
+        let ptx = cudarc::nvrtc::compile_ptx(SOURCE).map_err(nvrtc_error)?;
+        let module = g.cuda.load_module(ptx).cuda("CudaContext::load_module")?;
+        let old = g.own_stream().alloc_zeros::<u64>(1).cuda("CudaStream::alloc_zeros")?;
+        Ok(Amo {
+            amo32: module.load_function("amo32").cuda("cuModuleGetFunction")?,
+            amo64: module.load_function("amo64").cuda("cuModuleGetFunction")?,
+            old: Mutex::new(old),
+        })
+    }
+}
+
+/// NVRTC's failure as the crate's error: the step that failed, its code,
+/// and the compiler's log where it wrote one.
+fn nvrtc_error(e: CompileError) -> Error {
+    let (call, code, log) = match e {
+        CompileError::CreationError(e) => ("nvrtcCreateProgram", e.0, String::new()),
+        CompileError::CompileError { nvrtc, log, .. } => {
+            ("nvrtcCompileProgram", nvrtc.0, log.to_string_lossy().into_owned())
+        }
+        CompileError::GetLogError(e) => ("nvrtcGetProgramLog", e.0, String::new()),
+        CompileError::GetPtxError(e) => ("nvrtcGetPTX", e.0, String::new()),
+        CompileError::DestroyError(e) => ("nvrtcDestroyProgram", e.0, String::new()),
+    };
+    Error::Nvrtc { call, code, log }
+}
+
+/// The build's failure again, for a later call (errors are not `Clone`).
+fn again(e: &Error) -> Error {
+    match e {
+        Error::Cuda(c) => Error::Cuda(*c),
+        Error::Nvrtc { call, code, log } => Error::Nvrtc { call, code: *code, log: log.clone() },
+        e => Error::BackendUnavailable(e.to_string()),
     }
 }
 
@@ -63,8 +91,7 @@ impl GpuWorld {
                 "host-initiated atomics need an NVLink address of PE {pe} (NVSHMEM 3.4 has no host atomics)"
             ))
         })?;
-        let amo = self.amo.get_or_init(|| Amo::build(self).map_err(|e| e.to_string()));
-        let amo = amo.as_ref().map_err(|e| Error::BackendUnavailable(e.clone()))?;
+        let amo = self.amo.get_or_init(|| Amo::build(self)).as_ref().map_err(again)?;
         let bits = |v: T| -> u64 {
             // SAFETY: T is a 4- or 8-byte integer (AtomicElement); the
             // kernel sees the same bits as an unsigned integer.
@@ -90,21 +117,35 @@ impl GpuWorld {
         let mut old = amo.old.lock().unwrap_or_else(|e| e.into_inner());
         // After the caller's work; the kernel and the copy back run on the
         // context's own stream, which the caller's work cannot overtake.
-        s.synchronize()?;
+        s.synchronize().cuda("cuStreamSynchronize")?;
         let s = self.own_stream();
         // SAFETY: `target` is an aligned element of `pe`'s heap mapped in this
         // context (nvshmem_ptr); the arguments match the kernel's parameters.
         unsafe {
             if size_of::<T>() == 4 {
                 let (a, b) = (a as u32, b as u32);
-                s.launch_builder(&amo.amo32).arg(&target).arg(&code).arg(&a).arg(&b).arg(&mut *old).launch(cfg)?;
+                s.launch_builder(&amo.amo32)
+                    .arg(&target)
+                    .arg(&code)
+                    .arg(&a)
+                    .arg(&b)
+                    .arg(&mut *old)
+                    .launch(cfg)
+                    .cuda("cuLaunchKernel")?;
             } else {
-                s.launch_builder(&amo.amo64).arg(&target).arg(&code).arg(&a).arg(&b).arg(&mut *old).launch(cfg)?;
+                s.launch_builder(&amo.amo64)
+                    .arg(&target)
+                    .arg(&code)
+                    .arg(&a)
+                    .arg(&b)
+                    .arg(&mut *old)
+                    .launch(cfg)
+                    .cuda("cuLaunchKernel")?;
             }
         }
         let mut v = [0u64];
-        s.memcpy_dtoh(&*old, &mut v)?;
-        s.synchronize()?;
+        s.memcpy_dtoh(&*old, &mut v).cuda("cuMemcpyDtoHAsync")?;
+        s.synchronize().cuda("cuStreamSynchronize")?;
         // SAFETY: the low bytes hold the old value of T's size (little endian).
         Ok(unsafe { std::mem::transmute_copy::<u64, T>(&v[0]) })
     }

@@ -3,9 +3,10 @@
 //! order the two. Loaded at first use: a program that never multiplies
 //! needs no cuBLAS.
 
-use super::GpuWorld;
+use super::{CudaCall, GpuWorld};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use cudarc::cublas::result::CublasError;
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasHandle_t, cublasOperation_t, cudaDataType};
 use cudarc::driver::{CudaEvent, CudaStream};
 use std::ffi::c_void;
@@ -40,9 +41,8 @@ impl Blas {
                     .into(),
             ));
         }
-        g.cuda.bind_to_thread()?;
-        let handle =
-            cudarc::cublas::result::create_handle().map_err(|e| Error::Cuda(format!("cublasCreate: {e:?}")))?;
+        g.cuda.bind_to_thread().cuda("cuCtxSetCurrent")?;
+        let handle = cudarc::cublas::result::create_handle().map_err(|e| cublas_error("cublasCreate", e))?;
         let comm = g.new_stream()?;
         Ok(Blas { handle, comm, events: Vec::new() })
     }
@@ -50,7 +50,7 @@ impl Blas {
     /// At least `n` events, for one call.
     pub(crate) fn events(&mut self, g: &GpuWorld, n: usize) -> Result<&[CudaEvent]> {
         while self.events.len() < n {
-            self.events.push(g.cuda.new_event(None)?);
+            self.events.push(g.cuda.new_event(None).cuda("cuEventCreate")?);
         }
         Ok(&self.events[..n])
     }
@@ -88,9 +88,9 @@ impl Blas {
         let (m, nn, kk) = (dim(rows, "rows")?, dim(n, "n")?, dim(k, "k")?);
         // beta = 0 ignores c's old contents (even NaN), so k = 0 gives zeros.
         let (alpha, beta) = (1.0f32, 0.0f32);
-        let err = |e| Error::Cuda(format!("cublasGemmEx: {e:?}"));
         // SAFETY: the handle is ours; the stream is this PE's.
-        unsafe { cudarc::cublas::result::set_stream(self.handle, s.cu_stream() as _) }.map_err(err)?;
+        unsafe { cudarc::cublas::result::set_stream(self.handle, s.cu_stream() as _) }
+            .map_err(|e| cublas_error("cublasSetStream", e))?;
         // Row-major C = A·B is column-major Cᵀ = Bᵀ·Aᵀ: cuBLAS's (m, n, k)
         // are our (n, rows, k), with B first.
         // SAFETY: the caller's contract; leading dimensions as the shapes say.
@@ -117,6 +117,11 @@ impl Blas {
                 cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }
-        .map_err(err)
+        .map_err(|e| cublas_error("cublasGemmEx", e))
     }
+}
+
+/// A failed cuBLAS call as the crate's error.
+fn cublas_error(call: &'static str, e: CublasError) -> Error {
+    Error::Cublas { call, code: e.0 }
 }

@@ -11,7 +11,7 @@
 
 use crate::bootstrap::Bootstrap;
 use crate::context::agree_ok;
-use crate::error::{Error, Result};
+use crate::error::{CudaError, Error, Result};
 use cudarc::driver::{CudaContext, CudaStream};
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,18 +36,48 @@ macro_rules! call {
         }
     };
 }
+mod a2av;
+pub(crate) mod abi;
 mod amo;
 pub(crate) mod blas;
+mod collectives;
 pub(crate) mod dispatch;
 pub mod interop;
+mod kernel_id;
 pub(crate) mod kernels;
+mod layout;
+mod module;
+mod moe_layer;
+mod overlap;
+mod record;
+mod teams;
 
+pub(crate) use collectives::Protocols;
+
+/// A failed driver call as the crate's error, noting a failure that leaves
+/// the context unusable ([`sticky`]).
+pub(crate) fn cuda_error(call: &'static str, e: cudarc::driver::DriverError) -> Error {
+    if sticky(&e) {
+        note_fault();
+    }
+    Error::Cuda(CudaError { call, code: e.0 })
+}
+
+/// A driver call whose caller did not name it (`?` on a cudarc result).
 impl From<cudarc::driver::DriverError> for Error {
     fn from(e: cudarc::driver::DriverError) -> Self {
-        if sticky(&e) {
-            note_fault();
-        }
-        Error::Cuda(format!("{e:?}"))
+        cuda_error(CudaError::UNNAMED, e)
+    }
+}
+
+/// Names the driver call behind a cudarc result: `.cuda("cuMemcpyHtoDAsync")?`.
+pub(crate) trait CudaCall<T> {
+    fn cuda(self, call: &'static str) -> Result<T>;
+}
+
+impl<T> CudaCall<T> for std::result::Result<T, cudarc::driver::DriverError> {
+    fn cuda(self, call: &'static str) -> Result<T> {
+        self.map_err(|e| cuda_error(call, e))
     }
 }
 
@@ -83,9 +113,9 @@ pub(crate) fn note_fault() {
 /// the exit handlers NVSHMEM, NCCL and CUDA registered when they loaded.
 /// After a fault their teardown talks to the dead peer or a failed context
 /// and can end the process by a signal instead of the status it asked for
-/// (seen on the box: survivors of a SIGKILLed PE exited by a signal after
-/// reporting the death). A faulted process so leaves at once, with its own
-/// status; the OS frees its GPU memory and mappings.
+/// (survivors of a SIGKILLed PE can exit by a signal after reporting the
+/// death). A faulted process so leaves at once, with its own status; the
+/// OS frees its GPU memory and mappings.
 extern "C" fn exit_without_teardown(status: c_int, _: *mut c_void) {
     if FAULTED.load(Ordering::Acquire) {
         // SAFETY: flushing C stdio and leaving; nothing runs after.
@@ -162,7 +192,7 @@ pub(crate) struct GpuWorld {
     /// shmem's own device kernels, when built in and every peer is on NVLink.
     pub(crate) kernels: Option<kernels::Kernels>,
     /// The host-initiated atomics' kernel, built on first use.
-    amo: std::sync::OnceLock<std::result::Result<amo::Amo, String>>,
+    amo: std::sync::OnceLock<Result<amo::Amo>>,
     /// cuBLAS and the side stream of the overlapped matmuls, made on first use.
     pub(crate) blas: std::sync::Mutex<Option<blas::Blas>>,
 }
@@ -200,7 +230,7 @@ impl GpuWorld {
         // Library and device, checked everywhere before anyone initialises.
         let nv = shmem_sys::nvshmem().map_err(|e| Error::BackendUnavailable(e.to_string()));
         let device = nv.as_ref().map_err(clone_err).and_then(|_| {
-            let count = CudaContext::device_count()? as usize;
+            let count = CudaContext::device_count().cuda("cuDeviceGetCount")? as usize;
             let gpu = local_rank / pes_per_gpu.max(1);
             if gpu >= count {
                 let most = count * pes_per_gpu.max(1);
@@ -209,9 +239,9 @@ impl GpuWorld {
                      {pes_per_gpu} PE(s) each (SHMEM_PES_PER_GPU): start at most {most} PEs per node"
                 )));
             }
-            let cuda = CudaContext::new(gpu)?;
-            cuda.bind_to_thread()?;
-            let (free, total) = cudarc::driver::result::mem_get_info()?;
+            let cuda = CudaContext::new(gpu).cuda("CudaContext::new")?;
+            cuda.bind_to_thread().cuda("cuCtxSetCurrent")?;
+            let (free, total) = cudarc::driver::result::mem_get_info().cuda("cuMemGetInfo")?;
             if heap_size.saturating_add(NVSHMEM_RESERVE) > free {
                 return Err(Error::BackendUnavailable(format!(
                     "a {heap_size}-byte symmetric heap (plus {NVSHMEM_RESERVE} for NVSHMEM) does not fit on \
@@ -224,7 +254,7 @@ impl GpuWorld {
         let step = device.as_ref().map(drop).map_err(clone_err).and(version.as_ref().map(drop).map_err(clone_err));
         agree_ok(boot, step.map(|_| Vec::new()), "finding a GPU and NVSHMEM")?;
         let (nv, (device, cuda), version) = (nv?, device?, version?);
-        cuda.bind_to_thread()?;
+        cuda.bind_to_thread().cuda("cuCtxSetCurrent")?;
 
         // NVSHMEM reads its settings from the environment at init. The heap
         // is ours to carve, plus room for NVSHMEM's own collectives.
@@ -261,7 +291,7 @@ impl GpuWorld {
                 p.ok().filter(|&p| p != 0)
             })
             .collect();
-        let own = cuda.new_stream()?;
+        let own = cuda.new_stream().cuda("cuStreamCreate")?;
         let mut world = GpuWorld {
             nv,
             cuda,
@@ -276,7 +306,7 @@ impl GpuWorld {
         };
         // Zero the synchronisation state everywhere before any kernel runs.
         world.zero(world.addr(heap_size), layout.bytes(), &world.own)?;
-        world.own.synchronize()?;
+        world.own.synchronize().cuda("cuStreamSynchronize")?;
         // SAFETY: NVSHMEM is initialised; every PE calls it here.
         unsafe { call!(world.nv, nvshmem_barrier_all()) };
         let loaded = match kernels::Kernels::load(&world, me, n, layout, node) {
@@ -312,15 +342,15 @@ impl GpuWorld {
 
     /// A new stream on this PE's GPU.
     pub(crate) fn new_stream(&self) -> Result<Arc<CudaStream>> {
-        self.cuda.bind_to_thread()?;
-        Ok(self.cuda.new_stream()?)
+        self.cuda.bind_to_thread().cuda("cuCtxSetCurrent")?;
+        self.cuda.new_stream().cuda("cuStreamCreate")
     }
 
     /// Frees the heap and finalizes NVSHMEM.
     ///
     /// # Collective
     pub(crate) fn finalize(&self) -> Result<()> {
-        self.cuda.bind_to_thread()?;
+        self.cuda.bind_to_thread().cuda("cuCtxSetCurrent")?;
         // SAFETY: collective, after a barrier of every PE; nothing uses the
         // heap afterwards (buffers refuse, the context being finalized).
         unsafe {
@@ -435,27 +465,27 @@ impl GpuWorld {
 
     /// Copies `data` to device address `dst`; returns when done.
     pub(crate) fn htod<T: crate::Element>(&self, dst: u64, data: &[T], s: &CudaStream) -> Result<()> {
-        self.cuda.bind_to_thread()?;
+        self.cuda.bind_to_thread().cuda("cuCtxSetCurrent")?;
         // SAFETY: `dst` is a checked region of `data.len()` elements of the
         // heap; the copy completes (synchronize) before `data` is released.
-        unsafe { cudarc::driver::result::memcpy_htod_async(dst, data, s.cu_stream())? };
-        Ok(s.synchronize()?)
+        unsafe { cudarc::driver::result::memcpy_htod_async(dst, data, s.cu_stream()) }.cuda("cuMemcpyHtoDAsync")?;
+        s.synchronize().cuda("cuStreamSynchronize")
     }
 
     /// Copies device address `src` into `out`; returns when done.
     pub(crate) fn dtoh<T: crate::Element>(&self, out: &mut [T], src: u64, s: &CudaStream) -> Result<()> {
-        self.cuda.bind_to_thread()?;
+        self.cuda.bind_to_thread().cuda("cuCtxSetCurrent")?;
         // SAFETY: as in `htod`.
-        unsafe { cudarc::driver::result::memcpy_dtoh_async(out, src, s.cu_stream())? };
-        Ok(s.synchronize()?)
+        unsafe { cudarc::driver::result::memcpy_dtoh_async(out, src, s.cu_stream()) }.cuda("cuMemcpyDtoHAsync")?;
+        s.synchronize().cuda("cuStreamSynchronize")
     }
 
     /// Zeroes `bytes` bytes at `dst`; returns when done.
     pub(crate) fn zero(&self, dst: u64, bytes: usize, s: &CudaStream) -> Result<()> {
-        self.cuda.bind_to_thread()?;
+        self.cuda.bind_to_thread().cuda("cuCtxSetCurrent")?;
         // SAFETY: a checked region of the heap.
-        unsafe { cudarc::driver::result::memset_d8_async(dst, 0, bytes, s.cu_stream())? };
-        Ok(s.synchronize()?)
+        unsafe { cudarc::driver::result::memset_d8_async(dst, 0, bytes, s.cu_stream()) }.cuda("cuMemsetD8Async")?;
+        s.synchronize().cuda("cuStreamSynchronize")
     }
 
     /// `nvshmemx_putmem_on_stream` (or getmem with `put == false`).
@@ -575,8 +605,7 @@ impl GpuWorld {
     /// Copies `bytes` bytes between device addresses on `s`.
     pub(crate) fn copy(&self, dst: u64, src: u64, bytes: usize, s: &CudaStream) -> Result<()> {
         // SAFETY: both are checked regions of the heap.
-        unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, s.cu_stream())? };
-        Ok(())
+        unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, s.cu_stream()) }.cuda("cuMemcpyDtoDAsync")
     }
 }
 

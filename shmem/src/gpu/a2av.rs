@@ -1,0 +1,100 @@
+//! Launchers of the MoE all-to-all-v (`moe.cu`): the line kernel, the one
+//! kernel, or the plan kernel and the data kernel, as
+//! [`crate::algo::moe_form`] chooses.
+
+use super::abi::{
+    a2av_lines_shared_bytes, a2av_one_kernel_shared_bytes, a2av_plan_shared_bytes, a2av_work_words, A2av, A2avKind,
+    TeamSync, LINE_DATA_BYTES_WIDE, MAX_BLOCKS,
+};
+use super::kernel_id::KernelId;
+use super::kernels::Kernels;
+use super::layout::A2AV_TABLE_WORDS;
+use super::CUstream;
+use crate::algo::{moe_form, Collectives, MoeForm, TeamShape};
+use crate::error::{Error, Result};
+
+/// Input bytes per block of the data kernel's grid unless tuned (the
+/// kernels keep as many working as the busiest PE's bytes need:
+/// `a2av_active` in `moe.cu`).
+const A2AV_BYTES_PER_BLOCK: usize = 32 << 10;
+
+/// Input bytes per block of the line kernel's grid unless tuned: one pass
+/// of its 16 warps, 4 lines of 112 data bytes each (`MoeLines` in
+/// `moe.cu`), so that a warp's lines leave in one pass where the grid
+/// allows. Against 32 KiB a block (docs/perf.md, tokens of 7168 bf16): at
+/// 1 PE 5–10 % faster at 1 and 32 tokens (but the combine of 1 token 5 %
+/// slower), and at 128 on 128 blocks 3.6–6.8 % faster than on 116 (which
+/// were within 3 % of 32 KiB); at 2 PEs sharing the GPU 13–22 % faster at 1
+/// to 32 tokens, within 1.5 % at 128.
+const A2AV_LINES_BYTES_PER_BLOCK: usize = 16 * 4 * LINE_DATA_BYTES_WIDE;
+
+impl Kernels {
+    /// Whether `n` PEs with `ne` experts each fit the staging (`kind`
+    /// [`A2avKind::TwoDOffset`] stages offsets too).
+    pub(crate) fn a2av_fits(n: usize, ne: usize, kind: i32) -> bool {
+        let with_offsets = kind == A2avKind::TwoDOffset as i32;
+        a2av_work_words(n, ne, with_offsets).saturating_add(n.saturating_mul(ne).saturating_mul(4)).saturating_add(2)
+            <= A2AV_TABLE_WORDS
+    }
+
+    /// Launches the MoE all-to-all-v in the form [`moe_form`] chooses for
+    /// `settings` (every PE the same: the same team, sizes and settings).
+    /// `settings.moe_local_blocks` of the data blocks copy this PE's own
+    /// chunks while the others push (0: each pushes, then copies; `None`:
+    /// the kernel chooses). A failed check writes nothing but the record
+    /// [`Kernels::take_a2av_error`] reads.
+    pub(crate) fn all_to_all_v(
+        &self,
+        t: TeamSync,
+        world: bool,
+        a: A2av,
+        settings: &Collectives,
+        s: CUstream,
+    ) -> Result<()> {
+        let kind =
+            A2avKind::of(a.kind).ok_or_else(|| Error::Invalid(format!("no MoE all-to-all-v kind {}", a.kind)))?;
+        let mut a = a;
+        a.table = self.layout.a2av() as u64;
+        a.error = self.a2av_error.device;
+        let in_bytes = (a.in_rows * a.row_bytes) as usize;
+        let (n, ne, with_offsets) = (t.n_pes(), a.ne as usize, a.with_offsets());
+        let team = TeamShape { world, n_pes: n, nvlink: t.nvlink() };
+        let form = moe_form(team, ne, with_offsets, in_bytes, settings.moe, &settings.tuning);
+        // The blocks, by what the input can hold (the line kernel: all of
+        // them work).
+        let tuned = settings.tuning.moe_block_bytes.map(|b| b.max(16));
+        if form == MoeForm::Lines {
+            // Every block of the line kernel waits for the peers' lines
+            // from its start: all of them resident at once on every PE.
+            let per = tuned.unwrap_or(A2AV_LINES_BYTES_PER_BLOCK);
+            let resident = self.resident_blocks.clamp(1, MAX_BLOCKS);
+            a.blocks = in_bytes.div_ceil(per).clamp(1, resident) as i32;
+            let shared = a2av_lines_shared_bytes(n, ne, with_offsets) as u32;
+            // SAFETY: (TeamSync, A2av) as the kernel declares; the regions
+            // were checked on the host, the splits are checked on the
+            // device, and what a PE sends fits the buffer (`moe_lines_fit`).
+            return unsafe { self.launch_with(KernelId::A2avLines(kind), a.blocks as usize, shared, t, a, s) };
+        }
+        // The other kernels keep as many working as what is sent needs
+        // (`a2av_active`; the idle ones skip their channel).
+        let per = tuned.unwrap_or(A2AV_BYTES_PER_BLOCK);
+        let blocks = in_bytes.div_ceil(per).clamp(1, Self::most_blocks(&t));
+        a.block_bytes = per as u64;
+        a.blocks = blocks as i32;
+        a.local_blocks = settings.moe_local_blocks.map_or(-1, |b| b.min(MAX_BLOCKS as u32) as i32);
+        if form == MoeForm::OneKernel {
+            let shared = a2av_one_kernel_shared_bytes(n, ne, with_offsets) as u32;
+            // SAFETY: (TeamSync, A2av) as the kernel declares; the regions
+            // were checked on the host, the splits are checked on the device.
+            return unsafe { self.launch_with(KernelId::A2avFused(kind), blocks, shared, t, a, s) };
+        }
+        // Every PE's splits (and offsets) and the work arrays in the plan
+        // kernel's shared memory where they fit.
+        let shared = a2av_plan_shared_bytes(n, ne, with_offsets);
+        a.shared_splits = (shared > 0) as i32;
+        // SAFETY: as above.
+        unsafe { self.launch_with(KernelId::A2avPlan, 1, shared as u32, t, a, s) }?;
+        // SAFETY: as above.
+        unsafe { self.launch_with(KernelId::A2avMove, blocks, 0, t, a, s) }
+    }
+}

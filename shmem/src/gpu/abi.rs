@@ -1,0 +1,428 @@
+//! The host–device ABI of shmem's kernels (`../kernels/`): every struct a
+//! kernel takes by value or writes for the host, and every constant both
+//! sides use. The CUDA twin is `kernels/abi.cuh`; each struct here is
+//! followed by const asserts of its size and of every field's offset, which
+//! that header asserts with the same numbers (`static_assert`).
+//!
+//! A change to any of these is a change to both sides at once.
+
+use std::mem::{offset_of, size_of};
+
+/// Threads of a block of the collective and MoE kernels
+/// (`__launch_bounds__(512)`); the line kernels take up to
+/// [`LINES_MAX_THREADS`].
+pub(crate) const THREADS: u32 = 512;
+
+/// Most blocks a collective kernel uses: one channel of every signal array
+/// each (`kMaxBlocks`).
+pub(crate) const MAX_BLOCKS: usize = 128;
+
+/// Most threads a block of the line kernels takes (`kLinesMaxThreads`): 20
+/// warps, so that 128 blocks move a peer's 1 MiB in one pass of 4 lines a
+/// warp.
+pub(crate) const LINES_MAX_THREADS: u32 = 640;
+
+/// Most blocks when some peer is reached through RMA (`kRmaBlocks`), and
+/// the staging bytes each such block has per peer for gets (`kRmaChunk`).
+pub(crate) const RMA_BLOCKS: usize = 32;
+pub(crate) const RMA_CHUNK: usize = 8192;
+
+/// Largest team the kernels take (`kMaxTeam`); larger teams use NVSHMEM's
+/// collectives.
+pub(crate) const MAX_TEAM: usize = 64;
+
+/// The push kernels: the most bytes one PE sends another
+/// (`kPushMaxBytes`), and the largest world they have staging for
+/// (`kPushMaxTeam`).
+pub(crate) const PUSH_MAX_BYTES: usize = 1 << 20;
+pub(crate) const PUSH_MAX_TEAM: usize = 8;
+
+/// Signal arrays of a team's synchronisation slot (`enum Array`: arrive,
+/// data, depart), each [`MAX_BLOCKS`] × n 64-bit words; then
+/// [`MAX_BLOCKS`] epoch counters of the block channels and [`MAX_BLOCKS`]
+/// that the low-latency and push kernels share.
+pub(crate) const SIGNAL_ARRAYS: usize = 3;
+pub(crate) const EPOCH_COUNTERS: usize = 2 * MAX_BLOCKS;
+
+/// Alignment of the regions of the kernels' state that are rounded up
+/// (`(x + 255) / 256 * 256` on the device).
+pub(crate) const STATE_ALIGN: usize = 256;
+
+/// Bytes of the one-kernel MoE all-to-all-v's counters in a team's slot,
+/// before its packets (`A2avPackets::slot`).
+pub(crate) const A2AV_COUNTER_BYTES: usize = 256;
+
+/// Split words that the one-kernel MoE all-to-all-v's packets take per
+/// buffer (`kA2avPacketWords`), each in a packet of [`PACKET_BYTES`].
+pub(crate) const A2AV_PACKET_WORDS: usize = 1024;
+
+/// A low-latency packet: 8 data bytes with a flag in each 4-byte half.
+pub(crate) const PACKET_BYTES: usize = 16;
+
+/// The low-latency packets' room per sender: in any world
+/// (`kLLMaxBytes`), and in worlds of up to [`PUSH_MAX_TEAM`]
+/// (`kLLMaxBytesSmallTeam`).
+pub(crate) const LL_MAX_BYTES: usize = 128 << 10;
+pub(crate) const LL_MAX_BYTES_SMALL_TEAM: usize = 1 << 20;
+
+/// Bytes of a sender's low-latency buffer beyond its packets that only
+/// lines use (`kLinesSlackBytes`).
+pub(crate) const LINES_SLACK_BYTES: usize = 64 << 10;
+
+/// A line of the line kernels, and its data bytes with a 4-byte flag in
+/// each 64-byte half (`LinesOf<4>::kDataBytes`) or an 8-byte one
+/// (`LinesOf<8>::kDataBytes`).
+pub(crate) const LINE_BYTES: usize = 128;
+pub(crate) const LINE_DATA_BYTES: usize = LINE_BYTES - 2 * 4;
+pub(crate) const LINE_DATA_BYTES_WIDE: usize = LINE_BYTES - 2 * 8;
+
+/// `shmem::k::TeamSync` of `common.cuh`, passed by value: a team's view
+/// of the heap and of its synchronisation state.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TeamSync {
+    /// Device address of the members' heap bases (0 where a member is
+    /// reached through RMA).
+    pub(in crate::gpu) peer_heap: u64,
+    /// Device address of the members' world PE numbers (`int`).
+    pub(in crate::gpu) pes: u64,
+    /// This PE's heap base (also the symmetric address).
+    pub(in crate::gpu) heap: u64,
+    /// Heap offsets of the team's synchronisation slot, the world's
+    /// low-latency packets and this PE's RMA staging.
+    pub(in crate::gpu) sync_offset: u64,
+    pub(in crate::gpu) ll_offset: u64,
+    pub(in crate::gpu) temp_offset: u64,
+    pub(in crate::gpu) rank: i32,
+    pub(in crate::gpu) n: i32,
+    /// Non-zero when some member is reached through RMA.
+    pub(in crate::gpu) rma: i32,
+    pub(in crate::gpu) _pad: i32,
+}
+
+const _: () = assert!(size_of::<TeamSync>() == 64);
+const _: () = assert!(offset_of!(TeamSync, peer_heap) == 0);
+const _: () = assert!(offset_of!(TeamSync, pes) == 8);
+const _: () = assert!(offset_of!(TeamSync, heap) == 16);
+const _: () = assert!(offset_of!(TeamSync, sync_offset) == 24);
+const _: () = assert!(offset_of!(TeamSync, ll_offset) == 32);
+const _: () = assert!(offset_of!(TeamSync, temp_offset) == 40);
+const _: () = assert!(offset_of!(TeamSync, rank) == 48);
+const _: () = assert!(offset_of!(TeamSync, n) == 52);
+const _: () = assert!(offset_of!(TeamSync, rma) == 56);
+const _: () = assert!(offset_of!(TeamSync, _pad) == 60);
+
+impl TeamSync {
+    /// Members of the team.
+    pub(crate) fn n_pes(&self) -> usize {
+        self.n as usize
+    }
+
+    /// Whether every member is reached over NVLink (no RMA).
+    pub(crate) fn nvlink(&self) -> bool {
+        self.rma == 0
+    }
+}
+
+/// Which MoE all-to-all-v an [`A2av`] is (`A2avKind` of `moe.cu`): the
+/// kernels are built once for each.
+#[repr(i32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum A2avKind {
+    /// `all_to_all_v`: one split per PE (`A2avV`).
+    V = 0,
+    /// `all_to_all_v_2d`: the dispatch, splits per expert (`A2av2d`).
+    TwoD = 1,
+    /// `all_to_all_v_2d_offset`: the combine, splits and offsets per
+    /// expert (`A2av2dOffset`).
+    TwoDOffset = 2,
+}
+
+impl A2avKind {
+    pub(crate) const ALL: [A2avKind; 3] = [A2avKind::V, A2avKind::TwoD, A2avKind::TwoDOffset];
+
+    /// The kind of [`A2av::kind`]'s value.
+    pub(crate) fn of(kind: i32) -> Option<A2avKind> {
+        A2avKind::ALL.into_iter().find(|k| *k as i32 == kind)
+    }
+}
+
+/// `A2av` of `moe.cu`: one MoE all-to-all-v, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct A2av {
+    /// Heap offsets of the input, the output, the splits (and offsets) and
+    /// out_splits_offsets.
+    pub input: u64,
+    pub output: u64,
+    pub splits: u64,
+    pub out_so: u64,
+    pub row_bytes: u64,
+    /// Rows the input and the output hold.
+    pub in_rows: u64,
+    pub out_rows: u64,
+    /// Heap offset of this PE's staging (set by the launcher).
+    pub(in crate::gpu) table: u64,
+    /// Device address of the host-mapped [`A2avError`] (set by the launcher).
+    pub(in crate::gpu) error: u64,
+    /// Bytes of the busiest PE's rows per working data block (set by the
+    /// launcher).
+    pub(in crate::gpu) block_bytes: u64,
+    /// An [`A2avKind`].
+    pub kind: i32,
+    /// Experts per PE (1 for [`A2avKind::V`]).
+    pub ne: i32,
+    pub major_align: i32,
+    /// Whether the plan kernel stages the splits in its shared memory (set
+    /// by the launcher).
+    pub(in crate::gpu) shared_splits: i32,
+    /// The data kernel's grid (set by the launcher).
+    pub(in crate::gpu) blocks: i32,
+    /// Of the working blocks, how many copy this PE's own chunks (0: each
+    /// block does both; negative: the kernel chooses; set by the launcher).
+    pub(in crate::gpu) local_blocks: i32,
+}
+
+const _: () = assert!(size_of::<A2av>() == 104);
+const _: () = assert!(offset_of!(A2av, input) == 0);
+const _: () = assert!(offset_of!(A2av, output) == 8);
+const _: () = assert!(offset_of!(A2av, splits) == 16);
+const _: () = assert!(offset_of!(A2av, out_so) == 24);
+const _: () = assert!(offset_of!(A2av, row_bytes) == 32);
+const _: () = assert!(offset_of!(A2av, in_rows) == 40);
+const _: () = assert!(offset_of!(A2av, out_rows) == 48);
+const _: () = assert!(offset_of!(A2av, table) == 56);
+const _: () = assert!(offset_of!(A2av, error) == 64);
+const _: () = assert!(offset_of!(A2av, block_bytes) == 72);
+const _: () = assert!(offset_of!(A2av, kind) == 80);
+const _: () = assert!(offset_of!(A2av, ne) == 84);
+const _: () = assert!(offset_of!(A2av, major_align) == 88);
+const _: () = assert!(offset_of!(A2av, shared_splits) == 92);
+const _: () = assert!(offset_of!(A2av, blocks) == 96);
+const _: () = assert!(offset_of!(A2av, local_blocks) == 100);
+
+impl A2av {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        kind: i32,
+        input: usize,
+        output: usize,
+        splits: usize,
+        out_so: usize,
+        row_bytes: usize,
+        in_rows: usize,
+        out_rows: usize,
+        ne: usize,
+        major_align: usize,
+    ) -> A2av {
+        A2av {
+            input: input as u64,
+            output: output as u64,
+            splits: splits as u64,
+            out_so: out_so as u64,
+            row_bytes: row_bytes as u64,
+            in_rows: in_rows as u64,
+            out_rows: out_rows as u64,
+            table: 0,
+            error: 0,
+            block_bytes: 0,
+            kind,
+            ne: ne as i32,
+            major_align: major_align as i32,
+            shared_splits: 0,
+            blocks: 0,
+            local_blocks: 0,
+        }
+    }
+
+    /// Whether this is the combine ([`A2avKind::TwoDOffset`]), whose
+    /// splits come with offsets.
+    pub(crate) fn with_offsets(&self) -> bool {
+        self.kind == A2avKind::TwoDOffset as i32
+    }
+}
+
+/// `A2avError` of `moe.cu`: the record a MoE kernel writes, in host memory
+/// mapped into the device, when its check of an exchange fails.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct A2avError {
+    /// The first failure: `class << 56 | kind << 52 | pe << 32 | index`
+    /// (see the `A2AV_CODE_*` constants).
+    pub code: u64,
+    /// The offending split, offset or received rows.
+    pub value: i64,
+    /// Failed operations since the host last looked (0: none).
+    pub count: u64,
+    /// The input's or the output's rows.
+    pub limit: u64,
+}
+
+const _: () = assert!(size_of::<A2avError>() == 32);
+const _: () = assert!(offset_of!(A2avError, code) == 0);
+const _: () = assert!(offset_of!(A2avError, value) == 8);
+const _: () = assert!(offset_of!(A2avError, count) == 16);
+const _: () = assert!(offset_of!(A2avError, limit) == 24);
+
+/// Where the parts of [`A2avError::code`] lie: the class (`A2avClass`) from
+/// bit 56, the operation's [`A2avKind`] in the 4 bits from 52, the PE in
+/// the 20 bits from 32, the entry in the low 32.
+pub(crate) const A2AV_CODE_CLASS_SHIFT: u32 = 56;
+pub(crate) const A2AV_CODE_KIND_SHIFT: u32 = 52;
+pub(crate) const A2AV_CODE_KIND_MASK: u64 = 0xf;
+pub(crate) const A2AV_CODE_PE_SHIFT: u32 = 32;
+pub(crate) const A2AV_CODE_PE_MASK: u64 = 0xfffff;
+pub(crate) const A2AV_CODE_INDEX_MASK: u64 = 0xffff_ffff;
+
+/// The classes of a failed MoE all-to-all-v check (`A2avClass` of
+/// `moe.cu`): a negative split, a negative offset, an offset before the
+/// previous chunk's end, a chunk past the input (classes of a PE's splits)
+/// and an output too small for what a PE receives.
+pub(crate) const A2AV_NEGATIVE_SPLIT: u32 = 1;
+pub(crate) const A2AV_NEGATIVE_OFFSET: u32 = 2;
+pub(crate) const A2AV_OFFSET_BACKWARDS: u32 = 3;
+pub(crate) const A2AV_PAST_INPUT: u32 = 4;
+/// The host reads every class from [`A2AV_PAST_INPUT`] on as a size
+/// mismatch, and what is not a split's class as this one.
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) const A2AV_PAST_OUTPUT: u32 = 5;
+
+/// The route kernel's marker of a bad routing in the first split
+/// (`kRouteBad` of `moe_layer.cu`, reported as an
+/// [`A2AV_NEGATIVE_SPLIT`]): the marker itself is a bad token count, and
+/// `ROUTE_BAD - 1 - slot` names a (token, slot) pair with an expert id out
+/// of range.
+pub(crate) const ROUTE_BAD: i64 = -(1 << 62);
+
+/// `MoeRoute` of `moe_layer.cu`: heap offsets.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MoeRoute {
+    /// `max_tokens × top_k` i64 global expert ids.
+    pub ids: u64,
+    /// One i64: this call's tokens.
+    pub n_tokens: u64,
+    /// `experts` i64: rows for each global expert (out).
+    pub splits: u64,
+    /// `max_tokens × top_k` i64: each slot's send row (out).
+    pub slot_rows: u64,
+    /// [`ROUTE_THREADS`] × `experts` u32.
+    pub scratch: u64,
+    /// `max_tokens` rows of `row_bytes` (the gather's source).
+    pub tokens: u64,
+    /// The send buffer (the gather's destination).
+    pub send: u64,
+    pub row_bytes: u64,
+    pub max_tokens: i64,
+    pub top_k: i32,
+    pub experts: i32,
+}
+
+const _: () = assert!(size_of::<MoeRoute>() == 80);
+const _: () = assert!(offset_of!(MoeRoute, ids) == 0);
+const _: () = assert!(offset_of!(MoeRoute, n_tokens) == 8);
+const _: () = assert!(offset_of!(MoeRoute, splits) == 16);
+const _: () = assert!(offset_of!(MoeRoute, slot_rows) == 24);
+const _: () = assert!(offset_of!(MoeRoute, scratch) == 32);
+const _: () = assert!(offset_of!(MoeRoute, tokens) == 40);
+const _: () = assert!(offset_of!(MoeRoute, send) == 48);
+const _: () = assert!(offset_of!(MoeRoute, row_bytes) == 56);
+const _: () = assert!(offset_of!(MoeRoute, max_tokens) == 64);
+const _: () = assert!(offset_of!(MoeRoute, top_k) == 72);
+const _: () = assert!(offset_of!(MoeRoute, experts) == 76);
+
+/// Threads of the route kernel (its `blockDim.x`): its scratch is this ×
+/// experts `u32`s.
+pub(crate) const ROUTE_THREADS: usize = THREADS as usize;
+
+/// `MoeCombine` of `moe_layer.cu`: heap offsets.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MoeCombine {
+    /// The rows the combine brought back, in send order.
+    pub back: u64,
+    /// Each slot's send row.
+    pub slot_rows: u64,
+    /// `max_tokens × top_k` f32.
+    pub weights: u64,
+    /// One i64.
+    pub n_tokens: u64,
+    /// `n_tokens` rows of `hidden`.
+    pub out: u64,
+    pub max_tokens: i64,
+    pub hidden: i64,
+    pub top_k: i32,
+    pub _pad: i32,
+}
+
+const _: () = assert!(size_of::<MoeCombine>() == 64);
+const _: () = assert!(offset_of!(MoeCombine, back) == 0);
+const _: () = assert!(offset_of!(MoeCombine, slot_rows) == 8);
+const _: () = assert!(offset_of!(MoeCombine, weights) == 16);
+const _: () = assert!(offset_of!(MoeCombine, n_tokens) == 24);
+const _: () = assert!(offset_of!(MoeCombine, out) == 32);
+const _: () = assert!(offset_of!(MoeCombine, max_tokens) == 40);
+const _: () = assert!(offset_of!(MoeCombine, hidden) == 48);
+const _: () = assert!(offset_of!(MoeCombine, top_k) == 56);
+const _: () = assert!(offset_of!(MoeCombine, _pad) == 60);
+
+/// 64-bit words of one PE's splits in the MoE all-to-all-v's table
+/// (`split_words` of `moe.cu`): `n × ne`, twice that with offsets.
+pub(crate) fn a2av_split_words(n: usize, ne: usize, with_offsets: bool) -> usize {
+    let m = n.saturating_mul(ne);
+    if with_offsets {
+        m.saturating_mul(2)
+    } else {
+        m
+    }
+}
+
+/// 64-bit words of every PE's splits and the work arrays of the MoE
+/// all-to-all-v's table (`A2avTable` of `moe.cu`): `n` PEs' splits, then
+/// `2n` runs of `n × ne + 1` words.
+pub(crate) fn a2av_work_words(n: usize, ne: usize, with_offsets: bool) -> usize {
+    let m = n.saturating_mul(ne);
+    n.saturating_mul(a2av_split_words(n, ne, with_offsets))
+        .saturating_add(n.saturating_mul(2).saturating_mul(m.saturating_add(1)))
+}
+
+/// Most dynamic shared memory of a MoE kernel: the default limit (48 KiB),
+/// less what the kernels declare statically.
+pub(crate) const A2AV_SHARED_MAX_BYTES: usize = 46 << 10;
+
+/// Most experts per PE of the MoE line kernel: a warp works out a
+/// destination's chunks a lane each (`A2avLines::warp_chunks` in `moe.cu`).
+pub(crate) const A2AV_LINES_MAX_EXPERTS: usize = 32;
+
+/// Words a chunk of the send plan (`A2avTable::plan`) and of the line
+/// kernel's receipts.
+const PLAN_WORDS: usize = 4;
+const RECEIPT_WORDS: usize = 3;
+
+/// Dynamic shared memory of the one-kernel MoE all-to-all-v: the table's
+/// splits and work arrays, and the send plan.
+pub(crate) fn a2av_one_kernel_shared_bytes(n: usize, ne: usize, with_offsets: bool) -> usize {
+    let chunks = n.saturating_mul(ne);
+    a2av_work_words(n, ne, with_offsets).saturating_add(PLAN_WORDS.saturating_mul(chunks)).saturating_mul(8)
+}
+
+/// Dynamic shared memory of the MoE line kernel: the table's splits and
+/// work arrays, the send plan (for the own copy) and the receipts.
+pub(crate) fn a2av_lines_shared_bytes(n: usize, ne: usize, with_offsets: bool) -> usize {
+    let chunks = n.saturating_mul(ne);
+    a2av_work_words(n, ne, with_offsets)
+        .saturating_add((PLAN_WORDS + RECEIPT_WORDS).saturating_mul(chunks))
+        .saturating_mul(8)
+}
+
+/// Dynamic shared memory of the MoE plan kernel: every PE's splits and the
+/// work arrays where they fit, else none (they stay in the table in global
+/// memory).
+pub(crate) fn a2av_plan_shared_bytes(n: usize, ne: usize, with_offsets: bool) -> usize {
+    let staged = a2av_work_words(n, ne, with_offsets).saturating_mul(8);
+    if staged <= A2AV_SHARED_MAX_BYTES {
+        staged
+    } else {
+        0
+    }
+}

@@ -1,0 +1,100 @@
+//! Where the kernels' state lies in the symmetric allocation, after the
+//! heap (every PE alike): a synchronisation slot per team slot, the world
+//! team's low-latency packets and push staging, this PE's RMA staging and
+//! its MoE all-to-all-v table.
+
+use super::abi::{
+    A2AV_COUNTER_BYTES, A2AV_PACKET_WORDS, EPOCH_COUNTERS, MAX_BLOCKS, PACKET_BYTES, PUSH_MAX_BYTES, PUSH_MAX_TEAM,
+    RMA_BLOCKS, RMA_CHUNK, SIGNAL_ARRAYS, STATE_ALIGN,
+};
+use crate::algo::low_latency_buffer_bytes;
+
+/// Team slots with synchronisation state (as many as the host's team slots).
+pub(super) const TEAM_SLOTS: usize = 64;
+
+/// 64-bit words of each PE's MoE all-to-all-v table: the verdict and
+/// active blocks, every PE's splits (and offsets), the plan kernel's work
+/// arrays, and the send plan (4 words per chunk).
+pub(super) const A2AV_TABLE_WORDS: usize = 1 << 17;
+
+/// The kernels' state of a world of `n` PEs after a heap of `base` bytes.
+#[derive(Clone, Copy)]
+pub(crate) struct Layout {
+    base: usize,
+    n: usize,
+}
+
+impl Layout {
+    pub(crate) fn new(heap_size: usize, n: usize) -> Layout {
+        Layout { base: heap_size, n }
+    }
+
+    /// A team's synchronisation slot: the signal arrays and epoch
+    /// counters, then the one-kernel MoE all-to-all-v's counters and its
+    /// two buffers of splits packets (`A2avPackets` in `moe.cu`).
+    pub(super) fn slot_bytes(&self) -> usize {
+        ((SIGNAL_ARRAYS * MAX_BLOCKS * self.n + EPOCH_COUNTERS) * 8).next_multiple_of(STATE_ALIGN)
+            + A2AV_COUNTER_BYTES
+            + 2 * A2AV_PACKET_WORDS * PACKET_BYTES
+    }
+
+    /// Heap offset of team slot `slot`'s synchronisation state.
+    pub(super) fn slot(&self, slot: usize) -> usize {
+        self.base + slot * self.slot_bytes()
+    }
+
+    /// The world team's low-latency buffers: one a sender for each of two
+    /// epoch parities.
+    pub(super) fn ll(&self) -> usize {
+        self.slot(TEAM_SLOTS)
+    }
+
+    /// The push all-reduce's flags and staging (`Push` in `common.cuh`),
+    /// for worlds of up to `PUSH_MAX_TEAM` PEs.
+    fn push(&self) -> usize {
+        self.ll() + 2 * self.n * low_latency_buffer_bytes(self.n)
+    }
+
+    fn push_bytes(&self) -> usize {
+        if self.n > PUSH_MAX_TEAM {
+            return 0;
+        }
+        (self.n * MAX_BLOCKS * 8).next_multiple_of(STATE_ALIGN) + 2 * self.n * PUSH_MAX_BYTES
+    }
+
+    /// This PE's RMA staging: [`RMA_CHUNK`] bytes per block and peer.
+    pub(super) fn temp(&self) -> usize {
+        self.push() + self.push_bytes()
+    }
+
+    /// This PE's MoE all-to-all-v table (`A2avTable` in `moe.cu`).
+    pub(super) fn a2av(&self) -> usize {
+        self.temp() + RMA_BLOCKS * self.n * RMA_CHUNK
+    }
+
+    /// Bytes of all the kernels' state.
+    pub(crate) fn bytes(&self) -> usize {
+        self.a2av() + A2AV_TABLE_WORDS * 8 - self.base
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The offsets of a world of 2 PEs after a 1 MiB heap, as the kernels
+    /// compute them.
+    #[test]
+    fn state_of_a_pair() {
+        let l = Layout::new(1 << 20, 2);
+        // 3 × 128 × 2 + 256 words, rounded to 256 bytes, + 256 + 2 × 1024 × 16.
+        assert_eq!(l.slot_bytes(), 8192 + 256 + 32768);
+        assert_eq!(l.slot(0), 1 << 20);
+        assert_eq!(l.ll(), (1 << 20) + 64 * 41216);
+        assert_eq!(l.push(), l.ll() + 2 * 2 * ((2 << 20) + (64 << 10)));
+        assert_eq!(l.temp(), l.push() + 2048 + 2 * 2 * (1 << 20));
+        assert_eq!(l.a2av(), l.temp() + 32 * 2 * 8192);
+        assert_eq!(l.a2av(), 17_057_792);
+        assert_eq!(l.bytes(), l.a2av() + A2AV_TABLE_WORDS * 8 - (1 << 20));
+    }
+}
