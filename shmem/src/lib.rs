@@ -48,7 +48,7 @@ pub use buffer::{SymSlice, SymmetricBuffer};
 pub use config::{BackendKind, Config};
 pub use context::{Context, Stream};
 pub use dtype::{AtomicElement, DType, Element, ReduceOp};
-pub use error::{Error, Result};
+pub use error::{CudaError, Error, Result};
 pub use half::{bf16, f16};
 pub use handle::{DevicePeerHandle, PeerHandle, DEVICE_HEADER, SIGNAL_PAD_WORDS_PER_PEER};
 pub use moe::{CombineElement, Layout, MoeAllToAll, MoeConfig};
