@@ -4,6 +4,7 @@ use crate::algo::Collectives;
 use crate::bootstrap::Bootstrap;
 use crate::config::{BackendKind, Config};
 use crate::control::node::{self, NodeArea};
+use crate::control::topology::{Hello, Topology};
 use crate::control::{Control, PeState};
 use crate::error::{Error, Result};
 use crate::gpu::{self, GpuWorld};
@@ -128,49 +129,6 @@ impl Stream {
     pub fn cuda_stream(&self) -> Option<&Arc<cudarc::driver::CudaStream>> {
         self.cuda.as_ref()
     }
-}
-
-/// Host identity, exchanged at start-up.
-struct Hello {
-    host: String,
-    pid: u32,
-    heap_size: u64,
-    /// 0: host backend, 1: gpu, 2: gpu asked for but unavailable here.
-    backend: u8,
-}
-
-impl Hello {
-    fn encode(&self) -> Vec<u8> {
-        let mut v = Vec::new();
-        v.extend_from_slice(&self.pid.to_le_bytes());
-        v.extend_from_slice(&self.heap_size.to_le_bytes());
-        v.push(self.backend);
-        v.extend_from_slice(self.host.as_bytes());
-        v
-    }
-
-    fn decode(b: &[u8]) -> Result<Hello> {
-        if b.len() < 13 {
-            return Err(Error::bootstrap("malformed hello from a peer"));
-        }
-        Ok(Hello {
-            pid: u32::from_le_bytes(b[0..4].try_into().unwrap()),
-            heap_size: u64::from_le_bytes(b[4..12].try_into().unwrap()),
-            backend: b[12],
-            host: String::from_utf8_lossy(&b[13..]).into_owned(),
-        })
-    }
-}
-
-fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname writes at most `len` bytes into `buf`.
-    let r = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if r != 0 {
-        return "localhost".into();
-    }
-    let end = buf.iter().position(|&c| c == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
 /// Exchanges "ok" with a payload, or an error message; fails on every PE
@@ -324,7 +282,7 @@ impl Context {
         let (me, n) = (boot.rank(), boot.size());
         let heap_size = agree_settings(&mut boot, settings.map(|heap| (heap, config.force_rma)))?;
 
-        let hello = Hello { host: hostname(), pid: std::process::id(), heap_size: heap_size as u64, backend };
+        let hello = Hello::mine(&boot, heap_size as u64, backend);
         let hellos: Vec<Hello> =
             boot.allgather(&hello.encode())?.iter().map(|b| Hello::decode(b)).collect::<Result<_>>()?;
         // Every PE sees the same hellos, so every PE reaches the same verdicts.
@@ -334,13 +292,8 @@ impl Context {
                 hellos[0].heap_size, h.heap_size
             )));
         }
-        if let Some((pe, h)) = hellos.iter().enumerate().find(|(_, h)| h.host != hellos[0].host) {
-            return Err(Error::BackendUnavailable(format!(
-                "shmem needs every PE of a job on one node (its control area is shared memory; see \
-                 docs/clusters.md), but PE 0 runs on {} and PE {pe} on {}",
-                hellos[0].host, h.host
-            )));
-        }
+        let topo = Topology::from_hellos(&hellos, me)?;
+        topo.check_one_node()?;
         if let Some(why) = gpu_check.as_ref().and_then(|c| c.as_ref().err()).filter(|_| backend == 2) {
             return Err(Error::BackendUnavailable(format!("SHMEM_BACKEND=gpu, but on PE {me}: {why}")));
         }
@@ -353,9 +306,8 @@ impl Context {
             )));
         }
         let use_gpu = backend == 1;
-        let local_rank = hellos[..me].iter().filter(|h| h.host == hello.host).count();
-        let local_size = hellos.iter().filter(|h| h.host == hello.host).count();
-        let node_members: Vec<usize> = (0..n).filter(|&pe| hellos[pe].host == hello.host).collect();
+        let (local_rank, local_size) = (topo.local_rank, topo.local_size);
+        let node_members = topo.my_members().to_vec();
         let unique = NEXT_ID.load(Ordering::Relaxed) ^ nanos();
 
         // The node's control area: its lowest PE creates it.
@@ -409,14 +361,15 @@ impl Context {
         let marks = heap_area.as_ref().and_then(HostHeap::marks);
         let gpu = if use_gpu {
             let seat = gpu::Seat { local_rank, pes_per_gpu: config.pes_per_gpu };
-            Some(GpuWorld::start(&mut boot, me, n, seat, &hello.host, heap_size, &node_members)?)
+            Some(GpuWorld::start(&mut boot, me, n, seat, topo.my_node_name(), heap_size, &node_members)?)
         } else {
             None
         };
         boot.close();
 
         let members: Vec<usize> = (0..n).collect();
-        let threads = std::thread::available_parallelism().map_or(1, |c| c.get()).div_ceil(local_size).max(1);
+        // Emulated nodes share the machine's cores.
+        let threads = std::thread::available_parallelism().map_or(1, |c| c.get()).div_ceil(topo.host_size).max(1);
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(move |i| format!("shmem-pe{me}-{i}"))

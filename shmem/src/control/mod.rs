@@ -7,6 +7,7 @@
 //! is in its node's object.
 
 pub(crate) mod node;
+pub(crate) mod topology;
 
 use crate::error::{Error, Result};
 use crate::team::TeamState;
