@@ -109,7 +109,7 @@ impl<'a, T: Element> SymSlice<'a, T> {
         if let Some(g) = &self.buf.ctx.gpu {
             return g.htod(g.addr(r.offset), data, g.stream(stream));
         }
-        let dst = self.buf.ctx.host.heap_ptr(self.buf.ctx.me, r.offset).cast::<T>();
+        let dst = self.buf.ctx.host_heap().heap_ptr(self.buf.ctx.me, r.offset).cast::<T>();
         // SAFETY: `dst` is `r.len` elements inside this PE's heap (checked by
         // `region`), aligned for T (allocations are 256-aligned, slices start
         // at element boundaries); it cannot overlap a Rust slice.
@@ -130,7 +130,7 @@ impl<'a, T: Element> SymSlice<'a, T> {
         if let Some(g) = &self.buf.ctx.gpu {
             return g.dtoh(out, g.addr(r.offset), g.stream(stream));
         }
-        let src = self.buf.ctx.host.heap_ptr(self.buf.ctx.me, r.offset).cast::<T>();
+        let src = self.buf.ctx.host_heap().heap_ptr(self.buf.ctx.me, r.offset).cast::<T>();
         // SAFETY: as in `copy_from_host`, reading instead of writing.
         unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), r.len) };
         Ok(())
@@ -198,7 +198,7 @@ impl<T: Element> SymmetricBuffer<T> {
     pub fn local_ptr(&self) -> *mut T {
         match &self.ctx.gpu {
             Some(g) => g.addr(self.offset) as *mut T,
-            None => self.ctx.host.heap_ptr(self.ctx.me, self.offset).cast(),
+            None => self.ctx.host_heap().heap_ptr(self.ctx.me, self.offset).cast(),
         }
     }
 
@@ -210,7 +210,7 @@ impl<T: Element> SymmetricBuffer<T> {
         }
         match &self.ctx.gpu {
             Some(g) => g.peer_base[pe].map(|base| (base + self.offset as u64) as *mut T),
-            None => Some(self.ctx.host.heap_ptr(pe, self.offset).cast()),
+            None => Some(self.ctx.host_heap().heap_ptr(pe, self.offset).cast()),
         }
     }
 }

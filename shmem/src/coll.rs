@@ -49,7 +49,7 @@ struct Call<'a, 'b, T: Element> {
 
 impl Team {
     fn pe_ptr<T>(&self, member: usize, offset: usize) -> *mut T {
-        self.ctx.host.heap_ptr(self.state.members[member], offset).cast()
+        self.ctx.host_heap().heap_ptr(self.state.members[member], offset).cast()
     }
 
     /// Checks the call locally, exchanges descriptors with the team, and

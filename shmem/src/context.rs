@@ -3,10 +3,13 @@
 use crate::algo::Collectives;
 use crate::bootstrap::Bootstrap;
 use crate::config::{BackendKind, Config};
+use crate::control::node::{self, NodeArea};
+use crate::control::topology::{Hello, Topology};
+use crate::control::{Control, PeState};
 use crate::error::{Error, Result};
 use crate::gpu::{self, GpuWorld};
 use crate::heap::Allocator;
-use crate::host::{self, shm, HostWorld, PeState};
+use crate::host::{self, shm, HostHeap};
 use crate::team::{Team, TeamState};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -29,8 +32,10 @@ pub(crate) struct Inner {
     pub(crate) n: usize,
     pub(crate) local_rank: usize,
     pub(crate) local_size: usize,
-    /// The control area (and, on the host backend, the heaps).
-    pub(crate) host: HostWorld,
+    /// This PE's part in the control plane.
+    pub(crate) ctl: Control,
+    /// The host backend's heaps (`None` on the GPU backend).
+    pub(crate) heap_area: Option<HostHeap>,
     /// The GPU backend, when in use.
     pub(crate) gpu: Option<GpuWorld>,
     pub(crate) heap: Mutex<Allocator>,
@@ -40,8 +45,6 @@ pub(crate) struct Inner {
     pub(crate) collectives: Mutex<Collectives>,
     /// Team slots free on this PE (bit i: slot i).
     pub(crate) free_team_slots: Mutex<u64>,
-    /// This PE's live teams: id → slot (for the crossed-wait check).
-    pub(crate) live_teams: Mutex<std::collections::HashMap<u64, usize>>,
     pub(crate) world: Arc<TeamState>,
     pub(crate) node: Arc<TeamState>,
     pub(crate) pool: rayon::ThreadPool,
@@ -50,6 +53,11 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
+    /// The host backend's heaps; only the host backend's paths call it.
+    pub(crate) fn host_heap(&self) -> &HostHeap {
+        self.heap_area.as_ref().expect("the host backend's heaps, asked for on the GPU backend")
+    }
+
     /// See [`Context::check_device`].
     pub(crate) fn check_device(&self) -> Result<()> {
         let failure = self.gpu.as_ref().and_then(|g| g.kernels.as_ref()).and_then(|k| k.take_a2av_error());
@@ -69,7 +77,7 @@ impl Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         if !self.finalized.load(Ordering::Acquire) {
-            self.host.set_state(PeState::Exited);
+            self.ctl.set_state(PeState::Exited);
             let _ = LIVE.compare_exchange(self.id, 0, Ordering::AcqRel, Ordering::Relaxed);
         }
     }
@@ -107,7 +115,7 @@ impl Stream {
                 self.owner.as_ref().and_then(Weak::upgrade).filter(|_| crate::gpu::sticky(&e)).and_then(|inner| {
                     (0..inner.n)
                         .filter(|&pe| pe != inner.me)
-                        .find_map(|pe| inner.host.peer_problem(pe).filter(|p| p.starts_with("died")).map(|p| (pe, p)))
+                        .find_map(|pe| inner.ctl.peer_problem(pe).filter(|p| p.starts_with("died")).map(|p| (pe, p)))
                 });
             let err = Error::from(e);
             match dead {
@@ -121,49 +129,6 @@ impl Stream {
     pub fn cuda_stream(&self) -> Option<&Arc<cudarc::driver::CudaStream>> {
         self.cuda.as_ref()
     }
-}
-
-/// Host identity, exchanged at start-up.
-struct Hello {
-    host: String,
-    pid: u32,
-    heap_size: u64,
-    /// 0: host backend, 1: gpu, 2: gpu asked for but unavailable here.
-    backend: u8,
-}
-
-impl Hello {
-    fn encode(&self) -> Vec<u8> {
-        let mut v = Vec::new();
-        v.extend_from_slice(&self.pid.to_le_bytes());
-        v.extend_from_slice(&self.heap_size.to_le_bytes());
-        v.push(self.backend);
-        v.extend_from_slice(self.host.as_bytes());
-        v
-    }
-
-    fn decode(b: &[u8]) -> Result<Hello> {
-        if b.len() < 13 {
-            return Err(Error::bootstrap("malformed hello from a peer"));
-        }
-        Ok(Hello {
-            pid: u32::from_le_bytes(b[0..4].try_into().unwrap()),
-            heap_size: u64::from_le_bytes(b[4..12].try_into().unwrap()),
-            backend: b[12],
-            host: String::from_utf8_lossy(&b[13..]).into_owned(),
-        })
-    }
-}
-
-fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname writes at most `len` bytes into `buf`.
-    let r = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if r != 0 {
-        return "localhost".into();
-    }
-    let end = buf.iter().position(|&c| c == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
 /// Exchanges "ok" with a payload, or an error message; fails on every PE
@@ -234,6 +199,59 @@ fn agree_settings(boot: &mut Bootstrap, mine: Result<(usize, bool), String>) -> 
     Ok(heap)
 }
 
+/// Makes one shared-memory object per group of PEs and maps it on each
+/// group's PEs: `creator` (this PE's group's) runs `create`, which names,
+/// creates and initialises the object; its name travels with its "ok";
+/// every PE maps its group's object (`wrap` checks the mapping), all agree
+/// that they did, and every PE unlinks the name (all but the first find it
+/// gone), so that it goes also when its creator died during that agreement.
+/// A creator dead before its peers learnt the name leaves it to the
+/// launcher (`shmemrun` removes `shmem-<pid of PE 0>-…` after a failed job).
+///
+/// # Collective
+/// Every PE of the job calls it, once per kind of object.
+fn share_object<T>(
+    boot: &mut Bootstrap,
+    me: usize,
+    creator: usize,
+    len: usize,
+    what: &str,
+    create: impl FnOnce() -> Result<(String, shm::Mapping)>,
+    wrap: impl FnOnce(shm::Mapping) -> Result<T>,
+) -> Result<T> {
+    let created = if me == creator { create().map(Some) } else { Ok(None) };
+    let (mine, created) = match created {
+        Ok(Some((name, map))) => (Ok(name.clone().into_bytes()), Some((name, map))),
+        Ok(None) => (Ok(Vec::new()), None),
+        Err(e) => (Err(e), None),
+    };
+    let names = match agree_ok(boot, mine, &format!("creating the {what}")) {
+        Ok(names) => names,
+        Err(e) => {
+            // Another group's creator failed, or a PE left: nobody opens ours.
+            if let Some((name, _)) = &created {
+                shm::Mapping::unlink(name);
+            }
+            return Err(e);
+        }
+    };
+    let name = String::from_utf8_lossy(&names[creator]).into_owned();
+    let map = match created {
+        Some((_, map)) => Ok(map),
+        None => shm::Mapping::open(&name, len),
+    };
+    let wrapped = map.and_then(wrap);
+    let (mine, wrapped) = match wrapped {
+        Ok(w) => (Ok(Vec::new()), Some(w)),
+        Err(e) => (Err(e), None),
+    };
+    let outcome = agree_ok(boot, mine, &format!("mapping the {what}"));
+    // Everyone has mapped it (or failed): the name is no longer needed.
+    shm::Mapping::unlink(&name);
+    outcome?;
+    Ok(wrapped.expect("agree_ok passed, so this PE mapped the object"))
+}
+
 impl Context {
     pub(crate) fn start(config: Config) -> Result<Context> {
         if LIVE.compare_exchange(0, STARTING, Ordering::AcqRel, Ordering::Relaxed).is_err() {
@@ -264,7 +282,7 @@ impl Context {
         let (me, n) = (boot.rank(), boot.size());
         let heap_size = agree_settings(&mut boot, settings.map(|heap| (heap, config.force_rma)))?;
 
-        let hello = Hello { host: hostname(), pid: std::process::id(), heap_size: heap_size as u64, backend };
+        let hello = Hello::mine(&boot, heap_size as u64, backend);
         let hellos: Vec<Hello> =
             boot.allgather(&hello.encode())?.iter().map(|b| Hello::decode(b)).collect::<Result<_>>()?;
         // Every PE sees the same hellos, so every PE reaches the same verdicts.
@@ -274,13 +292,8 @@ impl Context {
                 hellos[0].heap_size, h.heap_size
             )));
         }
-        if let Some((pe, h)) = hellos.iter().enumerate().find(|(_, h)| h.host != hellos[0].host) {
-            return Err(Error::BackendUnavailable(format!(
-                "shmem needs every PE of a job on one node (its control area is shared memory; see \
-                 docs/clusters.md), but PE 0 runs on {} and PE {pe} on {}",
-                hellos[0].host, h.host
-            )));
-        }
+        let topo = Topology::from_hellos(&hellos, me)?;
+        topo.check_one_node()?;
         if let Some(why) = gpu_check.as_ref().and_then(|c| c.as_ref().err()).filter(|_| backend == 2) {
             return Err(Error::BackendUnavailable(format!("SHMEM_BACKEND=gpu, but on PE {me}: {why}")));
         }
@@ -293,65 +306,70 @@ impl Context {
             )));
         }
         let use_gpu = backend == 1;
-        let local_rank = hellos[..me].iter().filter(|h| h.host == hello.host).count();
-        let local_size = hellos.iter().filter(|h| h.host == hello.host).count();
+        let (local_rank, local_size) = (topo.local_rank, topo.local_size);
+        let node_members = topo.my_members().to_vec();
+        let unique = NEXT_ID.load(Ordering::Relaxed) ^ nanos();
 
-        // On the GPU backend the shared object holds only the control area.
-        let host_heap = if use_gpu { 0 } else { heap_size };
-        let total = host::object_size(n, host_heap)
-            .ok_or_else(|| Error::config(format!("{n} heaps of {heap_size} bytes overflow the address space")))?;
-        // PE 0 names and creates the object; the name travels with its "ok".
-        let name = shm::object_name(hellos[0].pid, NEXT_ID.load(Ordering::Relaxed) ^ nanos());
-        let created = if me == 0 {
-            match shm::shm_space_available() {
-                Some(free) if (free as u128) < total as u128 => Err(Error::config(format!(
-                    "{n} PEs × {heap_size}-byte heaps need {total} bytes of /dev/shm, only {free} are free \
-                     (lower SHMEM_HEAP_SIZE)"
-                ))),
-                _ => shm::Mapping::create(&name, total).map(|m| {
-                    HostWorld::init_header(&m, n, host_heap);
-                    Some(m)
-                }),
-            }
+        // The node's control area: its lowest PE creates it.
+        let leader = node_members[0];
+        let total = node::object_size(local_size)
+            .ok_or_else(|| Error::config(format!("a control area for {local_size} PEs overflows the address space")))?;
+        let node_area = share_object(
+            &mut boot,
+            me,
+            leader,
+            total,
+            "node's control area",
+            || {
+                let name = shm::object_name(hellos[me].pid, unique << 1 | 1);
+                let map = shm::Mapping::create(&name, total)?;
+                NodeArea::init_header(&map, n, local_size);
+                Ok((name, map))
+            },
+            |map| NodeArea::new(map, me, n, &node_members),
+        )?;
+        let ctl = Control::new(node_area, me, n, config.wait_timeout, &[(WORLD_UID, 0), (NODE_UID, 1)]);
+
+        // The host backend's heaps: PE 0 creates their object.
+        let heap_area = if use_gpu {
+            None
         } else {
-            Ok(None)
+            let total = host::object_size(n, heap_size)
+                .ok_or_else(|| Error::config(format!("{n} heaps of {heap_size} bytes overflow the address space")))?;
+            let area = share_object(
+                &mut boot,
+                me,
+                0,
+                total,
+                "shared heap",
+                || match shm::shm_space_available() {
+                    Some(free) if (free as u128) < total as u128 => Err(Error::config(format!(
+                        "{n} PEs × {heap_size}-byte heaps need {total} bytes of /dev/shm, only {free} are free \
+                         (lower SHMEM_HEAP_SIZE)"
+                    ))),
+                    _ => {
+                        let name = shm::object_name(hellos[0].pid, unique << 1);
+                        let map = shm::Mapping::create(&name, total)?;
+                        HostHeap::init_header(&map, n, heap_size);
+                        Ok((name, map))
+                    }
+                },
+                |map| HostHeap::new(map, n, heap_size),
+            )?;
+            Some(area)
         };
-        let (mine, created) = match created {
-            Ok(m) => (Ok(name.clone().into_bytes()), m),
-            Err(e) => (Err(e), None),
-        };
-        let names = agree_ok(&mut boot, mine, "creating the shared heap")?;
-        let name = String::from_utf8_lossy(&names[0]).into_owned();
-        let map = match created {
-            Some(m) => Ok(m),
-            None => shm::Mapping::open(&name, total),
-        };
-        let world = map.and_then(|m| HostWorld::new(m, me, n, host_heap, config.wait_timeout));
-        let (mine, world) = match world {
-            Ok(w) => (Ok(Vec::new()), Some(w)),
-            Err(e) => (Err(e), None),
-        };
-        let outcome = agree_ok(&mut boot, mine, "mapping the shared heap");
-        // Everyone has mapped it (or failed): the name is no longer needed.
-        // Every PE unlinks it (all but the first find it gone), so that it
-        // goes also when PE 0 died during this agreement; a PE 0 dead
-        // before its peers learnt the name is left to the launcher
-        // (`shmemrun` removes `shmem-<pid of PE 0>-…` after a failed job).
-        shm::Mapping::unlink(&name);
-        outcome?;
-        let host = world.expect("agree_ok passed, so this PE mapped the heap");
-        let marks = host.heap_marks();
-        let node_members: Vec<usize> = (0..n).filter(|&pe| hellos[pe].host == hello.host).collect();
+        let marks = heap_area.as_ref().and_then(HostHeap::marks);
         let gpu = if use_gpu {
             let seat = gpu::Seat { local_rank, pes_per_gpu: config.pes_per_gpu };
-            Some(GpuWorld::start(&mut boot, me, n, seat, &hello.host, heap_size, &node_members)?)
+            Some(GpuWorld::start(&mut boot, me, n, seat, topo.my_node_name(), heap_size, &node_members)?)
         } else {
             None
         };
         boot.close();
 
         let members: Vec<usize> = (0..n).collect();
-        let threads = std::thread::available_parallelism().map_or(1, |c| c.get()).div_ceil(local_size).max(1);
+        // Emulated nodes share the machine's cores.
+        let threads = std::thread::available_parallelism().map_or(1, |c| c.get()).div_ceil(topo.host_size).max(1);
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(move |i| format!("shmem-pe{me}-{i}"))
@@ -364,14 +382,14 @@ impl Context {
             n,
             local_rank,
             local_size,
-            host,
+            ctl,
+            heap_area,
             gpu,
             heap: Mutex::new(Allocator::new(heap_size).with_marks(marks)),
             heap_size,
             finalized: AtomicBool::new(false),
             collectives: Mutex::new(Collectives { force_rma: config.force_rma, ..Default::default() }),
             free_team_slots: Mutex::new(!0b11),
-            live_teams: Mutex::new([(WORLD_UID, 0), (NODE_UID, 1)].into_iter().collect()),
             world: Arc::new(TeamState::new(id, 0, members, me, None, gpu::TEAM_WORLD, WORLD_UID)),
             node: Arc::new(TeamState::new(id, 1, node_members, me, None, gpu::TEAM_NODE, NODE_UID)),
             pool,
@@ -505,7 +523,7 @@ impl Context {
             result = result.and_then(|_| g.finalize());
         }
         self.inner.finalized.store(true, Ordering::Release);
-        self.inner.host.set_state(PeState::Finalized);
+        self.inner.ctl.set_state(PeState::Finalized);
         let _ = LIVE.compare_exchange(self.inner.id, 0, Ordering::AcqRel, Ordering::Relaxed);
         result
     }

@@ -27,6 +27,7 @@ mod buffer;
 mod coll;
 pub mod config;
 mod context;
+mod control;
 mod dtype;
 mod error;
 /// Internals for the fuzz targets in `fuzz/`: not API (hidden, unstable).

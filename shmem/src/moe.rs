@@ -450,7 +450,7 @@ impl Team {
 
     /// `member`'s `len` i64s at heap offset `offset`.
     fn peer_i64s(&self, member: usize, offset: usize, len: usize) -> Vec<i64> {
-        let from = self.ctx.host.heap_ptr(self.state.members[member], offset).cast::<i64>();
+        let from = self.ctx.host_heap().heap_ptr(self.state.members[member], offset).cast::<i64>();
         let mut v = vec![0i64; len];
         // SAFETY: a checked region of i64s (aligned: allocations are
         // 256-aligned, slices start at element boundaries) in `member`'s
@@ -474,11 +474,11 @@ impl Team {
     fn execute<T: Element>(&self, c: &Call, plan: &Plan) {
         let (elem, row) = (size_of::<T>(), c.row_len);
         let me = self.my_pe();
-        let out = Addr(self.ctx.host.heap_ptr(self.state.members[me], c.output.offset) as usize);
+        let out = Addr(self.ctx.host_heap().heap_ptr(self.state.members[me], c.output.offset) as usize);
         // (source address, destination address, elements) in pieces of at most PIECE.
         let mut pieces = Vec::new();
         for ch in &plan.chunks {
-            let from = self.ctx.host.heap_ptr(self.state.members[ch.src], c.input.offset) as usize;
+            let from = self.ctx.host_heap().heap_ptr(self.state.members[ch.src], c.input.offset) as usize;
             let (from, to) = (from + ch.from as usize * row * elem, out.0 + ch.to as usize * row * elem);
             let len = ch.rows as usize * row;
             for k in (0..len).step_by(PIECE) {
@@ -497,7 +497,7 @@ impl Team {
         } else {
             self.ctx.pool.install(|| pieces.par_iter().for_each(copy));
         }
-        let so = self.ctx.host.heap_ptr(self.state.members[me], c.out_splits_offsets.offset).cast::<i64>();
+        let so = self.ctx.host_heap().heap_ptr(self.state.members[me], c.out_splits_offsets.offset).cast::<i64>();
         // SAFETY: this PE's out_splits_offsets holds 2 × entries i64s
         // (checked by `shape`), overlaps nothing read here, and no peer
         // reads it during the operation.

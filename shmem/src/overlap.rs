@@ -28,10 +28,10 @@
 use crate::buffer::{Region, SymSlice};
 use crate::coll::overlap;
 use crate::context::Stream;
+use crate::control::DESC_WORDS;
 use crate::dtype::{DType, Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::gpu::blas::Blas;
-use crate::host::DESC_WORDS;
 use crate::team::{Desc, OpKind, Team};
 use rayon::prelude::*;
 
@@ -363,7 +363,7 @@ impl Team {
     /// element accumulated in f32 over k in order.
     fn host_gemm<T: Element>(&self, a: usize, b: usize, c: usize, rows: usize, k: usize, n: usize) {
         let me = self.state.members[self.my_pe()];
-        let base = self.ctx.host.heap_ptr(me, 0) as usize;
+        let base = self.ctx.host_heap().heap_ptr(me, 0) as usize;
         // SAFETY: checked, non-overlapping regions of this PE's heap that no
         // peer writes during the call.
         let (a, b) = unsafe {

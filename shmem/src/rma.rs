@@ -109,7 +109,7 @@ impl Context {
     /// Host backend: the address of `pe`'s `buf[index]`.
     fn element_ptr<T: Element>(&self, buf: &SymmetricBuffer<T>, index: usize, pe: usize) -> Result<*mut T> {
         let off = self.element_offset(buf, index, pe)?;
-        Ok(self.inner.host.heap_ptr(pe, off).cast())
+        Ok(self.inner.host_heap().heap_ptr(pe, off).cast())
     }
 
     /// Copies this PE's `src` into `pe`'s copy of `dst`; returns when done.
@@ -169,7 +169,7 @@ impl Context {
             let bytes = d.len * size_of::<T>();
             return g.transfer(put, g.addr(d.offset), g.addr(s.offset), bytes, pe, g.stream(stream));
         }
-        let host = &self.inner.host;
+        let host = self.inner.host_heap();
         let (dst_pe, src_pe) = if put { (pe, self.inner.me) } else { (self.inner.me, pe) };
         // SAFETY: both regions were checked to lie inside their heaps; the
         // program orders this access against others to the same memory.
@@ -379,12 +379,12 @@ impl Context {
                     }
                 }
             };
-            self.inner.host.wait_for_anyone(poll, &what)?;
+            self.inner.ctl.wait_for_anyone(poll, &what)?;
             return failed.map_or(Ok(seen), Err);
         }
         let cell = self.signal_cell(signal, index, me)?;
         let mut seen = 0;
-        self.inner.host.wait_for_anyone(
+        self.inner.ctl.wait_for_anyone(
             || {
                 // Acquire: pairs with the release of the signalling put.
                 seen = cell.load(Ordering::Acquire);

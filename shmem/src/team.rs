@@ -8,9 +8,9 @@
 //! nothing written.
 
 use crate::context::{Inner, Stream};
+use crate::control::{DESC_WORDS, MAX_TEAMS};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
-use crate::host::{DESC_WORDS, MAX_TEAMS};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -202,9 +202,9 @@ pub(crate) struct TeamState {
     pub(crate) members: Vec<usize>,
     pub(crate) my_index: usize,
     /// Each member's barrier counter on `slot` when the team was made.
-    bases: Vec<u64>,
+    pub(crate) bases: Vec<u64>,
     /// Barriers this PE has entered on the team.
-    arrivals: AtomicU64,
+    pub(crate) arrivals: AtomicU64,
     /// Exchanges this PE has made on the team.
     seq: AtomicU64,
     /// For split teams: the context whose slot to free on drop.
@@ -244,7 +244,7 @@ impl Drop for TeamState {
                 }
             }
             *inner.free_team_slots.lock().unwrap_or_else(|e| e.into_inner()) |= 1 << self.slot;
-            inner.live_teams.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.uid);
+            inner.ctl.team_left(self.uid);
         }
     }
 }
@@ -340,7 +340,7 @@ impl Team {
         // Second exchange: each member's barrier counter on the chosen slot,
         // read before anyone can enter a barrier of the new team.
         let mut d = Desc::new(OpKind::SplitBases);
-        d.private = self.ctx.host.cell(self.ctx.me).teams[slot].epoch.load(Ordering::SeqCst);
+        d.private = self.ctx.ctl.slot_epoch(slot);
         let rows = self.exchange(&d, added.as_ref().err())?;
         added?;
         self.agree(&rows)?;
@@ -362,8 +362,7 @@ impl Team {
             .iter()
             .fold(0x9e37_79b9_7f4a_7c15u64, |h, &x| (h ^ x).wrapping_mul(0x100_0000_01b3).rotate_left(29))
             | 1 << 63;
-        self.ctx.host.cell(self.ctx.me).teams[slot].arrivals.store(0, Ordering::SeqCst);
-        self.ctx.live_teams.lock().unwrap_or_else(|e| e.into_inner()).insert(uid, slot);
+        self.ctx.ctl.team_joined(uid, slot);
         let mut state = TeamState::new(self.ctx.id, slot, members, self.ctx.me, Some(self.ctx.clone()), nv_team, uid);
         state.bases = bases;
         Ok(Some(Team { ctx: self.ctx.clone(), state: Arc::new(state) }))
@@ -405,79 +404,13 @@ impl Team {
 
     /// Enters the team's barrier and waits for every member.
     pub(crate) fn raw_barrier(&self) -> Result<()> {
-        let st = &*self.state;
-        let host = &self.ctx.host;
-        let mine = host.cell(self.ctx.me);
-        let target = st.arrivals.fetch_add(1, Ordering::Relaxed) + 1;
-        mine.teams[st.slot].arrivals.store(target, Ordering::SeqCst);
-        // Target first, then the team: a reader that sees the team sees its target.
-        mine.waiting_target.store(target, Ordering::SeqCst);
-        mine.waiting_team.store(st.uid, Ordering::SeqCst);
-        // SeqCst: publishes this PE's descriptor row and data writes before
-        // any member can see the arrival.
-        mine.teams[st.slot].epoch.fetch_add(1, Ordering::SeqCst);
-        let arrived = |i: usize| {
-            host.cell(st.members[i]).teams[st.slot].epoch.load(Ordering::SeqCst).wrapping_sub(st.bases[i]) >= target
-        };
-        let n = st.members.len();
-        let result = host.wait_until(
-            || (0..n).all(arrived),
-            &mut (0..n).filter(|&i| !arrived(i)).map(|i| st.members[i]),
-            &|| format!("waiting in a barrier of a team of {n} PEs"),
-            &|| self.no_crossed_wait(&arrived),
-        );
-        mine.waiting_team.store(0, Ordering::SeqCst);
-        result
-    }
-
-    /// Fails when a member this PE waits for is itself waiting, in a barrier
-    /// of another team of this PE, for an arrival of this PE: the two called
-    /// collectives on different teams (or in a different order), and neither
-    /// can go on.
-    fn no_crossed_wait(&self, arrived: &dyn Fn(usize) -> bool) -> Result<()> {
-        let st = &*self.state;
-        let host = &self.ctx.host;
-        for (i, &pe) in st.members.iter().enumerate().filter(|&(i, _)| !arrived(i)) {
-            let cell = host.cell(pe);
-            let team = cell.waiting_team.load(Ordering::SeqCst);
-            if team == 0 || team == st.uid {
-                continue;
-            }
-            let wanted = cell.waiting_target.load(Ordering::SeqCst);
-            let slot = self.ctx.live_teams.lock().unwrap_or_else(|e| e.into_inner()).get(&team).copied();
-            let Some(slot) = slot else { continue };
-            let mine = host.cell(self.ctx.me).teams[slot].arrivals.load(Ordering::SeqCst);
-            // Re-read: the peer still waits in that barrier, for this PE.
-            if mine < wanted && cell.waiting_team.load(Ordering::SeqCst) == team && !arrived(i) {
-                return Err(Error::CollectiveMismatch(format!(
-                    "PE {pe} waits in a collective of another team this PE belongs to, while this PE waits for \
-                     PE {pe} in a collective of a team of {} PEs: the PEs called collectives on different teams \
-                     (or in a different order)",
-                    st.members.len()
-                )));
-            }
-        }
-        Ok(())
+        self.ctx.ctl.barrier(&self.state)
     }
 
     /// Publishes `desc`, enters the barrier, and returns every member's row.
     pub(crate) fn exchange(&self, desc: &Desc, my_error: Option<&Error>) -> Result<Vec<[u64; DESC_WORDS]>> {
-        let st = &*self.state;
-        let seq = st.seq.fetch_add(1, Ordering::Relaxed);
-        let words = desc.words(seq, my_error.map_or(0, err_code));
-        let row = &self.ctx.host.cell(self.ctx.me).teams[st.slot].desc[(seq & 1) as usize];
-        for (cell, w) in row.iter().zip(words) {
-            cell.store(w, Ordering::Relaxed);
-        }
-        self.raw_barrier()?;
-        Ok(st
-            .members
-            .iter()
-            .map(|&pe| {
-                let row = &self.ctx.host.cell(pe).teams[st.slot].desc[(seq & 1) as usize];
-                std::array::from_fn(|i| row[i].load(Ordering::Relaxed))
-            })
-            .collect())
+        let seq = self.state.seq.fetch_add(1, Ordering::Relaxed);
+        self.ctx.ctl.exchange(&self.state, seq, &desc.words(seq, my_error.map_or(0, err_code)))
     }
 
     /// Fails unless every member's row carries no error and the same call.

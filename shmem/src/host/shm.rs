@@ -1,4 +1,5 @@
-//! POSIX shared memory mapped by every PE of the host backend.
+//! POSIX shared memory: the host backend's heaps, and the control plane's
+//! node areas on both backends.
 
 use crate::error::{Error, Result};
 use std::ffi::CString;
@@ -8,7 +9,7 @@ use std::ptr::NonNull;
 ///
 /// The object's name is unlinked as soon as every PE has mapped it (see
 /// [`Mapping::unlink`]), so a crash after start-up never leaves it behind
-/// in `/dev/shm`; what a PE 0 that dies before then leaves, the launcher
+/// in `/dev/shm`; what a creator that dies before then leaves, the launcher
 /// removes (see [`is_object_of`]).
 pub(crate) struct Mapping {
     base: NonNull<u8>,
@@ -21,13 +22,13 @@ unsafe impl Send for Mapping {}
 // SAFETY: as above.
 unsafe impl Sync for Mapping {}
 
-/// The name of a job's object: `/shmem-<pid of PE 0>-<unique, hex>`.
-pub(crate) fn object_name(pe0: u32, unique: u64) -> String {
-    format!("/shmem-{pe0}-{unique:x}")
+/// The name of an object: `/shmem-<pid of the PE that creates it>-<unique, hex>`.
+pub(crate) fn object_name(creator: u32, unique: u64) -> String {
+    format!("/shmem-{creator}-{unique:x}")
 }
 
 /// Whether `file`, an entry of `/dev/shm`, is named as [`object_name`]
-/// names the objects of a job whose PE 0 had process id `pe0`.
+/// names the objects that the PE with process id `pe0` creates.
 pub(crate) fn is_object_of(file: &str, pe0: u32) -> bool {
     file.strip_prefix("shmem-")
         .and_then(|f| f.strip_prefix(pe0.to_string().as_str()))
@@ -77,7 +78,7 @@ impl Mapping {
             st.assume_init().st_size as usize
         };
         let result = if size != len {
-            Err(Error::bootstrap(format!("shared heap {name} is {size} bytes, expected {len}")))
+            Err(Error::bootstrap(format!("shared-memory object {name} is {size} bytes, expected {len}")))
         } else {
             Self::map(fd, len)
         };
