@@ -29,46 +29,11 @@
 namespace shmem {
 namespace k {
 
-enum A2avKind { A2avV = 0, A2av2d = 1, A2av2dOffset = 2 };
 // The kernels' bodies are made once for each kind (`K`), so that none of
 // their steps branches on it; `kAnyKind` reads it from the arguments.
 constexpr int kAnyKind = -1;
 
-// What the host passes (`A2av` in kernels.rs).
-struct A2av {
-    uint64_t input, output, splits, out_so;  // heap offsets
-    uint64_t row_bytes;
-    uint64_t in_rows, out_rows;  // rows the input and the output hold
-    uint64_t table;              // heap offset of this PE's staging
-    uint64_t error;              // device address of the host-mapped error record
-    uint64_t block_bytes;        // bytes of the busiest PE's rows per working data block
-    int kind;
-    int ne;  // experts per PE (1 for 1D)
-    int major_align;
-    int shared_splits;  // the plan kernel stages the splits in its shared memory
-    int blocks;         // the data kernel's grid
-    int local_blocks;   // of the working blocks, how many copy this PE's own chunks (0: each block
-                        // does both; negative: chosen by `a2av_local_blocks`)
-};
-
 template <int K> __device__ __forceinline__ int kind_of(const A2av &a) { return K == kAnyKind ? a.kind : K; }
-
-// The error record the host reads (`A2avError` in kernels.rs): `code` is
-// class << 56 | pe << 32 | index, `value` the offending number.
-struct A2avError {
-    unsigned long long code;   // and the kind << 52
-    long long value;
-    unsigned long long count;  // failed operations since the host last looked
-    unsigned long long limit;  // the input's or the output's rows
-};
-
-enum A2avClass : unsigned long long {
-    NegativeSplit = 1,
-    NegativeOffset = 2,
-    OffsetBackwards = 3,
-    PastInput = 4,
-    PastOutput = 5,
-};
 
 // This PE's staging (global memory) for the two-kernel form, in 64-bit
 // words: the verdict, the data kernel's active blocks, every PE's splits
@@ -179,7 +144,8 @@ __device__ __forceinline__ int div_by(int x, int d, float r) {
 }
 
 __device__ __forceinline__ unsigned long long err_code(unsigned long long cls, int pe, uint64_t index) {
-    return cls << 56 | static_cast<unsigned long long>(pe) << 32 | (index & 0xffffffffull);
+    return cls << kA2avErrClassShift | static_cast<unsigned long long>(pe) << kA2avErrPeShift |
+           (index & kA2avErrIndexMask);
 }
 
 // Rows of entry `i` of PE `s` (negative ones count as 0 once reported).
@@ -328,9 +294,9 @@ __device__ void a2av_report(const A2av &a, unsigned long long code, long long va
     // Host-mapped: the host reads it without synchronising.
     volatile A2avError *e = reinterpret_cast<volatile A2avError *>(a.error);
     if (e->count == 0) {
-        e->code = code | static_cast<unsigned long long>(a.kind) << 52;
+        e->code = code | static_cast<unsigned long long>(a.kind) << kA2avErrKindShift;
         e->value = value;
-        e->limit = code >> 56 == PastOutput ? a.out_rows : a.in_rows;
+        e->limit = code >> kA2avErrClassShift == PastOutput ? a.out_rows : a.in_rows;
     }
     __threadfence_system();
     e->count = e->count + 1;
@@ -563,12 +529,10 @@ __device__ void a2av_push(const TeamSync &t, const A2av &a, const uint64_t *plan
 // every peer's splits of the operation between, which each peer sent when
 // that operation's kernel began, after its kernel before (every block of
 // which read the buffer) had ended: the low-latency argument of
-// common.cuh. A flag is never 0 (the zeroed buffer) nor that of two
+// prims_ll.cuh. A flag is never 0 (the zeroed buffer) nor that of two
 // operations before. The counter is read by every block as it starts and
 // advanced by the last block to have read it (the next operation's kernel
 // starts after this one ends), so every block sees the same.
-constexpr int kA2avPacketWords = 1024;
-
 struct A2avPackets {
     const TeamSync &t;
     uint64_t base;  // heap offset
@@ -582,8 +546,8 @@ struct A2avPackets {
     // Reads the counter and this block's epoch, both loads in flight at
     // once and beside whatever the block loaded before (whole block).
     __device__ A2avPackets(const TeamSync &team) : t(team), last(false) {
-        uint64_t words = 3ull * kMaxBlocks * t.n + 2 * kMaxBlocks;
-        base = t.sync_offset + (words * 8 + 255) / 256 * 256;
+        uint64_t words = static_cast<uint64_t>(kSignalArrays) * kMaxBlocks * t.n + kEpochCounterSets * kMaxBlocks;
+        base = t.sync_offset + (words * 8 + kStateAlign - 1) / kStateAlign * kStateAlign;
         __shared__ uint64_t shared_op, shared_epoch;
         if (threadIdx.x == blockDim.x - 1) {
             uint64_t o = *t.mine<uint64_t>(base), e = *t.epoch_counter(blockIdx.x);
@@ -595,7 +559,7 @@ struct A2avPackets {
         parity = op & 1;
     }
     __device__ uint64_t slot(int sender, int word, int w) const {
-        return base + 256 + (parity * kA2avPacketWords + static_cast<uint64_t>(sender) * w + word) * 16;
+        return base + kA2avHeaderBytes + (parity * kA2avPacketWords + static_cast<uint64_t>(sender) * w + word) * 16;
     }
     __device__ void send(int pe, int word, int w, int64_t v) const {
         packet_store(t.at<uint4>(pe, slot(t.rank, word, w)), static_cast<uint64_t>(v), flag);
@@ -629,7 +593,8 @@ struct A2avPackets {
 using shmem::k::A2av;
 using shmem::k::TeamSync;
 
-extern "C" __global__ void __launch_bounds__(512) shmem_a2av_plan(TeamSync t, A2av a) {
+extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
+    shmem_a2av_plan(TeamSync t, A2av a) {
     shmem::k::follow_stream();
     using namespace shmem::k;
     // Every PE's splits and the work arrays, read over and over below: in
@@ -678,7 +643,8 @@ extern "C" __global__ void __launch_bounds__(512) shmem_a2av_plan(TeamSync t, A2
 
 // Each working block (the first `active_blocks`) pushes its share of the
 // planned chunks (`a2av_push`).
-extern "C" __global__ void __launch_bounds__(512) shmem_a2av_move(TeamSync t, A2av a) {
+extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
+    shmem_a2av_move(TeamSync t, A2av a) {
     shmem::k::follow_stream();
     using namespace shmem::k;
     A2avTable tb = a2av_table(t, a);
@@ -764,18 +730,18 @@ template <int K> __device__ __forceinline__ void a2av_fused(const TeamSync &team
 // A kernel for each kind, NAME_v, NAME_2d and NAME_2d_offset, each BODY
 // made for its kind (`A2AV_FUSED` and `A2AV_LINES` in kernels.rs), after
 // the wait for the kernel before it (launched as a dependent launch).
-#define SHMEM_A2AV_KERNELS(NAME, BODY)                                                     \
-    extern "C" __global__ void __launch_bounds__(512) NAME##_v(TeamSync t, A2av a) {       \
-        shmem::k::follow_stream();                                                         \
-        BODY<shmem::k::A2avV>(t, a);                                                       \
-    }                                                                                      \
-    extern "C" __global__ void __launch_bounds__(512) NAME##_2d(TeamSync t, A2av a) {      \
-        shmem::k::follow_stream();                                                         \
-        BODY<shmem::k::A2av2d>(t, a);                                                      \
-    }                                                                                      \
-    extern "C" __global__ void __launch_bounds__(512) NAME##_2d_offset(TeamSync t, A2av a) { \
-        shmem::k::follow_stream();                                                         \
-        BODY<shmem::k::A2av2dOffset>(t, a);                                                \
+#define SHMEM_A2AV_KERNELS(NAME, BODY)                                                                           \
+    extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads) NAME##_v(TeamSync t, A2av a) {         \
+        shmem::k::follow_stream();                                                                               \
+        BODY<shmem::k::A2avV>(t, a);                                                                             \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads) NAME##_2d(TeamSync t, A2av a) {        \
+        shmem::k::follow_stream();                                                                               \
+        BODY<shmem::k::A2av2d>(t, a);                                                                            \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads) NAME##_2d_offset(TeamSync t, A2av a) { \
+        shmem::k::follow_stream();                                                                               \
+        BODY<shmem::k::A2av2dOffset>(t, a);                                                                      \
     }
 
 SHMEM_A2AV_KERNELS(shmem_a2av_fused, shmem::k::a2av_fused)
@@ -1007,7 +973,7 @@ template <int K> struct A2avLines {
 // experts per PE, an input whose rows fit the low-latency buffer in lines
 // (`moe_lines_fit` in algo.rs). Each PE sends, as it starts, its splits
 // and then its rows for each peer in 128-byte lines (`Lines` of
-// common.cuh) into that peer's low-latency buffer for it: it needs
+// prims_lines.cuh) into that peer's low-latency buffer for it: it needs
 // nothing from the peers to know where they go there (its chunks for the
 // peer in its own order, each from a fresh line), and each warp works out
 // its own lines' sources, so the first line leaves without a barrier and
