@@ -9,7 +9,7 @@
 // 8-byte packets), or that whole word (112 data bytes, `LinesOf<8>`):
 // for reductions of 8-byte elements, which a 4-byte word would split
 // across two lanes, and for the MoE line kernel (`MoeLines` in
-// moe.cu). Lines of 120 took the all-reduce of 1 MiB (bf16, 2×H200,
+// moe_lines.cu). Lines of 120 took the all-reduce of 1 MiB (bf16, 2×H200,
 // session 21, run 2) from 6.42 µs to 6.29, of 768 KiB from 5.45 to 5.33.
 // NCCL's LL128 trusts one flag a line, counting on an aligned 128-byte
 // store of a warp to arrive whole; on 2×H100 and 2×H200 (docs/perf.md,
@@ -46,7 +46,7 @@ __device__ __forceinline__ void ld_volatile_v2u64(const uint64_t *p, uint64_t &a
 // 112, lane 7 8 at 104 and 4 at 116 (each 8-byte word 8-aligned in the
 // line). 8-byte flags: 16 from 0, 16, 32 (lanes 0–2), 56, 72, 88 (4–6)
 // and 8 at 48 and 104 (3 and 7).
-// `kRolled`: the MoE line kernel's form (`MoeLines` in moe.cu): the
+// `kRolled`: the MoE line kernel's form (`MoeLines` in moe_lines.cu): the
 // byte loops of its loads and stores rolled (`load_at`), and every line
 // taken through them, whole ones too (no `whole` path). Each measured
 // faster for that kernel and slower for the collectives (session 21, run
