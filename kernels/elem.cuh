@@ -59,9 +59,7 @@ __device__ void block_reduce(T *const *dsts, int ndst, const T *const *srcs, int
         // kU vectors of every member's a thread in flight together (8 in
         // all, as block_copy's 4 a side), before any of their stores:
         // loads through NVLink wait about a microsecond, and one vector a
-        // member a thread left the link short of requests (on 2×H100 the
-        // pulling two-shot all-reduce of 256 MiB took 809 µs so, 796 now;
-        // a put of the same bytes takes 679).
+        // member a thread left the link short of requests.
         constexpr int kU = NP >= 8 ? 1 : 8 / NP;
         const uint64_t step = blockDim.x;
         auto reduce = [&](const V(&x)[NP]) {

@@ -426,9 +426,8 @@ __device__ __forceinline__ int a2av_active(const A2av &a, uint64_t busiest) {
 }
 
 // The local-copy blocks when the host leaves the choice to the kernel:
-// measured on 2×H200 (docs/perf.md, session 6) over 1 to 4096 tokens of
-// 7168 bf16, with 0, 4, 8, 12, 16 and 24 of them: half of a small grid,
-// an eighth of a large one (16 of 128 took 4096 tokens from 106 to 93 µs).
+// half of a small grid, an eighth of a large one, the fastest of 0, 4, 8,
+// 12, 16 and 24 over 1 to 4096 tokens of 7168 bf16.
 __device__ __forceinline__ int a2av_local_blocks(int active) { return active >= 64 ? active / 8 : active / 2; }
 
 // The last of `n` items whose starts (`start(i)`) never decrease that

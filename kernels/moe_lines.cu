@@ -17,11 +17,10 @@ namespace k {
 // wait for its splits to leave first (`A2avLines::send`).
 constexpr uint64_t kGateMinLines = 1024;
 
-// The line kernel's lines: 8-byte flags, 112 data bytes a line. In lines
-// of 120 (4-byte flags, as the collectives' since session 21) one token
-// and 32 took 0.3–0.55 µs longer in every form (2×H200, session 21, run
-// 2; run 8 again with the byte loops rolled): they wait on the latency of
-// each line, not on the link. Its byte loops rolled (`load_at`).
+// The line kernel's lines: 8-byte flags, 112 data bytes a line (its
+// operations wait on the latency of each line, not on the link, and are
+// slower in lines of 120, with 4-byte flags). Its byte loops rolled
+// (`load_at`).
 using MoeLines = LinesOf<8, true>;
 
 template <int K> struct A2avLines {
@@ -79,14 +78,12 @@ template <int K> struct A2avLines {
     // more for its first peer, every warp's rows wait for the gate. Else
     // the splits, which the peers' whole plan waits for, would share the
     // link with every block's rows from the start and arrive behind much
-    // of them (at 128 tokens, 2–4.7 µs after their sending warp's start;
-    // session 18, run 1). Fewer rows go at once: they hold the splits
-    // back little, and the wait cost one token 0.5–0.6 µs (run 2). The
-    // gate orders only what enters the link: the rows' lines are right
-    // wherever the splits are. No block barrier: run 4's, after the
-    // splits' sends, held block 0's rows back 0.3–0.44 µs at one token,
-    // and run 5's, after the rows' plan, the gate 0.3–0.6 µs at 32 and
-    // 128. The rows by the grid's warps, 4 lines each a pass.
+    // of them. Fewer rows go at once: they hold the splits back little,
+    // and the wait would cost more than it saves. The gate orders only
+    // what enters the link: the rows' lines are right wherever the splits
+    // are. No block barrier, which would hold block 0's rows back (after
+    // the splits' sends) or the gate (after the rows' plan). The rows by
+    // the grid's warps, 4 lines each a pass.
     __device__ void send(const TeamSync &team) const {
         const uint8_t *in = team.mine<uint8_t>(a.input);
         const int64_t *mine = team.mine<int64_t>(a.splits);
@@ -275,8 +272,7 @@ template <int K> __device__ __forceinline__ void a2av_lines(const TeamSync &team
         const uint64_t in_lines = x.rows_in(team);
         const uint64_t own = (tail[3] + tail[2]) * a.row_bytes, in = in_lines * MoeLines::kDataBytes;
         // (In single precision, rounded: the same in every block, and no
-        // 64-bit division, which cost this step about 0.5 µs in session
-        // 18's run 2.)
+        // 64-bit division, a long subroutine on the way.)
         int copiers = in == 0    ? warps
                       : own == 0 ? 0
                                  : __float2int_rn(__fdividef(static_cast<float>(own) * warps, static_cast<float>(own + in)));
@@ -285,9 +281,7 @@ template <int K> __device__ __forceinline__ void a2av_lines(const TeamSync &team
             // to be in the first two passes (`recv_rows` takes two at
             // once; a third is another round of waits): at 128 tokens of
             // 7168 bf16 at 2 PEs, about 8200 lines in, the 8 receivers a
-            // block the bytes gave would take three passes of 4096; with
-            // this floor dispatch took 9.72 µs against 10.20 (2×H100,
-            // session 19, runs 1 and 3).
+            // block the bytes gave would take three passes of 4096.
             const int need = __float2int_ru(__fdividef(static_cast<float>(in_lines), 8.0f * gridDim.x));
             copiers = min(max(copiers, 1), warps - min(max(need, 1), warps - 1));
         }

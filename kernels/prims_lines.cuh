@@ -9,15 +9,12 @@
 // 8-byte packets), or that whole word (112 data bytes, `LinesOf<8>`):
 // for reductions of 8-byte elements, which a 4-byte word would split
 // across two lanes, and for the MoE line kernel (`MoeLines` in
-// moe_lines.cu). Lines of 120 took the all-reduce of 1 MiB (bf16, 2×H200,
-// session 21, run 2) from 6.42 µs to 6.29, of 768 KiB from 5.45 to 5.33.
-// NCCL's LL128 trusts one flag a line, counting on an aligned 128-byte
-// store of a warp to arrive whole; on 2×H100 and 2×H200 (docs/perf.md,
-// sessions 18 and 19) a receiver saw a line's flag while its first 64
-// bytes still held the buffer's older contents, where an earlier
-// operation's packets had ended inside that line (spmd's
-// coll::all_to_all::lines_after_packets), as NVIDIA/nccl#2053 reports of
-// 64-byte halves on GH200. A half's flag is its half's arrival.
+// moe_lines.cu). NCCL's LL128 trusts one flag a line, counting on an
+// aligned 128-byte store of a warp to arrive whole; a receiver here saw a
+// line's flag while its first 64 bytes still held the buffer's older
+// contents, where an earlier operation's packets had ended inside that
+// line (spmd's coll::all_to_all::lines_after_packets), as NVIDIA/nccl#2053
+// reports of 64-byte halves on GH200. A half's flag is its half's arrival.
 //
 // The lines of a sender go where its packets would (`LL::slot`), so the
 // two protocols share the buffers, the epochs and the argument about
@@ -48,9 +45,8 @@ __device__ __forceinline__ void ld_volatile_v2u64(const uint64_t *p, uint64_t &a
 // and 8 at 48 and 104 (3 and 7).
 // `kRolled`: the MoE line kernel's form (`MoeLines` in moe_lines.cu): the
 // byte loops of its loads and stores rolled (`load_at`), and every line
-// taken through them, whole ones too (no `whole` path). Each measured
-// faster for that kernel and slower for the collectives (session 21, run
-// 8; session 22, run 3).
+// taken through them, whole ones too (no `whole` path). Each makes that
+// kernel faster and the collectives slower.
 template <int kFlagBytes, bool kRolled = false>
 struct LinesOf {
     static_assert(kFlagBytes == 4 || kFlagBytes == 8, "a line's flag is 4 or 8 bytes");
@@ -119,14 +115,9 @@ struct LinesOf {
     __device__ uint64_t offset_b(uint64_t line) const { return line * kDataBytes + lane_b(); }
     // Whether `line` of the `len` bytes at `p` is whole and `p` 8-aligned:
     // then this lane's words are plain loads and stores, without the
-    // checks of `load_at` and `store_at` for each. Together with one line
-    // a pass in the all-reduce, the flag's remainder and the peers'
-    // numbers without divisions (`LL::set_epoch`, `TeamSync::after`), the
-    // collectives by lines took 0.07–0.55 µs less on 2×H100 (session 22,
-    // run 2; the all-reduce of 1 MiB 6.43 → 5.88) and those by packets up
-    // to 0.22. Not for the MoE line kernel (`kRolled`): with them its
-    // dispatch of 128 tokens took 9.60 µs against 9.40 (run 3), without
-    // 9.48 and its combines 0.03–0.1 less.
+    // checks of `load_at` and `store_at` for each, which makes the
+    // collectives by lines faster. Not for the MoE line kernel
+    // (`kRolled`), which is faster without them.
     static __device__ bool whole(const uint8_t *p, uint64_t len, uint64_t line) {
         return (line + 1) * kDataBytes <= len && reinterpret_cast<uint64_t>(p) % 8 == 0;
     }

@@ -60,12 +60,10 @@ __device__ __forceinline__ uint4 ld_volatile_v4(const uint4 *p) {
 // `N` (4 or 8) bytes at byte `off` of `p` (`len` long), zero past the
 // end; any alignment. With `kRolled` the byte loop (a tail, an unaligned
 // buffer) stays a loop, else the compiler unrolls it at every call site.
-// Rolled, the kernels' code is a third to a half as long (the line
-// all-reduce's 2448 instructions against 6872), and on 2×H200 (session
-// 21, run 8) the packets' collectives took 0.03–0.18 µs less and the MoE
-// line kernel's dispatch of 1 and 32 tokens 0.22 less, but the line
-// collectives 0.17–0.36 more: the packets (`load8`, `store8`) and the MoE
-// line kernel (`MoeLines`) roll them, the line collectives do not.
+// Rolled, the kernels' code is a third to a half as long, which made the
+// packets' collectives and the MoE line kernel faster and the line
+// collectives slower: the packets (`load8`, `store8`) and the MoE line
+// kernel (`MoeLines`) roll them, the line collectives do not.
 template <int N, bool kRolled = true>
 __device__ __forceinline__ uint64_t load_at(const uint8_t *p, uint64_t off, uint64_t len) {
     const uint8_t *q = p + off;
@@ -158,13 +156,10 @@ struct LL {
     // The next member's heap base, (rank + 1) % n: loaded as the object is
     // made, beside the epoch's load and the caller's first loads, so that
     // a send to it (at 2 PEs every send) waits for no load of its own.
-    // Else `send` loaded `peer_heap[pe]` after its data was in, another
-    // load's latency on the way to the link: the packets' all-reduce of 8
-    // B sent 0.48–0.51 µs after its epoch against 0.66, and the MoE forms
-    // took 0.06–0.35 µs less (2×H200, session 20, run 3). (Passing it as
-    // a kernel parameter and prefetching the peer's buffers from every
-    // warp as the kernel starts made every operation 10–100 µs slower:
-    // run 5.)
+    // Else `send` would load `peer_heap[pe]` after its data was in,
+    // another load's latency on the way to the link. (Not a kernel
+    // parameter: passing it so, and prefetching the peer's buffers from
+    // every warp as the kernel starts, made every operation far slower.)
     uint64_t next_heap;
 
     __device__ LL(const TeamSync &team) : t(team), next_heap(team.peer_heap[team.after(1)]) {

@@ -76,9 +76,8 @@ __device__ __forceinline__ void block_copy(uint8_t *dst, const uint8_t *src, uin
 // stores them, then goes on to the next pair at the same place. A PE's
 // own copy (a pair whose destination is its own memory) so rides along
 // its stores through NVLink instead of after them, when the link sits
-// idle (the all-gather of 256 MiB a rank took 864 µs on 2×H100 with the
-// copy after the sends, where a put of the same bytes takes 679). With
-// `kOneSrc` every pair's source is srcs[0], loaded once for all of them. Pairs with a pointer not 16-byte aligned are copied one
+// idle. With `kOneSrc` every pair's source is srcs[0], loaded once for
+// all of them. Pairs with a pointer not 16-byte aligned are copied one
 // after another.
 template <bool kOneSrc>
 __device__ __forceinline__ void block_copy_pairs(uint8_t *const *dsts, const uint8_t *const *srcs, int n,

@@ -67,8 +67,8 @@ __device__ void allreduce_twoshot(const TeamSync &t, uint64_t dst_off, uint64_t 
 // b has done the same for this PE's share, block b reduces its part of the
 // share from this PE's source and its destination (the peer's values), in
 // team order, into its destination and the peer's. Both halves cross the
-// link as stores, which went faster than loads there on 2×H100: 745 µs
-// for 256 MiB (360 GB/s) against the pulling two-shot's 796.
+// link as stores, which move large vectors faster than the pulling
+// two-shot's loads.
 template <typename T, int OP, int NP>
 __device__ void allreduce_twoshot_stores(const TeamSync &t, uint64_t dst_off, uint64_t src_off, uint64_t count) {
     __shared__ const T *srcs[2];
@@ -221,8 +221,7 @@ template <typename T> using LinesFor = LinesOf<sizeof(T) == 8 ? 8 : 4>;
 // reads them first. One line a pass: by default every warp's lines take
 // one pass (blocks of as many warps as one pass needs, up to 20), and the
 // code for two lines at once (for tuned grids of fewer threads) made the
-// all-reduce's kernel spill and its start slower (2×H100, session 22, run
-// 1: one line a pass took the all-reduce of 1 MiB from 6.43 µs to 6.26).
+// all-reduce's kernel spill and its start slower.
 template <typename T, int OP>
 __device__ void reduce_lines(const LinesFor<T> &ll, uint8_t *dst, const uint8_t *own, uint64_t bytes) {
     using A = typename Acc<T>::type;
