@@ -11,26 +11,6 @@
 namespace shmem {
 namespace k {
 
-// What the host passes (`MoeRoute` in kernels.rs); heap offsets.
-struct MoeRoute {
-    uint64_t ids;        // max_tokens × top_k i64 global expert ids
-    uint64_t n_tokens;   // one i64: this call's tokens
-    uint64_t splits;     // experts i64: rows for each global expert (out)
-    uint64_t slot_rows;  // max_tokens × top_k i64: each slot's send row (out)
-    uint64_t scratch;    // blockDim.x × experts u32
-    uint64_t tokens;     // max_tokens rows of row_bytes (gather's source)
-    uint64_t send;       // the send buffer (gather's destination)
-    uint64_t row_bytes;
-    int64_t max_tokens;
-    int top_k;
-    int experts;
-};
-
-// The marker of a bad routing in the first split (see moe.rs): below it,
-// `kRouteBad - 1 - slot` names a slot with a bad expert id, `kRouteBad`
-// itself a bad token count.
-constexpr int64_t kRouteBad = -(1ll << 62);
-
 // This call's tokens, or -1 when the count is out of range.
 __device__ __forceinline__ int64_t route_tokens(const TeamSync &t, const MoeRoute &r) {
     int64_t n = *t.mine<int64_t>(r.n_tokens);
@@ -48,7 +28,8 @@ using shmem::k::TeamSync;
 // scan in (expert, owner) order turns the counts into first rows, and each
 // owner hands out rows to its slots in order — so each expert's rows are in
 // (token, slot) order.
-extern "C" __global__ void __launch_bounds__(512) shmem_moe_route(TeamSync t, MoeRoute r) {
+extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
+    shmem_moe_route(TeamSync t, MoeRoute r) {
     using namespace shmem::k;
     const int owners = blockDim.x, o = threadIdx.x, E = r.experts;
     const int64_t *ids = t.mine<int64_t>(r.ids);
@@ -81,7 +62,7 @@ extern "C" __global__ void __launch_bounds__(512) shmem_moe_route(TeamSync t, Mo
         splits[g] = static_cast<int64_t>(sum);
     }
     // Exclusive scan of the E × owners counts: each thread a segment of E.
-    __shared__ uint64_t seg[512];
+    __shared__ uint64_t seg[kBlockThreads];
     uint64_t sum = 0;
     for (int i = 0; i < E; i++) sum += count[static_cast<uint64_t>(o) * E + i];
     seg[o] = sum;
@@ -111,7 +92,8 @@ extern "C" __global__ void __launch_bounds__(512) shmem_moe_route(TeamSync t, Mo
 }
 
 // Row of token s / top_k into send row slot_rows[s], a block per slot.
-extern "C" __global__ void __launch_bounds__(512) shmem_moe_gather(TeamSync t, MoeRoute r) {
+extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
+    shmem_moe_gather(TeamSync t, MoeRoute r) {
     using namespace shmem::k;
     const int64_t n = route_tokens(t, r);
     if (n < 0) return;
@@ -127,19 +109,6 @@ extern "C" __global__ void __launch_bounds__(512) shmem_moe_gather(TeamSync t, M
 
 namespace shmem {
 namespace k {
-
-// `MoeCombine` in kernels.rs; heap offsets.
-struct MoeCombine {
-    uint64_t back;       // the rows the combine brought back, in send order
-    uint64_t slot_rows;  // each slot's send row
-    uint64_t weights;    // max_tokens × top_k f32
-    uint64_t n_tokens;   // one i64
-    uint64_t out;        // n_tokens rows of `hidden`
-    int64_t max_tokens;
-    int64_t hidden;
-    int top_k;
-    int pad;
-};
 
 // acc + w × x, rounded after each step as the host reference does (no FMA).
 __device__ __forceinline__ float weigh(float acc, float w, float x) { return __fadd_rn(acc, __fmul_rn(w, x)); }
@@ -172,9 +141,10 @@ template <typename T> __device__ void combine_rows(const TeamSync &t, const MoeC
 
 using shmem::k::MoeCombine;
 
-#define SHMEM_MOE_COMBINE(name, T)                                                                  \
-    extern "C" __global__ void __launch_bounds__(512) shmem_moe_combine_##name(TeamSync t, MoeCombine c) { \
-        shmem::k::combine_rows<T>(t, c);                                                            \
+#define SHMEM_MOE_COMBINE(name, T)                                        \
+    extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads) \
+        shmem_moe_combine_##name(TeamSync t, MoeCombine c) {              \
+        shmem::k::combine_rows<T>(t, c);                                  \
     }
 SHMEM_MOE_COMBINE(f32, float)
 SHMEM_MOE_COMBINE(f64, double)

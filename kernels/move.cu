@@ -71,7 +71,8 @@ __device__ __forceinline__ void finish(const TeamSync &t, uint64_t epoch) {
 using shmem::k::TeamSync;
 
 // A barrier of the team on the stream (one block).
-extern "C" __global__ void __launch_bounds__(512) shmem_barrier(TeamSync t) {
+extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
+    shmem_barrier(TeamSync t) {
     shmem::k::follow_stream();
     uint64_t epoch = shmem::k::begin_epoch(t);
     shmem::k::exchange(t, shmem::k::Arrive, epoch);
@@ -81,7 +82,8 @@ extern "C" __global__ void __launch_bounds__(512) shmem_barrier(TeamSync t) {
 // All-gather: block `rank` of every member's destination (heap `dst`)
 // gets this PE's source (heap `src`, or block `rank` of its own
 // destination when `in_place`); `bytes` per member.
-extern "C" __global__ void __launch_bounds__(512) shmem_allgather(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int in_place) {
+extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
+    shmem_allgather(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int in_place) {
     shmem::k::follow_stream();
     using namespace shmem::k;
     uint64_t epoch = begin_epoch(t);
@@ -97,7 +99,8 @@ extern "C" __global__ void __launch_bounds__(512) shmem_allgather(TeamSync t, ui
 
 // Broadcast: `root`'s source (heap `src`) into every member's destination
 // (heap `dst`), `bytes` long; the root's may be its source.
-extern "C" __global__ void __launch_bounds__(512) shmem_broadcast(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int root) {
+extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
+    shmem_broadcast(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int root) {
     shmem::k::follow_stream();
     using namespace shmem::k;
     uint64_t epoch = begin_epoch(t);
@@ -119,7 +122,7 @@ extern "C" __global__ void __launch_bounds__(512) shmem_broadcast(TeamSync t, ui
 // their own destination; the root copies its own when `dst` is not `src`,
 // then waits until every member has said on its channel that it is done
 // reading, so that the source may change once the root's kernel ends.
-extern "C" __global__ void __launch_bounds__(512)
+extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
     shmem_broadcast_pull(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int root) {
     shmem::k::follow_stream();
     using namespace shmem::k;
@@ -141,7 +144,8 @@ extern "C" __global__ void __launch_bounds__(512)
 // All-to-all: block j of this PE's source (heap `src`, `bytes` per block)
 // becomes block `rank` of member j's destination (heap `dst`). Source and
 // destination are apart (in place goes through a copy on the host side).
-extern "C" __global__ void __launch_bounds__(512) shmem_alltoall(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes) {
+extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
+    shmem_alltoall(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes) {
     shmem::k::follow_stream();
     using namespace shmem::k;
     uint64_t epoch = begin_epoch(t);
@@ -154,11 +158,11 @@ extern "C" __global__ void __launch_bounds__(512) shmem_alltoall(TeamSync t, uin
     finish(t, epoch);
 }
 
-// Push forms (see `Push` in common.cuh) of all-gather, broadcast and
+// Push forms (see `Push` in prims_push.cuh) of all-gather, broadcast and
 // all-to-all, for the world team over NVLink up to kPushMaxBytes a peer:
 // what goes to a peer lands in its staging, and each PE copies what it
 // received into its destination once the senders' flags are up.
-extern "C" __global__ void __launch_bounds__(512)
+extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
     shmem_allgather_push(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int in_place) {
     shmem::k::follow_stream();
     using namespace shmem::k;
@@ -174,7 +178,7 @@ extern "C" __global__ void __launch_bounds__(512)
     push.end();
 }
 
-extern "C" __global__ void __launch_bounds__(512)
+extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
     shmem_broadcast_push(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int root) {
     shmem::k::follow_stream();
     using namespace shmem::k;
@@ -194,7 +198,7 @@ extern "C" __global__ void __launch_bounds__(512)
 
 // In place is safe: a block sends its share of every block of the source
 // before it writes the same share of any block of the destination.
-extern "C" __global__ void __launch_bounds__(512)
+extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
     shmem_alltoall_push(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes) {
     shmem::k::follow_stream();
     using namespace shmem::k;
@@ -213,9 +217,9 @@ extern "C" __global__ void __launch_bounds__(512)
     push.end();
 }
 
-// Low-latency forms (see `LL` in common.cuh) of all-gather, broadcast and
+// Low-latency forms (see `LL` in prims_ll.cuh) of all-gather, broadcast and
 // all-to-all, for small payloads of the world team over NVLink.
-extern "C" __global__ void __launch_bounds__(512)
+extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
     shmem_allgather_ll(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int in_place) {
     shmem::k::follow_stream();
     using namespace shmem::k;
@@ -235,7 +239,7 @@ extern "C" __global__ void __launch_bounds__(512)
 
 // Every PE other than `root` sends one token to every PE, so that every
 // PE hears from every peer (see `LL`).
-extern "C" __global__ void __launch_bounds__(512)
+extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
     shmem_broadcast_ll(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int root) {
     shmem::k::follow_stream();
     using namespace shmem::k;
@@ -259,7 +263,7 @@ extern "C" __global__ void __launch_bounds__(512)
     ll.end();
 }
 
-extern "C" __global__ void __launch_bounds__(512)
+extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
     shmem_alltoall_ll(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes) {
     shmem::k::follow_stream();
     using namespace shmem::k;
@@ -278,7 +282,7 @@ extern "C" __global__ void __launch_bounds__(512)
     ll.end();
 }
 
-// The same three in 128-byte lines (see `Lines` in common.cuh), for the
+// The same three in 128-byte lines (see `Lines` in prims_lines.cuh), for the
 // larger of the low-latency kernels' messages.
 extern "C" __global__ void __launch_bounds__(shmem::k::kLinesMaxThreads, 1)
     shmem_allgather_ll128(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int in_place) {

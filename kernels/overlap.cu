@@ -52,10 +52,10 @@ __device__ void sum_slots(T *out, const T *slots, uint64_t count, uint64_t strid
 }  // namespace k
 }  // namespace shmem
 
-#define SUM_SLOTS(name, T)                                                                                    \
-    extern "C" __global__ void shmem_sum_slots_##name(uint64_t out, uint64_t slots, uint64_t count,            \
-                                                      uint64_t stride, int n) {                               \
-        shmem::k::sum_slots<T>(reinterpret_cast<T *>(out), reinterpret_cast<const T *>(slots), count, stride, n);       \
+#define SUM_SLOTS(name, T)                                                                                        \
+    extern "C" __global__ void shmem_sum_slots_##name(uint64_t out, uint64_t slots, uint64_t count,               \
+                                                      uint64_t stride, int n) {                                   \
+        shmem::k::sum_slots<T>(reinterpret_cast<T *>(out), reinterpret_cast<const T *>(slots), count, stride, n); \
     }
 SUM_SLOTS(f32, float)
 SUM_SLOTS(f16, __half)

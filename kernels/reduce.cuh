@@ -67,8 +67,8 @@ __device__ void allreduce_twoshot(const TeamSync &t, uint64_t dst_off, uint64_t 
 // b has done the same for this PE's share, block b reduces its part of the
 // share from this PE's source and its destination (the peer's values), in
 // team order, into its destination and the peer's. Both halves cross the
-// link as stores, which went faster than loads there on 2×H100: 745 µs
-// for 256 MiB (360 GB/s) against the pulling two-shot's 796.
+// link as stores, which move large vectors faster than the pulling
+// two-shot's loads.
 template <typename T, int OP, int NP>
 __device__ void allreduce_twoshot_stores(const TeamSync &t, uint64_t dst_off, uint64_t src_off, uint64_t count) {
     __shared__ const T *srcs[2];
@@ -116,7 +116,7 @@ __device__ void reduce_scatter(const TeamSync &t, uint64_t dst_off, uint64_t src
     end_epoch(t, epoch);
 }
 
-// Push all-reduce (see `Push` in common.cuh): block b stores its share of
+// Push all-reduce (see `Push` in prims_push.cuh): block b stores its share of
 // this PE's source into every peer's staging, then reduces the same share
 // from its own source and the staged copies, in team order. In place is
 // safe: a block reads and writes only its own share of this PE's buffers.
@@ -167,7 +167,7 @@ __device__ void reduce_scatter_push(const TeamSync &t, uint64_t dst_off, uint64_
     push.end();
 }
 
-// Low-latency all-reduce (see `LL` in common.cuh): each thread takes 8
+// Low-latency all-reduce (see `LL` in prims_ll.cuh): each thread takes 8
 // bytes of the source, sends them to every peer, then reduces what every
 // peer sent for the same 8 bytes in team order.
 template <typename T, int OP>
@@ -210,7 +210,7 @@ __device__ void allreduce_ll(const TeamSync &t, uint64_t dst_off, uint64_t src_o
 }
 
 // The lines of a reduction of `T`: 4-byte flags, unless a 4-byte word
-// would split an element (see `LinesOf` in common.cuh).
+// would split an element (see `LinesOf` in prims_lines.cuh).
 template <typename T> using LinesFor = LinesOf<sizeof(T) == 8 ? 8 : 4>;
 
 // The second half of the all-reduce and reduce-scatter by lines: what
@@ -221,8 +221,7 @@ template <typename T> using LinesFor = LinesOf<sizeof(T) == 8 ? 8 : 4>;
 // reads them first. One line a pass: by default every warp's lines take
 // one pass (blocks of as many warps as one pass needs, up to 20), and the
 // code for two lines at once (for tuned grids of fewer threads) made the
-// all-reduce's kernel spill and its start slower (2×H100, session 22, run
-// 1: one line a pass took the all-reduce of 1 MiB from 6.43 µs to 6.26).
+// all-reduce's kernel spill and its start slower.
 template <typename T, int OP>
 __device__ void reduce_lines(const LinesFor<T> &ll, uint8_t *dst, const uint8_t *own, uint64_t bytes) {
     using A = typename Acc<T>::type;
@@ -256,7 +255,7 @@ __device__ void reduce_lines(const LinesFor<T> &ll, uint8_t *dst, const uint8_t 
     }
 }
 
-// All-reduce by lines (see `LinesOf` in common.cuh): each lane takes two
+// All-reduce by lines (see `LinesOf` in prims_lines.cuh): each lane takes two
 // words of a line (lanes 3 and 7, beside their half's flag, one and a
 // half, or one with 8-byte flags), sends them to every peer, then
 // reduces what every peer sent for them in team order. One line a pass,
@@ -328,74 +327,74 @@ __device__ void reduce_scatter_ll(const TeamSync &t, uint64_t dst_off, uint64_t 
 }  // namespace shmem
 
 #define SHMEM_REDUCE_NP(NAME, T, OP, NP)                                                                           \
-    extern "C" __global__ void __launch_bounds__(512) shmem_allreduce_oneshot_##NAME##_##NP(shmem::k::TeamSync t, uint64_t dst,         \
-                                                                      uint64_t src, uint64_t count) {             \
+    extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)                                          \
+        shmem_allreduce_oneshot_##NAME##_##NP(shmem::k::TeamSync t, uint64_t dst, uint64_t src, uint64_t count) {  \
         shmem::k::follow_stream();                                                                                 \
-        shmem::k::allreduce_oneshot<T, shmem::k::OP, NP>(t, dst, src, count);                                    \
+        shmem::k::allreduce_oneshot<T, shmem::k::OP, NP>(t, dst, src, count);                                      \
     }                                                                                                              \
-    extern "C" __global__ void __launch_bounds__(512) shmem_allreduce_twoshot_##NAME##_##NP(shmem::k::TeamSync t, uint64_t dst,         \
-                                                                      uint64_t src, uint64_t count) {             \
+    extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)                                          \
+        shmem_allreduce_twoshot_##NAME##_##NP(shmem::k::TeamSync t, uint64_t dst, uint64_t src, uint64_t count) {  \
         shmem::k::follow_stream();                                                                                 \
-        shmem::k::allreduce_twoshot<T, shmem::k::OP, NP>(t, dst, src, count);                                    \
+        shmem::k::allreduce_twoshot<T, shmem::k::OP, NP>(t, dst, src, count);                                      \
     }                                                                                                              \
-    extern "C" __global__ void __launch_bounds__(512) shmem_reducescatter_##NAME##_##NP(shmem::k::TeamSync t, uint64_t dst, uint64_t src, \
-                                                                  uint64_t count) {                                \
+    extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)                                          \
+        shmem_reducescatter_##NAME##_##NP(shmem::k::TeamSync t, uint64_t dst, uint64_t src, uint64_t count) {      \
         shmem::k::follow_stream();                                                                                 \
-        shmem::k::reduce_scatter<T, shmem::k::OP, NP>(t, dst, src, count);                                       \
+        shmem::k::reduce_scatter<T, shmem::k::OP, NP>(t, dst, src, count);                                         \
     }                                                                                                              \
-    extern "C" __global__ void __launch_bounds__(512) shmem_allreduce_push_##NAME##_##NP(shmem::k::TeamSync t, uint64_t dst,            \
-                                                                      uint64_t src, uint64_t count) {             \
+    extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)                                          \
+        shmem_allreduce_push_##NAME##_##NP(shmem::k::TeamSync t, uint64_t dst, uint64_t src, uint64_t count) {     \
         shmem::k::follow_stream();                                                                                 \
-        shmem::k::allreduce_push<T, shmem::k::OP, NP>(t, dst, src, count);                                       \
+        shmem::k::allreduce_push<T, shmem::k::OP, NP>(t, dst, src, count);                                         \
     }                                                                                                              \
-    extern "C" __global__ void __launch_bounds__(512) shmem_reducescatter_push_##NAME##_##NP(shmem::k::TeamSync t, uint64_t dst,        \
-                                                                      uint64_t src, uint64_t count) {             \
+    extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)                                          \
+        shmem_reducescatter_push_##NAME##_##NP(shmem::k::TeamSync t, uint64_t dst, uint64_t src, uint64_t count) { \
         shmem::k::follow_stream();                                                                                 \
-        shmem::k::reduce_scatter_push<T, shmem::k::OP, NP>(t, dst, src, count);                                  \
+        shmem::k::reduce_scatter_push<T, shmem::k::OP, NP>(t, dst, src, count);                                    \
     }
 
 // The two-shot by stores (teams of two): suffix _0, and _2 for sums.
-#define SHMEM_REDUCE_PAIR(NAME, T, OP, NP)                                                                        \
-    extern "C" __global__ void __launch_bounds__(512) shmem_allreduce_twoshot2_##NAME##_##NP(                   \
-        shmem::k::TeamSync t, uint64_t dst, uint64_t src, uint64_t count) {                                      \
+#define SHMEM_REDUCE_PAIR(NAME, T, OP, NP)                                                                         \
+    extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)                                          \
+        shmem_allreduce_twoshot2_##NAME##_##NP(shmem::k::TeamSync t, uint64_t dst, uint64_t src, uint64_t count) { \
         shmem::k::follow_stream();                                                                                 \
-        shmem::k::allreduce_twoshot_stores<T, shmem::k::OP, NP>(t, dst, src, count);                              \
+        shmem::k::allreduce_twoshot_stores<T, shmem::k::OP, NP>(t, dst, src, count);                               \
     }
 
 // Every op on T: kernels for any team size (suffix _0) and the low-latency one.
-#define SHMEM_REDUCE(NAME, T, OP)                                                                                 \
-    SHMEM_REDUCE_NP(NAME, T, OP, 0)                                                                               \
-    SHMEM_REDUCE_PAIR(NAME, T, OP, 0)                                                                             \
-    extern "C" __global__ void __launch_bounds__(512)                                                             \
-        shmem_allreduce_ll_##NAME(shmem::k::TeamSync t, uint64_t dst, uint64_t src, uint64_t count) {             \
-        shmem::k::follow_stream();                                                                                 \
-        shmem::k::allreduce_ll<T, shmem::k::OP>(t, dst, src, count);                                             \
-    }                                                                                                              \
-    extern "C" __global__ void __launch_bounds__(shmem::k::kLinesMaxThreads, 1)                                              \
-        shmem_allreduce_ll128_##NAME(shmem::k::TeamSync t, uint64_t dst, uint64_t src, uint64_t count) {          \
-        shmem::k::follow_stream();                                                                                 \
-        shmem::k::allreduce_ll128<T, shmem::k::OP>(t, dst, src, count);                                          \
-    }                                                                                                              \
-    extern "C" __global__ void __launch_bounds__(512)                                                             \
-        shmem_reducescatter_ll_##NAME(shmem::k::TeamSync t, uint64_t dst, uint64_t src, uint64_t count) {         \
-        shmem::k::follow_stream();                                                                                 \
-        shmem::k::reduce_scatter_ll<T, shmem::k::OP>(t, dst, src, count);                                        \
-    }                                                                                                              \
-    extern "C" __global__ void __launch_bounds__(shmem::k::kLinesMaxThreads, 1)                                              \
-        shmem_reducescatter_ll128_##NAME(shmem::k::TeamSync t, uint64_t dst, uint64_t src, uint64_t count) {      \
-        shmem::k::follow_stream();                                                                                 \
-        shmem::k::reduce_scatter_ll128<T, shmem::k::OP>(t, dst, src, count);                                     \
+#define SHMEM_REDUCE(NAME, T, OP)                                                                            \
+    SHMEM_REDUCE_NP(NAME, T, OP, 0)                                                                          \
+    SHMEM_REDUCE_PAIR(NAME, T, OP, 0)                                                                        \
+    extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)                                    \
+        shmem_allreduce_ll_##NAME(shmem::k::TeamSync t, uint64_t dst, uint64_t src, uint64_t count) {        \
+        shmem::k::follow_stream();                                                                           \
+        shmem::k::allreduce_ll<T, shmem::k::OP>(t, dst, src, count);                                         \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(shmem::k::kLinesMaxThreads, 1)                              \
+        shmem_allreduce_ll128_##NAME(shmem::k::TeamSync t, uint64_t dst, uint64_t src, uint64_t count) {     \
+        shmem::k::follow_stream();                                                                           \
+        shmem::k::allreduce_ll128<T, shmem::k::OP>(t, dst, src, count);                                      \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)                                    \
+        shmem_reducescatter_ll_##NAME(shmem::k::TeamSync t, uint64_t dst, uint64_t src, uint64_t count) {    \
+        shmem::k::follow_stream();                                                                           \
+        shmem::k::reduce_scatter_ll<T, shmem::k::OP>(t, dst, src, count);                                    \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(shmem::k::kLinesMaxThreads, 1)                              \
+        shmem_reducescatter_ll128_##NAME(shmem::k::TeamSync t, uint64_t dst, uint64_t src, uint64_t count) { \
+        shmem::k::follow_stream();                                                                           \
+        shmem::k::reduce_scatter_ll128<T, shmem::k::OP>(t, dst, src, count);                                 \
     }
 
 // Sums also get kernels built for teams of 2, 4 and 8 (suffixes _2, _4, _8).
-#define SHMEM_REDUCE_SUM(NAME, T)      \
-    SHMEM_REDUCE(NAME##_sum, T, Sum)     \
-    SHMEM_REDUCE_NP(NAME##_sum, T, Sum, 2) \
+#define SHMEM_REDUCE_SUM(NAME, T)            \
+    SHMEM_REDUCE(NAME##_sum, T, Sum)         \
+    SHMEM_REDUCE_NP(NAME##_sum, T, Sum, 2)   \
     SHMEM_REDUCE_PAIR(NAME##_sum, T, Sum, 2) \
-    SHMEM_REDUCE_NP(NAME##_sum, T, Sum, 4) \
+    SHMEM_REDUCE_NP(NAME##_sum, T, Sum, 4)   \
     SHMEM_REDUCE_NP(NAME##_sum, T, Sum, 8)
 
-#define SHMEM_REDUCE_FLOAT(NAME, T) \
+#define SHMEM_REDUCE_FLOAT(NAME, T)  \
     SHMEM_REDUCE_SUM(NAME, T)        \
     SHMEM_REDUCE(NAME##_min, T, Min) \
     SHMEM_REDUCE(NAME##_max, T, Max) \

@@ -31,6 +31,7 @@ typedef unsigned int uint32_t;
 typedef long int64_t;
 typedef unsigned long uint64_t;
 #else
+#include <cstddef>
 #include <cstdint>
 #endif
 
@@ -82,6 +83,15 @@ struct PeerHandle {
     int rank;
     int world_size;
 };
+// The layout of `DevicePeerHandle` (shmem/src/handle.rs), which must agree
+// (the offsets where there is an `offsetof`: not under NVRTC).
+static_assert(sizeof(PeerHandle) == 24, "PeerHandle: size");
+#ifndef __CUDACC_RTC__
+static_assert(offsetof(PeerHandle, buffer_ptrs) == 0, "PeerHandle::buffer_ptrs");
+static_assert(offsetof(PeerHandle, signal_pads) == 8, "PeerHandle::signal_pads");
+static_assert(offsetof(PeerHandle, rank) == 16, "PeerHandle::rank");
+static_assert(offsetof(PeerHandle, world_size) == 20, "PeerHandle::world_size");
+#endif
 
 // Words of a signal pad per peer: the number of channels
 // (`SIGNAL_PAD_WORDS_PER_PEER` on the Rust side).

@@ -1,0 +1,251 @@
+// The host–device ABI of shmem's own kernels: every struct the Rust host
+// passes to them (by value as a kernel argument, or through memory), and
+// every constant both sides use. Each struct has a `repr(C)` twin on the
+// Rust side (shmem/src/gpu/abi.rs) with the same fields in the same order;
+// the static_asserts after each struct pin today's layout, so a field moved
+// on one side alone fails the build of that side (the Rust twin asserts the
+// same numbers). A change here is a change there, and the other way round.
+//
+// `PeerHandle`, the one struct of users' kernels, lives in the public
+// header shmem_device.cuh (self-contained for NVRTC), with its asserts.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace shmem {
+namespace k {
+
+// ---- Limits and sizes ----
+
+// Threads of a block of the collective and MoE kernels (their launch
+// bound; the line kernels take up to kLinesMaxThreads): `THREADS` in
+// kernels.rs.
+constexpr int kBlockThreads = 512;
+// Most blocks a collective kernel uses: one channel of every signal array
+// each (`MAX_BLOCKS`).
+constexpr int kMaxBlocks = 128;
+// Most threads a block of the line kernels takes (`LINES_MAX_THREADS` in
+// algo.rs): 20 warps, so that 128 blocks take a peer's 1 MiB (9363 lines)
+// in one pass; at most 96 registers a thread.
+constexpr int kLinesMaxThreads = 640;
+// Most blocks when some peer is reached through RMA, and the staging each
+// such block has per peer for gets (`RMA_BLOCKS`, `RMA_CHUNK`).
+constexpr int kRmaBlocks = 32;
+constexpr uint64_t kRmaChunk = 8192;
+// Largest team the kernels take (`MAX_TEAM`; checked on the host).
+constexpr int kMaxTeam = 64;
+// The push kernels: the most bytes one PE sends another, and the largest
+// world they have staging for (`PUSH_MAX_BYTES`, `PUSH_MAX_TEAM`).
+constexpr uint64_t kPushMaxBytes = 1 << 20;
+constexpr int kPushMaxTeam = 8;
+// The low-latency packets' room per sender: 128 KiB in any world, 1 MiB in
+// worlds of up to kPushMaxTeam (`LOW_LATENCY_MAX_BYTES`,
+// `LOW_LATENCY_ROOM_BYTES` in algo.rs).
+constexpr uint64_t kLLMaxBytes = 128 << 10;
+constexpr uint64_t kLLMaxBytesSmallTeam = 1 << 20;
+// What a sender's low-latency buffer has beyond twice its packets' room,
+// for lines only (`low_latency_buffer_bytes` in algo.rs).
+constexpr uint64_t kLinesSlackBytes = 64 << 10;
+// A line of the line protocol, and its data bytes with 4-byte and with
+// 8-byte flags (`LINE_DATA_BYTES`, `LINE_DATA_BYTES_WIDE` in algo.rs).
+constexpr uint64_t kLineBytes = 128;
+constexpr uint64_t kLineDataBytes = 120;
+constexpr uint64_t kLineDataBytesWide = 112;
+
+// ---- The kernels' state after the heap (`Layout` in kernels.rs) ----
+
+// Signal arrays of a team's synchronisation state (Arrive, Data, Depart),
+// each kMaxBlocks × n 64-bit words; then kMaxBlocks epoch counters of the
+// team's own, then kMaxBlocks that the low-latency and push kernels share.
+constexpr int kSignalArrays = 3;
+constexpr int kEpochCounterSets = 2;
+// The regions of the state that follow a run of words (the one-kernel MoE
+// form's packets, the push staging) start at a multiple of this.
+constexpr uint64_t kStateAlign = 256;
+// The one-kernel MoE form's header in a team's slot (its operation counter,
+// then its count of blocks done), before its packets, and the split words
+// of one operation its packets hold (`A2AV_PACKET_WORDS`).
+constexpr uint64_t kA2avHeaderBytes = 256;
+constexpr int kA2avPacketWords = 1024;
+// Most experts per PE of the MoE line kernel: a warp works out a
+// destination's chunks a lane each (`A2AV_LINES_MAX_EXPERTS`).
+constexpr int kA2avLinesMaxExperts = 32;
+
+// ---- Kernel arguments ----
+
+// A team's view of the symmetric heap and its synchronisation state, the
+// first argument of every collective and MoE kernel: at `sync_offset` of
+// every member's heap, the signal arrays, then the epoch counters (see
+// above; the low-latency ones: world team only).
+struct TeamSync {
+    const uint64_t *peer_heap;  // n heap bases; 0 where the peer is reached through RMA
+    const int *pes;             // n world PE numbers (for NVSHMEM)
+    uint64_t heap;              // this PE's heap base (also the symmetric address)
+    uint64_t sync_offset;       // heap offset of the team's synchronisation state
+    uint64_t ll_offset;         // heap offset of the low-latency packets (world)
+    uint64_t temp_offset;       // heap offset of this PE's RMA staging
+    int rank;
+    int n;
+    int rma;                    // some peer is reached through RMA
+    // (4 bytes of tail padding: `_pad` in the Rust twin)
+
+    __device__ uint64_t *word(int array, int channel, int sender) const {
+        return reinterpret_cast<uint64_t *>(heap + sync_offset) + (array * kMaxBlocks + channel) * n + sender;
+    }
+    __device__ uint64_t *epoch_counter(int channel) const {
+        return reinterpret_cast<uint64_t *>(heap + sync_offset) + kSignalArrays * kMaxBlocks * n + channel;
+    }
+    __device__ uint64_t *ll_counter(int block) const { return epoch_counter(kMaxBlocks + block); }
+    __device__ bool nvlink(int pe) const { return peer_heap[pe] != 0; }
+    // The member `i` places after this PE, (rank + i) % n for 0 <= i < n,
+    // without a division (a runtime `%` costs some 30 instructions, on the
+    // way to every kernel's first send).
+    __device__ int after(int i) const { return rank + i < n ? rank + i : rank + i - n; }
+    // A peer's copy of heap offset `off` (NVLink path only).
+    template <typename T> __device__ T *at(int pe, uint64_t off) const {
+        return reinterpret_cast<T *>(peer_heap[pe] + off);
+    }
+    // This PE's copy of heap offset `off` (also the symmetric address for NVSHMEM).
+    template <typename T> __device__ T *mine(uint64_t off) const { return reinterpret_cast<T *>(heap + off); }
+};
+static_assert(sizeof(TeamSync) == 64, "TeamSync: size");
+static_assert(offsetof(TeamSync, peer_heap) == 0, "TeamSync::peer_heap");
+static_assert(offsetof(TeamSync, pes) == 8, "TeamSync::pes");
+static_assert(offsetof(TeamSync, heap) == 16, "TeamSync::heap");
+static_assert(offsetof(TeamSync, sync_offset) == 24, "TeamSync::sync_offset");
+static_assert(offsetof(TeamSync, ll_offset) == 32, "TeamSync::ll_offset");
+static_assert(offsetof(TeamSync, temp_offset) == 40, "TeamSync::temp_offset");
+static_assert(offsetof(TeamSync, rank) == 48, "TeamSync::rank");
+static_assert(offsetof(TeamSync, n) == 52, "TeamSync::n");
+static_assert(offsetof(TeamSync, rma) == 56, "TeamSync::rma");
+
+// The operation of a MoE all-to-all-v (`A2av::kind`; the kernel names'
+// suffixes `_v`, `_2d`, `_2d_offset`).
+enum A2avKind { A2avV = 0, A2av2d = 1, A2av2dOffset = 2 };
+
+// One MoE all-to-all-v, the second argument of the `shmem_a2av_*` kernels.
+struct A2av {
+    uint64_t input, output, splits, out_so;  // heap offsets
+    uint64_t row_bytes;
+    uint64_t in_rows, out_rows;  // rows the input and the output hold
+    uint64_t table;              // heap offset of this PE's staging
+    uint64_t error;              // device address of the host-mapped error record (`A2avError`)
+    uint64_t block_bytes;        // bytes of the busiest PE's rows per working data block
+    int kind;                    // an A2avKind
+    int ne;  // experts per PE (1 for 1D)
+    int major_align;
+    int shared_splits;  // the plan kernel stages the splits in its shared memory
+    int blocks;         // the data kernel's grid
+    int local_blocks;   // of the working blocks, how many copy this PE's own chunks (0: each block
+                        // does both; negative: chosen by `a2av_local_blocks`)
+};
+static_assert(sizeof(A2av) == 104, "A2av: size");
+static_assert(offsetof(A2av, input) == 0, "A2av::input");
+static_assert(offsetof(A2av, output) == 8, "A2av::output");
+static_assert(offsetof(A2av, splits) == 16, "A2av::splits");
+static_assert(offsetof(A2av, out_so) == 24, "A2av::out_so");
+static_assert(offsetof(A2av, row_bytes) == 32, "A2av::row_bytes");
+static_assert(offsetof(A2av, in_rows) == 40, "A2av::in_rows");
+static_assert(offsetof(A2av, out_rows) == 48, "A2av::out_rows");
+static_assert(offsetof(A2av, table) == 56, "A2av::table");
+static_assert(offsetof(A2av, error) == 64, "A2av::error");
+static_assert(offsetof(A2av, block_bytes) == 72, "A2av::block_bytes");
+static_assert(offsetof(A2av, kind) == 80, "A2av::kind");
+static_assert(offsetof(A2av, ne) == 84, "A2av::ne");
+static_assert(offsetof(A2av, major_align) == 88, "A2av::major_align");
+static_assert(offsetof(A2av, shared_splits) == 92, "A2av::shared_splits");
+static_assert(offsetof(A2av, blocks) == 96, "A2av::blocks");
+static_assert(offsetof(A2av, local_blocks) == 100, "A2av::local_blocks");
+
+// ---- The MoE all-to-all-v's error record ----
+
+// The record a failed check writes, in host-mapped memory at `A2av::error`
+// (the host reads it as four words without synchronising).
+struct A2avError {
+    unsigned long long code;   // the class, the kind, the PE and the entry (below)
+    long long value;           // the offending number
+    unsigned long long count;  // failed operations since the host last looked
+    unsigned long long limit;  // the input's or the output's rows
+};
+static_assert(sizeof(A2avError) == 32, "A2avError: size");
+static_assert(offsetof(A2avError, code) == 0, "A2avError::code");
+static_assert(offsetof(A2avError, value) == 8, "A2avError::value");
+static_assert(offsetof(A2avError, count) == 16, "A2avError::count");
+static_assert(offsetof(A2avError, limit) == 24, "A2avError::limit");
+
+// What a check found wrong (`A2avError::code >> kA2avErrClassShift`).
+enum A2avClass : unsigned long long {
+    NegativeSplit = 1,    // a split below 0
+    NegativeOffset = 2,   // a combine's offset below 0
+    OffsetBackwards = 3,  // a combine's offset before its previous chunk's end
+    PastInput = 4,        // a chunk past the sender's input
+    PastOutput = 5,       // more rows than the receiver's output holds
+};
+
+// `A2avError::code`: class << 56 | kind << 52 | pe << 32 | entry, the kind
+// in 4 bits, the PE in 20, the entry (of the PE's splits) in 32.
+constexpr int kA2avErrClassShift = 56;
+constexpr int kA2avErrKindShift = 52;
+constexpr int kA2avErrPeShift = 32;
+constexpr unsigned long long kA2avErrIndexMask = 0xffffffffull;
+
+// ---- The MoE layer's kernels (moe_layer.cu); heap offsets ----
+
+// `shmem_moe_route` and `shmem_moe_gather`.
+struct MoeRoute {
+    uint64_t ids;        // max_tokens × top_k i64 global expert ids
+    uint64_t n_tokens;   // one i64: this call's tokens
+    uint64_t splits;     // experts i64: rows for each global expert (out)
+    uint64_t slot_rows;  // max_tokens × top_k i64: each slot's send row (out)
+    uint64_t scratch;    // blockDim.x × experts u32
+    uint64_t tokens;     // max_tokens rows of row_bytes (gather's source)
+    uint64_t send;       // the send buffer (gather's destination)
+    uint64_t row_bytes;
+    int64_t max_tokens;
+    int top_k;
+    int experts;
+};
+static_assert(sizeof(MoeRoute) == 80, "MoeRoute: size");
+static_assert(offsetof(MoeRoute, ids) == 0, "MoeRoute::ids");
+static_assert(offsetof(MoeRoute, n_tokens) == 8, "MoeRoute::n_tokens");
+static_assert(offsetof(MoeRoute, splits) == 16, "MoeRoute::splits");
+static_assert(offsetof(MoeRoute, slot_rows) == 24, "MoeRoute::slot_rows");
+static_assert(offsetof(MoeRoute, scratch) == 32, "MoeRoute::scratch");
+static_assert(offsetof(MoeRoute, tokens) == 40, "MoeRoute::tokens");
+static_assert(offsetof(MoeRoute, send) == 48, "MoeRoute::send");
+static_assert(offsetof(MoeRoute, row_bytes) == 56, "MoeRoute::row_bytes");
+static_assert(offsetof(MoeRoute, max_tokens) == 64, "MoeRoute::max_tokens");
+static_assert(offsetof(MoeRoute, top_k) == 72, "MoeRoute::top_k");
+static_assert(offsetof(MoeRoute, experts) == 76, "MoeRoute::experts");
+
+// The marker of a bad routing in the first split, which fails the
+// dispatch's check (class NegativeSplit) on every PE: below it,
+// `kRouteBad - 1 - slot` names a slot with a bad expert id, `kRouteBad`
+// itself a bad token count (`ROUTE_BAD` in moe.rs).
+constexpr int64_t kRouteBad = -(1ll << 62);
+
+// `shmem_moe_combine_<dtype>`.
+struct MoeCombine {
+    uint64_t back;       // the rows the combine brought back, in send order
+    uint64_t slot_rows;  // each slot's send row
+    uint64_t weights;    // max_tokens × top_k f32
+    uint64_t n_tokens;   // one i64
+    uint64_t out;        // n_tokens rows of `hidden`
+    int64_t max_tokens;
+    int64_t hidden;
+    int top_k;
+    int pad;
+};
+static_assert(sizeof(MoeCombine) == 64, "MoeCombine: size");
+static_assert(offsetof(MoeCombine, back) == 0, "MoeCombine::back");
+static_assert(offsetof(MoeCombine, slot_rows) == 8, "MoeCombine::slot_rows");
+static_assert(offsetof(MoeCombine, weights) == 16, "MoeCombine::weights");
+static_assert(offsetof(MoeCombine, n_tokens) == 24, "MoeCombine::n_tokens");
+static_assert(offsetof(MoeCombine, out) == 32, "MoeCombine::out");
+static_assert(offsetof(MoeCombine, max_tokens) == 40, "MoeCombine::max_tokens");
+static_assert(offsetof(MoeCombine, hidden) == 48, "MoeCombine::hidden");
+static_assert(offsetof(MoeCombine, top_k) == 56, "MoeCombine::top_k");
+static_assert(offsetof(MoeCombine, pad) == 60, "MoeCombine::pad");
+
+}  // namespace k
+}  // namespace shmem

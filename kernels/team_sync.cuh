@@ -1,0 +1,124 @@
+// The per-team synchronisation of shmem's own kernels, which makes them
+// graph-safe: epochs live in device memory and advance on the device,
+// never reset by the host. Each block channel of a team has its signal
+// words in every member's heap (`TeamSync::word`), set by release stores
+// through NVLink or by NVSHMEM's signal where a peer is reached through
+// RMA; a wait is an acquire load that traps after kWaitCycles. Also the
+// RMA calls, which the signals and the simple protocol share.
+#pragma once
+#include <nvshmem.h>
+#include <nvshmemx.h>
+#include <cstdint>
+#include <cstdio>
+#include "abi.cuh"
+#include "shmem_device.cuh"
+
+namespace shmem {
+namespace k {
+
+// Signal arrays of a team's synchronisation state (`kSignalArrays` of
+// them), each kMaxBlocks × n 64-bit words: word [channel][sender] of a PE
+// is set by `sender`.
+enum Array { Arrive = 0, Data = 1, Depart = 2 };
+static_assert(Depart + 1 == kSignalArrays, "the signal arrays");
+
+__device__ __forceinline__ uint64_t ld_acquire64(const uint64_t *p) {
+    uint64_t v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void st_release64(uint64_t *p, uint64_t v) {
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// Programmatic dependent launch: the collectives are launched with it
+// (`Kernels::launch_shared`), so that a kernel's launch overlaps the end
+// of the kernel before it on the stream. The first step of each: wait
+// until that kernel has finished and its writes are visible (at once
+// when launched without it), then let the next kernel's launch begin.
+__device__ __forceinline__ void follow_stream() {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+// Waits until `*p >= target` (signals only grow), trapping after kWaitCycles.
+__device__ __forceinline__ void wait_geq(const uint64_t *p, uint64_t target) {
+    if (ld_acquire64(p) >= target) return;
+    long long start = clock64();
+    while (ld_acquire64(p) < target) {
+        if (clock64() - start > kWaitCycles) {
+            printf("shmem: a collective waited too long for a peer (signal %llu, want %llu)\n",
+                   static_cast<unsigned long long>(ld_acquire64(p)), static_cast<unsigned long long>(target));
+            __trap();
+        }
+    }
+}
+
+// The epoch of this kernel on block channel `blockIdx.x`: every kernel
+// advances its blocks' counters by one (kept in shared memory for the
+// block, written back by `end_epoch`).
+__device__ __forceinline__ uint64_t begin_epoch(const TeamSync &t) {
+    __shared__ uint64_t epoch;
+    if (threadIdx.x == 0) epoch = *t.epoch_counter(blockIdx.x) + 1;
+    __syncthreads();
+    return epoch;
+}
+
+__device__ __forceinline__ void end_epoch(const TeamSync &t, uint64_t epoch) {
+    if (threadIdx.x == 0) *t.epoch_counter(blockIdx.x) = epoch;
+}
+
+// The RMA calls, out of line: one copy in each .cu for all its kernels.
+static __device__ __noinline__ void rma_get(void *dst, const void *src, uint64_t bytes, int pe) {
+    nvshmemx_getmem_block(dst, src, bytes, pe);
+}
+static __device__ __noinline__ void rma_put(void *dst, const void *src, uint64_t bytes, int pe) {
+    nvshmemx_putmem_nbi_block(dst, src, bytes, pe);
+}
+static __device__ __noinline__ void rma_signal(uint64_t *word, uint64_t v, int pe) {
+    nvshmem_quiet();
+    nvshmemx_signal_op(word, v, NVSHMEM_SIGNAL_SET, pe);
+}
+
+// Sets word [array][blockIdx.x][rank] of member `pe` to `v`, after every
+// store and put this block made before (call from one thread, after a
+// __syncthreads).
+//
+// On the NVLink path the release store alone orders them: the block's
+// earlier stores come before it through the barrier (a release is
+// cumulative), and it compiles to MEMBAR.ALL.SYS before the store, which
+// waits for them. A __threadfence_system() before it (fence.sc.sys) would
+// add a MEMBAR.SC.SYS, which also orders this thread's later loads, for
+// nothing.
+__device__ __forceinline__ void signal(const TeamSync &t, int array, int pe, uint64_t v) {
+    uint64_t *w = t.word(array, blockIdx.x, t.rank);
+    if (t.nvlink(pe)) {
+        uint64_t off = reinterpret_cast<uint64_t>(w) - t.heap;
+        st_release64(reinterpret_cast<uint64_t *>(t.peer_heap[pe] + off), v);
+    } else {
+        rma_signal(w, v, t.pes[pe]);
+    }
+}
+
+// Every member signals every member on `array`, then waits for all of
+// them: a barrier of this block channel.
+__device__ __forceinline__ void exchange(const TeamSync &t, int array, uint64_t epoch) {
+    __syncthreads();
+    for (int pe = threadIdx.x; pe < t.n; pe += blockDim.x) {
+        signal(t, array, pe, epoch);
+        wait_geq(t.word(array, blockIdx.x, pe), epoch);
+    }
+    __syncthreads();
+}
+
+// Waits (whole block) until every member other than `skip` has signalled
+// `array` with `epoch` on this channel.
+__device__ __forceinline__ void wait_all(const TeamSync &t, int array, uint64_t epoch, int skip) {
+    for (int pe = threadIdx.x; pe < t.n; pe += blockDim.x)
+        if (pe != skip) wait_geq(t.word(array, blockIdx.x, pe), epoch);
+    __syncthreads();
+}
+
+}  // namespace k
+}  // namespace shmem
