@@ -113,7 +113,7 @@ pub enum MoeKernels {
 
 /// Data bytes of one 128-byte line of the collectives' line kernels: a
 /// 4-byte flag in each 64-byte half (`LinesOf` in the kernels'
-/// `common.cuh`). Reductions of 8-byte elements and the MoE line kernel
+/// `prims_lines.cuh`). Reductions of 8-byte elements and the MoE line kernel
 /// carry [`LINE_DATA_BYTES_WIDE`].
 pub const LINE_DATA_BYTES: usize = abi::LINE_DATA_BYTES;
 
@@ -160,7 +160,7 @@ pub const LOW_LATENCY_ROOM_BYTES: usize = abi::LL_MAX_BYTES_SMALL_TEAM;
 
 /// Room for the low-latency packets per sender in a world of `n_pes`: the
 /// most bytes one PE sends another through them (`ll_max_bytes` in the
-/// kernels' `common.cuh`, which must agree). The lines of
+/// kernels' `prims_ll.cuh`, which must agree). The lines of
 /// [`AllReduceAlgo::LowLatency128`] share their buffer, which is larger
 /// ([`low_latency_buffer_bytes`]).
 pub fn low_latency_room_bytes(n_pes: usize) -> usize {
@@ -175,7 +175,7 @@ pub fn low_latency_room_bytes(n_pes: usize) -> usize {
 /// two epoch parities) in a world of `n_pes`: its packets (16 bytes for 8
 /// of data) and 64 KiB more that only lines use, so that the MoE line
 /// kernel takes 128 tokens of 7168 bf16 with their splits (`ll_buffer_bytes`
-/// in the kernels' `common.cuh`, which must agree).
+/// in the kernels' `prims_ll.cuh`, which must agree).
 pub fn low_latency_buffer_bytes(n_pes: usize) -> usize {
     2 * low_latency_room_bytes(n_pes) + abi::LINES_SLACK_BYTES
 }
@@ -240,7 +240,7 @@ pub fn low_latency_blocks(bytes: usize, tuning: &Tuning) -> u32 {
 }
 
 /// Most threads a block of the line kernels takes (`kLinesMaxThreads` in
-/// `common.cuh`): 20 warps, so that 128 blocks move a peer's 1 MiB in one
+/// `abi.cuh`): 20 warps, so that 128 blocks move a peer's 1 MiB in one
 /// pass of 4 lines a warp.
 pub const LINES_MAX_THREADS: u32 = abi::LINES_MAX_THREADS;
 

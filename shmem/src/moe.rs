@@ -137,7 +137,7 @@ fn overlap(a: (usize, usize), b: (usize, usize)) -> bool {
     a.0 < b.1 && b.0 < a.1 && a.0 < a.1 && b.0 < b.1
 }
 
-/// The `kind` of `moe.cu`'s `A2av`.
+/// The `kind` of `abi.cuh`'s `A2av`.
 fn device_kind(kind: OpKind) -> i32 {
     match kind {
         OpKind::AllToAllV => A2avKind::V as i32,
@@ -146,7 +146,7 @@ fn device_kind(kind: OpKind) -> i32 {
     }
 }
 
-/// The error of a failed device-side check (see `moe.cu`).
+/// The error of a failed device-side check (see `kernels/moe.cuh`).
 pub(crate) fn device_check_error(f: DeviceCheckFailure) -> Error {
     let kind = [OpKind::AllToAllV, OpKind::AllToAllV2d, OpKind::AllToAllV2dOffset]
         .get(f.kind as usize)
@@ -339,7 +339,7 @@ impl Team {
         self.raw_barrier()
     }
 
-    /// The device kernels (`kernels/moe.cu`): splits are read and checked
+    /// The device kernels (`kernels/moe_*.cu`): splits are read and checked
     /// on the device, every PE reaching the same verdict; a bad exchange
     /// writes nothing and is reported by the next MoE call (or
     /// [`Context::check_device`]).

@@ -1,4 +1,4 @@
-//! Launchers of the MoE all-to-all-v (`moe.cu`): the line kernel, the one
+//! Launchers of the MoE all-to-all-v (`moe_*.cu`): the line kernel, the one
 //! kernel, or the plan kernel and the data kernel, as
 //! [`crate::algo::moe_form`] chooses.
 
@@ -15,12 +15,12 @@ use crate::error::{Error, Result};
 
 /// Input bytes per block of the data kernel's grid unless tuned (the
 /// kernels keep as many working as the busiest PE's bytes need:
-/// `a2av_active` in `moe.cu`).
+/// `a2av_active` in `moe.cuh`).
 const A2AV_BYTES_PER_BLOCK: usize = 32 << 10;
 
 /// Input bytes per block of the line kernel's grid unless tuned: one pass
 /// of its 16 warps, 4 lines of 112 data bytes each (`MoeLines` in
-/// `moe.cu`), so that a warp's lines leave in one pass where the grid
+/// `moe_lines.cu`), so that a warp's lines leave in one pass where the grid
 /// allows. Against 32 KiB a block (docs/perf.md, tokens of 7168 bf16): at
 /// 1 PE 5–10 % faster at 1 and 32 tokens (but the combine of 1 token 5 %
 /// slower), and at 128 on 128 blocks 3.6–6.8 % faster than on 116 (which

@@ -76,7 +76,7 @@ pub(crate) const LINE_BYTES: usize = 128;
 pub(crate) const LINE_DATA_BYTES: usize = LINE_BYTES - 2 * 4;
 pub(crate) const LINE_DATA_BYTES_WIDE: usize = LINE_BYTES - 2 * 8;
 
-/// `shmem::k::TeamSync` of `common.cuh`, passed by value: a team's view
+/// `shmem::k::TeamSync` of `abi.cuh`, passed by value: a team's view
 /// of the heap and of its synchronisation state.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -124,7 +124,7 @@ impl TeamSync {
     }
 }
 
-/// Which MoE all-to-all-v an [`A2av`] is (`A2avKind` of `moe.cu`): the
+/// Which MoE all-to-all-v an [`A2av`] is (`A2avKind` of `abi.cuh`): the
 /// kernels are built once for each.
 #[repr(i32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -147,7 +147,7 @@ impl A2avKind {
     }
 }
 
-/// `A2av` of `moe.cu`: one MoE all-to-all-v, passed by value.
+/// `A2av` of `abi.cuh`: one MoE all-to-all-v, passed by value.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct A2av {
@@ -242,7 +242,7 @@ impl A2av {
     }
 }
 
-/// `A2avError` of `moe.cu`: the record a MoE kernel writes, in host memory
+/// `A2avError` of `abi.cuh`: the record a MoE kernel writes, in host memory
 /// mapped into the device, when its check of an exchange fails.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -275,7 +275,7 @@ pub(crate) const A2AV_CODE_PE_MASK: u64 = 0xfffff;
 pub(crate) const A2AV_CODE_INDEX_MASK: u64 = 0xffff_ffff;
 
 /// The classes of a failed MoE all-to-all-v check (`A2avClass` of
-/// `moe.cu`): a negative split, a negative offset, an offset before the
+/// `abi.cuh`): a negative split, a negative offset, an offset before the
 /// previous chunk's end, a chunk past the input (classes of a PE's splits)
 /// and an output too small for what a PE receives.
 pub(crate) const A2AV_NEGATIVE_SPLIT: u32 = 1;
@@ -367,7 +367,7 @@ const _: () = assert!(offset_of!(MoeCombine, top_k) == 56);
 const _: () = assert!(offset_of!(MoeCombine, _pad) == 60);
 
 /// 64-bit words of one PE's splits in the MoE all-to-all-v's table
-/// (`split_words` of `moe.cu`): `n × ne`, twice that with offsets.
+/// (`split_words` of `moe.cuh`): `n × ne`, twice that with offsets.
 pub(crate) fn a2av_split_words(n: usize, ne: usize, with_offsets: bool) -> usize {
     let m = n.saturating_mul(ne);
     if with_offsets {
@@ -378,7 +378,7 @@ pub(crate) fn a2av_split_words(n: usize, ne: usize, with_offsets: bool) -> usize
 }
 
 /// 64-bit words of every PE's splits and the work arrays of the MoE
-/// all-to-all-v's table (`A2avTable` of `moe.cu`): `n` PEs' splits, then
+/// all-to-all-v's table (`A2avTable` of `moe.cuh`): `n` PEs' splits, then
 /// `2n` runs of `n × ne + 1` words.
 pub(crate) fn a2av_work_words(n: usize, ne: usize, with_offsets: bool) -> usize {
     let m = n.saturating_mul(ne);
@@ -391,7 +391,7 @@ pub(crate) fn a2av_work_words(n: usize, ne: usize, with_offsets: bool) -> usize 
 pub(crate) const A2AV_SHARED_MAX_BYTES: usize = 46 << 10;
 
 /// Most experts per PE of the MoE line kernel: a warp works out a
-/// destination's chunks a lane each (`A2avLines::warp_chunks` in `moe.cu`).
+/// destination's chunks a lane each (`A2avLines::warp_chunks` in `moe_lines.cu`).
 pub(crate) const A2AV_LINES_MAX_EXPERTS: usize = 32;
 
 /// Words a chunk of the send plan (`A2avTable::plan`) and of the line

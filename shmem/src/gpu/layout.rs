@@ -31,7 +31,7 @@ impl Layout {
 
     /// A team's synchronisation slot: the signal arrays and epoch
     /// counters, then the one-kernel MoE all-to-all-v's counters and its
-    /// two buffers of splits packets (`A2avPackets` in `moe.cu`).
+    /// two buffers of splits packets (`A2avPackets` in `moe.cuh`).
     pub(super) fn slot_bytes(&self) -> usize {
         ((SIGNAL_ARRAYS * MAX_BLOCKS * self.n + EPOCH_COUNTERS) * 8).next_multiple_of(STATE_ALIGN)
             + A2AV_COUNTER_BYTES
@@ -49,7 +49,7 @@ impl Layout {
         self.slot(TEAM_SLOTS)
     }
 
-    /// The push all-reduce's flags and staging (`Push` in `common.cuh`),
+    /// The push all-reduce's flags and staging (`Push` in `prims_push.cuh`),
     /// for worlds of up to `PUSH_MAX_TEAM` PEs.
     fn push(&self) -> usize {
         self.ll() + 2 * self.n * low_latency_buffer_bytes(self.n)
@@ -67,7 +67,7 @@ impl Layout {
         self.push() + self.push_bytes()
     }
 
-    /// This PE's MoE all-to-all-v table (`A2avTable` in `moe.cu`).
+    /// This PE's MoE all-to-all-v table (`A2avTable` in `moe.cuh`).
     pub(super) fn a2av(&self) -> usize {
         self.temp() + RMA_BLOCKS * self.n * RMA_CHUNK
     }

@@ -122,7 +122,7 @@ mod tests {
 
     #[test]
     fn a_record_unpacks_as_the_kernels_pack_it() {
-        // `err_code` of moe.cu, with the kind added by `a2av_report`.
+        // `err_code` of moe.cuh, with the kind added by `a2av_report`.
         let code = (A2AV_PAST_OUTPUT as u64) << 56 | 5 << 32 | 7 | (A2avKind::TwoD as u64) << 52;
         let f = DeviceCheckFailure::of(&A2avError { code, value: -3, count: 2, limit: 9 });
         assert_eq!(
