@@ -356,7 +356,8 @@ examples() {
 }
 
 step gpus nvidia-smi --query-gpu=index,name,memory.total --format=csv
-# Modes, which add up: --quick, the collectives' tests; --moe, the MoE
+# Modes, which add up: --quick, the collectives' tests; --suite, the whole
+# SPMD suite as one job (SHMEM_FORCE_RMA=1 for every peer on RMA); --moe, the MoE
 # tests (both paths) and bench rows; --overlap, the overlapped matmuls'
 # tests, examples and bench rows; --only REGEX, each test whose name
 # matches; --examples, the examples and the failure cases; --faults, the
@@ -366,12 +367,13 @@ step gpus nvidia-smi --query-gpu=index,name,memory.total --format=csv
 # above); none of them: everything (the suite three ways,
 # the examples, the failure cases), which has neither the soak nor the
 # sanitizers.
-quick='' moe='' ov='' only='' ex='' fa='' so='' san='' tu='' share=''
+quick='' suite='' moe='' ov='' only='' ex='' fa='' so='' san='' tu='' share=''
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
     case ${args[i]} in
     --share) share=1 ;;
     --quick) quick=1 ;;
+    --suite) suite=1 ;;
     --moe) moe=1 ;;
     --overlap) ov=1 ;;
     --only) only=${args[i + 1]:-} ;;
@@ -406,6 +408,8 @@ if [[ -n $share ]]; then
     mpi+=(-x SHMEM_PES_PER_GPU -x CUDA_MPS_PIPE_DIRECTORY -x CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)
 fi
 [[ -n $quick ]] && each_test '^coll::' env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
+# The whole suite as one job (quicker than each collective's test alone).
+[[ -n $suite ]] && STEP_TIMEOUT=${SUITE_TIMEOUT:-540} step spmd env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes" "$bin/spmd"
 if [[ -n $moe ]]; then
     step moe env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes" "$bin/spmd" moe::
     step moe-forced-rma env SHMEM_FORCE_RMA=1 SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes" "$bin/spmd" moe::
@@ -456,7 +460,7 @@ fi
 [[ -n $san ]] && sanitize
 [[ -n $tu && -z $share ]] && tune
 [[ -n $tu && -n $share ]] && echo "gpu-run: --share: no tuning sweep (it measures)" | tee -a "$log"
-if [[ -z $quick$moe$ov$only$ex$fa$so$san$tu ]]; then
+if [[ -z $quick$suite$moe$ov$only$ex$fa$so$san$tu ]]; then
     each_test '^coll::' env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
     step spmd-shmemrun env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes" "$bin/spmd" --skip coll::
     step spmd-mpirun "${mpi[@]}" -x SHMEM_HEAP_SIZE=2G "$bin/spmd" --skip coll::
