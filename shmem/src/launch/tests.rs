@@ -2,6 +2,7 @@
 //! itself acting as PEs of a rendezvous.
 
 use super::*;
+use crate::bootstrap::relay::Incoming;
 use crate::bootstrap::tcp::Client;
 use std::path::Path;
 
@@ -180,6 +181,41 @@ fn child_pe() {
             assert!(err.contains("PE 1 left during bootstrap"), "{err}");
             println!("saw: {err}");
         }
+        "relay" => {
+            // Everyone greets everyone through the launcher; then PE 1 ends
+            // without goodbye, and the others hear that it died.
+            let mut c = Client::connect_from_env(timeout).unwrap();
+            let n = c.size();
+            c.allgather(b"init").unwrap();
+            let mut relay = c.into_relay().unwrap();
+            for to in (0..n).filter(|&to| to != rank) {
+                relay.send(to, format!("hello {to} from {rank}").as_bytes()).unwrap();
+            }
+            let mut from = Vec::new();
+            let mut death = None;
+            let deadline = Instant::now() + timeout;
+            while from.len() < n - 1 || (rank != 1 && death.is_none()) {
+                assert!(Instant::now() < deadline, "PE {rank} has {from:?}, {death:?}");
+                for m in relay.poll().unwrap() {
+                    match m {
+                        Incoming::Message { from: f, body } => {
+                            assert_eq!(body, format!("hello {rank} from {f}").as_bytes());
+                            from.push(f);
+                        }
+                        Incoming::Gone { rank: 1, died: true, text } => death = Some(text),
+                        other => panic!("PE {rank}: {other:?}"),
+                    }
+                }
+                thread::sleep(Duration::from_millis(1));
+            }
+            if rank == 1 {
+                std::process::exit(7); // no goodbye
+            }
+            let text = death.unwrap();
+            assert!(text.starts_with("PE 1 died (its connection to the launcher closed"), "{text}");
+            println!("saw: {text}");
+            relay.close();
+        }
         "early-exit" => {
             if rank == 1 {
                 std::process::exit(5);
@@ -225,4 +261,13 @@ fn pe_exiting_before_connecting_fails_the_others_bootstrap() {
     let (out, text) = self_launch(3, "early-exit");
     assert_eq!(out.first_failure.map(|(r, s)| (r, s.code())), Some((1, Some(5))), "{text}");
     assert!(out.statuses[0].success() && out.statuses[2].success(), "{text}");
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "Miri: no processes (it starts PEs)")]
+fn self_launched_pes_relay_messages_and_news_of_a_death() {
+    let (out, text) = self_launch(3, "relay");
+    assert_eq!(out.first_failure.map(|(r, s)| (r, s.code())), Some((1, Some(7))), "{text}");
+    assert!(out.statuses[0].success() && out.statuses[2].success(), "{text}");
+    assert_eq!(text.matches("saw: PE 1 died").count(), 2, "{text}");
 }
