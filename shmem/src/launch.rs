@@ -234,13 +234,13 @@ impl Launch {
         if result.is_err() {
             kill_and_reap(&mut children);
         }
-        // A PE 0 that died between creating the host backend's shared
-        // object and every PE mapping it (when any PE unlinks it) left it
-        // in /dev/shm: its name starts with PE 0's pid.
+        // A PE that died between creating a host-backend shared object
+        // and every PE mapping it (when any PE unlinks it) left it in
+        // /dev/shm: its name starts with that PE's pid (PE 0's for the
+        // heap, each node's first PE's for its control area).
         if !result.as_ref().is_ok_and(Outcome::success) {
-            if let Some(pe0) = children.first() {
-                remove_host_heap_leftovers(pe0.id(), started);
-            }
+            let pids: Vec<u32> = children.iter().map(Child::id).collect();
+            remove_host_heap_leftovers(&pids, started);
         }
         drop(signals);
         server.shutdown();
@@ -408,7 +408,7 @@ pub struct Outcome {
     pub statuses: Vec<ExitStatus>,
     /// Every PE's process id, by rank (all reaped by now): what names a
     /// job's leftovers, such as the host backend's `/dev/shm/shmem-<pid of
-    /// PE 0>-…` object.
+    /// the PE that made it>-…` objects.
     pub pids: Vec<u32>,
     /// The first PE seen to fail (non-zero exit code, or killed by a
     /// signal), in time order, and its status.
@@ -531,19 +531,22 @@ fn die_with_parent(cmd: &mut Command) {
     let _ = cmd;
 }
 
-/// Removes the host heap objects (`/dev/shm/shmem-<pe0>-<hex>`) of this
-/// user made since `since`: what a PE 0 with process id `pe0` that died
-/// during start-up leaves. The age and owner checks keep an unrelated
-/// job's object safe should the pid have been reused. A PE 0 started
-/// through a wrapper (such as compute-sanitizer) has another pid, and its
-/// leftover stays.
-fn remove_host_heap_leftovers(pe0: u32, since: std::time::SystemTime) {
+/// Removes the host backend's shared objects (`/dev/shm/shmem-<pid>-<hex>`)
+/// of this user made since `since` by any of the PEs `pids`: what a PE
+/// that died during start-up leaves (PE 0 makes the heap, each node's
+/// first PE its control area). The age and owner checks keep an unrelated
+/// job's object safe should a pid have been reused. A PE started through a
+/// wrapper (such as compute-sanitizer) has another pid, and its leftover
+/// stays.
+fn remove_host_heap_leftovers(pids: &[u32], since: std::time::SystemTime) {
     use std::os::unix::fs::MetadataExt;
     let Ok(dir) = std::fs::read_dir("/dev/shm") else { return };
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
     for entry in dir.flatten() {
-        if !entry.file_name().to_str().is_some_and(|f| crate::host::shm::is_object_of(f, pe0)) {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !pids.iter().any(|&pid| crate::host::shm::is_object_of(name, pid)) {
             continue;
         }
         let Ok(meta) = entry.metadata() else { continue };

@@ -64,6 +64,32 @@ fn failed_job_removes_pe0s_host_heap_leftover() {
 
 #[test]
 #[cfg_attr(miri, ignore = "Miri: no processes (it starts PEs)")]
+fn failed_job_removes_every_pes_leftovers() {
+    if !Path::new("/dev/shm").is_dir() {
+        eprintln!("skipped: no /dev/shm");
+        return;
+    }
+    // With emulated nodes each node's first PE makes an object: PE 2 leaves
+    // one and fails the job, PE 1 leaves one and waits to be stopped.
+    let script = r#"case "$SHMEM_RANK" in
+          0) sleep 100 ;;
+          1) : > /dev/shm/shmem-$$-a1; echo $$ > "$DIR/1"; sleep 100 ;;
+          2) : > /dev/shm/shmem-$$-b2; echo $$ > "$DIR/2"; sleep 0.3; exit 4 ;;
+        esac"#;
+    let dir = std::env::temp_dir().join(format!("shmem-launch-leftovers-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = sh(3, script).env("DIR", &dir).run().unwrap();
+    assert_eq!(out.first_failure.map(|(r, s)| (r, s.code())), Some((2, Some(4))));
+    for (rank, suffix) in [(1, "a1"), (2, "b2")] {
+        let pid = std::fs::read_to_string(dir.join(rank.to_string())).unwrap().trim().to_string();
+        assert_eq!(pid, out.pids[rank].to_string());
+        assert!(!Path::new(&format!("/dev/shm/shmem-{pid}-{suffix}")).exists(), "PE {rank}'s leftover was removed");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "Miri: no processes (it starts PEs)")]
 fn first_failure_stops_the_others() {
     let start = Instant::now();
     // `sleep` runs as the shell's child: stopping the group ends it too.
