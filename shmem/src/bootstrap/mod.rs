@@ -36,6 +36,11 @@ pub mod env {
     pub const LOCAL_RANK: &str = "SHMEM_LOCAL_RANK";
     /// Number of PEs on this node.
     pub const LOCAL_SIZE: &str = "SHMEM_LOCAL_SIZE";
+    /// The name of this PE's node, where it is not the host's: the PEs
+    /// that share a value form one node. `shmemrun --nodes K` sets
+    /// `node0` … `node<K-1>` to emulate K nodes on one machine, and unsets
+    /// it otherwise.
+    pub const NODE_ID: &str = "SHMEM_NODE_ID";
     /// `host:port` of the launcher's rendezvous server.
     pub const RENDEZVOUS: &str = "SHMEM_RENDEZVOUS";
     /// The job's random token (32 hex digits): the rendezvous server turns
