@@ -8,6 +8,11 @@
 //! present the job's random token. When a PE fails, the others are stopped (SIGTERM,
 //! then SIGKILL after a grace period) unless told otherwise.
 //!
+//! [`Launch::nodes`] emulates several nodes on this machine: each PE is told
+//! its node (`SHMEM_NODE_ID`) and its rank and size within it, so that the
+//! runtime treats the PEs of different nodes as it would on different
+//! machines.
+//!
 //! A program that should also run on its own hands its body to
 //! [`spmd_main`]: under a launcher the body runs as this PE; run directly,
 //! the program starts a job of itself, one PE per GPU on the gpu backend.
@@ -120,6 +125,9 @@ const OUTPUT_DRAIN: Duration = Duration::from_secs(1);
 const DYING_WAIT: Duration = Duration::from_secs(2);
 /// How often the wait loop looks for signals to forward.
 const SIGNAL_POLL: Duration = Duration::from_millis(50);
+/// NVSHMEM's switch for multi-node NVLink, which must be off when nodes are
+/// emulated on one machine whose GPUs report an NVLink fabric.
+const DISABLE_MNNVL: &str = "NVSHMEM_DISABLE_MNNVL";
 
 /// A job to start: `n_pes` copies of one program on this machine.
 ///
@@ -128,6 +136,8 @@ const SIGNAL_POLL: Duration = Duration::from_millis(50);
 #[derive(Debug, Clone)]
 pub struct Launch {
     n_pes: usize,
+    /// Emulated nodes, each with `n_pes / nodes` PEs.
+    nodes: usize,
     program: OsString,
     args: Vec<OsString>,
     envs: Vec<(OsString, OsString)>,
@@ -146,6 +156,7 @@ impl Launch {
     pub fn new(n_pes: usize, program: impl AsRef<OsStr>) -> Launch {
         Launch {
             n_pes,
+            nodes: 1,
             program: program.as_ref().to_owned(),
             args: Vec::new(),
             envs: Vec::new(),
@@ -156,6 +167,22 @@ impl Launch {
             #[cfg(test)]
             capture: None,
         }
+    }
+
+    /// Emulates `k` nodes on this machine (default: 1, the machine). PE `r`
+    /// is on node `r / (n/k)`, where `n` is the number of PEs, which `k`
+    /// must divide ([`Launch::run`] fails otherwise). Every PE gets
+    /// `SHMEM_NODE_ID=node<j>` for its node `j`, `SHMEM_LOCAL_RANK = r %
+    /// (n/k)` and `SHMEM_LOCAL_SIZE = n/k`, and `NVSHMEM_DISABLE_MNNVL=1`
+    /// unless that is set already (NVSHMEM stays on one node: the PEs of one
+    /// machine reach each other by P2P).
+    ///
+    /// With one node, the PEs get no `SHMEM_NODE_ID`, even if this process
+    /// has one (a PE that starts a job of its own passes its environment
+    /// on), unless [`Launch::env`] sets it.
+    pub fn nodes(mut self, k: usize) -> Launch {
+        self.nodes = k;
+        self
     }
 
     /// Adds one argument for every PE.
@@ -175,7 +202,8 @@ impl Launch {
     }
 
     /// Sets an environment variable for every PE. The launcher's own
-    /// `SHMEM_*` variables take precedence.
+    /// `SHMEM_*` variables take precedence (see [`Launch::nodes`] for
+    /// `SHMEM_NODE_ID`).
     pub fn env(mut self, key: impl AsRef<OsStr>, val: impl AsRef<OsStr>) -> Launch {
         self.envs.push((key.as_ref().to_owned(), val.as_ref().to_owned()));
         self
@@ -213,13 +241,21 @@ impl Launch {
 
     /// Starts the job and waits until every PE has exited.
     ///
-    /// Fails only if the job cannot be started (no PEs, the program cannot
-    /// be spawned, the rendezvous cannot listen); a PE that fails is
-    /// reported in the [`Outcome`]. Any PE already started is stopped and
-    /// reaped before an error is returned.
+    /// Fails only if the job cannot be started (no PEs, PEs that cannot be
+    /// split evenly over the [`Launch::nodes`], the program cannot be
+    /// spawned, the rendezvous cannot listen); a PE that fails is reported
+    /// in the [`Outcome`]. Any PE already started is stopped and reaped
+    /// before an error is returned.
     pub fn run(&self) -> io::Result<Outcome> {
         if self.n_pes == 0 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "a job needs at least one PE"));
+        }
+        if self.nodes == 0 || self.n_pes % self.nodes != 0 {
+            let (n, k) = (self.n_pes, self.nodes);
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{n} PEs cannot be spread evenly over {k} nodes (the number of nodes must divide {n})"),
+            ));
         }
         let server = RendezvousServer::start(self.n_pes)?;
         let mut signals = if self.forward_signals { Some(SignalForwarding::install()?) } else { None };
@@ -234,13 +270,13 @@ impl Launch {
         if result.is_err() {
             kill_and_reap(&mut children);
         }
-        // A PE 0 that died between creating the host backend's shared
-        // object and every PE mapping it (when any PE unlinks it) left it
-        // in /dev/shm: its name starts with PE 0's pid.
+        // A PE that died between creating a host-backend shared object
+        // and every PE mapping it (when any PE unlinks it) left it in
+        // /dev/shm: its name starts with that PE's pid (PE 0's for the
+        // heap, each node's first PE's for its control area).
         if !result.as_ref().is_ok_and(Outcome::success) {
-            if let Some(pe0) = children.first() {
-                remove_host_heap_leftovers(pe0.id(), started);
-            }
+            let pids: Vec<u32> = children.iter().map(Child::id).collect();
+            remove_host_heap_leftovers(&pids, started);
         }
         drop(signals);
         server.shutdown();
@@ -270,17 +306,8 @@ impl Launch {
         // redirected stdin goes to PE 0 (as with mpirun).
         let stdin_is_tty = io::stdin().is_terminal();
         for rank in 0..self.n_pes {
-            let mut cmd = Command::new(&self.program);
-            cmd.args(&self.args)
-                .envs(self.envs.iter().map(|(k, v)| (k, v)))
-                .env(env::RANK, rank.to_string())
-                .env(env::WORLD_SIZE, self.n_pes.to_string())
-                .env(env::LOCAL_RANK, rank.to_string())
-                .env(env::LOCAL_SIZE, self.n_pes.to_string())
-                .env(env::RENDEZVOUS, addr.to_string())
-                .env(env::RENDEZVOUS_TOKEN, token.to_hex())
-                .process_group(0)
-                .stdin(if rank == 0 && !stdin_is_tty { Stdio::inherit() } else { Stdio::null() });
+            let mut cmd = self.command(rank, addr, token);
+            cmd.stdin(if rank == 0 && !stdin_is_tty { Stdio::inherit() } else { Stdio::null() });
             if self.tag_output {
                 cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
             }
@@ -296,6 +323,31 @@ impl Launch {
             }
         }
         Ok(())
+    }
+
+    /// The command that starts PE `rank`, with its arguments and
+    /// environment.
+    fn command(&self, rank: usize, addr: SocketAddr, token: Token) -> Command {
+        let per_node = self.n_pes / self.nodes;
+        let mut cmd = Command::new(&self.program);
+        cmd.args(&self.args);
+        // Defaults, which the caller's variables override.
+        cmd.env_remove(env::NODE_ID);
+        if self.nodes > 1 && std::env::var_os(DISABLE_MNNVL).is_none() {
+            cmd.env(DISABLE_MNNVL, "1");
+        }
+        cmd.envs(self.envs.iter().map(|(k, v)| (k, v)))
+            .env(env::RANK, rank.to_string())
+            .env(env::WORLD_SIZE, self.n_pes.to_string())
+            .env(env::LOCAL_RANK, (rank % per_node).to_string())
+            .env(env::LOCAL_SIZE, per_node.to_string())
+            .env(env::RENDEZVOUS, addr.to_string())
+            .env(env::RENDEZVOUS_TOKEN, token.to_hex())
+            .process_group(0);
+        if self.nodes > 1 {
+            cmd.env(env::NODE_ID, format!("node{}", rank / per_node));
+        }
+        cmd
     }
 
     /// Starts a thread that copies `from` to `sink` line by line, tagged
@@ -408,7 +460,7 @@ pub struct Outcome {
     pub statuses: Vec<ExitStatus>,
     /// Every PE's process id, by rank (all reaped by now): what names a
     /// job's leftovers, such as the host backend's `/dev/shm/shmem-<pid of
-    /// PE 0>-…` object.
+    /// the PE that made it>-…` objects.
     pub pids: Vec<u32>,
     /// The first PE seen to fail (non-zero exit code, or killed by a
     /// signal), in time order, and its status.
@@ -531,19 +583,22 @@ fn die_with_parent(cmd: &mut Command) {
     let _ = cmd;
 }
 
-/// Removes the host heap objects (`/dev/shm/shmem-<pe0>-<hex>`) of this
-/// user made since `since`: what a PE 0 with process id `pe0` that died
-/// during start-up leaves. The age and owner checks keep an unrelated
-/// job's object safe should the pid have been reused. A PE 0 started
-/// through a wrapper (such as compute-sanitizer) has another pid, and its
-/// leftover stays.
-fn remove_host_heap_leftovers(pe0: u32, since: std::time::SystemTime) {
+/// Removes the host backend's shared objects (`/dev/shm/shmem-<pid>-<hex>`)
+/// of this user made since `since` by any of the PEs `pids`: what a PE
+/// that died during start-up leaves (PE 0 makes the heap, each node's
+/// first PE its control area). The age and owner checks keep an unrelated
+/// job's object safe should a pid have been reused. A PE started through a
+/// wrapper (such as compute-sanitizer) has another pid, and its leftover
+/// stays.
+fn remove_host_heap_leftovers(pids: &[u32], since: std::time::SystemTime) {
     use std::os::unix::fs::MetadataExt;
     let Ok(dir) = std::fs::read_dir("/dev/shm") else { return };
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
     for entry in dir.flatten() {
-        if !entry.file_name().to_str().is_some_and(|f| crate::host::shm::is_object_of(f, pe0)) {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !pids.iter().any(|&pid| crate::host::shm::is_object_of(name, pid)) {
             continue;
         }
         let Ok(meta) = entry.metadata() else { continue };

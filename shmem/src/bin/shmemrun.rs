@@ -1,7 +1,7 @@
 //! `shmemrun`: starts the PEs of a shmem program on this machine.
 //!
 //! ```text
-//! shmemrun -n 4 [--tag-output] [--no-kill] [--] PROG [ARGS...]
+//! shmemrun -n 4 [--nodes 2] [--tag-output] [--no-kill] [--] PROG [ARGS...]
 //! ```
 //!
 //! Exits with the first failing PE's exit code (128 + signal if a signal
@@ -17,13 +17,21 @@ use std::process::ExitCode;
 ///
 /// Every PE gets SHMEM_RANK, SHMEM_WORLD_SIZE, SHMEM_LOCAL_RANK,
 /// SHMEM_LOCAL_SIZE and SHMEM_RENDEZVOUS, the address of the launcher's
-/// rendezvous server through which the PEs find each other.
+/// rendezvous server, through which the PEs find each other and which
+/// relays messages between them after start-up if they ask for it.
 #[derive(Parser, Debug)]
 #[command(name = "shmemrun", version, override_usage = "shmemrun -n N [OPTIONS] [--] PROG [ARGS]...")]
 struct Cli {
     /// Number of PEs to start.
     #[arg(short = 'n', long = "np", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     n_pes: u32,
+
+    /// Emulate K nodes on this machine: PE r is on node r / (N/K), and gets
+    /// `SHMEM_NODE_ID=node<j>`, SHMEM_LOCAL_RANK and SHMEM_LOCAL_SIZE by node,
+    /// and NVSHMEM_DISABLE_MNNVL=1 unless set. K must divide N. With one
+    /// node, an inherited SHMEM_NODE_ID is not passed on.
+    #[arg(long, value_name = "K", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    nodes: u32,
 
     /// Prefix every output line with the rank of the PE that wrote it (`[2] ...`).
     #[arg(short = 'l', long)]
@@ -42,6 +50,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let (program, args) = cli.command.split_first().expect("clap requires a program");
     let launch = Launch::new(cli.n_pes as usize, program)
+        .nodes(cli.nodes as usize)
         .args(args)
         .tag_output(cli.tag_output)
         .kill_on_failure(!cli.no_kill)

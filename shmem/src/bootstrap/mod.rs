@@ -1,8 +1,11 @@
 //! How the PEs of a job find each other at start-up.
 //!
-//! A bootstrap only carries the few small messages of `init` (host names,
+//! A bootstrap carries the few small messages of `init` (host names,
 //! process ids, the name of the shared heap or NVSHMEM's unique id); every
-//! operation after `init` goes through the backend itself.
+//! operation after `init` goes through the backend itself. A job whose PEs
+//! need to reach each other outside the backend after `init` (across
+//! nodes, say) keeps the bootstrap's channel as a `Net` instead of
+//! closing it.
 //!
 //! Three ways in, chosen from the environment:
 //! - `shmemrun` (or [`crate::launch`]) sets `SHMEM_RANK`, `SHMEM_WORLD_SIZE`,
@@ -11,13 +14,15 @@
 //! - `mpirun`/`srun` (feature `mpi`): rank and size from MPI;
 //! - neither: a world of one PE.
 
-#[cfg(not(feature = "mpi"))]
-use crate::error::Error;
-use crate::error::Result;
+use crate::error::{Error, Result};
+use relay::Incoming;
+use std::collections::VecDeque;
 use std::time::Duration;
 
 #[cfg(feature = "mpi")]
 pub(crate) mod mpi;
+#[cfg_attr(not(test), allow(dead_code, reason = "the inter-node control plane is its user"))]
+pub(crate) mod relay;
 pub(crate) mod server;
 pub(crate) mod tcp;
 
@@ -31,6 +36,11 @@ pub mod env {
     pub const LOCAL_RANK: &str = "SHMEM_LOCAL_RANK";
     /// Number of PEs on this node.
     pub const LOCAL_SIZE: &str = "SHMEM_LOCAL_SIZE";
+    /// The name of this PE's node, where it is not the host's: the PEs
+    /// that share a value form one node. `shmemrun --nodes K` sets
+    /// `node0` … `node<K-1>` to emulate K nodes on one machine, and unsets
+    /// it otherwise.
+    pub const NODE_ID: &str = "SHMEM_NODE_ID";
     /// `host:port` of the launcher's rendezvous server.
     pub const RENDEZVOUS: &str = "SHMEM_RENDEZVOUS";
     /// The job's random token (32 hex digits): the rendezvous server turns
@@ -125,6 +135,90 @@ impl Bootstrap {
     pub(crate) fn close(&mut self) {
         if let Bootstrap::Tcp(c) = self {
             c.close();
+        }
+    }
+
+    /// Keeps the bootstrap's channel as a [`Net`] for messages between PEs
+    /// after `init`; called instead of [`Bootstrap::close`] once `init` is
+    /// done with its allgathers. Under `shmemrun` the launcher relays the
+    /// messages ([`relay::Relay`]); a world of one PE sends only to itself.
+    ///
+    /// # Errors
+    /// [`crate::Error::Bootstrap`] under MPI, which has no such channel yet
+    /// (like any failed `init`, dropping the bootstrap then finalizes MPI),
+    /// or if the rendezvous connection has failed.
+    #[cfg_attr(not(test), allow(dead_code, reason = "the inter-node control plane is its user"))]
+    pub(crate) fn into_net(self) -> Result<Net> {
+        match self {
+            Bootstrap::Single => Ok(Net::Alone(VecDeque::new())),
+            Bootstrap::Tcp(c) => c.into_relay().map(Net::Relay),
+            #[cfg(feature = "mpi")]
+            Bootstrap::Mpi(_) => Err(Error::bootstrap(
+                "PEs started by an MPI launcher have no message channel after init yet: start the job with \
+                 shmemrun",
+            )),
+        }
+    }
+}
+
+/// The message channel between the PEs of a job after `init`, from
+/// [`Bootstrap::into_net`]: messages to any PE, and the news of PEs that
+/// have ended. Each PE's messages to another arrive in the order sent, and
+/// the news of a PE's end after all its messages.
+#[cfg_attr(not(test), allow(dead_code, reason = "the inter-node control plane is its user"))]
+pub(crate) enum Net {
+    /// A world of one PE: messages to itself.
+    Alone(VecDeque<Incoming>),
+    /// Relayed by the launcher's rendezvous server.
+    Relay(relay::Relay),
+}
+
+#[cfg_attr(not(test), allow(dead_code, reason = "the inter-node control plane is its user"))]
+impl Net {
+    /// This PE's rank in the world.
+    pub(crate) fn rank(&self) -> usize {
+        match self {
+            Net::Alone(_) => 0,
+            Net::Relay(r) => r.rank(),
+        }
+    }
+
+    /// Number of PEs in the world.
+    pub(crate) fn size(&self) -> usize {
+        match self {
+            Net::Alone(_) => 1,
+            Net::Relay(r) => r.size(),
+        }
+    }
+
+    /// Sends `body` to PE `to` (which may be this PE). A message to a PE
+    /// that has ended is dropped; its [`Incoming::Gone`] says so.
+    pub(crate) fn send(&mut self, to: usize, body: &[u8]) -> Result<()> {
+        match self {
+            Net::Alone(queue) if to == 0 => {
+                queue.push_back(Incoming::Message { from: 0, body: body.to_vec() });
+                Ok(())
+            }
+            Net::Alone(_) => Err(Error::bootstrap(format!("a message to PE {to}, in a world of 1 PE"))),
+            Net::Relay(r) => r.send(to, body),
+        }
+    }
+
+    /// Everything that has arrived since the last call, in arrival order,
+    /// without waiting.
+    pub(crate) fn poll(&mut self) -> Result<Vec<Incoming>> {
+        match self {
+            Net::Alone(queue) => Ok(queue.drain(..).collect()),
+            Net::Relay(r) => r.poll(),
+        }
+    }
+
+    /// Says goodbye: the other PEs hear that this PE left. Dropping a `Net`
+    /// without it looks like this PE's death to them.
+    pub(crate) fn close(self) {
+        match self {
+            Net::Alone(_) => {}
+            Net::Relay(r) => r.close(),
         }
     }
 }

@@ -9,29 +9,62 @@
 //! and one, the coordinator, owns all the state and handles what the others
 //! hear about in order (an [`Event`] channel), so no state is shared but
 //! the registry of open connections that stopping needs.
+//!
+//! # The run phase
+//!
+//! Once a PE says [`wire::RUN`], the job's init phase is over and the
+//! server relays messages: each [`wire::SEND`] goes out as a
+//! [`wire::DELIVER`] to its destination, in the order the coordinator
+//! receives them, so the messages from one PE to another keep their order.
+//! When a PE's connection ends, every PE still connected hears of it by a
+//! [`wire::GONE`], after everything that PE had sent: *left* if it said
+//! [`wire::BYE`], *died* if its connection closed without it. The news of
+//! a death waits up to [`EXIT_STATUS_WAIT`] for the launcher to report the
+//! process's exit status ([`RendezvousServer::pe_exited`]), so that it can
+//! say how the PE ended. PEs that said goodbye before the first `RUN` are
+//! announced as left when it comes. The server runs while any PE is
+//! connected.
+//!
+//! Limits: every message passes through the coordinator thread (one copy
+//! in, one out); what a PE does not read waits for it in the server, up to
+//! [`MAX_BACKLOG`] bytes or [`SERVER_WRITE_TIMEOUT`] without progress, after
+//! which that PE counts as dead. Other PEs' traffic does not wait for it.
+
+mod backlog;
 
 use super::env;
 use super::tcp::{wire, Token};
 use crate::launch::describe_status;
+use backlog::Backlog;
 use std::collections::HashMap;
 use std::io::{self, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::process::ExitStatus;
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long the accept loop sleeps between looks at the stop flag.
 const ACCEPT_POLL: Duration = Duration::from_millis(100);
-/// Longest a send to one PE may block the server.
+/// Longest a send to one PE may block the server in the init phase; in the
+/// run phase, longest a PE may leave what is sent to it unread.
 const SERVER_WRITE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Longest the news of a PE whose connection closed without goodbye waits
+/// for the launcher to report how its process ended.
+const EXIT_STATUS_WAIT: Duration = Duration::from_millis(200);
+/// How often the coordinator retries sending what a full socket buffer held
+/// back.
+const BACKLOG_RETRY: Duration = Duration::from_millis(2);
+/// Most bytes held back for a PE that does not read before it counts as dead.
+const MAX_BACKLOG: usize = 256 << 20;
 
 /// The launcher's rendezvous server for one job of `n` PEs.
 ///
 /// Accepts the PEs' connections, checks their hellos, tells them when all
-/// have connected, then serves allgather rounds until every PE has said
+/// have connected, then serves allgather rounds and, once PEs ask for it,
+/// relays their messages (see the module docs) until every PE has said
 /// goodbye or gone. Runs on its own threads; [`RendezvousServer::shutdown`]
 /// (or drop) stops it and joins them all.
 pub(crate) struct RendezvousServer {
@@ -241,14 +274,38 @@ enum Pe {
     Absent,
     /// Said hello on this connection.
     Joined(u64),
+    /// Said [`wire::RUN`] on this connection: sends and receives messages.
+    Running(u64),
     /// Said goodbye, disconnected, or exited.
     Left,
+}
+
+impl Pe {
+    /// The connection of a PE that is connected.
+    fn conn(self) -> Option<u64> {
+        match self {
+            Pe::Joined(id) | Pe::Running(id) => Some(id),
+            Pe::Absent | Pe::Left => None,
+        }
+    }
 }
 
 /// An open connection.
 struct Conn {
     stream: Arc<TcpStream>,
     rank: Option<usize>,
+    /// Run-phase bytes that the socket buffer did not take yet.
+    backlog: Backlog,
+}
+
+/// A PE whose connection closed without goodbye in the run phase, whose
+/// news waits for its exit status.
+struct Dying {
+    rank: usize,
+    /// What happened to the connection.
+    how: String,
+    /// When to announce it without the status.
+    until: Instant,
 }
 
 /// The server's state, owned by one thread that handles events in order.
@@ -267,6 +324,12 @@ struct Coordinator {
     failed: Option<String>,
     /// Connections a send failed on, to be closed after the current event.
     dead: Vec<(u64, String)>,
+    /// A PE has said [`wire::RUN`]: the init phase is over.
+    running: bool,
+    /// Exit statuses the launcher reported, by rank.
+    exits: Vec<Option<ExitStatus>>,
+    /// Deaths not announced yet.
+    dying: Vec<Dying>,
 }
 
 impl Coordinator {
@@ -282,20 +345,30 @@ impl Coordinator {
             contributions: vec![None; n],
             failed: None,
             dead: Vec::new(),
+            running: false,
+            exits: vec![None; n],
+            dying: Vec::new(),
         }
     }
 
     fn run(mut self, inbox: Receiver<Event>) {
-        while let Ok(event) = inbox.recv() {
+        loop {
+            let event = match self.next_wakeup() {
+                None => inbox.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                Some(at) => inbox.recv_timeout(at.saturating_duration_since(Instant::now())),
+            };
             match event {
-                Event::Stop => break,
-                Event::Opened { id, stream } => {
-                    self.conns.insert(id, Conn { stream, rank: None });
+                Ok(Event::Stop) | Err(RecvTimeoutError::Disconnected) => break,
+                Ok(Event::Opened { id, stream }) => {
+                    self.conns.insert(id, Conn { stream, rank: None, backlog: Backlog::default() });
                 }
-                Event::Frame { id, kind, body } => self.on_frame(id, kind, body),
-                Event::Closed { id, why } => self.on_closed(id, why),
-                Event::Exited { rank, status } => self.on_exited(rank, status),
+                Ok(Event::Frame { id, kind, body }) => self.on_frame(id, kind, body),
+                Ok(Event::Closed { id, why }) => self.on_closed(id, why),
+                Ok(Event::Exited { rank, status }) => self.on_exited(rank, status),
+                Err(RecvTimeoutError::Timeout) => {}
             }
+            self.flush_backlogs();
+            self.announce_due_deaths();
             while let Some((id, why)) = self.dead.pop() {
                 self.on_closed(id, Close::Io(why));
             }
@@ -306,6 +379,14 @@ impl Coordinator {
         self.shared.stop();
     }
 
+    /// When the coordinator has something to do without an event: retry a
+    /// backlog, or announce a death whose exit status did not come.
+    fn next_wakeup(&self) -> Option<Instant> {
+        let deaths = self.dying.iter().map(|d| d.until).min();
+        let retry = self.conns.values().any(|c| !c.backlog.is_empty()).then(|| Instant::now() + BACKLOG_RETRY);
+        deaths.into_iter().chain(retry).min()
+    }
+
     fn on_frame(&mut self, id: u64, kind: u8, body: Vec<u8>) {
         let Some(conn) = self.conns.get(&id) else {
             return; // closed by us meanwhile
@@ -314,6 +395,8 @@ impl Coordinator {
             (wire::HELLO, None) => self.on_hello(id, &body),
             (wire::GATHER, Some(rank)) if self.ready => self.on_gather(id, rank, body),
             (wire::BYE, Some(rank)) => self.on_bye(rank),
+            (wire::RUN, Some(rank)) if self.ready && self.pes[rank] == Pe::Joined(id) => self.on_run(id, rank),
+            (wire::SEND, Some(rank)) if self.pes[rank] == Pe::Running(id) => self.on_send(id, rank, body),
             (wire::QUERY, _) => {
                 let status = self.status();
                 self.send(id, wire::STATUS, &status);
@@ -367,6 +450,14 @@ impl Coordinator {
         if self.contributions[rank].is_some() {
             return self.reject(id, "protocol error: two contributions to one allgather".into());
         }
+        if let Some(runner) = self.pes.iter().position(|pe| matches!(pe, Pe::Running(_))) {
+            let msg = format!(
+                "PE {runner} ended its init before allgather #{}, so the PEs called allgather a \
+                 different number of times",
+                self.round + 1
+            );
+            return self.send(id, wire::ERROR, msg.as_bytes());
+        }
         if let Some(gone) = self.pes.iter().position(|&pe| pe == Pe::Left) {
             // Without a failure, a PE that left said goodbye.
             let msg = format!(
@@ -400,6 +491,9 @@ impl Coordinator {
         if self.failed.is_some() {
             return;
         }
+        if self.running {
+            return self.announce_end(rank, false, &left_text(rank));
+        }
         if !self.ready {
             let msg = format!("PE {rank} gave up waiting; {} had not connected yet", wire::list_pes(&self.absent()));
             self.fail(msg);
@@ -420,6 +514,46 @@ impl Coordinator {
         }
     }
 
+    /// A PE is done with `init` and keeps its connection for messages.
+    fn on_run(&mut self, id: u64, rank: usize) {
+        if self.failed.is_some() {
+            return; // it has been sent the failure already
+        }
+        if self.contributions.iter().any(Option::is_some) {
+            let msg = format!(
+                "PE {rank} ended its init during allgather #{}, so the PEs called allgather a \
+                 different number of times",
+                self.round + 1
+            );
+            return self.fail(msg);
+        }
+        self.pes[rank] = Pe::Running(id);
+        if !self.running {
+            self.running = true;
+            // Those that said goodbye in the init phase were not announced.
+            let left: Vec<usize> = (0..self.pes.len()).filter(|&r| self.pes[r] == Pe::Left).collect();
+            for gone in left {
+                self.announce_end(gone, false, &left_text(gone));
+            }
+        }
+    }
+
+    /// Forwards a message; drops it if its destination has ended.
+    fn on_send(&mut self, id: u64, rank: usize, mut body: Vec<u8>) {
+        let n = self.pes.len();
+        let Some((to, _)) = wire::parse_addressed(&body) else {
+            return self.reject(id, "protocol error: a message without a destination".into());
+        };
+        if to >= n {
+            return self.reject(id, format!("protocol error: a message to PE {to}, in a world of {n} PEs"));
+        }
+        let Some(dest) = self.pes[to].conn() else {
+            return; // it ended, and the sender is told so by a GONE
+        };
+        body[..4].copy_from_slice(&(rank as u32).to_le_bytes());
+        self.post(dest, &wire::frame(wire::DELIVER, &body));
+    }
+
     fn on_closed(&mut self, id: u64, why: Close) {
         let Some(conn) = self.conns.remove(&id) else {
             return;
@@ -428,12 +562,23 @@ impl Coordinator {
         let Some(rank) = conn.rank else {
             return;
         };
-        if self.pes[rank] != Pe::Joined(id) {
+        if self.pes[rank].conn() != Some(id) {
             return; // said goodbye before
         }
         self.pes[rank] = Pe::Left;
         if self.failed.is_some() {
             return;
+        }
+        if self.running {
+            let how = match why {
+                Close::Eof => "its connection to the launcher closed".to_string(),
+                Close::Io(e) => format!("its connection to the launcher failed: {e}"),
+                Close::Protocol(e) => format!("the launcher closed its connection: {e}"),
+            };
+            return match self.exits[rank] {
+                Some(status) => self.announce_end(rank, true, &died_text(rank, &how, Some(status))),
+                None => self.dying.push(Dying { rank, how, until: Instant::now() + EXIT_STATUS_WAIT }),
+            };
         }
         let how = match why {
             Close::Eof => "its connection closed without goodbye".to_string(),
@@ -456,6 +601,13 @@ impl Coordinator {
     }
 
     fn on_exited(&mut self, rank: usize, status: ExitStatus) {
+        if let Some(exit) = self.exits.get_mut(rank) {
+            *exit = Some(status);
+        }
+        if let Some(i) = self.dying.iter().position(|d| d.rank == rank) {
+            let d = self.dying.remove(i);
+            self.announce_end(rank, true, &died_text(rank, &d.how, Some(status)));
+        }
         // A PE that connected is followed through its connection instead:
         // its goodbye may still be on the way.
         if self.pes.get(rank) != Some(&Pe::Absent) {
@@ -464,6 +616,23 @@ impl Coordinator {
         self.pes[rank] = Pe::Left;
         if self.failed.is_none() {
             self.fail(format!("PE {rank} {} before connecting to the rendezvous", describe_status(status)));
+        }
+    }
+
+    /// Announces the deaths whose exit status did not come in time.
+    fn announce_due_deaths(&mut self) {
+        let now = Instant::now();
+        while let Some(i) = self.dying.iter().position(|d| d.until <= now) {
+            let d = self.dying.remove(i);
+            self.announce_end(d.rank, true, &died_text(d.rank, &d.how, None));
+        }
+    }
+
+    /// Tells every PE still connected that PE `rank` has ended.
+    fn announce_end(&mut self, rank: usize, died: bool, text: &str) {
+        let frame = wire::frame(wire::GONE, &wire::gone(rank as u32, died, text));
+        for id in self.joined_conns() {
+            self.post(id, &frame);
         }
     }
 
@@ -486,7 +655,9 @@ impl Coordinator {
 
     /// The phase, round and missing PEs, for a [`wire::QUERY`].
     fn status(&self) -> Vec<u8> {
-        if self.ready {
+        if self.running {
+            wire::status(wire::PHASE_RUN, self.round, &[])
+        } else if self.ready {
             wire::status(wire::PHASE_GATHER, self.round, &self.missing_contributions())
         } else {
             wire::status(wire::PHASE_CONNECT, 0, &self.absent())
@@ -503,25 +674,59 @@ impl Coordinator {
 
     /// Connections of PEs that said hello and have not left, by rank.
     fn joined_conns(&self) -> Vec<u64> {
-        self.pes
-            .iter()
-            .filter_map(|&pe| match pe {
-                Pe::Joined(id) => Some(id),
-                _ => None,
-            })
-            .collect()
+        self.pes.iter().filter_map(|pe| pe.conn()).collect()
     }
 
     fn send(&mut self, id: u64, kind: u8, body: &[u8]) {
         self.send_frame(id, &wire::frame(kind, body));
     }
 
+    /// Sends an init-phase frame, blocking up to [`SERVER_WRITE_TIMEOUT`]
+    /// (behind a run-phase backlog, if there is one).
     fn send_frame(&mut self, id: u64, frame: &[u8]) {
         if let Some(conn) = self.conns.get_mut(&id) {
+            if !conn.backlog.is_empty() {
+                return self.post(id, frame);
+            }
             if let Err(e) = (&*conn.stream).write_all(frame) {
                 self.dead.push((id, format!("cannot send to it: {e}")));
             }
         }
+    }
+
+    /// Sends a run-phase frame without blocking; what the socket does not
+    /// take now waits in the connection's backlog.
+    fn post(&mut self, id: u64, frame: &[u8]) {
+        if let Some(conn) = self.conns.get_mut(&id) {
+            conn.backlog.push(frame);
+            if let Err(why) = conn.backlog.flush(&conn.stream) {
+                self.dead.push((id, why));
+            }
+        }
+    }
+
+    /// Retries every backlog.
+    fn flush_backlogs(&mut self) {
+        for (&id, conn) in self.conns.iter_mut().filter(|(_, c)| !c.backlog.is_empty()) {
+            if let Err(why) = conn.backlog.flush(&conn.stream) {
+                self.dead.push((id, why));
+            }
+        }
+    }
+}
+
+/// The [`wire::GONE`] text of a PE that said goodbye.
+fn left_text(rank: usize) -> String {
+    format!("PE {rank} left (it said goodbye to the launcher)")
+}
+
+/// The [`wire::GONE`] text of a PE whose connection ended without goodbye:
+/// "PE 3 died (its connection to the launcher closed; it was killed by
+/// signal 9 (SIGKILL))".
+fn died_text(rank: usize, how: &str, status: Option<ExitStatus>) -> String {
+    match status {
+        Some(status) => format!("PE {rank} died ({how}; it {})", describe_status(status)),
+        None => format!("PE {rank} died ({how})"),
     }
 }
 
@@ -532,25 +737,4 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::bootstrap::tcp::Client;
-
-    #[test]
-    #[cfg_attr(miri, ignore = "Miri: no sockets (a rendezvous server)")]
-    fn server_runs_many_times() {
-        for _ in 0..20 {
-            let server = RendezvousServer::start(2).unwrap();
-            // A stray connection that never says hello must not keep the
-            // server from stopping.
-            let _stray = TcpStream::connect(server.addr()).unwrap();
-            server.shutdown();
-        }
-        let server = RendezvousServer::start(1).unwrap();
-        let tok = server.token();
-        let mut c = Client::connect(&server.addr().to_string(), 0, 1, &tok, Duration::from_secs(2)).unwrap();
-        assert_eq!(c.allgather(b"z").unwrap(), vec![b"z".to_vec()]);
-        drop(server); // drop stops it too
-        assert!(c.allgather(b"z").is_err());
-    }
-}
+mod tests;

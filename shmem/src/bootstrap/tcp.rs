@@ -4,21 +4,34 @@
 //! and tells every PE where it is through `SHMEM_RENDEZVOUS`. Each PE connects,
 //! says hello with its rank, waits until every PE has connected, and then uses
 //! the connection for a few [`Client::allgather`] rounds during `init` before
-//! saying goodbye. The server side is [`super::server`]; both ends share
-//! the [`wire`] format below.
+//! saying goodbye, or before keeping it as a message channel to the other
+//! PEs ([`Client::into_relay`]). The server side is [`super::server`]; both
+//! ends share the [`wire`] format below.
 
 use super::env;
+use super::relay::Relay;
 use crate::error::{Error, Result};
 use std::ffi::OsString;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-/// The wire format shared by [`Client`] and the launcher's server.
-///
-/// Every message is one frame: a kind byte, the body's length (u64 LE), then
-/// the body. Integers are little-endian.
 pub(crate) mod wire {
+    //! The wire format shared by [`Client`](super::Client),
+    //! [`Relay`](super::Relay) and the launcher's server.
+    //!
+    //! Every message is one frame: a kind byte, the body's length (u64 LE), then
+    //! the body. Integers are little-endian.
+    //!
+    //! A connection has two phases. In the *init* phase a PE says [`HELLO`],
+    //! waits for [`READY`], and takes part in allgathers ([`GATHER`] →
+    //! [`RESULT`]); it ends with [`BYE`], and the connection closes. A PE that
+    //! needs a channel to the others after `init` says [`RUN`] instead: its
+    //! connection then stays open for the *run* phase, in which it sends
+    //! messages to other PEs ([`SEND`]) and receives theirs ([`DELIVER`]) and
+    //! news of PEs that ended ([`GONE`]), until it says [`BYE`] or its
+    //! connection closes.
+
     use std::io::{self, Read};
 
     /// Bytes before a frame's body: the kind and the body length.
@@ -29,6 +42,8 @@ pub(crate) mod wire {
     pub(crate) const MAX_PAYLOAD: usize = 64 << 20;
     /// Largest error or status text.
     pub(crate) const MAX_TEXT: usize = 64 << 10;
+    /// Largest body of one run-phase message ([`SEND`], [`DELIVER`]).
+    pub(crate) const MAX_MESSAGE: usize = 16 << 20;
 
     /// Client → server: magic u32, rank u32, world size u32, the job's
     /// token (16 bytes).
@@ -40,6 +55,16 @@ pub(crate) mod wire {
     /// Client → server: what are you waiting for? (empty body; answered by
     /// [`STATUS`]).
     pub(crate) const QUERY: u8 = 4;
+    /// Client → server: this PE is done with `init`'s allgathers and keeps
+    /// its connection for messages (empty body). Only after [`READY`] and
+    /// outside an allgather; the first `RUN` of any PE ends the job's init
+    /// phase.
+    pub(crate) const RUN: u8 = 5;
+    /// Client → server, after [`RUN`]: destination rank u32, then the
+    /// message (at most [`MAX_MESSAGE`] bytes), forwarded as [`DELIVER`].
+    /// A message to a PE that has left or died is dropped: the sender is
+    /// told of that PE's end by a [`GONE`].
+    pub(crate) const SEND: u8 = 6;
 
     /// Server → client: every PE has connected (empty body).
     pub(crate) const READY: u8 = 0x81;
@@ -49,11 +74,22 @@ pub(crate) mod wire {
     pub(crate) const ERROR: u8 = 0x83;
     /// Server → client: phase u8, round u64, then the missing ranks, u32 each.
     pub(crate) const STATUS: u8 = 0x84;
+    /// Server → client: source rank u32, then the message of a [`SEND`].
+    /// The server forwards messages in the order it receives them, so the
+    /// messages from one PE to another arrive in the order sent.
+    pub(crate) const DELIVER: u8 = 0x85;
+    /// Server → client, once the init phase has ended: rank u32, died u8
+    /// (1: its connection ended without [`BYE`]; 0: it said [`BYE`]), then
+    /// UTF-8 text saying what happened. Sent to every PE still connected,
+    /// after everything the PE that ended had sent.
+    pub(crate) const GONE: u8 = 0x86;
 
     /// [`STATUS`] phase: not every PE has connected yet.
     pub(crate) const PHASE_CONNECT: u8 = 0;
     /// [`STATUS`] phase: waiting for allgather contributions.
     pub(crate) const PHASE_GATHER: u8 = 1;
+    /// [`STATUS`] phase: the init phase has ended (no PE is waited for).
+    pub(crate) const PHASE_RUN: u8 = 2;
 
     /// Largest body the server accepts for a client message of `kind`, or
     /// `None` for an unknown kind.
@@ -61,7 +97,8 @@ pub(crate) mod wire {
         match kind {
             HELLO => Some(28),
             GATHER => Some(MAX_PAYLOAD),
-            BYE | QUERY => Some(0),
+            BYE | QUERY | RUN => Some(0),
+            SEND => Some(4 + MAX_MESSAGE),
             _ => None,
         }
     }
@@ -140,6 +177,33 @@ pub(crate) mod wire {
         }
         let missing = ranks.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize).collect();
         Some((phase, round, missing))
+    }
+
+    /// The rank and message of a [`SEND`] or [`DELIVER`] body.
+    pub(crate) fn parse_addressed(body: &[u8]) -> Option<(usize, &[u8])> {
+        let rank = u32::from_le_bytes(body.get(..4)?.try_into().ok()?);
+        Some((rank as usize, &body[4..]))
+    }
+
+    /// Body of a [`GONE`].
+    pub(crate) fn gone(rank: u32, died: bool, text: &str) -> Vec<u8> {
+        let mut out = Vec::with_capacity(5 + text.len());
+        out.extend_from_slice(&rank.to_le_bytes());
+        out.push(u8::from(died));
+        out.extend_from_slice(text.as_bytes());
+        out
+    }
+
+    /// Rank, died flag and text of a [`GONE`] body.
+    #[cfg_attr(not(test), allow(dead_code, reason = "the inter-node control plane is its user"))]
+    pub(crate) fn parse_gone(body: &[u8]) -> Option<(usize, bool, String)> {
+        let rank = u32::from_le_bytes(body.get(..4)?.try_into().ok()?);
+        let died = match body.get(4)? {
+            0 => false,
+            1 => true,
+            _ => return None,
+        };
+        Some((rank as usize, died, String::from_utf8_lossy(&body[5..]).into_owned()))
     }
 
     /// Splits a [`RESULT`] body into exactly `size` contributions.
@@ -391,6 +455,18 @@ impl Client {
                 self.size
             ))
         })
+    }
+
+    /// Ends this PE's init phase ([`wire::RUN`]) and keeps the connection
+    /// as a message channel to the other PEs. Called instead of
+    /// [`Client::close`] once `init` is done with its allgathers.
+    #[cfg_attr(not(test), allow(dead_code, reason = "the inter-node control plane is its user"))]
+    pub(crate) fn into_relay(mut self) -> Result<Relay> {
+        self.usable()?;
+        self.send(wire::RUN, &[])?;
+        let stream = self.stream.take().expect("a usable client has a stream");
+        let inbox = std::mem::take(&mut self.inbox);
+        Ok(Relay::new(std::mem::take(&mut self.addr), self.rank, self.size, stream, inbox, self.stale_status))
     }
 
     /// Says goodbye and closes the connection (idempotent); also done on Drop.

@@ -2,7 +2,9 @@
 //! itself acting as PEs of a rendezvous.
 
 use super::*;
+use crate::bootstrap::relay::Incoming;
 use crate::bootstrap::tcp::Client;
+use std::collections::HashMap;
 use std::path::Path;
 
 fn sh(n: usize, script: &str) -> Launch {
@@ -59,6 +61,90 @@ fn failed_job_removes_pe0s_host_heap_leftover() {
     let other = format!("/dev/shm/shmem-{pid}-notes");
     assert!(Path::new(&other).exists(), "only names of the host heap's form are removed");
     std::fs::remove_file(other).unwrap();
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "Miri: no processes (it starts PEs)")]
+fn failed_job_removes_every_pes_leftovers() {
+    if !Path::new("/dev/shm").is_dir() {
+        eprintln!("skipped: no /dev/shm");
+        return;
+    }
+    // With emulated nodes each node's first PE makes an object: PE 2 leaves
+    // one and fails the job, PE 1 leaves one and waits to be stopped.
+    let script = r#"case "$SHMEM_RANK" in
+          0) sleep 100 ;;
+          1) : > /dev/shm/shmem-$$-a1; echo $$ > "$DIR/1"; sleep 100 ;;
+          2) : > /dev/shm/shmem-$$-b2; echo $$ > "$DIR/2"; sleep 0.3; exit 4 ;;
+        esac"#;
+    let dir = std::env::temp_dir().join(format!("shmem-launch-leftovers-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = sh(3, script).env("DIR", &dir).run().unwrap();
+    assert_eq!(out.first_failure.map(|(r, s)| (r, s.code())), Some((2, Some(4))));
+    for (rank, suffix) in [(1, "a1"), (2, "b2")] {
+        let pid = std::fs::read_to_string(dir.join(rank.to_string())).unwrap().trim().to_string();
+        assert_eq!(pid, out.pids[rank].to_string());
+        assert!(!Path::new(&format!("/dev/shm/shmem-{pid}-{suffix}")).exists(), "PE {rank}'s leftover was removed");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The variables `launch` sets (`Some`) or removes (`None`) for PE `rank`.
+fn vars_of(launch: &Launch, rank: usize) -> HashMap<String, Option<String>> {
+    let addr: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let cmd = launch.command(rank, addr, Token([1; 16]));
+    let text = |s: &OsStr| s.to_str().unwrap().to_string();
+    cmd.get_envs().map(|(k, v)| (text(k), v.map(text))).collect()
+}
+
+#[test]
+fn each_pe_is_told_its_node() {
+    let some = |s: &str| Some(Some(s.to_string()));
+    let mnnvl_inherited = std::env::var_os(DISABLE_MNNVL).is_some();
+    let nodes = Launch::new(6, "prog").nodes(3);
+    for rank in 0..6 {
+        let v = vars_of(&nodes, rank);
+        assert_eq!(v.get("SHMEM_RANK"), some(&rank.to_string()).as_ref());
+        assert_eq!(v.get("SHMEM_WORLD_SIZE"), some("6").as_ref());
+        assert_eq!(v.get("SHMEM_NODE_ID"), some(&format!("node{}", rank / 2)).as_ref(), "PE {rank}");
+        assert_eq!(v.get("SHMEM_LOCAL_RANK"), some(&(rank % 2).to_string()).as_ref(), "PE {rank}");
+        assert_eq!(v.get("SHMEM_LOCAL_SIZE"), some("2").as_ref());
+        let mnnvl = if mnnvl_inherited { None } else { some("1") };
+        assert_eq!(v.get(DISABLE_MNNVL), mnnvl.as_ref());
+    }
+    // One node: an inherited node id is removed; the machine is the node.
+    let one = Launch::new(3, "prog");
+    for rank in 0..3 {
+        let v = vars_of(&one, rank);
+        assert_eq!(v.get("SHMEM_NODE_ID"), Some(&None), "removed");
+        assert_eq!(v.get("SHMEM_LOCAL_RANK"), some(&rank.to_string()).as_ref());
+        assert_eq!(v.get("SHMEM_LOCAL_SIZE"), some("3").as_ref());
+        assert_eq!(v.get(DISABLE_MNNVL), None);
+    }
+    // The caller's variables: a node id on one node, NVSHMEM's switch.
+    let v = vars_of(&Launch::new(2, "prog").env("SHMEM_NODE_ID", "mine"), 1);
+    assert_eq!(v.get("SHMEM_NODE_ID"), some("mine").as_ref());
+    let v = vars_of(&Launch::new(2, "prog").nodes(2).env("SHMEM_NODE_ID", "mine").env(DISABLE_MNNVL, "0"), 1);
+    assert_eq!(v.get("SHMEM_NODE_ID"), some("node1").as_ref(), "the launcher's own takes precedence");
+    assert_eq!(v.get(DISABLE_MNNVL), some("0").as_ref());
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "Miri: no processes (it starts PEs)")]
+fn nodes_must_divide_the_pes() {
+    for (n, k) in [(4, 3), (2, 4), (3, 0)] {
+        let e = sh(n, "exit 0").nodes(k).run().unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        let want = format!("{n} PEs cannot be spread evenly over {k} nodes");
+        assert!(e.to_string().contains(&want), "{e}");
+    }
+    let script = r#"echo "$SHMEM_RANK $SHMEM_NODE_ID $SHMEM_LOCAL_RANK $SHMEM_LOCAL_SIZE""#;
+    let (launch, buf) = captured(sh(4, script).nodes(2));
+    assert!(launch.run().unwrap().success());
+    let text = text(&buf);
+    for (rank, want) in ["0 node0 0 2", "1 node0 1 2", "2 node1 0 2", "3 node1 1 2"].iter().enumerate() {
+        assert!(text.lines().any(|l| l == format!("[{rank}] {want}")), "{text}");
+    }
 }
 
 #[test]
@@ -180,6 +266,52 @@ fn child_pe() {
             assert!(err.contains("PE 1 left during bootstrap"), "{err}");
             println!("saw: {err}");
         }
+        "relay" => {
+            // Everyone greets everyone through the launcher; then PE 1 ends
+            // without goodbye, and the others hear that it died.
+            let mut c = Client::connect_from_env(timeout).unwrap();
+            let n = c.size();
+            c.allgather(b"init").unwrap();
+            let mut relay = c.into_relay().unwrap();
+            for to in (0..n).filter(|&to| to != rank) {
+                relay.send(to, format!("hello {to} from {rank}").as_bytes()).unwrap();
+            }
+            let mut from = Vec::new();
+            let mut death = None;
+            let deadline = Instant::now() + timeout;
+            while from.len() < n - 1 || (rank != 1 && death.is_none()) {
+                assert!(Instant::now() < deadline, "PE {rank} has {from:?}, {death:?}");
+                for m in relay.poll().unwrap() {
+                    match m {
+                        Incoming::Message { from: f, body } => {
+                            assert_eq!(body, format!("hello {rank} from {f}").as_bytes());
+                            from.push(f);
+                        }
+                        Incoming::Gone { rank: 1, died: true, text } => death = Some(text),
+                        other => panic!("PE {rank}: {other:?}"),
+                    }
+                }
+                thread::sleep(Duration::from_millis(1));
+            }
+            if rank == 1 {
+                std::process::exit(7); // no goodbye
+            }
+            let text = death.unwrap();
+            assert!(text.starts_with("PE 1 died (its connection to the launcher closed"), "{text}");
+            println!("saw: {text}");
+            relay.close();
+        }
+        "nested" => {
+            // A PE that starts a job of its own: its node is not theirs.
+            let script = r#"echo "${SHMEM_NODE_ID-none} $SHMEM_LOCAL_RANK $SHMEM_LOCAL_SIZE""#;
+            assert_eq!(std::env::var("SHMEM_NODE_ID").unwrap(), format!("node{rank}"));
+            let (launch, buf) = captured(sh(2, script));
+            assert!(launch.run().unwrap().success());
+            let mut lines: Vec<String> = text(&buf).lines().map(str::to_string).collect();
+            lines.sort();
+            assert_eq!(lines, ["[0] none 0 2", "[1] none 1 2"]);
+            println!("nested: ok");
+        }
         "early-exit" => {
             if rank == 1 {
                 std::process::exit(5);
@@ -193,8 +325,13 @@ fn child_pe() {
 }
 
 fn self_launch(n: usize, role: &str) -> (Outcome, String) {
+    self_launch_on(n, 1, role)
+}
+
+fn self_launch_on(n: usize, nodes: usize, role: &str) -> (Outcome, String) {
     let exe = std::env::current_exe().unwrap();
     let launch = Launch::new(n, exe)
+        .nodes(nodes)
         .args(["--exact", "launch::tests::child_pe", "--nocapture", "--test-threads=1", "-q"])
         .env(ROLE, role)
         .kill_on_failure(false);
@@ -225,4 +362,21 @@ fn pe_exiting_before_connecting_fails_the_others_bootstrap() {
     let (out, text) = self_launch(3, "early-exit");
     assert_eq!(out.first_failure.map(|(r, s)| (r, s.code())), Some((1, Some(5))), "{text}");
     assert!(out.statuses[0].success() && out.statuses[2].success(), "{text}");
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "Miri: no processes (it starts PEs)")]
+fn self_launched_pes_relay_messages_and_news_of_a_death() {
+    let (out, text) = self_launch(3, "relay");
+    assert_eq!(out.first_failure.map(|(r, s)| (r, s.code())), Some((1, Some(7))), "{text}");
+    assert!(out.statuses[0].success() && out.statuses[2].success(), "{text}");
+    assert_eq!(text.matches("saw: PE 1 died").count(), 2, "{text}");
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "Miri: no processes (it starts PEs)")]
+fn a_nested_job_is_on_one_node() {
+    let (out, text) = self_launch_on(2, 2, "nested");
+    assert!(out.success(), "{out}\n{text}");
+    assert_eq!(text.matches("nested: ok").count(), 2, "{text}");
 }
