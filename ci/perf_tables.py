@@ -18,8 +18,7 @@ import sys
 
 KIB, MIB = 1 << 10, 1 << 20
 SIZES = [8, 256, 4 * KIB, 64 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB]
-COLLECTIVES = [("all_reduce", "bf16"), ("all_reduce", "f32"), ("reduce_scatter", "bf16"),
-               ("all_gather", "f32"), ("broadcast", "f32"), ("all_to_all", "f32")]
+COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all"]
 MOE_OPS = ["dispatch", "combine", "all_to_all_v"]
 
 
@@ -64,10 +63,12 @@ def collective_table(rows, op, dtype, pes):
     if not mine:
         return
     busbw = op in ("all_reduce", "reduce_scatter", "all_gather")
+    nvshmem = any(r["impl"] == "nvshmem" for r in mine)
     print(f"#### {op.replace('_', '-')}, {dtype}, {pes} PEs\n")
-    head = "| bytes | graph: shmem | NCCL | NCCL / shmem | eager: shmem | NCCL | NCCL / shmem | NVSHMEM |"
-    print(head + (" busbw GB/s |" if busbw else ""))
-    print("|---" * (head.count("|") - 1 + busbw) + "|")
+    head = "| bytes | graph: shmem | NCCL | NCCL / shmem | eager: shmem | NCCL | NCCL / shmem |"
+    head += " NVSHMEM |" * nvshmem + " busbw GB/s |" * busbw
+    print(head)
+    print("|---" * (head.count("|") - 1) + "|")
     for b in SIZES:
         k = dict(op=op, dtype=dtype, pes=pes, bytes=b)
         sg, ng = find(mine, impl="shmem", graph=True, **k), find(mine, impl="nccl", graph=True, **k)
@@ -76,7 +77,7 @@ def collective_table(rows, op, dtype, pes):
         if not (sg or se):
             continue
         line = (f"| {fmt_bytes(b)} | {cell(sg)} | {cell(ng)} | {ratio(sg, ng)} "
-                f"| {cell(se)} | {cell(ne)} | {ratio(se, ne)} | {cell(nv)} |")
+                f"| {cell(se)} | {cell(ne)} | {ratio(se, ne)} |") + f" {cell(nv)} |" * nvshmem
         if busbw:
             best = min((x for x in (sg, se) if x), key=lambda x: x["time_us"])
             line += f" {best['busbw_gbps']:.1f} |"
@@ -107,8 +108,9 @@ def main():
         sys.exit(__doc__)
     rows = load(sys.argv[1:])
     for pes in sorted({r["pes"] for r in rows}):
-        for op, dtype in COLLECTIVES:
-            collective_table(rows, op, dtype, pes)
+        for op in COLLECTIVES:
+            for dtype in sorted({r.get("dtype") for r in rows if r["op"] == op and r["pes"] == pes}):
+                collective_table(rows, op, dtype, pes)
         moe_table(rows, pes)
 
 
