@@ -19,6 +19,7 @@ use relay::Incoming;
 use std::collections::VecDeque;
 use std::time::Duration;
 
+pub(crate) mod exit;
 #[cfg(feature = "mpi")]
 pub(crate) mod mpi;
 #[cfg_attr(not(test), allow(dead_code, reason = "the inter-node control plane is its user"))]

@@ -33,8 +33,8 @@
 mod backlog;
 
 use super::env;
+use super::exit::describe_status;
 use super::tcp::{wire, Token};
-use crate::launch::describe_status;
 use backlog::Backlog;
 use std::collections::HashMap;
 use std::io::{self, Write};
