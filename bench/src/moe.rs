@@ -15,7 +15,14 @@
 //! [`Context::all_to_all_v_2d_offset`]: shmem::Context::all_to_all_v_2d_offset
 //! [`Context::all_to_all_v`]: shmem::Context::all_to_all_v
 
-use super::{mix, note, seed, Args, Bench, Case, DeviceBuf, Dtype, Imp, Nccl, Op, Pattern, Res, Row, Value};
+use crate::args::{Args, Dtype};
+use crate::bench::Bench;
+use crate::data::{mix, seed, Pattern, Value};
+use crate::harness::Case;
+use crate::nccl::{DeviceBuf, Nccl};
+use crate::ops::{Imp, Op};
+use crate::report::{note, Row};
+use crate::Res;
 use shmem::algo::moe_lines_fit;
 use shmem::{bf16, f16, Collectives, SymmetricBuffer};
 

@@ -24,7 +24,13 @@
 //! [`Context::all_gather_matmul`]: shmem::Context::all_gather_matmul
 //! [`Context::matmul_reduce_scatter`]: shmem::Context::matmul_reduce_scatter
 
-use super::{cell, human, mix, note, seed, Args, Bench, Case, Dtype, Imp, Op, Res, Row, Value};
+use crate::args::{Args, Dtype};
+use crate::bench::Bench;
+use crate::data::{mix, seed, Value};
+use crate::harness::Case;
+use crate::ops::{Imp, Op};
+use crate::report::{cell, human, note, Row};
+use crate::Res;
 use rayon::prelude::*;
 use shmem::overlap::reduce_scatter_workspace_len;
 use shmem::{bf16, f16, Context, Overlap, OverlapComm, Stream, SymSlice, SymmetricBuffer, Team};

@@ -1,0 +1,259 @@
+//! The harness every row goes through: a [`Case`] is run once on a
+//! poisoned output and checked, timed (eagerly, and with `--graph` as
+//! replays of a CUDA graph), and checked again, every PE agreeing on the
+//! verdict at each step.
+
+use crate::bench::Bench;
+use crate::data::{difference, Value};
+use crate::moe::MoeShape;
+use crate::ops::{Imp, Op};
+use crate::overlap::MatmulShape;
+use crate::report::{note, Row};
+use crate::Res;
+use cudarc::driver::{CudaGraph, CudaStream};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Operations per CUDA graph in `--graph` mode.
+pub(super) const PER_GRAPH: usize = 100;
+
+/// One implementation of one operation at one size, ready to run.
+pub(super) struct Case<'a, T> {
+    pub(super) op: Op,
+    pub(super) imp: Imp,
+    pub(super) dtype: Option<&'static str>,
+    pub(super) bytes: usize,
+    /// Enqueues one operation on the bench's stream.
+    pub(super) run: &'a dyn Fn() -> Res,
+    /// Overwrites the output with [`Value::POISON`].
+    pub(super) poison: &'a dyn Fn() -> Res,
+    /// This PE's output, once the stream is done.
+    pub(super) read: Reader<'a, T>,
+    pub(super) want: &'a [T],
+    /// The MoE ops' parameters (`None` for the others).
+    pub(super) moe: Option<MoeShape>,
+    /// A second output checked as the first: the MoE ops' out_splits_offsets.
+    pub(super) splits: Option<(Reader<'a, i64>, &'a [i64])>,
+    /// The overlapped matmuls' parameters (`None` for the others).
+    pub(super) matmul: Option<MatmulShape>,
+}
+
+/// Reads an output of a [`Case`] into host memory.
+pub(super) type Reader<'a, T> = &'a dyn Fn() -> Res<Vec<T>>;
+
+impl<T> Case<'_, T> {
+    fn label(&self, graph: bool) -> String {
+        let mode = if graph { "graph" } else { "eager" };
+        let tokens = self.moe.map_or(String::new(), |m| format!(" ({} tokens)", m.tokens));
+        let matmul = self.matmul.map_or(String::new(), |m| format!(" ({m})"));
+        let (op, imp, dtype) = (self.op.name(), self.imp.name(), self.dtype.unwrap_or("-"));
+        format!("{op} {imp} {dtype} {} B{tokens}{matmul} ({mode})", self.bytes)
+    }
+
+    pub(super) fn row(&self, graph: bool, time_us: f64) -> Row {
+        let (op, imp, dtype, bytes, moe, matmul) = (self.op, self.imp, self.dtype, self.bytes, self.moe, self.matmul);
+        Row { op, imp, dtype, bytes, graph, time_us, moe, matmul }
+    }
+}
+
+impl<T: Value> Case<'_, T> {
+    /// Reads this PE's output: its first difference from what was
+    /// expected, in words (`None`: right).
+    pub(super) fn compare(&self) -> Res<Option<String>> {
+        if let Some(what) = difference(&(self.read)()?, self.want) {
+            return Ok(Some(match self.moe {
+                Some(m) => format!("data rows of {} elements, padding left out: {what}", m.hidden),
+                None => what,
+            }));
+        }
+        let Some((read, want)) = self.splits else { return Ok(None) };
+        Ok(difference(&read()?, want).map(|what| format!("out_splits_offsets: {what}")))
+    }
+}
+
+impl Bench<'_> {
+    /// The PEs whose verdict was "not ok". Each PE writes its verdict into
+    /// its own word; after a barrier every PE reads them all.
+    fn agree(&self, ok: bool) -> Res<Vec<usize>> {
+        let me = self.ctx.my_pe();
+        self.verdicts.slice(me..me + 1).copy_from_host(&[u32::from(ok)], &self.s)?;
+        self.ctx.barrier_all(&self.s)?;
+        let mut failed = Vec::new();
+        for pe in 0..self.ctx.n_pes() {
+            if self.ctx.g(&self.verdicts, pe, pe, &self.s)? != 1 {
+                failed.push(pe);
+            }
+        }
+        self.ctx.barrier_all(&self.s)?; // all read before the next verdict
+        Ok(failed)
+    }
+
+    /// Whether every PE found its output right (`found`: the first
+    /// difference from [`Case::compare`]; `None` also where there is
+    /// nothing to check on this PE). A wrong value is reported at once, by each PE, and
+    /// counted; an error is noted once, by the first PE that failed.
+    pub(super) fn settle<T: Value>(&self, c: &Case<'_, T>, graph: bool, found: Res<Option<String>>) -> Res<bool> {
+        let me = self.ctx.my_pe();
+        let why = match found {
+            Ok(None) => None,
+            Ok(Some(what)) => {
+                note(format_args!("WRONG RESULT: {} on PE {me}: {what}", c.label(graph)));
+                self.wrong.set(self.wrong.get() + 1);
+                Some(None)
+            }
+            Err(e) => Some(Some(e)),
+        };
+        let failed = self.agree(why.is_none())?;
+        if let (Some(Some(e)), Some(&first)) = (why, failed.first()) {
+            if first == me {
+                note(format_args!("{} skipped (failed on PEs {failed:?}): {e}", c.label(graph)));
+            }
+        }
+        Ok(failed.is_empty())
+    }
+
+    /// Median µs of `op` (see the crate's doc), each batch (GPU) or
+    /// operation (host) after an untimed `setup`.
+    pub(super) fn time(&self, bytes: usize, mut setup: impl FnMut() -> Res, mut op: impl FnMut() -> Res) -> Res<f64> {
+        for _ in 0..self.args.warmup {
+            setup()?;
+            op()?;
+        }
+        let iters = self.iters(bytes);
+        if let Some(stream) = self.s.cuda_stream() {
+            let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+            let mut batches = Vec::new();
+            for _ in 0..5 {
+                stream.synchronize()?;
+                setup()?;
+                let start = stream.record_event(timing)?;
+                for _ in 0..iters {
+                    op()?;
+                }
+                let end = stream.record_event(timing)?;
+                end.synchronize()?;
+                batches.push(start.elapsed_ms(&end)? as f64 * 1e3 / iters as f64);
+            }
+            batches.sort_by(f64::total_cmp);
+            return Ok(batches[2]);
+        }
+        let mut t = Vec::with_capacity(iters);
+        for _ in 0..iters {
+            setup()?;
+            let start = Instant::now();
+            op()?;
+            self.s.synchronize()?;
+            t.push(start.elapsed().as_secs_f64() * 1e6);
+        }
+        t.sort_by(f64::total_cmp);
+        Ok(t[t.len() / 2])
+    }
+
+    /// Runs `c` once on a poisoned output and compares it; whether every
+    /// PE found its output right.
+    pub(super) fn check_once<T: Value>(&self, c: &Case<'_, T>) -> Res<bool> {
+        let found = (|| {
+            (c.poison)()?;
+            self.ctx.barrier_all(&self.s)?;
+            (c.run)()?;
+            c.compare()
+        })();
+        self.settle(c, false, found)
+    }
+
+    /// Checks `c` once, times it, checks it again; its row if every PE
+    /// agreed both times.
+    fn eager<T: Value>(&self, c: &Case<'_, T>) -> Res<Option<Row>> {
+        let barrier = || Ok(self.ctx.barrier_all(&self.s)?);
+        if !self.check_once(c)? {
+            return Ok(None);
+        }
+        // Back-to-back barriers need no barrier before them.
+        let setup = || if c.op == Op::Barrier { Ok(()) } else { barrier() };
+        let timed = self.time(c.bytes, setup, c.run);
+        let after = timed.as_ref().map_err(|e| e.to_string().into()).and_then(|_| c.compare());
+        let ok = self.settle(c, false, after)?;
+        Ok(timed.ok().filter(|_| ok).map(|t| c.row(false, t)))
+    }
+
+    /// Captures [`PER_GRAPH`] runs of `c` in a CUDA graph, checks one
+    /// replay, times replays, checks again; its row if every PE agreed at
+    /// each step.
+    fn graphed<T: Value>(&self, c: &Case<'_, T>) -> Res<Option<Row>> {
+        let stream = self.cuda()?;
+        let captured = (|| {
+            (c.poison)()?;
+            self.ctx.barrier_all(&self.s)?;
+            stream.synchronize()?;
+            capture(stream, c.run)
+        })();
+        let (graph, failed) = match captured {
+            Ok(g) => (Some(g), None),
+            Err(e) => (None, Some(e)),
+        };
+        // Every PE must have its graph before any replays one.
+        if !self.settle(c, true, failed.map_or(Ok(None), Err))? {
+            return Ok(None);
+        }
+        let graph = graph.ok_or("no graph")?;
+        let first = graph.launch().map_err(Into::into).and_then(|()| c.compare());
+        if !self.settle(c, true, first)? {
+            return Ok(None);
+        }
+        let timed = self.time_graph(stream, &graph);
+        let after = timed.as_ref().map_err(|e| e.to_string().into()).and_then(|_| c.compare());
+        let ok = self.settle(c, true, after)?;
+        Ok(timed.ok().filter(|_| ok).map(|t| c.row(true, t)))
+    }
+
+    /// µs per operation of a graph of [`PER_GRAPH`]: 3 untimed replays,
+    /// then 5 timed with CUDA events, each after a barrier; the median.
+    fn time_graph(&self, stream: &CudaStream, graph: &CudaGraph) -> Res<f64> {
+        let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        for _ in 0..3 {
+            graph.launch()?;
+        }
+        let mut reps = Vec::new();
+        for _ in 0..5 {
+            stream.synchronize()?;
+            self.ctx.barrier_all(&self.s)?;
+            let start = stream.record_event(timing)?;
+            graph.launch()?;
+            let end = stream.record_event(timing)?;
+            end.synchronize()?;
+            reps.push(start.elapsed_ms(&end)? as f64 * 1e3 / PER_GRAPH as f64);
+        }
+        reps.sort_by(f64::total_cmp);
+        Ok(reps[2])
+    }
+
+    /// Eager and (with `--graph`) graph rows of `c`. NVSHMEM's collectives
+    /// are called from the host, so they have no graph rows.
+    pub(super) fn measure<T: Value>(&self, c: &Case<'_, T>, rows: &mut Vec<Row>) -> Res {
+        if let Some(row) = self.eager(c)? {
+            self.keep(rows, row)?;
+        }
+        if self.graphs(c.bytes) && c.imp != Imp::Nvshmem {
+            if let Some(row) = self.graphed(c)? {
+                self.keep(rows, row)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Captures [`PER_GRAPH`] runs of `run` on `stream` into a graph.
+fn capture(stream: &Arc<CudaStream>, run: &dyn Fn() -> Res) -> Res<CudaGraph> {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    let mut captured = Ok(());
+    for _ in 0..PER_GRAPH {
+        captured = captured.and_then(|()| run());
+    }
+    // Ended whatever happened, so the stream leaves capture mode.
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+    captured?;
+    let graph = graph?.ok_or("the capture gave no graph")?;
+    graph.upload()?;
+    Ok(graph)
+}
