@@ -15,7 +15,7 @@
 //! - neither: a world of one PE.
 
 use crate::error::{Error, Result};
-use relay::Incoming;
+pub(crate) use relay::Incoming;
 use std::collections::VecDeque;
 use std::time::Duration;
 
@@ -147,7 +147,6 @@ impl Bootstrap {
     /// [`crate::Error::Bootstrap`] under MPI, which has no such channel yet
     /// (like any failed `init`, dropping the bootstrap then finalizes MPI),
     /// or if the rendezvous connection has failed.
-    #[cfg_attr(not(test), allow(dead_code, reason = "the inter-node control plane is its user"))]
     pub(crate) fn into_net(self) -> Result<Net> {
         match self {
             Bootstrap::Single => Ok(Net::Alone(VecDeque::new())),
@@ -165,7 +164,6 @@ impl Bootstrap {
 /// [`Bootstrap::into_net`]: messages to any PE, and the news of PEs that
 /// have ended. Each PE's messages to another arrive in the order sent, and
 /// the news of a PE's end after all its messages.
-#[cfg_attr(not(test), allow(dead_code, reason = "the inter-node control plane is its user"))]
 pub(crate) enum Net {
     /// A world of one PE: messages to itself.
     Alone(VecDeque<Incoming>),
