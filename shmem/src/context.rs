@@ -80,6 +80,9 @@ impl Drop for Inner {
     fn drop(&mut self) {
         if !self.finalized.load(Ordering::Acquire) {
             self.ctl.set_state(PeState::Exited);
+            // The other nodes hear that this PE left, as its own node reads
+            // in its state, not that it died.
+            self.ctl.close_net();
             let _ = LIVE.compare_exchange(self.id, 0, Ordering::AcqRel, Ordering::Relaxed);
         }
     }

@@ -216,10 +216,11 @@ impl Control {
         // "PE 3 died (…)" → "died on node b (…)".
         let text = news.text.strip_prefix(&format!("PE {pe} ")).unwrap_or(&news.text);
         let (verb, rest) = if news.died { ("died", "died") } else { ("has left", "") };
-        let detail = text.strip_prefix(rest).map(str::trim_start).filter(|d| d.starts_with('(')).map_or_else(
-            || format!("({text})"),
-            str::to_string,
-        );
+        let detail = text
+            .strip_prefix(rest)
+            .map(str::trim_start)
+            .filter(|d| d.starts_with('('))
+            .map_or_else(|| format!("({text})"), str::to_string);
         (news.died || news.at.elapsed() > LEFT_GRACE).then(|| format!("{verb} on node {node} {detail}"))
     }
 
@@ -341,7 +342,8 @@ impl Control {
         };
         let message = encode_round(team.uid, round, &ours);
         {
-            let mut tier = self.tier().ok_or_else(|| Error::bootstrap("a team spans nodes, but no channel joins them"))?;
+            let mut tier =
+                self.tier().ok_or_else(|| Error::bootstrap("a team spans nodes, but no channel joins them"))?;
             let net = tier.net.as_mut().ok_or(Error::Finalized("context"))?;
             for &to in &span.remote {
                 net.send(to, &message)?;
