@@ -379,16 +379,7 @@ impl Context {
             boot.close();
             (None, Some(boot))
         };
-        let ctl = Control::new(
-            node_area,
-            me,
-            n,
-            config.wait_timeout,
-            &[(WORLD_UID, 0), (NODE_UID, 1)],
-            topo.node_of.clone(),
-            topo.node_names.clone(),
-            net,
-        );
+        let ctl = Control::new(node_area, &topo, me, config.wait_timeout, &[(WORLD_UID, 0), (NODE_UID, 1)], net);
 
         let members: Vec<usize> = (0..n).collect();
         // Emulated nodes share the machine's cores.
@@ -399,7 +390,8 @@ impl Context {
             .build()
             .map_err(|e| Error::config(format!("starting the rayon pool: {e}")))?;
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        let (world_span, node_span) = (ctl.span(&members), ctl.span(&node_members));
+        let world = Arc::new(TeamState::new(id, 0, members, &ctl, None, gpu::TEAM_WORLD, WORLD_UID));
+        let node = Arc::new(TeamState::new(id, 1, node_members, &ctl, None, gpu::TEAM_NODE, NODE_UID));
         let inner = Inner {
             id,
             me,
@@ -414,8 +406,8 @@ impl Context {
             finalized: AtomicBool::new(false),
             collectives: Mutex::new(Collectives { force_rma: config.force_rma, ..Default::default() }),
             free_team_slots: Mutex::new(!0b11),
-            world: Arc::new(TeamState::new(id, 0, members, me, None, gpu::TEAM_WORLD, WORLD_UID, world_span)),
-            node: Arc::new(TeamState::new(id, 1, node_members, me, None, gpu::TEAM_NODE, NODE_UID, node_span)),
+            world,
+            node,
             pool,
             _bootstrap: Mutex::new(boot),
         };

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 #[cfg(feature = "mpi")]
 pub(crate) mod mpi;
-#[cfg_attr(not(test), allow(dead_code, reason = "the inter-node control plane is its user"))]
+#[cfg_attr(not(test), allow(dead_code, reason = "rank and size serve its tests"))]
 pub(crate) mod relay;
 pub(crate) mod server;
 pub(crate) mod tcp;
@@ -171,7 +171,7 @@ pub(crate) enum Net {
     Relay(relay::Relay),
 }
 
-#[cfg_attr(not(test), allow(dead_code, reason = "the inter-node control plane is its user"))]
+#[cfg_attr(not(test), allow(dead_code, reason = "rank and size serve its tests"))]
 impl Net {
     /// This PE's rank in the world.
     pub(crate) fn rank(&self) -> usize {

@@ -22,9 +22,14 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+use topology::Topology;
 
 /// One descriptor row, as a team's members publish it in an exchange.
 pub(crate) type DescRow = [u64; DESC_WORDS];
+/// A round of a team: (team id, round).
+type RoundKey = (u64, u64);
+/// The rows of one node's members in a round, each after its world PE.
+type NodeRows = Vec<(usize, DescRow)>;
 
 /// How long the news that a PE of another node *left* (said goodbye) waits
 /// before a wait for that PE fails on it: the PE may have done its part in
@@ -57,7 +62,7 @@ struct Tier {
     net: Option<Net>,
     /// Rows received, by (team id, round): each message's rows, one
     /// message per other node's delegate.
-    mailbox: HashMap<(u64, u64), Vec<Vec<(usize, DescRow)>>>,
+    mailbox: HashMap<RoundKey, Vec<NodeRows>>,
     gone: HashMap<usize, GoneNews>,
     /// Why the channel failed, once it has.
     broken: Option<String>,
@@ -105,7 +110,7 @@ fn encode_round(uid: u64, round: u64, rows: &[(usize, DescRow)]) -> Vec<u8> {
     b
 }
 
-fn decode_round(b: &[u8]) -> Option<((u64, u64), Vec<(usize, DescRow)>)> {
+fn decode_round(b: &[u8]) -> Option<(RoundKey, NodeRows)> {
     let u64_at = |at: usize| Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?));
     let u32_at = |at: usize| Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?));
     let (uid, round, count) = (u64_at(0)?, u64_at(8)?, u32_at(16)? as usize);
@@ -139,25 +144,23 @@ pub(crate) struct Control {
 }
 
 impl Control {
-    /// This PE's control plane over its node's area, with the teams
-    /// (id, slot) that exist from the start; `net` joins it to the other
-    /// nodes of a job of more than one node.
-    #[allow(clippy::too_many_arguments, reason = "each is one fact of the job, known at init")]
+    /// PE `me`'s control plane over its node's area in a job of topology
+    /// `topo`, with the teams (id, slot) that exist from the start; `net`
+    /// joins it to the other nodes of a job of more than one node.
     pub(crate) fn new(
         node: NodeArea,
+        topo: &Topology,
         me: usize,
-        n: usize,
         wait_timeout: Option<Duration>,
         teams: &[(u64, usize)],
-        node_of: Vec<usize>,
-        node_names: Vec<String>,
         net: Option<Net>,
     ) -> Control {
         let live_teams = Mutex::new(teams.iter().copied().collect());
         let tier = net.map(|net| {
             Mutex::new(Tier { net: Some(net), mailbox: HashMap::new(), gone: HashMap::new(), broken: None })
         });
-        Control { node, me, n, wait_timeout, live_teams, node_of, node_names, tier }
+        let (node_of, node_names) = (topo.node_of.clone(), topo.node_names.clone());
+        Control { node, me, n: node_of.len(), wait_timeout, live_teams, node_of, node_names, tier }
     }
 
     /// Where the members of a team (world PEs, in team order) are, seen
@@ -175,6 +178,11 @@ impl Control {
             }
         }
         Span { local, delegate, remote }
+    }
+
+    /// This PE's number in the world.
+    pub(crate) fn me(&self) -> usize {
+        self.me
     }
 
     /// Says goodbye to the other nodes' PEs (after the last barrier of
