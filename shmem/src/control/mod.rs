@@ -518,3 +518,29 @@ impl Control {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_messages_round_trip() {
+        let rows: NodeRows = vec![(3, std::array::from_fn(|i| i as u64 * 7)), (5, [u64::MAX; DESC_WORDS])];
+        let b = encode_round(0x8000_0000_0000_0001, 42, &rows);
+        assert_eq!(decode_round(&b), Some(((0x8000_0000_0000_0001, 42), rows)));
+        // A plain barrier carries no rows.
+        assert_eq!(decode_round(&encode_round(1, 2, &[])), Some(((1, 2), Vec::new())));
+        // Cut short, or with a count that does not match its length.
+        assert_eq!(decode_round(&b[..b.len() - 1]), None);
+        let mut bad = b.clone();
+        bad[16] = 3;
+        assert_eq!(decode_round(&bad), None);
+    }
+
+    #[test]
+    fn round_tags_tell_teams_apart() {
+        assert_ne!(round_tag(1, 5), round_tag(2, 5));
+        assert_ne!(round_tag(1, 5), round_tag(1, 6));
+        assert_eq!(round_tag(7, 9), round_tag(7, 9));
+    }
+}
