@@ -30,6 +30,7 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("scenario::bad_settings_fail_every_pe", bad_settings_fail_every_pe),
     ("scenario::use_after_finalize_and_foreign", use_after_finalize_and_foreign),
     ("scenario::collectives_on_different_teams", collectives_on_different_teams),
+    ("scenario::collectives_on_different_teams_across_nodes", collectives_on_different_teams_across_nodes),
     ("scenario::sigkill_in_barrier", sigkill_in_barrier),
     ("scenario::sigkill_in_all_reduce", sigkill_in_all_reduce),
     ("scenario::sigkill_in_dispatch_2d", sigkill_in_dispatch_2d),
@@ -199,12 +200,25 @@ fn use_after_finalize_and_foreign(env: &Env) -> TestResult {
 }
 
 fn collectives_on_different_teams(env: &Env) -> TestResult {
+    different_teams_on(env, 1)
+}
+
+/// The same with each PE its own node: the delegates see it in each
+/// other's messages.
+fn collectives_on_different_teams_across_nodes(env: &Env) -> TestResult {
+    if scenarios_on_gpu() {
+        return Err(NotApplicable("the gpu backend runs on one node for now".into()).into());
+    }
+    different_teams_on(env, 2)
+}
+
+fn different_teams_on(env: &Env, nodes: usize) -> TestResult {
     only_in_one_pe_world(env)?;
     // PE 0 enters a barrier of a sub-team, PE 1 one of the world: neither
     // can go on; both must say so, quickly, instead of hanging.
     // The first to notice says "collective mismatch"; the other may instead
     // see that PE leave (PEER_LEFT) — a clear error either way.
-    let (o, took) = launch("different_teams", 2, false, &[]);
+    let (o, took) = launch_on_nodes("different_teams", 2, nodes, false, &[]);
     assert!(took < Duration::from_secs(20), "took {took:?}");
     let codes = exit_codes(&o);
     assert!(codes.iter().all(|&c| c == SAW_IT as i32 || c == PEER_LEFT), "PE exit codes {codes:?}");

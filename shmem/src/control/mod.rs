@@ -60,9 +60,9 @@ struct GoneNews {
 struct Tier {
     /// `None` once closed.
     net: Option<Net>,
-    /// Rows received, by (team id, round): each message's rows, one
-    /// message per other node's delegate.
-    mailbox: HashMap<RoundKey, Vec<NodeRows>>,
+    /// Rows received, by (team id, round): each message's sender and rows,
+    /// one message per other node's delegate.
+    mailbox: HashMap<RoundKey, Vec<(usize, NodeRows)>>,
     gone: HashMap<usize, GoneNews>,
     /// Why the channel failed, once it has.
     broken: Option<String>,
@@ -80,7 +80,7 @@ impl Tier {
                 for item in got {
                     match item {
                         Incoming::Message { from, body } => match decode_round(&body) {
-                            Some((key, rows)) => self.mailbox.entry(key).or_default().push(rows),
+                            Some((key, rows)) => self.mailbox.entry(key).or_default().push((from, rows)),
                             None => self.broken = Some(format!("a malformed message from PE {from}")),
                         },
                         Incoming::Gone { rank, died, text } => {
@@ -371,10 +371,10 @@ impl Control {
             },
             &mut remote_members,
             &what,
-            &|| self.net_ok(),
+            &|| self.net_ok().and_then(|()| self.no_crossed_wait_remote(team, round)),
         )?;
         let parity = (round & 1) as usize;
-        for (pe, row) in theirs.into_iter().flatten() {
+        for (pe, row) in theirs.into_iter().flat_map(|(_, rows)| rows) {
             if pe < self.n && !self.node.holds(pe) {
                 for (cell, w) in self.node.remote_row(self.me, slot, parity, pe).iter().zip(row) {
                     // Relaxed: published by the SeqCst store of `remote_done`.
@@ -403,6 +403,36 @@ impl Control {
             let mine = self.node.mine().teams[slot].arrivals.load(Ordering::SeqCst);
             // Re-read: the peer still waits in that barrier, for this PE.
             if mine < wanted && cell.waiting_team.load(Ordering::SeqCst) == other && !arrived(i) {
+                return Err(Error::CollectiveMismatch(format!(
+                    "PE {pe} waits in a collective of another team this PE belongs to, while this PE waits for \
+                     PE {pe} in a collective of a team of {} PEs: the PEs called collectives on different teams \
+                     (or in a different order)",
+                    team.members.len()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The tier between nodes' twin of [`Control::no_crossed_wait`], for a
+    /// delegate waiting for round `round` of `team`: fails when a remote
+    /// delegate it waits for has sent, instead, a round of another team of
+    /// this PE that this PE has not entered. Each pair's messages arrive in
+    /// order, so that delegate waits in that other team's round, for this
+    /// PE's node, while this PE waits here for it.
+    fn no_crossed_wait_remote(&self, team: &TeamState, round: u64) -> Result<()> {
+        let Some(tier) = self.tier() else { return Ok(()) };
+        let sent_here: Vec<usize> =
+            tier.mailbox.get(&(team.uid, round)).map_or(Vec::new(), |m| m.iter().map(|(from, _)| *from).collect());
+        let live = self.live_teams.lock().unwrap_or_else(|e| e.into_inner());
+        for (&(uid, other_round), messages) in tier.mailbox.iter().filter(|((uid, _), _)| *uid != team.uid) {
+            let Some(&slot) = live.get(&uid) else { continue };
+            let entered = self.node.mine().teams[slot].arrivals.load(Ordering::SeqCst);
+            let stuck = messages
+                .iter()
+                .map(|(from, _)| *from)
+                .find(|from| entered < other_round && team.span.remote.contains(from) && !sent_here.contains(from));
+            if let Some(pe) = stuck {
                 return Err(Error::CollectiveMismatch(format!(
                     "PE {pe} waits in a collective of another team this PE belongs to, while this PE waits for \
                      PE {pe} in a collective of a team of {} PEs: the PEs called collectives on different teams \
