@@ -48,8 +48,10 @@ pub(crate) struct Inner {
     pub(crate) world: Arc<TeamState>,
     pub(crate) node: Arc<TeamState>,
     pub(crate) pool: rayon::ThreadPool,
-    /// Kept alive for the context's life: under MPI, dropping it finalizes MPI.
-    _bootstrap: Mutex<Bootstrap>,
+    /// Kept alive for the context's life: under MPI, dropping it finalizes
+    /// MPI. (A job of more than one node keeps it as the control plane's
+    /// channel instead.)
+    _bootstrap: Mutex<Option<Bootstrap>>,
 }
 
 impl Inner {
@@ -78,6 +80,9 @@ impl Drop for Inner {
     fn drop(&mut self) {
         if !self.finalized.load(Ordering::Acquire) {
             self.ctl.set_state(PeState::Exited);
+            // The other nodes hear that this PE left, as its own node reads
+            // in its state, not that it died.
+            self.ctl.close_net();
             let _ = LIVE.compare_exchange(self.id, 0, Ordering::AcqRel, Ordering::Relaxed);
         }
     }
@@ -293,7 +298,7 @@ impl Context {
             )));
         }
         let topo = Topology::from_hellos(&hellos, me)?;
-        topo.check_one_node()?;
+        topo.check_nodes(&boot, backend)?;
         if let Some(why) = gpu_check.as_ref().and_then(|c| c.as_ref().err()).filter(|_| backend == 2) {
             return Err(Error::BackendUnavailable(format!("SHMEM_BACKEND=gpu, but on PE {me}: {why}")));
         }
@@ -312,7 +317,9 @@ impl Context {
 
         // The node's control area: its lowest PE creates it.
         let leader = node_members[0];
-        let total = node::object_size(local_size)
+        // Only a job of more than one node has rows from other nodes.
+        let remote_pes = if topo.nodes.len() > 1 { n } else { 0 };
+        let total = node::object_size(local_size, remote_pes)
             .ok_or_else(|| Error::config(format!("a control area for {local_size} PEs overflows the address space")))?;
         let node_area = share_object(
             &mut boot,
@@ -323,12 +330,11 @@ impl Context {
             || {
                 let name = shm::object_name(hellos[me].pid, unique << 1 | 1);
                 let map = shm::Mapping::create(&name, total)?;
-                NodeArea::init_header(&map, n, local_size);
+                NodeArea::init_header(&map, n, local_size, remote_pes);
                 Ok((name, map))
             },
-            |map| NodeArea::new(map, me, n, &node_members),
+            |map| NodeArea::new(map, me, n, &node_members, remote_pes),
         )?;
-        let ctl = Control::new(node_area, me, n, config.wait_timeout, &[(WORLD_UID, 0), (NODE_UID, 1)]);
 
         // The host backend's heaps: PE 0 creates their object.
         let heap_area = if use_gpu {
@@ -365,7 +371,15 @@ impl Context {
         } else {
             None
         };
-        boot.close();
+        // A job of more than one node keeps the bootstrap's channel for the
+        // control plane's tier between nodes.
+        let (net, boot) = if topo.nodes.len() > 1 {
+            (Some(boot.into_net()?), None)
+        } else {
+            boot.close();
+            (None, Some(boot))
+        };
+        let ctl = Control::new(node_area, &topo, me, config.wait_timeout, &[(WORLD_UID, 0), (NODE_UID, 1)], net);
 
         let members: Vec<usize> = (0..n).collect();
         // Emulated nodes share the machine's cores.
@@ -376,6 +390,8 @@ impl Context {
             .build()
             .map_err(|e| Error::config(format!("starting the rayon pool: {e}")))?;
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let world = Arc::new(TeamState::new(id, 0, members, &ctl, None, gpu::TEAM_WORLD, WORLD_UID));
+        let node = Arc::new(TeamState::new(id, 1, node_members, &ctl, None, gpu::TEAM_NODE, NODE_UID));
         let inner = Inner {
             id,
             me,
@@ -390,8 +406,8 @@ impl Context {
             finalized: AtomicBool::new(false),
             collectives: Mutex::new(Collectives { force_rma: config.force_rma, ..Default::default() }),
             free_team_slots: Mutex::new(!0b11),
-            world: Arc::new(TeamState::new(id, 0, members, me, None, gpu::TEAM_WORLD, WORLD_UID)),
-            node: Arc::new(TeamState::new(id, 1, node_members, me, None, gpu::TEAM_NODE, NODE_UID)),
+            world,
+            node,
             pool,
             _bootstrap: Mutex::new(boot),
         };
@@ -524,6 +540,7 @@ impl Context {
         }
         self.inner.finalized.store(true, Ordering::Release);
         self.inner.ctl.set_state(PeState::Finalized);
+        self.inner.ctl.close_net();
         let _ = LIVE.compare_exchange(self.inner.id, 0, Ordering::AcqRel, Ordering::Relaxed);
         result
     }

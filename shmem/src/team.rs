@@ -214,22 +214,28 @@ pub(crate) struct TeamState {
     /// The same on every member, different for every team: what a PE
     /// waiting in this team's barrier publishes.
     pub(crate) uid: u64,
+    /// Where the members are: on this PE's node, or on others.
+    pub(crate) span: crate::control::Span,
 }
 
 impl TeamState {
+    /// The state of a team of `members` on this PE, which `ctl` (this PE's
+    /// control plane) tells where they are.
     pub(crate) fn new(
         ctx_id: u64,
         slot: usize,
         members: Vec<usize>,
-        me: usize,
+        ctl: &crate::control::Control,
         owner: Option<Arc<Inner>>,
         nv_team: i32,
         uid: u64,
     ) -> TeamState {
+        let me = ctl.me();
         let my_index = members.iter().position(|&m| m == me).expect("a team state exists only on its members");
+        let span = ctl.span(&members);
         let bases = vec![0; members.len()];
         let (arrivals, seq) = (AtomicU64::new(0), AtomicU64::new(0));
-        TeamState { ctx_id, slot, members, my_index, bases, arrivals, seq, owner, nv_team, uid }
+        TeamState { ctx_id, slot, members, my_index, bases, arrivals, seq, owner, nv_team, uid, span }
     }
 }
 
@@ -363,7 +369,7 @@ impl Team {
             .fold(0x9e37_79b9_7f4a_7c15u64, |h, &x| (h ^ x).wrapping_mul(0x100_0000_01b3).rotate_left(29))
             | 1 << 63;
         self.ctx.ctl.team_joined(uid, slot);
-        let mut state = TeamState::new(self.ctx.id, slot, members, self.ctx.me, Some(self.ctx.clone()), nv_team, uid);
+        let mut state = TeamState::new(self.ctx.id, slot, members, &self.ctx.ctl, Some(self.ctx.clone()), nv_team, uid);
         state.bases = bases;
         Ok(Some(Team { ctx: self.ctx.clone(), state: Arc::new(state) }))
     }

@@ -2,7 +2,8 @@
 //! order, on whatever world it is given.
 //!
 //! - Started by `cargo test` (no launcher): relaunches itself with 1, 2, 3
-//!   and 4 PEs (`SHMEM_TEST_WORLDS=2,4` to choose) and sums the results.
+//!   and 4 PEs (`SHMEM_TEST_WORLDS=2,4` to choose; `SHMEM_TEST_NODES=2`
+//!   splits each world into 2 emulated nodes) and sums the results.
 //! - Started by `shmemrun` or `mpirun`: runs on that world; only PE 0
 //!   prints the libtest report, and a test fails when it fails on any PE.
 //!   A test that does not apply to the run (the gpu backend's, on the host

@@ -30,9 +30,12 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("scenario::bad_settings_fail_every_pe", bad_settings_fail_every_pe),
     ("scenario::use_after_finalize_and_foreign", use_after_finalize_and_foreign),
     ("scenario::collectives_on_different_teams", collectives_on_different_teams),
+    ("scenario::collectives_on_different_teams_across_nodes", collectives_on_different_teams_across_nodes),
     ("scenario::sigkill_in_barrier", sigkill_in_barrier),
     ("scenario::sigkill_in_all_reduce", sigkill_in_all_reduce),
     ("scenario::sigkill_in_dispatch_2d", sigkill_in_dispatch_2d),
+    ("scenario::sigkill_across_nodes_in_barrier", sigkill_across_nodes_in_barrier),
+    ("scenario::sigkill_across_nodes_in_all_reduce", sigkill_across_nodes_in_all_reduce),
 ];
 
 /// Exit code of a scenario PE that saw what it should.
@@ -47,12 +50,25 @@ const SAW_FAULT: i32 = 5;
 
 /// The outcome of launching scenario `name` on `n` PEs.
 fn launch(name: &str, n: usize, kill_on_failure: bool, env: &[(&str, &str)]) -> (shmem::launch::Outcome, Duration) {
+    launch_on_nodes(name, n, 1, kill_on_failure, env)
+}
+
+/// The outcome of launching scenario `name` on `n` PEs split into `nodes`
+/// emulated nodes.
+fn launch_on_nodes(
+    name: &str,
+    n: usize,
+    nodes: usize,
+    kill_on_failure: bool,
+    env: &[(&str, &str)],
+) -> (shmem::launch::Outcome, Duration) {
     let exe = std::env::current_exe().unwrap();
     // The backend first: a scenario's own setting (`env`) comes after it.
     let backend = std::env::var("SHMEM_TEST_SCENARIO_BACKEND").unwrap_or_else(|_| "host".into());
     let mut l = Launch::new(n, exe)
         .env("SHMEM_TEST_SCENARIO", name)
         .env("SHMEM_BACKEND", backend)
+        .nodes(nodes)
         .kill_on_failure(kill_on_failure)
         .tag_output(true);
     for (k, v) in env {
@@ -184,12 +200,25 @@ fn use_after_finalize_and_foreign(env: &Env) -> TestResult {
 }
 
 fn collectives_on_different_teams(env: &Env) -> TestResult {
+    different_teams_on(env, 1)
+}
+
+/// The same with each PE its own node: the delegates see it in each
+/// other's messages.
+fn collectives_on_different_teams_across_nodes(env: &Env) -> TestResult {
+    if scenarios_on_gpu() {
+        return Err(NotApplicable("the gpu backend runs on one node for now".into()).into());
+    }
+    different_teams_on(env, 2)
+}
+
+fn different_teams_on(env: &Env, nodes: usize) -> TestResult {
     only_in_one_pe_world(env)?;
     // PE 0 enters a barrier of a sub-team, PE 1 one of the world: neither
     // can go on; both must say so, quickly, instead of hanging.
     // The first to notice says "collective mismatch"; the other may instead
     // see that PE leave (PEER_LEFT) — a clear error either way.
-    let (o, took) = launch("different_teams", 2, false, &[]);
+    let (o, took) = launch_on_nodes("different_teams", 2, nodes, false, &[]);
     assert!(took < Duration::from_secs(20), "took {took:?}");
     let codes = exit_codes(&o);
     assert!(codes.iter().all(|&c| c == SAW_IT as i32 || c == PEER_LEFT), "PE exit codes {codes:?}");
@@ -225,14 +254,36 @@ fn sigkill_in_dispatch_2d(env: &Env) -> TestResult {
     sigkill_in("sigkill_in_dispatch_2d", env)
 }
 
+/// On 2 nodes × 2 PEs: the victim (PE 1, node 0) dies in a barrier; its
+/// node's survivor learns it from the node's control object, the other
+/// node's PEs from the launcher's news, naming its node.
+fn sigkill_across_nodes_in_barrier(env: &Env) -> TestResult {
+    if scenarios_on_gpu() {
+        return Err(NotApplicable("the gpu backend runs on one node for now".into()).into());
+    }
+    sigkill_in_on("sigkill_in_barrier", env, 4, 2)
+}
+
+fn sigkill_across_nodes_in_all_reduce(env: &Env) -> TestResult {
+    if scenarios_on_gpu() {
+        return Err(NotApplicable("the gpu backend runs on one node for now".into()).into());
+    }
+    sigkill_in_on("sigkill_in_all_reduce", env, 4, 2)
+}
+
 /// PE [`VICTIM`] is killed by SIGKILL while every PE runs the scenario's
 /// operation; each survivor must fail with an error naming it, soon after
 /// the kill (checked by the survivors, see [`fault_pe`]), and exit with
 /// [`SAW_FAULT`]; the launcher reports the victim's SIGKILL as the job's
 /// first failure.
 fn sigkill_in(name: &str, env: &Env) -> TestResult {
-    only_in_one_pe_world(env)?;
     let n: usize = std::env::var("SHMEM_TEST_FAULT_PES").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+    sigkill_in_on(name, env, n, 1)
+}
+
+/// [`sigkill_in`] on `n` PEs in `nodes` emulated nodes.
+fn sigkill_in_on(name: &str, env: &Env, n: usize, nodes: usize) -> TestResult {
+    only_in_one_pe_world(env)?;
     assert!(n > VICTIM, "SHMEM_TEST_FAULT_PES={n}: the job needs PE {VICTIM}");
     let scratch = std::env::temp_dir().join(format!("shmem-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&scratch)?;
@@ -243,9 +294,9 @@ fn sigkill_in(name: &str, env: &Env) -> TestResult {
         ("SHMEM_TEST_SCRATCH", scratch.to_str().ok_or("a temporary directory that is not UTF-8")?),
     ];
     // Without the launcher's help: the survivors must end by themselves.
-    let (o, took) = launch(name, n, false, &vars);
+    let (o, took) = launch_on_nodes(name, n, nodes, false, &vars);
     let _ = std::fs::remove_dir_all(&scratch);
-    eprintln!("{name}: job of {n} PEs over after {took:?}: {o}");
+    eprintln!("{name}: job of {n} PEs on {nodes} node(s) over after {took:?}: {o}");
     let mut want = vec![SAW_FAULT; n];
     want[VICTIM] = -1;
     assert_eq!(exit_codes(&o), want, "PE exit codes (statuses {:?})", o.statuses);
@@ -438,6 +489,8 @@ fn fault_pe(rank: usize, name: &str) -> Result<(), String> {
     let killed_at = scratch.join("killed_at");
     let ctx = shmem::init().map_err(|e| e.to_string())?;
     let gpu = ctx.backend() == shmem::BackendKind::Gpu;
+    // Emulated nodes hold consecutive PEs.
+    let same_node = rank / ctx.local_size() == VICTIM / ctx.local_size();
     let fault = {
         let op = fault_op(&ctx, name).map_err(|e| format!("setting up: {e}"))?;
         ctx.barrier_all(&ctx.stream()).map_err(|e| e.to_string())?;
@@ -477,7 +530,11 @@ fn fault_pe(rank: usize, name: &str) -> Result<(), String> {
         .ok_or_else(|| format!("failed with no record of the kill: {err}"))?;
     eprintln!("PE {rank} failed {since_kill:?} after PE {VICTIM}'s kill ({in_call:?} into the call): {err}");
     let expected = match &err {
-        Error::PeerLost { pe, what } => *pe == VICTIM && what.starts_with("died"),
+        // A PE of another node learns of the death from the launcher, and
+        // names the victim's node.
+        Error::PeerLost { pe, what } => {
+            *pe == VICTIM && what.starts_with("died") && (same_node || what.starts_with("died on node "))
+        }
         Error::Cuda(_) | Error::Timeout { .. } => gpu,
         _ => false,
     };

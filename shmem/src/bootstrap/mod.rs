@@ -15,14 +15,14 @@
 //! - neither: a world of one PE.
 
 use crate::error::{Error, Result};
-use relay::Incoming;
+pub(crate) use relay::Incoming;
 use std::collections::VecDeque;
 use std::time::Duration;
 
 pub(crate) mod exit;
 #[cfg(feature = "mpi")]
 pub(crate) mod mpi;
-#[cfg_attr(not(test), allow(dead_code, reason = "the inter-node control plane is its user"))]
+#[cfg_attr(not(test), allow(dead_code, reason = "rank and size serve its tests"))]
 pub(crate) mod relay;
 pub(crate) mod server;
 pub(crate) mod tcp;
@@ -148,7 +148,6 @@ impl Bootstrap {
     /// [`crate::Error::Bootstrap`] under MPI, which has no such channel yet
     /// (like any failed `init`, dropping the bootstrap then finalizes MPI),
     /// or if the rendezvous connection has failed.
-    #[cfg_attr(not(test), allow(dead_code, reason = "the inter-node control plane is its user"))]
     pub(crate) fn into_net(self) -> Result<Net> {
         match self {
             Bootstrap::Single => Ok(Net::Alone(VecDeque::new())),
@@ -166,7 +165,6 @@ impl Bootstrap {
 /// [`Bootstrap::into_net`]: messages to any PE, and the news of PEs that
 /// have ended. Each PE's messages to another arrive in the order sent, and
 /// the news of a PE's end after all its messages.
-#[cfg_attr(not(test), allow(dead_code, reason = "the inter-node control plane is its user"))]
 pub(crate) enum Net {
     /// A world of one PE: messages to itself.
     Alone(VecDeque<Incoming>),
@@ -174,7 +172,7 @@ pub(crate) enum Net {
     Relay(relay::Relay),
 }
 
-#[cfg_attr(not(test), allow(dead_code, reason = "the inter-node control plane is its user"))]
+#[cfg_attr(not(test), allow(dead_code, reason = "rank and size serve its tests"))]
 impl Net {
     /// This PE's rank in the world.
     pub(crate) fn rank(&self) -> usize {

@@ -370,6 +370,15 @@ impl Coordinator {
             self.flush_backlogs();
             self.announce_due_deaths();
             while let Some((id, why)) = self.dead.pop() {
+                if self.running && why.starts_with(backlog::SEND_FAILED) {
+                    // The connection is broken: its reader reports its end,
+                    // after the goodbye the PE may have sent before it
+                    // closed (a PE that left is not dead).
+                    if let Some(conn) = self.conns.get_mut(&id) {
+                        conn.backlog = Backlog::default();
+                    }
+                    continue;
+                }
                 self.on_closed(id, Close::Io(why));
             }
             if self.pes.iter().all(|&pe| pe == Pe::Left) {

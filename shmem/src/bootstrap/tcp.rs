@@ -195,7 +195,6 @@ pub(crate) mod wire {
     }
 
     /// Rank, died flag and text of a [`GONE`] body.
-    #[cfg_attr(not(test), allow(dead_code, reason = "the inter-node control plane is its user"))]
     pub(crate) fn parse_gone(body: &[u8]) -> Option<(usize, bool, String)> {
         let rank = u32::from_le_bytes(body.get(..4)?.try_into().ok()?);
         let died = match body.get(4)? {
@@ -460,7 +459,6 @@ impl Client {
     /// Ends this PE's init phase ([`wire::RUN`]) and keeps the connection
     /// as a message channel to the other PEs. Called instead of
     /// [`Client::close`] once `init` is done with its allgathers.
-    #[cfg_attr(not(test), allow(dead_code, reason = "the inter-node control plane is its user"))]
     pub(crate) fn into_relay(mut self) -> Result<Relay> {
         self.usable()?;
         self.send(wire::RUN, &[])?;

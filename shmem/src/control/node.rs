@@ -4,8 +4,13 @@
 //! Layout of the object (the node's `k` PEs, by local rank):
 //!
 //! ```text
-//! [ header: 4 KiB ][ PeCell 0 ]..[ PeCell k-1 ]
+//! [ header: 4 KiB ][ PeCell 0 ]..[ PeCell k-1 ][ RemoteRows 0 ]..[ RemoteRows k-1 ]
 //! ```
+//!
+//! The remote rows exist only in a job of more than one node: there each
+//! PE, as its teams' delegate on this node, publishes the rows that the
+//! other nodes' delegates sent it (per team slot and round parity, one row
+//! per world PE).
 //!
 //! Each `PeCell` is written only by its PE (its pid and state, and per team
 //! slot a barrier counter and two descriptor rows) and read by the node's
@@ -44,6 +49,16 @@ pub(crate) struct TeamCell {
     /// `seq & 1`, and the barrier after it keeps anyone from reaching
     /// `seq + 2` (the same row) before every member has read row `seq`.
     pub(crate) desc: [[AtomicU64; DESC_WORDS]; 2],
+    /// As its team's delegate on this node: the tag ([`round_tag`]) of the
+    /// last round whose remote rows it has published.
+    pub(crate) remote_done: AtomicU64,
+}
+
+/// What a delegate stores in `remote_done` once round `round` of team
+/// `uid` is complete: the team's id in it keeps a slot's earlier team
+/// from passing for the new one.
+pub(crate) fn round_tag(uid: u64, round: u64) -> u64 {
+    (uid.wrapping_mul(0x9e37_79b9_7f4a_7c15) & !0xffff_ffff) | (round & 0xffff_ffff)
 }
 
 #[repr(C, align(64))]
@@ -63,6 +78,8 @@ struct Header {
     /// PEs in the job, and on this node.
     n_pes: AtomicU64,
     local_size: AtomicU64,
+    /// World PEs with a row in each remote-rows area (0 in a job of one node).
+    remote_pes: AtomicU64,
 }
 
 const fn round_up(x: usize, to: usize) -> usize {
@@ -71,9 +88,17 @@ const fn round_up(x: usize, to: usize) -> usize {
 
 const CELL_STRIDE: usize = round_up(std::mem::size_of::<PeCell>(), 4096);
 
-/// Size of a node's object for `local_size` PEs.
-pub(crate) fn object_size(local_size: usize) -> Option<usize> {
-    CELL_STRIDE.checked_mul(local_size)?.checked_add(HEADER_BYTES)
+/// Bytes of one PE's remote-rows area for `remote_pes` world PEs.
+fn remote_stride(remote_pes: usize) -> Option<usize> {
+    let bytes = (MAX_TEAMS * 2 * DESC_WORDS * 8).checked_mul(remote_pes)?;
+    Some(round_up(bytes, 4096))
+}
+
+/// Size of a node's object for `local_size` PEs, with remote-rows areas
+/// for `remote_pes` world PEs (0: a job of one node).
+pub(crate) fn object_size(local_size: usize, remote_pes: usize) -> Option<usize> {
+    let per_pe = CELL_STRIDE.checked_add(remote_stride(remote_pes)?)?;
+    per_pe.checked_mul(local_size)?.checked_add(HEADER_BYTES)
 }
 
 /// This PE's view of its node's object.
@@ -82,37 +107,41 @@ pub(crate) struct NodeArea {
     /// Each world PE's index on this node (its cell), `None` off the node.
     local_of: Vec<Option<usize>>,
     my_local: usize,
+    local_size: usize,
+    remote_pes: usize,
 }
 
 impl NodeArea {
     /// Writes the header of a freshly created object (the node's lowest
     /// PE, before any other PE opens it).
-    pub(crate) fn init_header(map: &Mapping, n: usize, local_size: usize) {
+    pub(crate) fn init_header(map: &Mapping, n: usize, local_size: usize, remote_pes: usize) {
         // SAFETY: the header lies at the start of the page-aligned mapping;
         // its fields are atomics. The Release store of `magic`, after the
         // others, pairs with the Acquire load in `new`.
         let h = unsafe { &*map.base().cast::<Header>() };
         h.n_pes.store(n as u64, Ordering::Relaxed);
         h.local_size.store(local_size as u64, Ordering::Relaxed);
+        h.remote_pes.store(remote_pes as u64, Ordering::Relaxed);
         h.magic.store(MAGIC, Ordering::Release);
     }
 
-    /// Wraps a mapping of `object_size(members.len())` bytes whose header
-    /// the node's lowest PE wrote, and publishes this PE's pid. `members`
-    /// are the node's PEs in rank order (their local ranks are their
-    /// indices), `me` among them.
-    pub(crate) fn new(map: Mapping, me: usize, n: usize, members: &[usize]) -> Result<NodeArea> {
-        assert_eq!(Some(map.len()), object_size(members.len()));
+    /// Wraps a mapping of `object_size(members.len(), remote_pes)` bytes
+    /// whose header the node's lowest PE wrote, and publishes this PE's
+    /// pid. `members` are the node's PEs in rank order (their local ranks
+    /// are their indices), `me` among them.
+    pub(crate) fn new(map: Mapping, me: usize, n: usize, members: &[usize], remote_pes: usize) -> Result<NodeArea> {
+        assert_eq!(Some(map.len()), object_size(members.len(), remote_pes));
         let mut local_of = vec![None; n];
         for (local, &pe) in members.iter().enumerate() {
             local_of[pe] = Some(local);
         }
         let my_local = local_of[me].expect("a PE is a member of its own node");
-        let area = NodeArea { map, local_of, my_local };
+        let area = NodeArea { map, local_of, my_local, local_size: members.len(), remote_pes };
         let h = area.header();
         if h.magic.load(Ordering::Acquire) != MAGIC
             || h.n_pes.load(Ordering::Relaxed) != n as u64
             || h.local_size.load(Ordering::Relaxed) != members.len() as u64
+            || h.remote_pes.load(Ordering::Relaxed) != remote_pes as u64
         {
             return Err(Error::bootstrap("the node's control area header does not match this job"));
         }
@@ -151,6 +180,22 @@ impl NodeArea {
         // fields are atomics, so shared references are sound across
         // processes, each access choosing its own ordering.
         unsafe { &*self.map.base().add(HEADER_BYTES + local * CELL_STRIDE).cast::<PeCell>() }
+    }
+
+    /// The remote row of world PE `pe` for team slot `slot` and round
+    /// parity `parity` in the remote-rows area of `owner`, a PE of this
+    /// node (in a job of more than one node).
+    pub(crate) fn remote_row(&self, owner: usize, slot: usize, parity: usize, pe: usize) -> &[AtomicU64; DESC_WORDS] {
+        let local = self.local_of[owner].expect("only a PE of this node has a remote-rows area here");
+        assert!(slot < MAX_TEAMS && parity < 2 && pe < self.remote_pes);
+        let stride = remote_stride(self.remote_pes).expect("sized when the object was made");
+        let row = (slot * 2 + parity) * self.remote_pes + pe;
+        let at = HEADER_BYTES + self.local_size * CELL_STRIDE + local * stride + row * DESC_WORDS * 8;
+        assert!(at + DESC_WORDS * 8 <= self.map.len());
+        // SAFETY: the row lies inside the mapping (the assert), 8-byte
+        // aligned (every term is a multiple of 8 on a page-aligned base);
+        // its words are atomics, each access choosing its own ordering.
+        unsafe { &*self.map.base().add(at).cast::<[AtomicU64; DESC_WORDS]>() }
     }
 
     pub(crate) fn set_state(&self, state: PeState) {

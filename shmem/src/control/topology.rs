@@ -260,19 +260,36 @@ impl Topology {
     }
 
     /// Fails, with [`Error::BackendUnavailable`], for a job of more than one
-    /// node: the control plane's tier between nodes is not built yet.
-    pub(crate) fn check_one_node(&self) -> Result<()> {
+    /// node where its tier between nodes is not built yet: on the GPU
+    /// backend (`backend` 1, see [`Hello::backend`]) and under MPI (no
+    /// message channel after init). The host backend on one machine runs
+    /// any number of nodes (`from_hellos` refuses it across machines).
+    pub(crate) fn check_nodes(&self, boot: &Bootstrap, backend: u8) -> Result<()> {
         if self.nodes.len() == 1 {
             return Ok(());
         }
+        let why = match boot {
+            #[cfg(feature = "mpi")]
+            Bootstrap::Mpi(_) => "PEs started by an MPI launcher have no channel between nodes after init yet: start \
+                                  the job with shmemrun"
+                .to_string(),
+            _ if backend != 0 => "the gpu backend runs on one node for now: use SHMEM_BACKEND=host for emulated \
+                                  nodes of one machine"
+                .to_string(),
+            _ => return Ok(()),
+        };
+        Err(self.too_many_nodes(&why))
+    }
+
+    /// The error for a job of more than one node that cannot run: `why`.
+    fn too_many_nodes(&self, why: &str) -> Error {
         let on = |k: usize| format!("{} on node {}", list_pes(&self.nodes[k]), self.node_names[k]);
-        Err(Error::BackendUnavailable(format!(
-            "shmem needs every PE of a job on one node (the control plane's tier between nodes is not built yet; \
-             see docs/clusters.md), but this job has {} nodes: {}{}",
+        Error::BackendUnavailable(format!(
+            "this job has {} nodes ({}{}), but {why} (see docs/clusters.md)",
             self.nodes.len(),
             (0..self.nodes.len().min(2)).map(on).collect::<Vec<_>>().join(", "),
             if self.nodes.len() > 2 { ", …" } else { "" }
-        )))
+        ))
     }
 }
 
@@ -330,7 +347,7 @@ mod tests {
         assert_eq!(t.node_of, vec![0, 0, 0]);
         assert_eq!(t.node_names, vec!["box"]);
         assert_eq!((t.my_node, t.local_rank, t.local_size, t.host_rank, t.host_size), (0, 2, 3, 2, 3));
-        assert!(t.check_one_node().is_ok());
+        assert!(t.check_nodes(&Bootstrap::Single, 1).is_ok());
         // No launcher-given ranks (a world of one PE, or srun): derived.
         let t = Topology::from_hellos(&[hello("box", None, None)], 0).unwrap();
         assert_eq!((t.local_rank, t.local_size, t.my_members()), (0, 1, &[0][..]));
@@ -347,9 +364,11 @@ mod tests {
         assert_eq!((t.my_node, t.my_node_name(), t.local_rank, t.local_size), (1, "a", 1, 2));
         // The rayon pool and the GPUs are shared by the whole machine.
         assert_eq!((t.host_rank, t.host_size), (3, 4));
-        match t.check_one_node() {
+        // The host backend runs them; the gpu backend not yet.
+        assert!(t.check_nodes(&Bootstrap::Single, 0).is_ok());
+        match t.check_nodes(&Bootstrap::Single, 1) {
             Err(Error::BackendUnavailable(m)) => {
-                assert!(m.contains("tier between nodes") && m.contains("PEs 0 and 2 on node b"), "{m}")
+                assert!(m.contains("gpu backend runs on one node") && m.contains("PEs 0 and 2 on node b"), "{m}")
             }
             other => panic!("{other:?}"),
         }
@@ -361,7 +380,7 @@ mod tests {
             ["x", "x", "y", "y"].iter().enumerate().map(|(pe, &h)| hello(h, None, Some((pe as u32 % 2, 2)))).collect();
         let t = Topology::from_hellos(&hellos, 2).unwrap();
         assert_eq!((t.nodes.len(), t.local_rank, t.host_rank, t.host_size), (2, 0, 0, 2));
-        assert!(matches!(t.check_one_node(), Err(Error::BackendUnavailable(_))));
+        assert!(matches!(t.check_nodes(&Bootstrap::Single, 1), Err(Error::BackendUnavailable(_))));
     }
 
     #[test]

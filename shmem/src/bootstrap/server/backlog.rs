@@ -7,6 +7,10 @@ use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::time::Instant;
 
+/// How [`Backlog::flush`]'s error begins when the socket itself failed (the
+/// PE closed its end), not when the PE does not read.
+pub(super) const SEND_FAILED: &str = "cannot send to it";
+
 /// Bytes waiting to be sent on one connection, oldest first.
 #[derive(Default)]
 pub(super) struct Backlog {
@@ -44,7 +48,7 @@ impl Backlog {
                     self.sent += n;
                     self.progress = Some(Instant::now());
                 }
-                Err(e) => return Err(format!("cannot send to it: {e}")),
+                Err(e) => return Err(format!("{SEND_FAILED}: {e}")),
             }
         }
         if self.is_empty() {
