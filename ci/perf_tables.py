@@ -11,36 +11,15 @@ graph-replayed up to the bench's `--graph-max-bytes` and eager throughout;
 then the MoE all-to-all-v by tokens. Times are the bench's medians in µs;
 "NCCL / shmem" above 1 means shmem is faster.
 """
-import glob
-import json
 import os
 import sys
 
-KIB, MIB = 1 << 10, 1 << 20
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from targets import KIB, MIB, fmt_bytes, load  # noqa: E402  (beside this script, here and in the bundle)
+
 SIZES = [8, 256, 4 * KIB, 64 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB]
 COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all"]
 MOE_OPS = ["dispatch", "combine", "all_to_all_v"]
-
-
-def load(paths):
-    rows = []
-    for p in paths:
-        files = sorted(glob.glob(os.path.join(p, "*.jsonl"))) if os.path.isdir(p) else [p]
-        for f in files:
-            for line in open(f):
-                line = line.strip()
-                if line.startswith("{"):
-                    r = json.loads(line)
-                    if "time_us" in r and "op" in r:
-                        rows.append(r)
-    return rows
-
-
-def fmt_bytes(b):
-    for unit, size in (("MiB", MIB), ("KiB", KIB)):
-        if b >= size and b % size == 0:
-            return f"{b // size} {unit}"
-    return f"{b} B"
 
 
 def find(rows, **want):
