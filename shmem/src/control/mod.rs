@@ -19,10 +19,27 @@ use crate::team::TeamState;
 use node::{round_tag, NodeArea};
 pub(crate) use node::{PeState, DESC_WORDS, MAX_TEAMS};
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use topology::Topology;
+
+/// Set once this process saw a peer die, a wait time out or its CUDA
+/// context fail. The gpu backend's exit handler reads it to skip the
+/// libraries' teardown, which would talk to the dead peer or the failed
+/// context.
+static FAULTED: AtomicBool = AtomicBool::new(false);
+
+/// Records that this PE's job is broken (a dead peer, a timed-out wait, a
+/// trapped kernel).
+pub(crate) fn note_fault() {
+    FAULTED.store(true, Ordering::Release);
+}
+
+/// Whether [`note_fault`] was called in this process.
+pub(crate) fn faulted() -> bool {
+    FAULTED.load(Ordering::Acquire)
+}
 
 /// One descriptor row, as a team's members publish it in an exchange.
 pub(crate) type DescRow = [u64; DESC_WORDS];
@@ -529,12 +546,12 @@ impl Control {
                     return Ok(());
                 }
                 if matches!(alive, Err(Error::PeerLost { .. })) {
-                    crate::gpu::note_fault();
+                    note_fault();
                 }
                 alive?;
                 if let Some(limit) = self.wait_timeout {
                     if now - start > limit {
-                        crate::gpu::note_fault();
+                        note_fault();
                         return Err(Error::Timeout { secs: (now - start).as_secs_f64(), what: what() });
                     }
                 }

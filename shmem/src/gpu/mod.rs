@@ -14,7 +14,6 @@ use crate::context::agree_ok;
 use crate::error::{CudaError, Error, Result};
 use cudarc::driver::{CudaContext, CudaStream};
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 pub(crate) use cudarc::driver::sys::CUstream;
@@ -58,7 +57,7 @@ pub(crate) use collectives::Protocols;
 /// the context unusable ([`sticky`]).
 pub(crate) fn cuda_error(call: &'static str, e: cudarc::driver::DriverError) -> Error {
     if sticky(&e) {
-        note_fault();
+        crate::control::note_fault();
     }
     Error::Cuda(CudaError { call, code: e.0 })
 }
@@ -99,16 +98,6 @@ pub(crate) fn sticky(e: &cudarc::driver::DriverError) -> bool {
     )
 }
 
-/// Set once this process saw a peer die, a wait time out or its CUDA
-/// context fail: see [`exit_without_teardown`].
-static FAULTED: AtomicBool = AtomicBool::new(false);
-
-/// Records that this PE's job is broken (a dead peer, a timed-out wait, a
-/// trapped kernel).
-pub(crate) fn note_fault() {
-    FAULTED.store(true, Ordering::Release);
-}
-
 /// Registered with glibc's `on_exit` at GPU start-up, so it runs before
 /// the exit handlers NVSHMEM, NCCL and CUDA registered when they loaded.
 /// After a fault their teardown talks to the dead peer or a failed context
@@ -117,7 +106,7 @@ pub(crate) fn note_fault() {
 /// death). A faulted process so leaves at once, with its own status; the
 /// OS frees its GPU memory and mappings.
 extern "C" fn exit_without_teardown(status: c_int, _: *mut c_void) {
-    if FAULTED.load(Ordering::Acquire) {
+    if crate::control::faulted() {
         // SAFETY: flushing C stdio and leaving; nothing runs after.
         unsafe {
             libc::fflush(std::ptr::null_mut());
