@@ -50,7 +50,7 @@ pub(crate) struct Inner {
     pub(crate) pool: rayon::ThreadPool,
     /// Kept alive for the context's life: under MPI, dropping it finalizes
     /// MPI. (A job of more than one node keeps it as the control plane's
-    /// channel instead.)
+    /// channel instead, whose close then finalizes MPI.)
     _bootstrap: Mutex<Option<Bootstrap>>,
 }
 
@@ -298,7 +298,7 @@ impl Context {
             )));
         }
         let topo = Topology::from_hellos(&hellos, me)?;
-        topo.check_nodes(&boot, backend)?;
+        topo.check_nodes(backend)?;
         if let Some(why) = gpu_check.as_ref().and_then(|c| c.as_ref().err()).filter(|_| backend == 2) {
             return Err(Error::BackendUnavailable(format!("SHMEM_BACKEND=gpu, but on PE {me}: {why}")));
         }

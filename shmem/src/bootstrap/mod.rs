@@ -142,21 +142,19 @@ impl Bootstrap {
     /// Keeps the bootstrap's channel as a [`Net`] for messages between PEs
     /// after `init`; called instead of [`Bootstrap::close`] once `init` is
     /// done with its allgathers. Under `shmemrun` the launcher relays the
-    /// messages ([`relay::Relay`]); a world of one PE sends only to itself.
+    /// messages ([`relay::Relay`]); under MPI, point-to-point messages on a
+    /// duplicate of the world communicator ([`mpi::MpiNet`]); a world of one
+    /// PE sends only to itself.
     ///
     /// # Errors
-    /// [`crate::Error::Bootstrap`] under MPI, which has no such channel yet
-    /// (like any failed `init`, dropping the bootstrap then finalizes MPI),
-    /// or if the rendezvous connection has failed.
+    /// [`crate::Error::Bootstrap`] if the rendezvous connection has failed,
+    /// or if MPI provides less than `MPI_THREAD_SERIALIZED`.
     pub(crate) fn into_net(self) -> Result<Net> {
         match self {
             Bootstrap::Single => Ok(Net::Alone(VecDeque::new())),
             Bootstrap::Tcp(c) => c.into_relay().map(Net::Relay),
             #[cfg(feature = "mpi")]
-            Bootstrap::Mpi(_) => Err(Error::bootstrap(
-                "PEs started by an MPI launcher have no message channel after init yet: start the job with \
-                 shmemrun",
-            )),
+            Bootstrap::Mpi(m) => m.into_net().map(Net::Mpi),
         }
     }
 }
@@ -170,6 +168,10 @@ pub(crate) enum Net {
     Alone(VecDeque<Incoming>),
     /// Relayed by the launcher's rendezvous server.
     Relay(relay::Relay),
+    /// Over MPI, started by `mpirun`/`srun`. It brings no news of PEs'
+    /// ends: an MPI launcher aborts the whole job when a rank dies.
+    #[cfg(feature = "mpi")]
+    Mpi(mpi::MpiNet),
 }
 
 #[cfg_attr(not(test), allow(dead_code, reason = "rank and size serve its tests"))]
@@ -179,6 +181,8 @@ impl Net {
         match self {
             Net::Alone(_) => 0,
             Net::Relay(r) => r.rank(),
+            #[cfg(feature = "mpi")]
+            Net::Mpi(m) => m.rank(),
         }
     }
 
@@ -187,6 +191,8 @@ impl Net {
         match self {
             Net::Alone(_) => 1,
             Net::Relay(r) => r.size(),
+            #[cfg(feature = "mpi")]
+            Net::Mpi(m) => m.size(),
         }
     }
 
@@ -200,6 +206,8 @@ impl Net {
             }
             Net::Alone(_) => Err(Error::bootstrap(format!("a message to PE {to}, in a world of 1 PE"))),
             Net::Relay(r) => r.send(to, body),
+            #[cfg(feature = "mpi")]
+            Net::Mpi(m) => m.send(to, body),
         }
     }
 
@@ -209,15 +217,21 @@ impl Net {
         match self {
             Net::Alone(queue) => Ok(queue.drain(..).collect()),
             Net::Relay(r) => r.poll(),
+            #[cfg(feature = "mpi")]
+            Net::Mpi(m) => m.poll(),
         }
     }
 
     /// Says goodbye: the other PEs hear that this PE left. Dropping a `Net`
-    /// without it looks like this PE's death to them.
+    /// without it looks like this PE's death to them. Under MPI it is
+    /// collective instead: it waits for every rank's pending messages
+    /// before MPI may be finalized.
     pub(crate) fn close(self) {
         match self {
             Net::Alone(_) => {}
             Net::Relay(r) => r.close(),
+            #[cfg(feature = "mpi")]
+            Net::Mpi(m) => m.close(),
         }
     }
 }

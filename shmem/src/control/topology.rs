@@ -261,24 +261,16 @@ impl Topology {
 
     /// Fails, with [`Error::BackendUnavailable`], for a job of more than one
     /// node where its tier between nodes is not built yet: on the GPU
-    /// backend (`backend` 1, see [`Hello::backend`]) and under MPI (no
-    /// message channel after init). The host backend on one machine runs
-    /// any number of nodes (`from_hellos` refuses it across machines).
-    pub(crate) fn check_nodes(&self, boot: &Bootstrap, backend: u8) -> Result<()> {
-        if self.nodes.len() == 1 {
+    /// backend (`backend` 1, see [`Hello::backend`]). The host backend on
+    /// one machine runs any number of nodes, under `shmemrun` or an MPI
+    /// launcher (`from_hellos` refuses it across machines).
+    pub(crate) fn check_nodes(&self, backend: u8) -> Result<()> {
+        if self.nodes.len() == 1 || backend == 0 {
             return Ok(());
         }
-        let why = match boot {
-            #[cfg(feature = "mpi")]
-            Bootstrap::Mpi(_) => "PEs started by an MPI launcher have no channel between nodes after init yet: start \
-                                  the job with shmemrun"
-                .to_string(),
-            _ if backend != 0 => "the gpu backend runs on one node for now: use SHMEM_BACKEND=host for emulated \
-                                  nodes of one machine"
-                .to_string(),
-            _ => return Ok(()),
-        };
-        Err(self.too_many_nodes(&why))
+        Err(self.too_many_nodes(
+            "the gpu backend runs on one node for now: use SHMEM_BACKEND=host for emulated nodes of one machine",
+        ))
     }
 
     /// The error for a job of more than one node that cannot run: `why`.
@@ -347,7 +339,7 @@ mod tests {
         assert_eq!(t.node_of, vec![0, 0, 0]);
         assert_eq!(t.node_names, vec!["box"]);
         assert_eq!((t.my_node, t.local_rank, t.local_size, t.host_rank, t.host_size), (0, 2, 3, 2, 3));
-        assert!(t.check_nodes(&Bootstrap::Single, 1).is_ok());
+        assert!(t.check_nodes(1).is_ok());
         // No launcher-given ranks (a world of one PE, or srun): derived.
         let t = Topology::from_hellos(&[hello("box", None, None)], 0).unwrap();
         assert_eq!((t.local_rank, t.local_size, t.my_members()), (0, 1, &[0][..]));
@@ -365,8 +357,8 @@ mod tests {
         // The rayon pool and the GPUs are shared by the whole machine.
         assert_eq!((t.host_rank, t.host_size), (3, 4));
         // The host backend runs them; the gpu backend not yet.
-        assert!(t.check_nodes(&Bootstrap::Single, 0).is_ok());
-        match t.check_nodes(&Bootstrap::Single, 1) {
+        assert!(t.check_nodes(0).is_ok());
+        match t.check_nodes(1) {
             Err(Error::BackendUnavailable(m)) => {
                 assert!(m.contains("gpu backend runs on one node") && m.contains("PEs 0 and 2 on node b"), "{m}")
             }
@@ -380,7 +372,7 @@ mod tests {
             ["x", "x", "y", "y"].iter().enumerate().map(|(pe, &h)| hello(h, None, Some((pe as u32 % 2, 2)))).collect();
         let t = Topology::from_hellos(&hellos, 2).unwrap();
         assert_eq!((t.nodes.len(), t.local_rank, t.host_rank, t.host_size), (2, 0, 0, 2));
-        assert!(matches!(t.check_nodes(&Bootstrap::Single, 1), Err(Error::BackendUnavailable(_))));
+        assert!(matches!(t.check_nodes(1), Err(Error::BackendUnavailable(_))));
     }
 
     #[test]
