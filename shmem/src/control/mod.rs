@@ -420,12 +420,7 @@ impl Control {
             let mine = self.node.mine().teams[slot].arrivals.load(Ordering::SeqCst);
             // Re-read: the peer still waits in that barrier, for this PE.
             if mine < wanted && cell.waiting_team.load(Ordering::SeqCst) == other && !arrived(i) {
-                return Err(Error::CollectiveMismatch(format!(
-                    "PE {pe} waits in a collective of another team this PE belongs to, while this PE waits for \
-                     PE {pe} in a collective of a team of {} PEs: the PEs called collectives on different teams \
-                     (or in a different order)",
-                    team.members.len()
-                )));
+                return Err(crossed_wait(pe, team));
             }
         }
         Ok(())
@@ -450,12 +445,7 @@ impl Control {
                 .map(|(from, _)| *from)
                 .find(|from| entered < other_round && team.span.remote.contains(from) && !sent_here.contains(from));
             if let Some(pe) = stuck {
-                return Err(Error::CollectiveMismatch(format!(
-                    "PE {pe} waits in a collective of another team this PE belongs to, while this PE waits for \
-                     PE {pe} in a collective of a team of {} PEs: the PEs called collectives on different teams \
-                     (or in a different order)",
-                    team.members.len()
-                )));
+                return Err(crossed_wait(pe, team));
             }
         }
         Ok(())
@@ -564,6 +554,17 @@ impl Control {
             }
         }
     }
+}
+
+/// The error of a crossed wait ([`Control::no_crossed_wait`] and its twin
+/// between nodes): PE `pe` waits in another team's collective while this PE
+/// waits for it in `team`'s.
+fn crossed_wait(pe: usize, team: &TeamState) -> Error {
+    Error::CollectiveMismatch(format!(
+        "PE {pe} waits in a collective of another team this PE belongs to, while this PE waits for PE {pe} in a \
+         collective of a team of {} PEs: the PEs called collectives on different teams (or in a different order)",
+        team.members.len()
+    ))
 }
 
 #[cfg(test)]
