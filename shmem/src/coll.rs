@@ -483,6 +483,13 @@ impl Team {
             };
         }
         let (team, dt) = (self.state.nv_team, T::DTYPE);
+        if team == crate::gpu::TEAM_INVALID {
+            return Err(Error::Invalid(format!(
+                "{} through NVSHMEM's collectives: NVSHMEM has no team for this team (it is within a node whose PEs \
+                 are not consecutive ranks); shmem's own kernels can run it",
+                kind.name()
+            )));
+        }
         if self.capturing(stream) {
             return Err(Error::Invalid(format!(
                 "{} through NVSHMEM's collectives cannot be captured in a CUDA graph: they are called from the \

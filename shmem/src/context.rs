@@ -298,7 +298,6 @@ impl Context {
             )));
         }
         let topo = Topology::from_hellos(&hellos, me)?;
-        topo.check_nodes(backend)?;
         if let Some(why) = gpu_check.as_ref().and_then(|c| c.as_ref().err()).filter(|_| backend == 2) {
             return Err(Error::BackendUnavailable(format!("SHMEM_BACKEND=gpu, but on PE {me}: {why}")));
         }
@@ -365,12 +364,7 @@ impl Context {
             Some(area)
         };
         let marks = heap_area.as_ref().and_then(HostHeap::marks);
-        let gpu = if use_gpu {
-            let seat = gpu::Seat { local_rank, pes_per_gpu: config.pes_per_gpu };
-            Some(GpuWorld::start(&mut boot, me, n, seat, topo.my_node_name(), heap_size, &node_members)?)
-        } else {
-            None
-        };
+        let gpu = if use_gpu { Some(GpuWorld::start(&mut boot, &topo, config.pes_per_gpu, heap_size)?) } else { None };
         // A job of more than one node keeps the bootstrap's channel for the
         // control plane's tier between nodes.
         let (net, boot) = if topo.nodes.len() > 1 {
@@ -391,7 +385,8 @@ impl Context {
             .map_err(|e| Error::config(format!("starting the rayon pool: {e}")))?;
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let world = Arc::new(TeamState::new(id, 0, members, &ctl, None, gpu::TEAM_WORLD, WORLD_UID));
-        let node = Arc::new(TeamState::new(id, 1, node_members, &ctl, None, gpu::TEAM_NODE, NODE_UID));
+        let nv_node = gpu.as_ref().map_or(gpu::TEAM_INVALID, |g| g.node_team);
+        let node = Arc::new(TeamState::new(id, 1, node_members, &ctl, None, nv_node, NODE_UID));
         let inner = Inner {
             id,
             me,

@@ -350,9 +350,13 @@ impl Team {
         let rows = self.exchange(&d, added.as_ref().err())?;
         added?;
         self.agree(&rows)?;
+        // A team NVSHMEM has no team for (a node of ranks that are not
+        // consecutive) has no NVSHMEM sub-teams either: shmem's kernels only.
         let nv_team = match &self.ctx.gpu {
-            Some(g) => g.split_team(self.state.nv_team, start, stride, size)?,
-            None => crate::gpu::TEAM_INVALID,
+            Some(g) if self.state.nv_team != crate::gpu::TEAM_INVALID => {
+                g.split_team(self.state.nv_team, start, stride, size)?
+            }
+            _ => crate::gpu::TEAM_INVALID,
         };
         if !is_member {
             return Ok(None);
@@ -395,6 +399,21 @@ impl Team {
             // on the box: invalid reads under memcheck, an illegal address
             // under racecheck.)
             Some(g) if self.state.members.len() == 1 => g.quiet(g.stream(stream)),
+            Some(g) if self.state.nv_team == crate::gpu::TEAM_INVALID => {
+                // No NVSHMEM team: this PE's puts complete, then shmem's
+                // barrier kernel.
+                let k = g.kernels.as_ref().ok_or_else(|| {
+                    Error::BackendUnavailable(
+                        "a barrier of a team NVSHMEM has no team for (a node whose PEs are not consecutive ranks) \
+                         needs the device kernels"
+                            .into(),
+                    )
+                })?;
+                let force = self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner()).force_rma;
+                let st = g.stream(stream);
+                g.quiet(st)?;
+                k.barrier(k.team(self.state.slot, &self.state.members, force)?, st.cu_stream())
+            }
             Some(g) => g.barrier(self.state.nv_team, g.stream(stream)),
             None => Ok(()),
         }

@@ -129,6 +129,8 @@ pub(crate) struct Topology {
     /// number: emulated nodes share one machine's cores and GPUs.
     pub(crate) host_rank: usize,
     pub(crate) host_size: usize,
+    /// This PE's machine's host name.
+    pub(crate) machine: String,
 }
 
 impl Topology {
@@ -241,6 +243,7 @@ impl Topology {
             local_size: nodes[my_node].len(),
             host_rank: (0..me).filter(on_my_host).count(),
             host_size: (0..n).filter(on_my_host).count(),
+            machine: hellos[me].real_host.clone(),
             node_of,
             nodes,
             node_names,
@@ -259,29 +262,10 @@ impl Topology {
         &self.node_names[self.my_node]
     }
 
-    /// Fails, with [`Error::BackendUnavailable`], for a job of more than one
-    /// node where its tier between nodes is not built yet: on the GPU
-    /// backend (`backend` 1, see [`Hello::backend`]). The host backend on
-    /// one machine runs any number of nodes, under `shmemrun` or an MPI
-    /// launcher (`from_hellos` refuses it across machines).
-    pub(crate) fn check_nodes(&self, backend: u8) -> Result<()> {
-        if self.nodes.len() == 1 || backend == 0 {
-            return Ok(());
-        }
-        Err(self.too_many_nodes(
-            "the gpu backend runs on one node for now: use SHMEM_BACKEND=host for emulated nodes of one machine",
-        ))
-    }
-
-    /// The error for a job of more than one node that cannot run: `why`.
-    fn too_many_nodes(&self, why: &str) -> Error {
-        let on = |k: usize| format!("{} on node {}", list_pes(&self.nodes[k]), self.node_names[k]);
-        Error::BackendUnavailable(format!(
-            "this job has {} nodes ({}{}), but {why} (see docs/clusters.md)",
-            self.nodes.len(),
-            (0..self.nodes.len().min(2)).map(on).collect::<Vec<_>>().join(", "),
-            if self.nodes.len() > 2 { ", …" } else { "" }
-        ))
+    /// Whether every node's PEs are consecutive ranks, so that NVSHMEM can
+    /// make each node a team of its own (a strided split of the world).
+    pub(crate) fn nodes_contiguous(&self) -> bool {
+        self.nodes.iter().all(|m| m.windows(2).all(|w| w[1] == w[0] + 1))
     }
 }
 
@@ -339,7 +323,7 @@ mod tests {
         assert_eq!(t.node_of, vec![0, 0, 0]);
         assert_eq!(t.node_names, vec!["box"]);
         assert_eq!((t.my_node, t.local_rank, t.local_size, t.host_rank, t.host_size), (0, 2, 3, 2, 3));
-        assert!(t.check_nodes(1).is_ok());
+        assert!(t.nodes_contiguous());
         // No launcher-given ranks (a world of one PE, or srun): derived.
         let t = Topology::from_hellos(&[hello("box", None, None)], 0).unwrap();
         assert_eq!((t.local_rank, t.local_size, t.my_members()), (0, 1, &[0][..]));
@@ -356,14 +340,9 @@ mod tests {
         assert_eq!((t.my_node, t.my_node_name(), t.local_rank, t.local_size), (1, "a", 1, 2));
         // The rayon pool and the GPUs are shared by the whole machine.
         assert_eq!((t.host_rank, t.host_size), (3, 4));
-        // The host backend runs them; the gpu backend not yet.
-        assert!(t.check_nodes(0).is_ok());
-        match t.check_nodes(1) {
-            Err(Error::BackendUnavailable(m)) => {
-                assert!(m.contains("gpu backend runs on one node") && m.contains("PEs 0 and 2 on node b"), "{m}")
-            }
-            other => panic!("{other:?}"),
-        }
+        // Interleaved nodes: NVSHMEM cannot split them off the world.
+        assert!(!t.nodes_contiguous());
+        assert_eq!(t.machine, "box");
     }
 
     #[test]
@@ -372,7 +351,8 @@ mod tests {
             ["x", "x", "y", "y"].iter().enumerate().map(|(pe, &h)| hello(h, None, Some((pe as u32 % 2, 2)))).collect();
         let t = Topology::from_hellos(&hellos, 2).unwrap();
         assert_eq!((t.nodes.len(), t.local_rank, t.host_rank, t.host_size), (2, 0, 0, 2));
-        assert!(matches!(t.check_nodes(1), Err(Error::BackendUnavailable(_))));
+        assert!(t.nodes_contiguous());
+        assert_eq!(t.machine, "y");
     }
 
     #[test]

@@ -1,10 +1,11 @@
 //! Host-initiated atomics on the GPU backend.
 //!
 //! NVSHMEM 3.4's host atomics are stubs ("not implemented" at run time), so
-//! a one-thread kernel performs the atomic at the target's NVLink address
-//! with system-scope atomics and returns the old value. Compiled once with
-//! NVRTC. Peers without an NVLink address get a clear error until the
-//! device-initiated kernels (which can use NVSHMEM's device atomics) exist.
+//! a one-thread kernel performs the atomic and returns the old value: on a
+//! peer with an NVLink address, with system-scope atomics at that address
+//! (compiled once with NVRTC, so that it needs no device kernels); on
+//! another node's peer, with NVSHMEM's device atomics (`shmem_amo` of the
+//! device kernels).
 
 use super::{CudaCall, GpuWorld};
 use crate::dtype::{AtomicElement, AtomicOp};
@@ -86,11 +87,7 @@ impl GpuWorld {
         pe: usize,
         s: &CudaStream,
     ) -> Result<T> {
-        let base = self.peer_base[pe].ok_or_else(|| {
-            Error::BackendUnavailable(format!(
-                "host-initiated atomics need an NVLink address of PE {pe} (NVSHMEM 3.4 has no host atomics)"
-            ))
-        })?;
+        let base = self.peer_base[pe];
         let amo = self.amo.get_or_init(|| Amo::build(self)).as_ref().map_err(again)?;
         let bits = |v: T| -> u64 {
             // SAFETY: T is a 4- or 8-byte integer (AtomicElement); the
@@ -112,35 +109,39 @@ impl GpuWorld {
             AtomicOp::FetchOr(v) => (5, bits(v), 0),
             AtomicOp::FetchXor(v) => (6, bits(v), 0),
         };
-        let target = base + offset as u64;
-        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
         let mut old = amo.old.lock().unwrap_or_else(|e| e.into_inner());
         // After the caller's work; the kernel and the copy back run on the
         // context's own stream, which the caller's work cannot overtake.
         s.synchronize().cuda("cuStreamSynchronize")?;
         let s = self.own_stream();
-        // SAFETY: `target` is an aligned element of `pe`'s heap mapped in this
-        // context (nvshmem_ptr); the arguments match the kernel's parameters.
-        unsafe {
-            if size_of::<T>() == 4 {
-                let (a, b) = (a as u32, b as u32);
-                s.launch_builder(&amo.amo32)
-                    .arg(&target)
-                    .arg(&code)
-                    .arg(&a)
-                    .arg(&b)
-                    .arg(&mut *old)
-                    .launch(cfg)
-                    .cuda("cuLaunchKernel")?;
-            } else {
-                s.launch_builder(&amo.amo64)
-                    .arg(&target)
-                    .arg(&code)
-                    .arg(&a)
-                    .arg(&b)
-                    .arg(&mut *old)
-                    .launch(cfg)
-                    .cuda("cuLaunchKernel")?;
+        let bytes = size_of::<T>();
+        match base {
+            Some(base) => {
+                let target = base + offset as u64;
+                let f = if bytes == 4 { &amo.amo32 } else { &amo.amo64 };
+                let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
+                let mut launch = s.launch_builder(f);
+                launch.arg(&target).arg(&code);
+                let (a32, b32) = (a as u32, b as u32);
+                if bytes == 4 {
+                    launch.arg(&a32).arg(&b32);
+                } else {
+                    launch.arg(&a).arg(&b);
+                }
+                // SAFETY: `target` is an aligned element of `pe`'s heap
+                // mapped in this context (nvshmem_ptr); the arguments match
+                // the kernel's parameters.
+                unsafe { launch.arg(&mut *old).launch(cfg) }.cuda("cuLaunchKernel")?;
+            }
+            None => {
+                let k = self.kernels.as_ref().ok_or_else(|| {
+                    Error::BackendUnavailable(format!(
+                        "host-initiated atomics on PE {pe}, which has no NVLink address, need the device kernels \
+                         (NVSHMEM 3.4 has no host atomics): build them with nvcc and NVSHMEM (see README)"
+                    ))
+                })?;
+                let (out, _sync) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut *old, s);
+                k.amo(self.addr(offset), code, a, b, bytes, pe, out, s.cu_stream())?;
             }
         }
         let mut v = [0u64];

@@ -149,6 +149,8 @@ pub(crate) enum KernelId {
     /// `shmem_moe_route`, `shmem_moe_gather` of `moe_layer.cu`.
     MoeRoute,
     MoeGather,
+    /// `shmem_amo`: a host-initiated atomic through NVSHMEM.
+    Amo,
     /// `shmem_sum_slots_{dtype}` of `overlap.cu` (f32, f16, bf16).
     SumSlots(DType),
     /// `shmem_moe_combine_{dtype}` (f32, f64, f16, bf16).
@@ -164,7 +166,7 @@ pub(crate) enum KernelId {
 }
 
 /// Kernels without arguments of their own, in [`KernelId::index`] order.
-const SINGLES: [KernelId; 8] = [
+const SINGLES: [KernelId; 9] = [
     KernelId::SelfCheck,
     KernelId::Barrier,
     KernelId::BroadcastPull,
@@ -173,6 +175,7 @@ const SINGLES: [KernelId; 8] = [
     KernelId::A2avMove,
     KernelId::MoeRoute,
     KernelId::MoeGather,
+    KernelId::Amo,
 ];
 
 const DTYPES: usize = DType::ALL.len();
@@ -213,6 +216,7 @@ impl KernelId {
             KernelId::A2avMove => 5,
             KernelId::MoeRoute => 6,
             KernelId::MoeGather => 7,
+            KernelId::Amo => 8,
             KernelId::SumSlots(d) => SUM_SLOTS_AT + dtype(d),
             KernelId::MoeCombine(d) => MOE_COMBINE_AT + dtype(d),
             KernelId::A2avFused(k) => A2AV_FUSED_AT + k as usize,
@@ -240,6 +244,7 @@ impl KernelId {
             KernelId::A2avMove => "shmem_a2av_move".into(),
             KernelId::MoeRoute => "shmem_moe_route".into(),
             KernelId::MoeGather => "shmem_moe_gather".into(),
+            KernelId::Amo => "shmem_amo".into(),
             KernelId::SumSlots(d) => format!("shmem_sum_slots_{}", d.name()),
             KernelId::MoeCombine(d) => format!("shmem_moe_combine_{}", d.name()),
             KernelId::A2avFused(k) => format!("shmem_a2av_fused_{}", a2av(k)),
@@ -268,6 +273,7 @@ impl KernelId {
                 | KernelId::MoeRoute
                 | KernelId::MoeGather
                 | KernelId::MoeCombine(_)
+                | KernelId::Amo
         )
     }
 

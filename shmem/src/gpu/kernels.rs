@@ -149,3 +149,40 @@ impl Kernels {
         self.a2av_error.take()
     }
 }
+
+/// Host-initiated atomics on peers without an NVLink address.
+impl Kernels {
+    /// Launches `shmem_amo`: atomic `op` (numbered as `gpu/amo.rs` numbers
+    /// them) with operands `a`, `b` on PE `pe`'s `bytes`-byte element at
+    /// symmetric address `sym`; the old value to device word `old`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn amo(
+        &self,
+        sym: u64,
+        op: i32,
+        a: u64,
+        b: u64,
+        bytes: usize,
+        pe: usize,
+        old: u64,
+        s: CUstream,
+    ) -> Result<()> {
+        let (mut sym, mut op, mut a, mut b, mut old) = (sym, op, a, b, old);
+        let (mut bytes, mut pe) = (bytes as i32, pe as i32);
+        let mut params: [*mut c_void; 7] = [
+            (&raw mut sym).cast(),
+            (&raw mut op).cast(),
+            (&raw mut a).cast(),
+            (&raw mut b).cast(),
+            (&raw mut bytes).cast(),
+            (&raw mut pe).cast(),
+            (&raw mut old).cast(),
+        ];
+        // One thread: one atomic.
+        let grid = Grid { blocks: 1, threads: 1 };
+        // SAFETY: the parameters as the kernel declares them; `sym` is an
+        // element of the heap and `old` a device word, both checked by the
+        // caller.
+        unsafe { self.module.launch(KernelId::Amo, grid, 0, s, &mut params) }
+    }
+}

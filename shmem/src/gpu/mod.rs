@@ -11,6 +11,7 @@
 
 use crate::bootstrap::Bootstrap;
 use crate::context::agree_ok;
+use crate::control::topology::Topology;
 use crate::error::{CudaError, Error, Result};
 use cudarc::driver::{CudaContext, CudaStream};
 use std::ffi::{c_int, c_void};
@@ -158,21 +159,21 @@ pub(crate) fn available() -> std::result::Result<(), String> {
     shmem_sys::nvshmem().map(drop).map_err(|e| e.to_string())
 }
 
-/// Where a PE sits on its node: its node-local rank, and how many PEs share
-/// a GPU (`SHMEM_PES_PER_GPU`).
-pub(crate) struct Seat {
-    pub(crate) local_rank: usize,
-    pub(crate) pes_per_gpu: usize,
-}
-
 /// This PE's GPU and its share of NVSHMEM.
 pub(crate) struct GpuWorld {
     pub(crate) nv: &'static Nv,
     pub(crate) cuda: Arc<CudaContext>,
     /// Symmetric address of this PE's heap (the same on every PE).
     pub(crate) heap_base: u64,
-    /// `nvshmem_ptr` of each PE's heap: loads and stores reach it (NVLink).
+    /// `nvshmem_ptr` of each PE's heap where loads and stores reach it
+    /// (NVLink): the PEs of this node. Another node's PEs are reached
+    /// through NVSHMEM's RMA, even when NVSHMEM maps them (emulated nodes
+    /// of one machine).
     pub(crate) peer_base: Vec<Option<u64>>,
+    /// NVSHMEM's team of this node's PEs: `TEAM_NODE` on a job of one
+    /// node, a split of the world where nodes are consecutive ranks, else
+    /// `TEAM_INVALID` (shmem's kernels only).
+    pub(crate) node_team: i32,
     /// The library's version, and this PE's CUDA device.
     pub(crate) version: (i32, i32, i32),
     pub(crate) device: usize,
@@ -193,8 +194,9 @@ unsafe impl Send for GpuWorld {}
 unsafe impl Sync for GpuWorld {}
 
 impl GpuWorld {
-    /// Initialises CUDA on the GPU of this PE's node-local rank (divided by
-    /// `pes_per_gpu`, `SHMEM_PES_PER_GPU`) and NVSHMEM with the unique-id
+    /// Initialises CUDA on the GPU of this PE's rank among the PEs of its
+    /// machine (divided by `pes_per_gpu`, `SHMEM_PES_PER_GPU`: emulated
+    /// nodes share the machine's GPUs) and NVSHMEM with the unique-id
     /// bootstrap; allocates the symmetric heap.
     ///
     /// PEs sharing a GPU are NVSHMEM's "multiple processes per GPU": their
@@ -208,24 +210,26 @@ impl GpuWorld {
     /// failure on any PE fails it on every PE.
     pub(crate) fn start(
         boot: &mut Bootstrap,
-        me: usize,
-        n: usize,
-        seat: Seat,
-        host: &str,
+        topo: &Topology,
+        pes_per_gpu: usize,
         heap_size: usize,
-        node: &[usize],
     ) -> Result<GpuWorld> {
-        let Seat { local_rank, pes_per_gpu } = seat;
+        let (me, n, node) = (boot.rank(), boot.size(), topo.my_members());
         // Library and device, checked everywhere before anyone initialises.
         let nv = shmem_sys::nvshmem().map_err(|e| Error::BackendUnavailable(e.to_string()));
         let device = nv.as_ref().map_err(clone_err).and_then(|_| {
             let count = CudaContext::device_count().cuda("cuDeviceGetCount")? as usize;
-            let gpu = local_rank / pes_per_gpu.max(1);
+            let gpu = topo.host_rank / pes_per_gpu.max(1);
             if gpu >= count {
                 let most = count * pes_per_gpu.max(1);
+                let node = match topo.nodes.len() {
+                    1 => String::new(),
+                    _ => format!(" (node {})", topo.my_node_name()),
+                };
                 return Err(Error::BackendUnavailable(format!(
-                    "PE {me} is PE {local_rank} of node {host}, which has only {count} GPU(s) for \
-                     {pes_per_gpu} PE(s) each (SHMEM_PES_PER_GPU): start at most {most} PEs per node"
+                    "PE {me}{node} is PE {} of machine {}, which has only {count} GPU(s) for {pes_per_gpu} PE(s) \
+                     each (SHMEM_PES_PER_GPU): start at most {most} PEs per machine",
+                    topo.host_rank, topo.machine
                 )));
             }
             let cuda = CudaContext::new(gpu).cuda("CudaContext::new")?;
@@ -275,6 +279,9 @@ impl GpuWorld {
         let heap_base = got?;
         let peer_base = (0..n)
             .map(|pe| {
+                if topo.node_of[pe] != topo.my_node {
+                    return None;
+                }
                 // SAFETY: `heap_base` is a symmetric address; pe < n.
                 let p = unsafe { peer_ptr(nv, heap_base, pe) };
                 p.ok().filter(|&p| p != 0)
@@ -286,6 +293,7 @@ impl GpuWorld {
             cuda,
             heap_base,
             peer_base,
+            node_team: TEAM_NODE,
             version,
             device,
             own,
@@ -298,6 +306,9 @@ impl GpuWorld {
         world.own.synchronize().cuda("cuStreamSynchronize")?;
         // SAFETY: NVSHMEM is initialised; every PE calls it here.
         unsafe { call!(world.nv, nvshmem_barrier_all()) };
+        let node_team = world.split_node_team(topo);
+        agree_ok(boot, node_team.as_ref().map(|_| Vec::new()).map_err(clone_err), "making the node's NVSHMEM team")?;
+        world.node_team = node_team?;
         let loaded = match kernels::Kernels::load(&world, me, n, layout, node) {
             Err(Error::BackendUnavailable(m)) if m.contains("built without") => Ok(None),
             other => other.map(Some),
@@ -580,6 +591,31 @@ impl GpuWorld {
             )
         };
         check("nvshmem_team_split_strided", rc).map(|_| team)
+    }
+
+    /// NVSHMEM's team of this PE's node (see [`GpuWorld::node_team`]).
+    /// NVSHMEM's own node team is the machine's PEs, which is not the node
+    /// where one machine is split into emulated nodes.
+    ///
+    /// # Collective
+    /// Over the world.
+    fn split_node_team(&self, topo: &Topology) -> Result<i32> {
+        if topo.nodes.len() == 1 {
+            return Ok(TEAM_NODE);
+        }
+        if !topo.nodes_contiguous() {
+            return Ok(TEAM_INVALID);
+        }
+        // One split per node, in the same order on every PE; each PE keeps
+        // its own node's.
+        let mut mine = TEAM_INVALID;
+        for (k, members) in topo.nodes.iter().enumerate() {
+            let team = self.split_team(TEAM_WORLD, members[0], 1, members.len())?;
+            if k == topo.my_node {
+                mine = team;
+            }
+        }
+        Ok(mine)
     }
 
     /// `nvshmem_team_destroy` of a team this PE split.
