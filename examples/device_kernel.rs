@@ -94,7 +94,7 @@ fn compile(cuda: &cudarc::driver::CudaContext) -> Result<cudarc::nvrtc::Ptx, Box
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let ctx = shmem::init()?;
-    let (me, n) = (ctx.my_pe(), ctx.n_pes());
+    let me = ctx.my_pe();
     if ctx.backend() != BackendKind::Gpu {
         if me == 0 {
             println!("device_kernel: skipped: it needs the gpu backend, and this run uses {:?}", ctx.backend());
@@ -102,13 +102,17 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         return Ok(ctx.finalize()?);
     }
     let s = ctx.stream();
+    // The device header reaches peers by loads and stores (NVLink): the
+    // all-reduce runs over this PE's node, which is the whole job on one.
+    let node = ctx.node();
+    let (me, n) = (node.my_pe(), node.n_pes());
     let cuda = ctx.cuda_context().expect("gpu backend");
     let stream = s.cuda_stream().expect("gpu backend").clone();
     let module = cuda.load_module(compile(cuda)?)?;
     let (all_reduce, finish) = (module.load_function("scale_all_reduce")?, module.load_function("finish")?);
 
     let slots = ctx.alloc_zeroed::<f32>(2 * n * COUNT)?;
-    let handle = slots.handle()?;
+    let handle = slots.handle_on(&node)?;
     if let Some(pe) = (0..n).find(|&pe| handle.buffer_ptrs[pe] == 0) {
         return Err(format!("PE {pe} is not reachable over NVLink").into());
     }
@@ -164,7 +168,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     println!(
-        "PE {me}: {EPOCHS} epochs of a hand-written all-reduce of {COUNT} f32 over {n} PEs \
+        "PE {me} of its node: {EPOCHS} epochs of a hand-written all-reduce of {COUNT} f32 over the node's {n} PEs \
          ({BLOCKS} blocks, put_signal + wait + barrier from shmem_device.cuh): OK"
     );
     drop(handle);

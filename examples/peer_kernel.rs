@@ -1,6 +1,7 @@
 //! A user's own CUDA kernel (compiled at run time with NVRTC) stores into
 //! the right-hand neighbour's symmetric buffer through its NVLink peer
-//! pointer; after a barrier each PE checks what its left neighbour wrote.
+//! pointer (neighbours in a ring of the PEs of a node); after a barrier
+//! each PE checks what its left neighbour wrote.
 //! A second kernel takes the buffer itself as its argument (cudarc interop).
 //!
 //! Needs the gpu backend: `shmemrun -n 2 target/release/examples/peer_kernel`
@@ -31,7 +32,7 @@ fn main() -> ExitCode {
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let ctx = shmem::init()?;
-    let (me, n) = (ctx.my_pe(), ctx.n_pes());
+    let me = ctx.my_pe();
     if ctx.backend() != BackendKind::Gpu {
         if me == 0 {
             println!("peer_kernel: skipped: it needs the gpu backend, and this run uses {:?}", ctx.backend());
@@ -45,7 +46,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let (write_peer, negate) = (module.load_function("write_peer")?, module.load_function("negate")?);
 
     let buf = ctx.alloc_zeroed::<f32>(N)?;
-    let right = (me + 1) % n;
+    // Neighbours on this PE's node (the whole job on one node): another
+    // node's PEs have no peer pointer.
+    let node = ctx.node();
+    let (rank, size) = (node.my_pe(), node.n_pes());
+    let right = node.world_pe((rank + 1) % size)?;
+    let left = node.world_pe((rank + size - 1) % size)?;
     let peer = buf.peer_ptr(right).ok_or("the right-hand PE is not reachable over NVLink")? as u64;
     ctx.barrier_all(&s)?; // every PE has zeroed its copy
     let cfg = LaunchConfig::for_num_elems(N as u32);
@@ -56,7 +62,6 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     stream.synchronize()?;
     ctx.barrier_all(&s)?; // every neighbour's stores are done
 
-    let left = (me + n - 1) % n;
     let got = buf.copy_to_host(&s)?;
     let want = |i: usize| left as f32 * 1048576.0 + i as f32;
     if let Some(i) = (0..N).find(|&i| got[i] != want(i)) {

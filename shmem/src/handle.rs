@@ -6,6 +6,7 @@ use crate::buffer::SymmetricBuffer;
 use crate::context::Context;
 use crate::dtype::Element;
 use crate::error::Result;
+use crate::team::Team;
 
 /// `u32` words of signal pad per PE for each peer (one word per block or
 /// channel that synchronises with that peer): `kPadWordsPerPeer` of
@@ -134,11 +135,28 @@ impl<T: Element> SymmetricBuffer<T> {
     pub fn handle(&self) -> Result<PeerHandle<T>> {
         self.check(&self.ctx)?;
         let ctx = Context { inner: self.ctx.clone() };
-        let n = ctx.n_pes();
-        let pad = ctx.alloc_zeroed::<u32>(n * SIGNAL_PAD_WORDS_PER_PEER)?;
+        self.handle_on(&ctx.world())
+    }
+
+    /// Like [`SymmetricBuffer::handle`], over the PEs of `team`: ranks
+    /// and arrays are the team's. With [`crate::Context::node`] every
+    /// address is set where the node's GPUs have NVLink, also in a job of
+    /// several nodes (whose other nodes' PEs have none).
+    ///
+    /// # Collective
+    /// Every PE of the world calls it (it allocates the signal pad), each
+    /// with a team it belongs to; the members of a team pass that team.
+    pub fn handle_on(&self, team: &Team) -> Result<PeerHandle<T>> {
+        self.check(&self.ctx)?;
+        team.check()?;
+        let ctx = Context { inner: self.ctx.clone() };
+        let (rank, n) = (team.my_pe(), team.n_pes());
+        // Sized for the world, so that every PE allocates the same.
+        let pad = ctx.alloc_zeroed::<u32>(ctx.n_pes() * SIGNAL_PAD_WORDS_PER_PEER)?;
+        let members = (0..n).map(|pe| team.world_pe(pe)).collect::<Result<Vec<usize>>>()?;
         let addr = |p: Option<*mut T>| p.map_or(0, |p| p as u64);
-        let buffer_ptrs: Vec<u64> = (0..n).map(|pe| addr(self.peer_ptr(pe))).collect();
-        let signal_pad_ptrs: Vec<u64> = (0..n).map(|pe| pad.peer_ptr(pe).map_or(0, |p| p as u64)).collect();
+        let buffer_ptrs: Vec<u64> = members.iter().map(|&pe| addr(self.peer_ptr(pe))).collect();
+        let signal_pad_ptrs: Vec<u64> = members.iter().map(|&pe| pad.peer_ptr(pe).map_or(0, |p| p as u64)).collect();
         let both: Vec<u64> = buffer_ptrs.iter().chain(&signal_pad_ptrs).copied().collect();
         let (arrays, base) = match &self.ctx.gpu {
             Some(g) => {
@@ -154,7 +172,7 @@ impl<T: Element> SymmetricBuffer<T> {
             }
         };
         Ok(PeerHandle {
-            rank: ctx.my_pe(),
+            rank,
             world_size: n,
             buffer_ptrs,
             signal_pad_ptrs,

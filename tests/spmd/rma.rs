@@ -20,6 +20,7 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("rma::atomics_i64", atomics::<i64>),
     ("rma::compare_swap_lock", compare_swap_lock),
     ("rma::peer_handle_arrays", peer_handle_arrays),
+    ("rma::peer_pointers_within_the_node", peer_pointers_within_the_node),
 ];
 
 fn world_shape(env: &Env) -> TestResult {
@@ -60,6 +61,36 @@ fn alloc_zeroed_and_heap_accounting(env: &Env) -> TestResult {
     // from this PE's local copy by a heap-sized stride.
     assert_eq!(z.peer_ptr(env.me()), Some(z.local_ptr()));
     assert!(z.peer_ptr(env.n()).is_none());
+    Ok(())
+}
+
+/// Loads and stores reach a peer's copy directly only within a node on the
+/// gpu backend (NVLink, where the GPUs have it): another node's PEs, even
+/// on the same machine (emulated nodes), are reached through NVSHMEM's
+/// RMA. The host backend's heap is one machine's shared memory, so every
+/// PE's copy has an address.
+fn peer_pointers_within_the_node(env: &Env) -> TestResult {
+    let ctx = &env.ctx;
+    let buf = ctx.alloc_zeroed::<u64>(16)?;
+    let node = ctx.node();
+    let on_gpu = env.s.cuda_stream().is_some();
+    let mut direct = Vec::new();
+    for pe in 0..env.n() {
+        let same_node = ctx.world().translate_pe(pe, &node)?.is_some();
+        let has = buf.peer_ptr(pe).is_some();
+        if has {
+            direct.push(pe);
+        }
+        if on_gpu && !same_node {
+            assert!(!has, "PE {pe} is on another node, yet has an address here");
+        }
+        if pe == env.me() || !on_gpu {
+            assert!(has, "PE {pe}'s copy has no address here");
+        }
+    }
+    if env.me() == 0 {
+        eprintln!("PE 0 reaches PEs {direct:?} of {} by loads and stores", env.n());
+    }
     Ok(())
 }
 
