@@ -4,8 +4,11 @@
 # each PE count, so that their rows are measured on the same GPUs in the
 # same call and can be compared:
 #
-#   bash ci/gpu-compare.sh [--pes 2,4] [--quick] NAME=BUNDLE_DIR...
+#   bash ci/gpu-compare.sh [--pes 2,4] [--quick] NAME=BUNDLE_DIR[:NODES]...
 #
+# A bundle named with :NODES runs its jobs on that many emulated nodes
+# (shmemrun --nodes), e.g. `1x4=B 2x2=B:2` with --pes 4 compares one node
+# of 4 GPUs with 2 nodes of 2 on the same bundle.
 # For each PE count p and bundle NAME it writes $OUT/NAME-p/*.jsonl
 # and .log: every collective against NCCL and NVSHMEM, eager from 8 B to
 # 256 MiB and graph-replayed up to 1 MiB (f32 and bf16; --quick: bf16 only,
@@ -30,10 +33,14 @@ while (($#)); do
     esac
     shift
 done
-((${#bundles[@]})) || { echo "usage: gpu-compare.sh [--pes 2,4] [--quick] NAME=BUNDLE_DIR..." >&2; exit 2; }
+((${#bundles[@]})) || { echo "usage: gpu-compare.sh [--pes 2,4] [--quick] NAME=BUNDLE_DIR[:NODES]..." >&2; exit 2; }
+
+# A bundle's folder and its nodes (1 unless named with :NODES).
+bundle_dir() { local d=${1#*=}; [[ $d =~ :[0-9]+$ ]] && d=${d%:*}; echo "$d"; }
+bundle_nodes() { local d=${1#*=}; [[ $d =~ :([0-9]+)$ ]] && echo "${BASH_REMATCH[1]}" || echo 1; }
 
 for b in "${bundles[@]}"; do
-    dir=${b#*=}
+    dir=$(bundle_dir "$b")
     if [[ -f "$dir/bin.tar.xz" && ! -d "$dir/bin" ]]; then
         tar -C "$dir" -xJf "$dir/bin.tar.xz" || { echo "gpu-compare: cannot unpack $dir/bin.tar.xz" >&2; exit 1; }
     fi
@@ -50,14 +57,15 @@ for pes in ${pes_list//,/ }; do
     visible=$(seq -s, 0 $((pes - 1)))
     ((pes > gpus)) && { echo "gpu-compare: $pes PEs but $gpus GPUs: skipped" >&2; continue; }
     for b in "${bundles[@]}"; do
-        name=${b%%=*} bin=${b#*=}/bin dest=$out/$name-$pes
+        name=${b%%=*} bin=$(bundle_dir "$b")/bin dest=$out/$name-$pes
+        run=("$bin/shmemrun" -n "$pes" --nodes "$(bundle_nodes "$b")")
         mkdir -p "$dest"
-        echo "== $name, $pes PEs"
-        CUDA_VISIBLE_DEVICES=$visible timeout 420 "$bin/shmemrun" -n "$pes" "$bin/shmem-bench" --backend gpu \
+        echo "== $name, $pes PEs on $(bundle_nodes "$b") node(s)"
+        CUDA_VISIBLE_DEVICES=$visible timeout 420 "${run[@]}" "$bin/shmem-bench" --backend gpu \
             "${coll[@]}" --max-bytes 256M --graph --graph-max-bytes 1M --json "$dest/bench.jsonl" \
             >"$dest/bench.log" 2>&1 || { echo "   bench failed: $dest/bench.log"; failed=1; }
         for topk in 1 8; do
-            CUDA_VISIBLE_DEVICES=$visible timeout 300 "$bin/shmemrun" -n "$pes" "$bin/shmem-bench" --backend gpu \
+            CUDA_VISIBLE_DEVICES=$visible timeout 300 "${run[@]}" "$bin/shmem-bench" --backend gpu \
                 --op moe --tokens 1,32,128,4096 --topk $topk --hidden 7168 --experts-per-pe 8 --graph \
                 --impl shmem,nccl --json "$dest/moe-top$topk.jsonl" >"$dest/moe-top$topk.log" 2>&1 ||
                 { echo "   moe failed: $dest/moe-top$topk.log"; failed=1; }

@@ -39,6 +39,17 @@ export SHMEM_BACKEND=gpu
 # The collectives' tests name each case before running it (a hang names its case).
 export SHMEM_TEST_TRACE=${SHMEM_TEST_TRACE:-1}
 pes=${SHMEM_GPU_PES:-2}
+# --nodes K: every job on K emulated nodes of $pes / K PEs (SHMEM_NODE_ID).
+nodes=1
+for ((i = 1; i <= $#; i++)); do
+    [[ ${!i} == --nodes ]] && { j=$((i + 1)); nodes=${!j:-}; }
+done
+if ! [[ $nodes =~ ^[1-9][0-9]*$ ]] || ((pes % nodes)); then
+    echo "gpu-run: --nodes $nodes: want a number of nodes that divides $pes PEs (SHMEM_GPU_PES)" >&2
+    exit 2
+fi
+run=("$bin/shmemrun" -n "$pes")
+((nodes > 1)) && run+=(--nodes "$nodes")
 
 failed=()
 # What a step that is about to be killed for taking too long is doing: the
@@ -76,8 +87,24 @@ step() {
     printf '==== %s: exit %d after %d s\n' "$name" "$rc" $((SECONDS - start)) | tee -a "$log"
     ((rc == 0)) || failed+=("$name")
 }
-mpi=(mpirun --allow-run-as-root --oversubscribe -np "$pes" -x SHMEM_BACKEND -x LD_LIBRARY_PATH -x NVSHMEM_HOME
+mpi=(mpirun --allow-run-as-root --oversubscribe -x SHMEM_BACKEND -x LD_LIBRARY_PATH -x NVSHMEM_HOME
     -x NVSHMEM_DISABLE_NVLS -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x SHMEM_TEST_TRACE)
+
+# Sets `job` to `mpirun` of the command on $pes ranks; on $nodes emulated
+# nodes, an MPMD job whose every part is a node (SHMEM_NODE_ID) of
+# $pes / $nodes ranks.
+mpi_job() {
+    job=("${mpi[@]}")
+    if ((nodes == 1)); then
+        job+=(-np "$pes" "$@")
+        return
+    fi
+    local k
+    for ((k = 0; k < nodes; k++)); do
+        ((k > 0)) && job+=(:)
+        job+=(-np $((pes / nodes)) env SHMEM_NODE_ID="node$k" NVSHMEM_DISABLE_MNNVL=1 "$@")
+    done
+}
 
 # A command that must fail: within the time limit, non-zero, and with
 # `pattern` in the output of each of `count` PEs.
@@ -123,7 +150,7 @@ tune() {
     local ar=(--op all_reduce --dtype bf16 --min-bytes 32K --max-bytes 1M --graph)
     local coll=(--op all_gather,reduce_scatter,broadcast,all_to_all --dtype bf16 --min-bytes 32K --max-bytes 1M --graph)
     local moe=(--op dispatch --tokens 1,128,4096 --graph)
-    local bench=("$bin/shmemrun" -n "$pes" "$bin/shmem-bench" --backend gpu)
+    local bench=("${run[@]}" "$bin/shmem-bench" --backend gpu)
     export STEP_TIMEOUT=${BENCH_TIMEOUT:-150}
     step tune-ar-default "${bench[@]}" "${ar[@]}" --impl shmem,nccl --json "$out/tune-ar-default.jsonl"
     for b in 32 128; do
@@ -165,10 +192,15 @@ tune() {
 faults() {
     local t r start before after new
     before=$(find /dev/shm -mindepth 1 -maxdepth 1 -printf '%f\n' | sort)
-    for t in $("$bin/spmd" --list 2>/dev/null | sed -n 's/: test$//p' | grep -E '^scenario::sigkill_in_'); do
+    # On emulated nodes, the scenarios across nodes (jobs of 2 nodes × 2
+    # PEs, whose tests check every survivor's error themselves).
+    local pick='^scenario::sigkill_in_'
+    ((nodes > 1)) && pick='^scenario::sigkill_across_nodes_'
+    for t in $("$bin/spmd" --list 2>/dev/null | sed -n 's/: test$//p' | grep -E "$pick"); do
         start=$(wc -l <"$log")
         STEP_TIMEOUT=${EACH_TIMEOUT:-240} step "$t" env SHMEM_BACKEND=host SHMEM_TEST_SCENARIO_BACKEND=gpu \
             SHMEM_TEST_FAULT_PES="$pes" "$bin/shmemrun" -n 1 "$bin/spmd" --exact "$t"
+        ((nodes > 1)) && continue
         for ((r = 0; r < pes; r++)); do
             ((r == 1)) && continue # the victim (VICTIM in tests/spmd/scenarios.rs)
             if ! tail -n +"$((start + 1))" "$log" | grep -qE "\[$r\] .*(PE 1 died|waited too long for a peer|timed out)"; then
@@ -188,8 +220,8 @@ faults() {
 # The overlapped matmuls' examples: a tensor-parallel layer's step each,
 # with copy-engine overlap, checked exactly.
 overlap_examples() {
-    step all_gather_matmul "$bin/shmemrun" -n "$pes" --tag-output "$bin/all_gather_matmul"
-    step matmul_reduce_scatter "$bin/shmemrun" -n "$pes" --tag-output "$bin/matmul_reduce_scatter"
+    step all_gather_matmul "${run[@]}" --tag-output "$bin/all_gather_matmul"
+    step matmul_reduce_scatter "${run[@]}" --tag-output "$bin/matmul_reduce_scatter"
 }
 
 # --soak: the soak example (examples/soak.rs) with its default counts:
@@ -202,7 +234,7 @@ soak() {
         failed+=(soak)
         return
     fi
-    STEP_TIMEOUT=${SOAK_TIMEOUT:-420} step soak "$bin/shmemrun" -n "$pes" --tag-output "$bin/soak" --json "$out/soak.json"
+    STEP_TIMEOUT=${SOAK_TIMEOUT:-420} step soak "${run[@]}" --tag-output "$bin/soak" --json "$out/soak.json"
 }
 
 # --sanitize: SPMD tests under compute-sanitizer, memcheck (out-of-bounds
@@ -296,7 +328,7 @@ sanitize() {
                 # shellcheck disable=SC2086 # the environment words split on purpose
                 timeout --kill-after=10 "$limit" env ${envs[k]} SHMEM_TEST_DTYPES="${SAN_DTYPES-f32,bf16,i64}" \
                     SHMEM_TEST_HUGE="${SAN_HUGE:-0}" SHMEM_TEST_REPLAYS="${SAN_REPLAYS:-100}" SHMEM_HEAP_SIZE=2G SHMEM_TEST_WAIT_TIMEOUT="$limit" \
-                    SHMEM_PEER_TIMEOUT=120 "$bin/shmemrun" -n "$pes" --tag-output \
+                    SHMEM_PEER_TIMEOUT=120 "${run[@]}" --tag-output \
                     "$san" --tool "$tool" --target-processes all --error-exitcode 99 --print-limit 50 \
                     --report-api-errors "${SAN_API_ERRORS:-no}" "$bin/spmd" --exact "${skips[@]}"
                 printf '==== %s: exit %d after %d s\n' "$name" $? $((SECONDS - start))
@@ -330,13 +362,17 @@ sanitize() {
 }
 
 examples() {
-    step quickstart "$bin/shmemrun" -n "$pes" --tag-output "$bin/quickstart"
-    step ring "$bin/shmemrun" -n "$pes" "$bin/ring"
-    step allreduce "${mpi[@]}" "$bin/allreduce"
-    step peer_kernel "$bin/shmemrun" -n "$pes" --tag-output "$bin/peer_kernel"
-    step device_kernel "$bin/shmemrun" -n "$pes" --tag-output "$bin/device_kernel"
-    step moe_dispatch_combine "$bin/shmemrun" -n "$pes" --tag-output "$bin/moe_dispatch_combine"
+    step quickstart "${run[@]}" --tag-output "$bin/quickstart"
+    step ring "${run[@]}" "$bin/ring"
+    mpi_job "$bin/allreduce"
+    step allreduce "${job[@]}"
+    step peer_kernel "${run[@]}" --tag-output "$bin/peer_kernel"
+    step device_kernel "${run[@]}" --tag-output "$bin/device_kernel"
+    step moe_dispatch_combine "${run[@]}" --tag-output "$bin/moe_dispatch_combine"
     overlap_examples
+    [[ -x "$bin/moe_server" ]] && step moe_server "${run[@]}" --tag-output "$bin/moe_server"
+    # The rest starts jobs of one node.
+    ((nodes > 1)) && return
     # Run directly, an example started by spmd_main starts one PE per
     # visible GPU: on 1, 2 and every GPU of the machine.
     local gpus g ex
@@ -351,13 +387,15 @@ examples() {
     # One PE more than the box's GPUs take (SHMEM_PES_PER_GPU each).
     local over=$(($(nvidia-smi -L 2>/dev/null | grep -c '^GPU') * ${SHMEM_PES_PER_GPU:-1} + 1))
     expect_fail more-pes-than-gpus "GPU(s)" "$over" "$bin/shmemrun" -n "$over" --no-kill --tag-output "$bin/ring"
-    expect_fail heap-too-large "heap" "$pes" env SHMEM_HEAP_SIZE=1000G "$bin/shmemrun" -n "$pes" --no-kill --tag-output "$bin/ring"
-    expect_fail nvshmem-missing "NVSHMEM_HOME" "$pes" env NVSHMEM_HOME=/nonexistent "$bin/shmemrun" -n "$pes" --no-kill --tag-output "$bin/ring"
+    expect_fail heap-too-large "heap" "$pes" env SHMEM_HEAP_SIZE=1000G "${run[@]}" --no-kill --tag-output "$bin/ring"
+    expect_fail nvshmem-missing "NVSHMEM_HOME" "$pes" env NVSHMEM_HOME=/nonexistent "${run[@]}" --no-kill --tag-output "$bin/ring"
 }
 
 step gpus nvidia-smi --query-gpu=index,name,memory.total --format=csv
 # Modes, which add up: --quick, the collectives' tests; --suite, the whole
-# SPMD suite as one job (SHMEM_FORCE_RMA=1 for every peer on RMA); --moe, the MoE
+# SPMD suite as one job (SHMEM_FORCE_RMA=1 for every peer on RMA);
+# --mpi-suite, the same under mpirun; --nodes K, every job on K emulated
+# nodes (on one node what starts one node only); --moe, the MoE
 # tests (both paths) and bench rows; --overlap, the overlapped matmuls'
 # tests, examples and bench rows; --only REGEX, each test whose name
 # matches; --examples, the examples and the failure cases; --faults, the
@@ -367,16 +405,18 @@ step gpus nvidia-smi --query-gpu=index,name,memory.total --format=csv
 # above); none of them: everything (the suite three ways,
 # the examples, the failure cases), which has neither the soak nor the
 # sanitizers.
-quick='' suite='' moe='' ov='' only='' ex='' fa='' so='' san='' tu='' share=''
+quick='' suite='' mpisuite='' moe='' ov='' only='' ex='' fa='' so='' san='' tu='' share=''
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
     case ${args[i]} in
     --share) share=1 ;;
     --quick) quick=1 ;;
     --suite) suite=1 ;;
+    --mpi-suite) mpisuite=1 ;;
     --moe) moe=1 ;;
     --overlap) ov=1 ;;
     --only) only=${args[i + 1]:-} ;;
+    --nodes) ((i++)) ;;
     --examples) ex=1 ;;
     --faults) fa=1 ;;
     --soak) so=1 ;;
@@ -407,20 +447,24 @@ if [[ -n $share ]]; then
         tee -a "$log"
     mpi+=(-x SHMEM_PES_PER_GPU -x CUDA_MPS_PIPE_DIRECTORY -x CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)
 fi
-[[ -n $quick ]] && each_test '^coll::' env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
+[[ -n $quick ]] && each_test '^coll::' env SHMEM_HEAP_SIZE=2G "${run[@]}"
 # The whole suite as one job (quicker than each collective's test alone).
-[[ -n $suite ]] && STEP_TIMEOUT=${SUITE_TIMEOUT:-540} step spmd env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes" "$bin/spmd"
+[[ -n $suite ]] && STEP_TIMEOUT=${SUITE_TIMEOUT:-540} step spmd env SHMEM_HEAP_SIZE=2G "${run[@]}" "$bin/spmd"
+if [[ -n $mpisuite ]]; then
+    mpi_job env SHMEM_HEAP_SIZE=2G "$bin/spmd"
+    STEP_TIMEOUT=${SUITE_TIMEOUT:-540} step spmd-mpirun "${job[@]}"
+fi
 if [[ -n $moe ]]; then
-    step moe env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes" "$bin/spmd" moe::
-    step moe-forced-rma env SHMEM_FORCE_RMA=1 SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes" "$bin/spmd" moe::
-    [[ -x "$bin/moe_server" ]] && step moe_server "$bin/shmemrun" -n "$pes" --tag-output "$bin/moe_server"
+    step moe env SHMEM_HEAP_SIZE=2G "${run[@]}" "$bin/spmd" moe::
+    step moe-forced-rma env SHMEM_FORCE_RMA=1 SHMEM_HEAP_SIZE=2G "${run[@]}" "$bin/spmd" moe::
+    [[ -x "$bin/moe_server" ]] && step moe_server "${run[@]}" --tag-output "$bin/moe_server"
     # MoE rows of the benchmark: 128 and 4096 tokens × 7168 bf16, 8 experts per PE.
-    [[ -z $share ]] && STEP_TIMEOUT=${BENCH_TIMEOUT:-300} step bench-moe "$bin/shmemrun" -n "$pes" "$bin/shmem-bench" \
+    [[ -z $share ]] && STEP_TIMEOUT=${BENCH_TIMEOUT:-300} step bench-moe "${run[@]}" "$bin/shmem-bench" \
         --backend gpu --op moe --graph --json "$out/bench-moe.jsonl"
     # MOE_LOCAL_BLOCKS="8 16": the same rows of shmem's default form with
     # that many data blocks copying each PE's own rows beside the pushes.
     for lb in ${MOE_LOCAL_BLOCKS:-}; do
-        STEP_TIMEOUT=${BENCH_TIMEOUT:-300} step "bench-moe-local-$lb" "$bin/shmemrun" -n "$pes" "$bin/shmem-bench" \
+        STEP_TIMEOUT=${BENCH_TIMEOUT:-300} step "bench-moe-local-$lb" "${run[@]}" "$bin/shmem-bench" \
             --backend gpu --op moe --graph --impl shmem --moe-local-blocks "$lb" --json "$out/bench-moe-local-$lb.jsonl"
     done
     # PyTorch's all_to_all_vdev_2d on the box (cases written for
@@ -436,35 +480,36 @@ if [[ -n $moe ]]; then
         cases=$(mktemp -d)
         STEP_TIMEOUT=${TORCH_TIMEOUT:-240} step torch-a2av-2d "$torchrun" --nproc-per-node "$pes" "$here/torch_a2av_2d.py" --out "$cases" \
             --bench "$out/torch_a2av_2d.jsonl" --bench-iters 1
-        step moe-torch-check "$bin/shmemrun" -n "$pes" "$bin/moe_torch_check" "$cases"
+        step moe-torch-check "${run[@]}" "$bin/moe_torch_check" "$cases"
         rm -rf "$cases"
     else
         echo "gpu-run: no torchrun under /opt/*/.venv: the PyTorch comparison is skipped" | tee -a "$log"
     fi
 fi
 if [[ -n $ov ]]; then
-    each_test '^overlap::' env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
+    each_test '^overlap::' env SHMEM_HEAP_SIZE=2G "${run[@]}"
     [[ -z $ex ]] && overlap_examples # else examples() runs them
     # all_gather_matmul and matmul_reduce_scatter at m = n = k = 8192 (each
     # PE's shard of a: 8192 / pes × 8192, 64 MiB in f16 over 2 PEs):
     # sequential, overlapped by SM kernel and by copy engines at 2, 4 and 8
     # chunks, and the GEMM alone; f16 and bf16. They take 640 MiB of heap.
-    [[ -z $share ]] && STEP_TIMEOUT=${BENCH_TIMEOUT:-300} step bench-overlap env SHMEM_HEAP_SIZE=1G "$bin/shmemrun" -n "$pes" \
+    [[ -z $share ]] && STEP_TIMEOUT=${BENCH_TIMEOUT:-300} step bench-overlap env SHMEM_HEAP_SIZE=1G "${run[@]}" \
         "$bin/shmem-bench" --backend gpu --op overlap --dtype f16,bf16 --m 8192 --n 8192 --k 8192 --chunks 2,4,8 \
         --json "$out/bench-overlap.jsonl"
 fi
-[[ -n $only ]] && each_test "$only" env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
+[[ -n $only ]] && each_test "$only" env SHMEM_HEAP_SIZE=2G "${run[@]}"
 [[ -n $ex ]] && examples
 [[ -n $fa ]] && faults
 [[ -n $so ]] && soak
 [[ -n $san ]] && sanitize
 [[ -n $tu && -z $share ]] && tune
 [[ -n $tu && -n $share ]] && echo "gpu-run: --share: no tuning sweep (it measures)" | tee -a "$log"
-if [[ -z $quick$suite$moe$ov$only$ex$fa$so$san$tu ]]; then
-    each_test '^coll::' env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes"
-    step spmd-shmemrun env SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes" "$bin/spmd" --skip coll::
-    step spmd-mpirun "${mpi[@]}" -x SHMEM_HEAP_SIZE=2G "$bin/spmd" --skip coll::
-    step spmd-forced-rma env SHMEM_FORCE_RMA=1 SHMEM_HEAP_SIZE=2G "$bin/shmemrun" -n "$pes" "$bin/spmd" --skip coll::
+if [[ -z $quick$suite$mpisuite$moe$ov$only$ex$fa$so$san$tu ]]; then
+    each_test '^coll::' env SHMEM_HEAP_SIZE=2G "${run[@]}"
+    step spmd-shmemrun env SHMEM_HEAP_SIZE=2G "${run[@]}" "$bin/spmd" --skip coll::
+    mpi_job env SHMEM_HEAP_SIZE=2G "$bin/spmd" --skip coll::
+    step spmd-mpirun "${job[@]}"
+    step spmd-forced-rma env SHMEM_FORCE_RMA=1 SHMEM_HEAP_SIZE=2G "${run[@]}" "$bin/spmd" --skip coll::
     examples
 fi
 
@@ -475,11 +520,11 @@ for arg in "$@"; do
         # Every op and implementation (shmem's variants, NVSHMEM, NCCL), eager
         # from 8 B to 256 MiB per PE and graph-replayed up to 1 MiB; all_reduce
         # and reduce_scatter in f32 and bf16. The heap follows --max-bytes.
-        STEP_TIMEOUT=${BENCH_TIMEOUT:-420} step bench "$bin/shmemrun" -n "$pes" "$bin/shmem-bench" --backend gpu \
+        STEP_TIMEOUT=${BENCH_TIMEOUT:-420} step bench "${run[@]}" "$bin/shmem-bench" --backend gpu \
             --op all --dtype f32,bf16 --max-bytes "${BENCH_MAX_BYTES:-256M}" \
             --graph --graph-max-bytes "${BENCH_GRAPH_MAX_BYTES:-1M}" --json "$out/bench.jsonl"
         # The all-gather target: 256 MiB a rank (`bytes` is the whole output).
-        STEP_TIMEOUT=${BENCH_TIMEOUT:-300} step bench-ag-target "$bin/shmemrun" -n "$pes" "$bin/shmem-bench" --backend gpu \
+        STEP_TIMEOUT=${BENCH_TIMEOUT:-300} step bench-ag-target "${run[@]}" "$bin/shmem-bench" --backend gpu \
             --op all_gather --dtype bf16 --min-bytes "$((pes * 256))M" --max-bytes "$((pes * 256))M" --impl shmem,nccl \
             --json "$out/bench-ag-target.jsonl"
     fi
