@@ -19,6 +19,7 @@
 //!   (`ci/gpu-run.sh --sanitize`), which cannot afford the whole matrix.
 
 mod coll;
+mod driver;
 mod errors;
 mod kernels;
 mod moe;
@@ -65,7 +66,7 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     if !shmem::bootstrap::started_by_launcher() {
-        return util::launch_worlds();
+        return driver::launch_worlds();
     }
     args.test_threads = Some(1); // every PE runs the tests in the same order
     let wait_timeout = match util::suite_wait_timeout() {
@@ -101,7 +102,7 @@ fn main() -> ExitCode {
         })
         .collect();
     let conclusion = libtest_mimic::run(&args, trials);
-    util::write_report(me, &conclusion);
+    driver::write_report(me, &conclusion);
     let env = ENV.with(|slot| slot.borrow_mut().take()).unwrap();
     let finalized = env.finish();
     if let Err(e) = &finalized {
