@@ -4,6 +4,18 @@
 //! - Started by `cargo test` (no launcher): relaunches itself with 1, 2, 3
 //!   and 4 PEs (`SHMEM_TEST_WORLDS=2,4` to choose; `SHMEM_TEST_NODES=2`
 //!   splits each world into 2 emulated nodes) and sums the results.
+//! - `SHMEM_TEST_LAUNCHER="srun -N 2 --ntasks-per-node 4"` (or `mpirun -np
+//!   8 --hostfile hosts`, `shmemrun -n 4`): relaunches itself through that
+//!   command instead, once, on the world the launcher gives, as
+//!   `<launcher words> env SHMEM_…=… <this binary> <its arguments>`: the
+//!   `env` passes the suite's and shmem's settings (`SHMEM_*`,
+//!   `NVSHMEM_*`) to every PE, whatever the launcher forwards by itself.
+//!   The command is split on whitespace, with no quoting (a quote or a
+//!   backslash is refused). The launcher places the PEs, so
+//!   `SHMEM_TEST_WORLDS` and `SHMEM_TEST_NODES` do not apply. PEs started
+//!   by `mpirun`/`srun` need the `mpi` feature. PE 0 writes its counts
+//!   under `TMPDIR`, which must be shared where PE 0 runs on another
+//!   machine. See `driver.rs`.
 //! - Started by `shmemrun` or `mpirun`: runs on that world; only PE 0
 //!   prints the libtest report, and a test fails when it fails on any PE.
 //!   A test that does not apply to the run (the gpu backend's, on the host
