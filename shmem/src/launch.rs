@@ -115,6 +115,15 @@ pub fn machine_pes() -> Option<usize> {
     pes::gpu_pes_here()
 }
 
+/// The most PEs the gpu backend takes on this machine, whatever
+/// `SHMEM_BACKEND` says (one per GPU this process sees, times
+/// `SHMEM_PES_PER_GPU`), or why it cannot run here ("no CUDA driver
+/// (libcuda.so.1) found"). For a program that starts a job on the gpu
+/// backend from a process on another, as the SPMD suite's scenarios do.
+pub fn gpu_pes() -> Result<usize, String> {
+    pes::gpu_capacity()
+}
+
 /// Default time between SIGTERM and SIGKILL when stopping the survivors.
 const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(2);
 /// How long output forwarding may go on after the last PE exited (a PE's

@@ -23,11 +23,16 @@ pub(super) fn choose_here(host_pes: usize) -> Choice {
 /// The PEs the gpu backend takes here, or `None` where `init` would pick
 /// the host backend.
 pub(super) fn gpu_pes_here() -> Option<usize> {
-    let config = Config::new();
-    if config.backend == BackendKind::Host {
+    if Config::new().backend == BackendKind::Host {
         return None;
     }
-    visible_gpus().ok().map(|gpus| gpus * config.pes_per_gpu.max(1))
+    gpu_capacity().ok()
+}
+
+/// The PEs the gpu backend takes here whatever `SHMEM_BACKEND` says (its
+/// GPUs times `SHMEM_PES_PER_GPU`), or why it cannot run here.
+pub(super) fn gpu_capacity() -> Result<usize, String> {
+    visible_gpus().map(|gpus| gpus * Config::new().pes_per_gpu.max(1))
 }
 
 /// The GPUs the gpu backend would use here, or why it cannot run: `init`'s
