@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the GPU box, from a carried .gpu-bundle/ (see gpu-bundle.sh):
 # the SPMD suite on the gpu backend with 2 PEs under shmemrun (each
-# collective's test alone), under mpirun and with RMA forced, then the
+# collective's test alone), under mpirun and with RMA forced, and over
+# NVSHMEM's remote transport where the box has an RDMA device, then the
 # examples (and, with --bench, the benchmark sweep; with --quick, only the
 # collectives' tests; with --moe, only the MoE tests and examples; with
 # --overlap, only the overlapped matmuls' tests, examples and bench rows;
@@ -402,9 +403,9 @@ step gpus nvidia-smi --query-gpu=index,name,memory.total --format=csv
 # PE-killed-by-SIGKILL scenarios (see faults() above); --soak, the soak
 # example (see soak() above); --sanitize, SPMD tests under compute-sanitizer
 # (see sanitize() above); --tune, the kernels' tuning sweep (see tune()
-# above); none of them: everything (the suite three ways,
-# the examples, the failure cases), which has neither the soak nor the
-# sanitizers.
+# above); none of them: everything (the suite three ways, its RMA over
+# RDMA, the examples, the failure cases), which has neither the soak nor
+# the sanitizers.
 quick='' suite='' mpisuite='' moe='' ov='' only='' ex='' fa='' so='' san='' tu='' share=''
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
@@ -510,6 +511,10 @@ if [[ -z $quick$suite$mpisuite$moe$ov$only$ex$fa$so$san$tu ]]; then
     mpi_job env SHMEM_HEAP_SIZE=2G "$bin/spmd" --skip coll::
     step spmd-mpirun "${job[@]}"
     step spmd-forced-rma env SHMEM_FORCE_RMA=1 SHMEM_HEAP_SIZE=2G "${run[@]}" "$bin/spmd" --skip coll::
+    # A job of 2 PEs with NVSHMEM's P2P transport off, started by the
+    # suite's own PE (on the host backend, holding no GPU): ignored, saying
+    # so, on a box without an RDMA device.
+    step rma-over-rdma env SHMEM_BACKEND=host "$bin/shmemrun" -n 1 "$bin/spmd" --exact scenario::rma_over_rdma
     examples
 fi
 

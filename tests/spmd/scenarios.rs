@@ -1,8 +1,8 @@
 //! Multi-process scenarios that a test launches as a job of its own: a PE
 //! that dies (exits, or is killed by SIGKILL in the middle of a barrier, an
 //! all-reduce or a MoE dispatch), a PE that never starts, mismatched
-//! start-up settings, a setting that cannot be read, and use after
-//! finalize. The tests run in the 1-PE world (each launches its own job;
+//! start-up settings, a setting that cannot be read, use after finalize,
+//! and RMA through an RDMA device. The tests run in the 1-PE world (each launches its own job;
 //! running them from every world would only repeat them; the others report
 //! them as ignored). After each job,
 //! nothing named after its PEs may be left in `/dev/shm`.
@@ -12,12 +12,15 @@
 //! GPU backend refuses more PEs than a node's GPUs take).
 //! `SHMEM_TEST_SCENARIO_BACKEND=gpu` runs them on the GPU backend instead;
 //! `SHMEM_TEST_FAULT_PES` sets the size of the `sigkill_in_*` jobs (3 by
-//! default, at most the GPUs' count on the GPU backend).
+//! default, at most the GPUs' count on the GPU backend). `rma_over_rdma`'s
+//! job runs on the GPU backend always: 2 PEs that reach each other through
+//! NVSHMEM's remote transport, where there is an RDMA device and the GPU
+//! backend takes 2 PEs.
 
 use crate::util::{Env, NotApplicable, TestResult};
 use crate::TestFn;
 use shmem::launch::Launch;
-use shmem::{Error, ReduceOp};
+use shmem::{Cmp, Error, ReduceOp, SignalOp};
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
@@ -36,6 +39,7 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("scenario::sigkill_in_dispatch_2d", sigkill_in_dispatch_2d),
     ("scenario::sigkill_across_nodes_in_barrier", sigkill_across_nodes_in_barrier),
     ("scenario::sigkill_across_nodes_in_all_reduce", sigkill_across_nodes_in_all_reduce),
+    ("scenario::rma_over_rdma", rma_over_rdma),
 ];
 
 /// Exit code of a scenario PE that saw what it should.
@@ -309,6 +313,42 @@ fn sigkill_in_on(name: &str, env: &Env, n: usize, nodes: usize) -> TestResult {
     Ok(())
 }
 
+/// Where the kernel lists this machine's RDMA devices (InfiniBand, RoCE).
+const RDMA_DEVICES: &str = "/sys/class/infiniband";
+
+/// Puts, gets, signals and an all-reduce on the RMA path between 2 PEs of
+/// the gpu backend whose NVSHMEM has its P2P transport off
+/// (`NVSHMEM_DISABLE_P2P=1`), so that every byte between them crosses
+/// NVSHMEM's remote transport: the RDMA device, as between nodes. Applies
+/// where there is an RDMA device and the gpu backend takes 2 PEs.
+fn rma_over_rdma(env: &Env) -> TestResult {
+    only_in_one_pe_world(env)?;
+    let devices: Vec<String> = std::fs::read_dir(RDMA_DEVICES)
+        .map(|dir| dir.filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned())).collect())
+        .unwrap_or_default();
+    if devices.is_empty() {
+        return Err(NotApplicable(format!("no RDMA device: {RDMA_DEVICES} is empty or missing")).into());
+    }
+    match shmem::launch::gpu_pes() {
+        Ok(pes) if pes >= 2 => {}
+        Ok(pes) => {
+            return Err(NotApplicable(format!("needs 2 PEs of the gpu backend; this machine takes {pes}")).into())
+        }
+        Err(why) => return Err(NotApplicable(format!("no gpu backend here: {why}")).into()),
+    }
+    eprintln!("rma_over_rdma: RDMA devices {devices:?}");
+    let vars = [
+        ("SHMEM_BACKEND", "gpu"),
+        ("NVSHMEM_DISABLE_P2P", "1"),
+        // A lost message fails the job rather than hanging it.
+        ("SHMEM_WAIT_TIMEOUT", "60"),
+    ];
+    let (o, took) = launch("rma_over_rdma", 2, true, &vars);
+    eprintln!("rma_over_rdma: job of 2 PEs over after {took:?}: {o}");
+    assert_eq!(exit_codes(&o), vec![SAW_IT as i32; 2], "PE exit codes: {o}");
+    Ok(())
+}
+
 /// Runs scenario `name` as this PE.
 pub fn run(name: &str) -> ExitCode {
     let rank: usize = std::env::var("SHMEM_RANK").ok().and_then(|r| r.parse().ok()).unwrap_or(0);
@@ -325,6 +365,7 @@ pub fn run(name: &str) -> ExitCode {
         "lifecycle" => lifecycle(),
         "different_teams" => different_teams(rank),
         "sigkill_in_barrier" | "sigkill_in_all_reduce" | "sigkill_in_dispatch_2d" => fault_pe(rank, name),
+        "rma_over_rdma" => rma_over_rdma_pe().map_err(|e| e.to_string()),
         other => Err(format!("unknown scenario {other:?}")),
     };
     match result {
@@ -459,6 +500,75 @@ fn lifecycle() -> Result<(), String> {
         Ok(())
     };
     run().map_err(|e| e.to_string())
+}
+
+/// A PE of [`rma_over_rdma`]'s job. Every value names its sender and its
+/// index; outputs are poisoned before each operation.
+fn rma_over_rdma_pe() -> Result<(), Box<dyn std::error::Error>> {
+    let ctx = shmem::init()?;
+    let (s, me, n) = (ctx.stream(), ctx.my_pe(), ctx.n_pes());
+    if ctx.backend() != shmem::BackendKind::Gpu || n != 2 {
+        return Err(format!("expected 2 PEs on the gpu backend, got {n} on {:?}", ctx.backend()).into());
+    }
+    let peer = 1 - me;
+    // The collectives' kernels reach the peer by NVSHMEM's RMA too.
+    ctx.set_force_rma(true);
+    let value = |pe: usize, i: usize| (pe as u64 + 1) << 40 | i as u64;
+    let poison = 0x5a5a_5a5a_5a5a_5a5a_u64;
+    let check = |got: &[u64], want: &dyn Fn(usize) -> u64, what: &str| -> Result<(), String> {
+        match (0..got.len()).find(|&i| got[i] != want(i)) {
+            Some(i) => Err(format!("{what}: element {i} of {} is {:#x}, expected {:#x}", got.len(), got[i], want(i))),
+            None => Ok(()),
+        }
+    };
+    // 8 MiB: many of the transport's messages.
+    let len = 1 << 20;
+    let src = ctx.alloc::<u64>(len)?;
+    let dst = ctx.alloc::<u64>(len)?;
+    let sig = ctx.alloc_zeroed::<u64>(2)?;
+    if dst.peer_ptr(peer).is_some() {
+        return Err(format!("PE {peer} has a direct address with NVSHMEM_DISABLE_P2P=1: no RDMA would be used").into());
+    }
+    src.copy_from_host(&(0..len).map(|i| value(me, i)).collect::<Vec<_>>(), &s)?;
+
+    dst.fill(poison, &s)?;
+    ctx.barrier_all(&s)?;
+    ctx.put(&dst, &src, peer, &s)?;
+    ctx.barrier_all(&s)?;
+    check(&dst.copy_to_host(&s)?, &|i| value(peer, i), "put")?;
+
+    // Shifted by one element, so that a wrong offset shows.
+    dst.fill(poison, &s)?;
+    ctx.barrier_all(&s)?;
+    ctx.get(dst.slice(1..), src.slice(..len - 1), peer, &s)?;
+    check(&dst.copy_to_host(&s)?, &|i| if i == 0 { poison } else { value(peer, i - 1) }, "get")?;
+
+    // The receiver waits for the signal, not a barrier.
+    dst.fill(poison, &s)?;
+    ctx.barrier_all(&s)?;
+    ctx.put_signal(&dst, &src, &sig, 0, 1000 + me as u64, SignalOp::Set, peer, &s)?;
+    let seen = ctx.signal_wait_until(&sig, 0, Cmp::Eq, 1000 + peer as u64, &s)?;
+    check(&[seen], &|_| 1000 + peer as u64, "put_signal's signal")?;
+    check(&dst.copy_to_host(&s)?, &|i| value(peer, i), "put_signal's data")?;
+    ctx.signal_op(&sig, 1, 10 + me as u64, SignalOp::Add, peer, &s)?;
+    let seen = ctx.signal_wait_until(&sig, 1, Cmp::Ge, 10 + peer as u64, &s)?;
+    check(&[seen], &|_| 10 + peer as u64, "signal_op's add")?;
+
+    // Sums of both PEs' values, exact in u64: small and large (every path
+    // of the all-reduce kernels).
+    for count in [1000, len] {
+        dst.fill(poison, &s)?;
+        ctx.barrier_all(&s)?;
+        ctx.all_reduce(dst.slice(..count), src.slice(..count), ReduceOp::Sum, &s)?;
+        let got = dst.copy_to_host(&s)?;
+        check(&got[..count], &|i| value(0, i) + value(1, i), &format!("all_reduce of {count}"))?;
+        check(&got[count..], &|_| poison, &format!("past the all_reduce of {count}"))?;
+    }
+    ctx.barrier_all(&s)?;
+    eprintln!("PE {me}: put, get, put_signal, signal_op and all_reduce over NVSHMEM's remote transport: ok");
+    drop((src, dst, sig));
+    ctx.finalize()?;
+    Ok(())
 }
 
 /// Microseconds since the Unix epoch: a clock that every process of the
