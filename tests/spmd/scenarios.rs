@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 pub const TESTS: &[(&str, TestFn)] = &[
     ("scenario::dead_pe_fails_barrier_waiters", dead_pe_fails_barrier_waiters),
     ("scenario::dead_pe_fails_signal_waiters", dead_pe_fails_signal_waiters),
+    ("scenario::dead_pe_across_nodes_named_over_echoes", dead_pe_across_nodes_named_over_echoes),
     ("scenario::pe_that_never_starts", pe_that_never_starts),
     ("scenario::launcher_ends_job_when_a_pe_fails", launcher_ends_job_when_a_pe_fails),
     ("scenario::heap_size_differs", heap_size_differs),
@@ -128,6 +129,16 @@ fn dead_pe_fails_signal_waiters(env: &Env) -> TestResult {
     let (o, took) = launch("die_then_signal_wait", 2, false, &[]);
     assert!(took < Duration::from_secs(30), "took {took:?}");
     assert_eq!(exit_codes(&o), vec![SAW_IT as i32, DIES]);
+    Ok(())
+}
+
+/// A PE that left on the news of a death is an echo of it: a wait that
+/// finds it gone names the dead PE (see [`echo_of_a_death`]).
+fn dead_pe_across_nodes_named_over_echoes(env: &Env) -> TestResult {
+    only_in_one_pe_world(env)?;
+    let (o, took) = launch_on_nodes("echo_of_a_death", 4, 2, false, &[]);
+    assert!(took < Duration::from_secs(30), "took {took:?}");
+    assert_eq!(exit_codes(&o), vec![SAW_IT as i32, DIES, SAW_IT as i32, SAW_IT as i32]);
     Ok(())
 }
 
@@ -354,6 +365,7 @@ pub fn run(name: &str) -> ExitCode {
     let rank: usize = std::env::var("SHMEM_RANK").ok().and_then(|r| r.parse().ok()).unwrap_or(0);
     let result = match name {
         "die_then_barrier" => die_then(rank, 2, |ctx| ctx.barrier_all(&ctx.stream())),
+        "echo_of_a_death" => echo_of_a_death(rank),
         "die_then_signal_wait" => die_then(rank, 1, |ctx| {
             let sig = ctx.alloc_zeroed::<u64>(1)?;
             ctx.barrier_all(&ctx.stream())?;
@@ -387,7 +399,13 @@ fn die_then(rank: usize, victim: usize, then: impl Fn(&shmem::Context) -> shmem:
         std::process::exit(DIES);
     }
     let start = Instant::now();
-    match then(&ctx) {
+    saw_death_of(victim, rank, start, then(&ctx))
+}
+
+/// Whether `r`, what PE `rank` got from an operation it began at `start`,
+/// is the error that names PE `victim` as lost.
+fn saw_death_of(victim: usize, rank: usize, start: Instant, r: shmem::Result<()>) -> Result<(), String> {
+    match r {
         Err(Error::PeerLost { pe, what }) if pe == victim => {
             eprintln!("PE {rank} saw, after {:?}: PE {pe} {what}", start.elapsed());
             Ok(())
@@ -395,6 +413,30 @@ fn die_then(rank: usize, victim: usize, then: impl Fn(&shmem::Context) -> shmem:
         Err(e) => Err(format!("wrong error: {e}")),
         Ok(()) => Err("the operation succeeded with a dead peer".into()),
     }
+}
+
+/// On 2 nodes × 2 PEs, PE 1 (node 0) exits. PE 3 (node 1) hears of it in a
+/// barrier of a team without PE 2 (PEs 1 and 3), and leaves; only then
+/// does PE 2 enter a barrier of the world, where its wait for its node's
+/// members finds PE 3 gone. It must name the dead PE 1, not PE 3, which
+/// left on the news of it.
+fn echo_of_a_death(rank: usize) -> Result<(), String> {
+    let ctx = shmem::init().map_err(|e| e.to_string())?;
+    let s = ctx.stream();
+    let odd = ctx.world().split_strided(1, 2, 2).map_err(|e| e.to_string())?;
+    ctx.barrier_all(&s).map_err(|e| e.to_string())?;
+    let start = Instant::now();
+    let r = match (rank, &odd) {
+        (1, _) => std::process::exit(DIES),
+        (3, Some(odd)) => odd.barrier(&s),
+        (2, _) => {
+            // Time for PE 3 to hear of PE 1 and leave.
+            std::thread::sleep(Duration::from_millis(500));
+            ctx.barrier_all(&s)
+        }
+        _ => ctx.barrier_all(&s),
+    };
+    saw_death_of(1, rank, start, r)
 }
 
 /// PE 1 (or 2) never calls init; the others must fail at start-up.

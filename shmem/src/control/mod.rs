@@ -249,6 +249,13 @@ impl Control {
         (news.died || news.at.elapsed() > LEFT_GRACE).then(|| format!("{verb} on node {node} {detail}"))
     }
 
+    /// A PE of the job that died, if one has, and how.
+    fn dead_peer(&self) -> Option<(usize, String)> {
+        (0..self.n)
+            .filter(|&pe| pe != self.me)
+            .find_map(|pe| self.peer_problem(pe).filter(|p| p.starts_with("died")).map(|p| (pe, p)))
+    }
+
     /// This PE's barrier counter on team slot `slot`: a new team's members
     /// exchange it, as the base their later arrivals count from.
     pub(crate) fn slot_epoch(&self, slot: usize) -> u64 {
@@ -466,13 +473,20 @@ impl Control {
         self.wait_loop(
             &mut done,
             &mut || {
-                // A dead PE is the news; peers that left after seeing it are echoes.
                 let problems: Vec<(usize, String)> =
                     awaited.iter().filter_map(|&pe| self.peer_problem(pe).map(|p| (pe, p))).collect();
-                match problems.iter().find(|(_, p)| p.starts_with("died")).or(problems.first()) {
-                    Some((pe, p)) => Err(Error::PeerLost { pe: *pe, what: format!("{p} while {}", what()) }),
-                    None => also(),
-                }
+                let Some(first) = problems.first() else { return also() };
+                // A dead PE is the news, awaited or not: peers that left after
+                // seeing it are echoes. (A wait for this node's members alone
+                // sees a member that left on hearing of a death on another
+                // node, and not the death.)
+                let (pe, p) = problems
+                    .iter()
+                    .find(|(_, p)| p.starts_with("died"))
+                    .cloned()
+                    .or_else(|| self.dead_peer())
+                    .unwrap_or_else(|| first.clone());
+                Err(Error::PeerLost { pe, what: format!("{p} while {}", what()) })
             },
             what,
         )
