@@ -1,10 +1,11 @@
 //! Multi-process scenarios that a test launches as a job of its own: a PE
 //! that dies (exits, or is killed by SIGKILL in the middle of a barrier, an
-//! all-reduce or a MoE dispatch), a PE that never starts, mismatched
-//! start-up settings, a setting that cannot be read, use after finalize,
-//! and RMA through an RDMA device. The tests run in the 1-PE world (each launches its own job;
-//! running them from every world would only repeat them; the others report
-//! them as ignored). After each job,
+//! all-reduce or a MoE dispatch, on one node or on one of 2 emulated nodes,
+//! where the victim may be its node's delegate), a PE that never starts,
+//! mismatched start-up settings, a setting that cannot be read, use after
+//! finalize, and RMA through an RDMA device. The tests run in the 1-PE
+//! world (each launches its own job; running them from every world would
+//! only repeat them; the others report them as ignored). After each job,
 //! nothing named after its PEs may be left in `/dev/shm`.
 //!
 //! The scenarios' PEs run on the host backend, whatever the suite's own PE
@@ -40,6 +41,9 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("scenario::sigkill_in_dispatch_2d", sigkill_in_dispatch_2d),
     ("scenario::sigkill_across_nodes_in_barrier", sigkill_across_nodes_in_barrier),
     ("scenario::sigkill_across_nodes_in_all_reduce", sigkill_across_nodes_in_all_reduce),
+    ("scenario::sigkill_across_nodes_in_dispatch_2d", sigkill_across_nodes_in_dispatch_2d),
+    ("scenario::sigkill_across_nodes_delegate_in_barrier", sigkill_across_nodes_delegate_in_barrier),
+    ("scenario::sigkill_across_nodes_delegate_in_all_reduce", sigkill_across_nodes_delegate_in_all_reduce),
     ("scenario::rma_over_rdma", rma_over_rdma),
 ];
 
@@ -221,9 +225,6 @@ fn collectives_on_different_teams(env: &Env) -> TestResult {
 /// The same with each PE its own node: the delegates see it in each
 /// other's messages.
 fn collectives_on_different_teams_across_nodes(env: &Env) -> TestResult {
-    if scenarios_on_gpu() {
-        return Err(NotApplicable("the gpu backend runs on one node for now".into()).into());
-    }
     different_teams_on(env, 2)
 }
 
@@ -241,9 +242,12 @@ fn different_teams_on(env: &Env, nodes: usize) -> TestResult {
     Ok(())
 }
 
-/// The PE that the `sigkill_in_*` scenarios kill: not PE 0, so that with
-/// three PEs there are survivors on both sides of it.
+/// The PE that the `sigkill_in_*` scenarios kill unless told otherwise:
+/// not PE 0, so that with three PEs there are survivors on both sides of
+/// it.
 const VICTIM: usize = 1;
+/// The variable that tells a `sigkill_in_*` job's PEs which PE is killed.
+const VICTIM_VAR: &str = "SHMEM_TEST_VICTIM";
 /// The wait timeout of the `sigkill_in_*` jobs: the bound on every
 /// survivor's wait, should noticing the dead PE fail.
 const FAULT_WAIT_TIMEOUT_S: u64 = 5;
@@ -269,54 +273,84 @@ fn sigkill_in_dispatch_2d(env: &Env) -> TestResult {
     sigkill_in("sigkill_in_dispatch_2d", env)
 }
 
+/// The shape of a `sigkill_in_*` job: its PEs, the emulated nodes they
+/// are split into (consecutive PEs on each), and the PE that is killed.
+#[derive(Debug, Clone, Copy)]
+struct FaultJob {
+    pes: usize,
+    nodes: usize,
+    victim: usize,
+}
+
+/// 2 nodes × 2 PEs (PEs 0 and 1 on node 0, PEs 2 and 3 on node 1), with
+/// [`VICTIM`], a PE of node 0 that is not its delegate, killed.
+const TWO_NODES: FaultJob = FaultJob { pes: 4, nodes: 2, victim: VICTIM };
+/// [`TWO_NODES`] with node 1's delegate killed: PE 2, the node's lowest
+/// PE, which carries its node's messages to the other node's delegate.
+const TWO_NODES_DELEGATE_KILLED: FaultJob = FaultJob { victim: 2, ..TWO_NODES };
+
 /// On 2 nodes × 2 PEs: the victim (PE 1, node 0) dies in a barrier; its
 /// node's survivor learns it from the node's control object, the other
 /// node's PEs from the launcher's news, naming its node.
 fn sigkill_across_nodes_in_barrier(env: &Env) -> TestResult {
-    if scenarios_on_gpu() {
-        return Err(NotApplicable("the gpu backend runs on one node for now".into()).into());
-    }
-    sigkill_in_on("sigkill_in_barrier", env, 4, 2)
+    sigkill_in_on("sigkill_in_barrier", env, TWO_NODES)
 }
 
 fn sigkill_across_nodes_in_all_reduce(env: &Env) -> TestResult {
-    if scenarios_on_gpu() {
-        return Err(NotApplicable("the gpu backend runs on one node for now".into()).into());
-    }
-    sigkill_in_on("sigkill_in_all_reduce", env, 4, 2)
+    sigkill_in_on("sigkill_in_all_reduce", env, TWO_NODES)
 }
 
-/// PE [`VICTIM`] is killed by SIGKILL while every PE runs the scenario's
-/// operation; each survivor must fail with an error naming it, soon after
-/// the kill (checked by the survivors, see [`fault_pe`]), and exit with
-/// [`SAW_FAULT`]; the launcher reports the victim's SIGKILL as the job's
-/// first failure.
+fn sigkill_across_nodes_in_dispatch_2d(env: &Env) -> TestResult {
+    sigkill_in_on("sigkill_in_dispatch_2d", env, TWO_NODES)
+}
+
+/// On 2 nodes × 2 PEs, node 1's delegate (PE 2) dies in a barrier: node
+/// 0's PEs lose the messages of node 1 and must hear of the death from the
+/// launcher, node 1's other PE loses its link to node 0 and must hear of
+/// it from its node's control object; each names PE 2, and the PEs of node
+/// 0 its node.
+fn sigkill_across_nodes_delegate_in_barrier(env: &Env) -> TestResult {
+    sigkill_in_on("sigkill_in_barrier", env, TWO_NODES_DELEGATE_KILLED)
+}
+
+fn sigkill_across_nodes_delegate_in_all_reduce(env: &Env) -> TestResult {
+    sigkill_in_on("sigkill_in_all_reduce", env, TWO_NODES_DELEGATE_KILLED)
+}
+
+/// PE [`VICTIM`] of one node is killed by SIGKILL while every PE runs the
+/// scenario's operation; see [`sigkill_in_on`].
 fn sigkill_in(name: &str, env: &Env) -> TestResult {
     let n: usize = std::env::var("SHMEM_TEST_FAULT_PES").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
-    sigkill_in_on(name, env, n, 1)
+    sigkill_in_on(name, env, FaultJob { pes: n, nodes: 1, victim: VICTIM })
 }
 
-/// [`sigkill_in`] on `n` PEs in `nodes` emulated nodes.
-fn sigkill_in_on(name: &str, env: &Env, n: usize, nodes: usize) -> TestResult {
+/// The `job`'s victim is killed by SIGKILL while every PE runs scenario
+/// `name`'s operation; each survivor must fail with an error naming it
+/// (and, on another node, its node) soon after the kill (checked by the
+/// survivors, see [`fault_pe`]), and exit with [`SAW_FAULT`]; the launcher
+/// reports the victim's SIGKILL as the job's first failure.
+fn sigkill_in_on(name: &str, env: &Env, job: FaultJob) -> TestResult {
     only_in_one_pe_world(env)?;
-    assert!(n > VICTIM, "SHMEM_TEST_FAULT_PES={n}: the job needs PE {VICTIM}");
+    let FaultJob { pes: n, nodes, victim } = job;
+    assert!(n > victim, "SHMEM_TEST_FAULT_PES={n}: the job needs PE {victim}");
     let scratch = std::env::temp_dir().join(format!("shmem-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&scratch)?;
-    let timeout = FAULT_WAIT_TIMEOUT_S.to_string();
+    let (timeout, victim_pe) = (FAULT_WAIT_TIMEOUT_S.to_string(), victim.to_string());
     let vars = [
         ("SHMEM_WAIT_TIMEOUT", timeout.as_str()),
         ("SHMEM_HEAP_SIZE", "64M"),
         ("SHMEM_TEST_SCRATCH", scratch.to_str().ok_or("a temporary directory that is not UTF-8")?),
+        (VICTIM_VAR, victim_pe.as_str()),
     ];
     // Without the launcher's help: the survivors must end by themselves.
     let (o, took) = launch_on_nodes(name, n, nodes, false, &vars);
     let _ = std::fs::remove_dir_all(&scratch);
-    eprintln!("{name}: job of {n} PEs on {nodes} node(s) over after {took:?}: {o}");
+    eprintln!("{name}: job of {n} PEs on {nodes} node(s), PE {victim} killed, over after {took:?}: {o}");
     let mut want = vec![SAW_FAULT; n];
-    want[VICTIM] = -1;
+    want[victim] = -1;
     assert_eq!(exit_codes(&o), want, "PE exit codes (statuses {:?})", o.statuses);
     use std::os::unix::process::ExitStatusExt;
-    assert_eq!(o.first_failure.map(|(pe, s)| (pe, s.signal())), Some((VICTIM, Some(libc::SIGKILL))), "{o}");
+    assert_eq!(o.first_failure.map(|(pe, s)| (pe, s.signal())), Some((victim, Some(libc::SIGKILL))), "{o}");
     // Start-up, the kill's delay and the survivors' bounded waits (on the
     // GPU backend also NVSHMEM's start-up and a trapped device wait).
     let bound = Duration::from_secs(if scenarios_on_gpu() { 60 } else { 30 });
@@ -619,16 +653,18 @@ fn unix_micros() -> u128 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros())
 }
 
-/// A PE of a `sigkill_in_*` scenario. Every PE runs the operation over and
-/// over; a thread of the victim kills it with SIGKILL [`KILL_AFTER`] into
-/// the loop. The victim's main thread does nothing but the operation, so
-/// the kill lands inside one — in its exchange, its data movement or a
-/// barrier of it, wherever the thread happens to be — while the survivors
-/// are inside the same or the next one, waiting for the victim. (Killing a
-/// victim that waits outside, after the others entered, would only test
-/// the first of these.) Each survivor must then fail:
+/// A PE of a `sigkill_in_*` scenario, whose victim `SHMEM_TEST_VICTIM`
+/// names. Every PE runs the operation over and over; a thread of the
+/// victim kills it with SIGKILL [`KILL_AFTER`] into the loop. The victim's
+/// main thread does nothing but the operation, so the kill lands inside
+/// one — in its exchange, its data movement or a barrier of it, wherever
+/// the thread happens to be — while the survivors are inside the same or
+/// the next one, waiting for the victim. (Killing a victim that waits
+/// outside, after the others entered, would only test the first of these.)
+/// Each survivor must then fail:
 ///
-/// - host backend: with [`Error::PeerLost`] naming the victim as dead;
+/// - host backend: with [`Error::PeerLost`] naming the victim as dead (on
+///   another node than the victim's, naming its node too);
 /// - GPU backend: the same, or — when the kill caught the victim's kernel
 ///   on the device — the trapped device wait, reported as [`Error::Cuda`]
 ///   (the device printed "a collective waited too long for a peer") or a
@@ -639,14 +675,20 @@ fn unix_micros() -> u128 {
 fn fault_pe(rank: usize, name: &str) -> Result<(), String> {
     let scratch = std::path::PathBuf::from(std::env::var("SHMEM_TEST_SCRATCH").map_err(|_| "no SHMEM_TEST_SCRATCH")?);
     let killed_at = scratch.join("killed_at");
+    let victim: usize = std::env::var(VICTIM_VAR)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| format!("no PE number in {VICTIM_VAR}"))?;
     let ctx = shmem::init().map_err(|e| e.to_string())?;
     let gpu = ctx.backend() == shmem::BackendKind::Gpu;
-    // Emulated nodes hold consecutive PEs.
-    let same_node = rank / ctx.local_size() == VICTIM / ctx.local_size();
+    // Emulated nodes hold consecutive PEs, node j named `node<j>` (see
+    // `Launch::nodes`).
+    let victim_node = victim / ctx.local_size();
+    let same_node = rank / ctx.local_size() == victim_node;
     let fault = {
         let op = fault_op(&ctx, name).map_err(|e| format!("setting up: {e}"))?;
         ctx.barrier_all(&ctx.stream()).map_err(|e| e.to_string())?;
-        if rank == VICTIM {
+        if rank == victim {
             std::thread::spawn(move || {
                 std::thread::sleep(KILL_AFTER);
                 // Written before the kill, so the survivors' times since it
@@ -680,12 +722,14 @@ fn fault_pe(rank: usize, name: &str) -> Result<(), String> {
         .and_then(|t| t.trim().parse::<u128>().ok())
         .map(|t| Duration::from_micros(unix_micros().saturating_sub(t) as u64))
         .ok_or_else(|| format!("failed with no record of the kill: {err}"))?;
-    eprintln!("PE {rank} failed {since_kill:?} after PE {VICTIM}'s kill ({in_call:?} into the call): {err}");
+    eprintln!("PE {rank} failed {since_kill:?} after PE {victim}'s kill ({in_call:?} into the call): {err}");
     let expected = match &err {
         // A PE of another node learns of the death from the launcher, and
         // names the victim's node.
         Error::PeerLost { pe, what } => {
-            *pe == VICTIM && what.starts_with("died") && (same_node || what.starts_with("died on node "))
+            *pe == victim
+                && what.starts_with("died")
+                && (same_node || what.starts_with(&format!("died on node node{victim_node} ")))
         }
         Error::Cuda(_) | Error::Timeout { .. } => gpu,
         _ => false,
