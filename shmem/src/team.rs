@@ -393,29 +393,31 @@ impl Team {
         }
         let rows = self.exchange(&Desc::new(OpKind::Barrier), None)?;
         self.agree(&rows)?;
-        match &self.ctx.gpu {
+        let Some(g) = &self.ctx.gpu else { return Ok(()) };
+        let st = g.stream(stream);
+        if self.state.members.len() == 1 {
             // A one-PE team waits for nobody: the barrier is the quiet.
             // (NVSHMEM's barrier kernel on a one-PE team read address 0x10
             // on the box: invalid reads under memcheck, an illegal address
             // under racecheck.)
-            Some(g) if self.state.members.len() == 1 => g.quiet(g.stream(stream)),
-            Some(g) if self.state.nv_team == crate::gpu::TEAM_INVALID => {
-                // No NVSHMEM team: this PE's puts complete, then shmem's
-                // barrier kernel.
-                let k = g.kernels.as_ref().ok_or_else(|| {
-                    Error::BackendUnavailable(
-                        "a barrier of a team NVSHMEM has no team for (a node whose PEs are not consecutive ranks) \
-                         needs the device kernels"
-                            .into(),
-                    )
-                })?;
+            return g.quiet(st);
+        }
+        match &g.kernels {
+            // This PE's puts complete, then shmem's barrier kernel, whose
+            // waits end (trap) after the device's wait limit: a peer that
+            // dies after the exchange above cannot hang the survivors, as
+            // NVSHMEM's barrier, which waits for ever, would.
+            Some(k) => {
                 let force = self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner()).force_rma;
-                let st = g.stream(stream);
                 g.quiet(st)?;
                 k.barrier(k.team(self.state.slot, &self.state.members, force)?, st.cu_stream())
             }
-            Some(g) => g.barrier(self.state.nv_team, g.stream(stream)),
-            None => Ok(()),
+            None if self.state.nv_team == crate::gpu::TEAM_INVALID => Err(Error::BackendUnavailable(
+                "a barrier of a team NVSHMEM has no team for (a node whose PEs are not consecutive ranks) needs the \
+                 device kernels"
+                    .into(),
+            )),
+            None => g.barrier(self.state.nv_team, st),
         }
     }
 
