@@ -343,5 +343,17 @@ fn peer_handle_arrays(env: &Env) -> TestResult {
     assert_eq!(&arrays[..n], &h.buffer_ptrs[..]);
     assert_eq!(&arrays[n..], &h.signal_pad_ptrs[..]);
     env.ctx.barrier_all(s)?;
+    // Over the node: the node's ranks, and its members' addresses as
+    // `peer_ptr` gives them (`examples/device_kernel.rs` uses such a handle).
+    let node = env.ctx.node();
+    let hn = buf.handle_on(&node)?;
+    assert_eq!((hn.rank, hn.world_size), (node.my_pe(), node.n_pes()));
+    for r in 0..node.n_pes() {
+        let pe = node.world_pe(r)?;
+        assert_eq!(hn.buffer_ptrs[r], buf.peer_ptr(pe).map_or(0, |p| p as u64), "node rank {r} (PE {pe})");
+        assert_eq!(hn.signal_pad_ptrs[r], hn.signal_pad().peer_ptr(pe).map_or(0, |p| p as u64));
+    }
+    assert_eq!(hn.buffer_ptrs[node.my_pe()], buf.local_ptr() as u64);
+    env.ctx.barrier_all(s)?;
     Ok(())
 }
