@@ -133,7 +133,6 @@ impl<T: Element> SymmetricBuffer<T> {
     /// Allocates the signal pad: every PE calls it, in the same order as
     /// its other allocations.
     pub fn handle(&self) -> Result<PeerHandle<T>> {
-        self.check(&self.ctx)?;
         let ctx = Context { inner: self.ctx.clone() };
         self.handle_on(&ctx.world())
     }

@@ -11,6 +11,8 @@ use crate::context::{Inner, Stream};
 use crate::control::{DESC_WORDS, MAX_TEAMS};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
+use crate::gpu::kernels::Kernels;
+use crate::gpu::GpuWorld;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -383,13 +385,17 @@ impl Team {
     /// # Collective
     pub fn barrier(&self, stream: &Stream) -> Result<()> {
         self.check()?;
-        if let Some((g, k)) = self.ctx.gpu.as_ref().and_then(|g| g.kernels.as_ref().map(|k| (g, k))) {
-            if crate::gpu::capturing(g.stream(stream)) {
-                // In a CUDA graph: shmem's barrier kernel, without the host.
-                let force = self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner()).force_rma;
-                let t = k.team(self.state.slot, &self.state.members, force)?;
-                return k.barrier(t, g.stream(stream).cu_stream());
-            }
+        let kernels = self.ctx.gpu.as_ref().and_then(|g| g.kernels.as_ref().map(|k| (g, k)));
+        // shmem's barrier kernel on the stream, whose waits end (trap) after
+        // the device's wait limit: a peer that dies mid-barrier cannot hang
+        // the survivors, as NVSHMEM's barrier, which waits for ever, would.
+        let kernel_barrier = |g: &GpuWorld, k: &Kernels| {
+            let force = self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner()).force_rma;
+            k.barrier(k.team(self.state.slot, &self.state.members, force)?, g.stream(stream).cu_stream())
+        };
+        if let Some((g, k)) = kernels.filter(|(g, _)| crate::gpu::capturing(g.stream(stream))) {
+            // In a CUDA graph: without the host.
+            return kernel_barrier(g, k);
         }
         let rows = self.exchange(&Desc::new(OpKind::Barrier), None)?;
         self.agree(&rows)?;
@@ -402,16 +408,9 @@ impl Team {
             // under racecheck.)
             return g.quiet(st);
         }
-        match &g.kernels {
-            // This PE's puts complete, then shmem's barrier kernel, whose
-            // waits end (trap) after the device's wait limit: a peer that
-            // dies after the exchange above cannot hang the survivors, as
-            // NVSHMEM's barrier, which waits for ever, would.
-            Some(k) => {
-                let force = self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner()).force_rma;
-                g.quiet(st)?;
-                k.barrier(k.team(self.state.slot, &self.state.members, force)?, st.cu_stream())
-            }
+        match kernels {
+            // This PE's puts complete first.
+            Some((g, k)) => g.quiet(st).and_then(|()| kernel_barrier(g, k)),
             None if self.state.nv_team == crate::gpu::TEAM_INVALID => Err(Error::BackendUnavailable(
                 "a barrier of a team NVSHMEM has no team for (a node whose PEs are not consecutive ranks) needs the \
                  device kernels"
