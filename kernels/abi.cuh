@@ -71,12 +71,34 @@ constexpr int kA2avPacketWords = 1024;
 // destination's chunks a lane each (`A2AV_LINES_MAX_EXPERTS`).
 constexpr int kA2avLinesMaxExperts = 32;
 
+// ---- The agreement of an eager collective call (agree.cuh) ----
+
+// Words of a call's descriptor row (`DESC_WORDS` of the control plane,
+// `Desc::words` in team.rs): the host exchange's sequence number, the
+// head (kind, dtype, reduction and, from bit kAgreeErrorShift, the error
+// code of a PE whose own arguments failed its checks), five arguments,
+// and a per-PE word that is carried but not compared.
+constexpr int kAgreeWords = 8;
+constexpr int kAgreeHeadWord = 1;
+constexpr int kAgreeErrorShift = 24;
+constexpr int kAgreePrivateWord = 7;
+
 // ---- Kernel arguments ----
 
 // A team's view of the symmetric heap and its synchronisation state, the
 // first argument of every collective and MoE kernel: at `sync_offset` of
 // every member's heap, the signal arrays, then the epoch counters (see
-// above; the low-latency ones: world team only).
+// above; the low-latency ones: world team only), the MoE form's header
+// and packets, then the agreement's state (`agree_base`).
+//
+// `agree`, `report` and `row` are the agreement of an eager collective
+// (agree.cuh): the host passes its call's descriptor row whole, as a
+// kernel argument (64 bytes more to a launch, no copy to the device),
+// with the agreement's epoch (the team's count of eager calls, the same
+// on every member; 0 for no agreement: graph capture, the MoE and
+// internal kernels), so that the members compare whole rows and a
+// mismatch can be reported with every member's row, as the host's
+// exchange reports it.
 struct TeamSync {
     const uint64_t *peer_heap;  // n heap bases; 0 where the peer is reached through RMA
     const int *pes;             // n world PE numbers (for NVSHMEM)
@@ -87,7 +109,10 @@ struct TeamSync {
     int rank;
     int n;
     int rma;                    // some peer is reached through RMA
-    // (4 bytes of tail padding: `_pad` in the Rust twin)
+    int pad;                    // (`_pad` in the Rust twin)
+    uint64_t agree;             // this call's agreement epoch; 0: no agreement
+    uint64_t report;            // device address of the host-mapped AgreeFailure
+    uint64_t row[kAgreeWords];  // this PE's descriptor row of the call (with `agree`)
 
     __device__ uint64_t *word(int array, int channel, int sender) const {
         return reinterpret_cast<uint64_t *>(heap + sync_offset) + (array * kMaxBlocks + channel) * n + sender;
@@ -107,8 +132,29 @@ struct TeamSync {
     }
     // This PE's copy of heap offset `off` (also the symmetric address for NVSHMEM).
     template <typename T> __device__ T *mine(uint64_t off) const { return reinterpret_cast<T *>(heap + off); }
+    // Heap offset of the agreement's state in the slot, after the signal
+    // arrays and epoch counters (rounded up to kStateAlign) and the MoE
+    // form's header and two buffers of packets (`Layout::slot_bytes`):
+    // packets [parity][sender][word] of 16 bytes, then rows
+    // [parity][sender][word] of 8, then a signal word a sender.
+    __device__ uint64_t agree_base() const {
+        uint64_t words = static_cast<uint64_t>(kSignalArrays) * kMaxBlocks * n + kEpochCounterSets * kMaxBlocks;
+        return sync_offset + (words * 8 + kStateAlign - 1) / kStateAlign * kStateAlign + kA2avHeaderBytes +
+               2 * kA2avPacketWords * 16;
+    }
+    // Where `sender` puts word `w` of its row of an epoch of `parity`, as
+    // a packet (NVLink) or a plain word (RMA), and its RMA signal.
+    __device__ uint64_t agree_packet(uint64_t parity, int sender, int w) const {
+        return agree_base() + ((parity * n + sender) * kAgreeWords + w) * 16;
+    }
+    __device__ uint64_t agree_row(uint64_t parity, int sender) const {
+        return agree_base() + 2 * static_cast<uint64_t>(n) * kAgreeWords * 16 + (parity * n + sender) * kAgreeWords * 8;
+    }
+    __device__ uint64_t agree_signal(int sender) const {
+        return agree_base() + 2 * static_cast<uint64_t>(n) * kAgreeWords * 24 + static_cast<uint64_t>(sender) * 8;
+    }
 };
-static_assert(sizeof(TeamSync) == 64, "TeamSync: size");
+static_assert(sizeof(TeamSync) == 144, "TeamSync: size");
 static_assert(offsetof(TeamSync, peer_heap) == 0, "TeamSync::peer_heap");
 static_assert(offsetof(TeamSync, pes) == 8, "TeamSync::pes");
 static_assert(offsetof(TeamSync, heap) == 16, "TeamSync::heap");
@@ -118,6 +164,10 @@ static_assert(offsetof(TeamSync, temp_offset) == 40, "TeamSync::temp_offset");
 static_assert(offsetof(TeamSync, rank) == 48, "TeamSync::rank");
 static_assert(offsetof(TeamSync, n) == 52, "TeamSync::n");
 static_assert(offsetof(TeamSync, rma) == 56, "TeamSync::rma");
+static_assert(offsetof(TeamSync, pad) == 60, "TeamSync::pad");
+static_assert(offsetof(TeamSync, agree) == 64, "TeamSync::agree");
+static_assert(offsetof(TeamSync, report) == 72, "TeamSync::report");
+static_assert(offsetof(TeamSync, row) == 80, "TeamSync::row");
 
 // The operation of a MoE all-to-all-v (`A2av::kind`; the kernel names'
 // suffixes `_v`, `_2d`, `_2d_offset`).
@@ -188,6 +238,37 @@ constexpr int kA2avErrClassShift = 56;
 constexpr int kA2avErrKindShift = 52;
 constexpr int kA2avErrPeShift = 32;
 constexpr unsigned long long kA2avErrIndexMask = 0xffffffffull;
+
+// ---- The agreement's failure record ----
+
+// What a failed agreement records, in host-mapped memory at
+// `TeamSync::report` (the host reads it without synchronising): block 0 of
+// the kernel of a PE whose own row was valid writes it. The first failure
+// since the host last looked is kept whole (its epoch, its team's slot,
+// every member's world PE and row); every failure counts, and names
+// itself in `latest_*`, so that the host can tell whether a given call
+// failed (`count` last, after a system fence).
+struct AgreeFailure {
+    unsigned long long count;         // failed agreements since the host last looked
+    unsigned long long latest_epoch;  // the latest failure's epoch
+    unsigned long long latest_slot;   // and its team's `sync_offset`
+    unsigned long long epoch;         // the first failure's epoch
+    unsigned long long slot;          // and its team's `sync_offset`
+    int n;                            // the first failure's team: members
+    int rank;                         // and this PE's place among them
+    int pes[kMaxTeam];                // their world PEs
+    unsigned long long rows[kMaxTeam][kAgreeWords];  // their rows
+};
+static_assert(sizeof(AgreeFailure) == 4400, "AgreeFailure: size");
+static_assert(offsetof(AgreeFailure, count) == 0, "AgreeFailure::count");
+static_assert(offsetof(AgreeFailure, latest_epoch) == 8, "AgreeFailure::latest_epoch");
+static_assert(offsetof(AgreeFailure, latest_slot) == 16, "AgreeFailure::latest_slot");
+static_assert(offsetof(AgreeFailure, epoch) == 24, "AgreeFailure::epoch");
+static_assert(offsetof(AgreeFailure, slot) == 32, "AgreeFailure::slot");
+static_assert(offsetof(AgreeFailure, n) == 40, "AgreeFailure::n");
+static_assert(offsetof(AgreeFailure, rank) == 44, "AgreeFailure::rank");
+static_assert(offsetof(AgreeFailure, pes) == 48, "AgreeFailure::pes");
+static_assert(offsetof(AgreeFailure, rows) == 304, "AgreeFailure::rows");
 
 // ---- The MoE layer's kernels (moe_layer.cu); heap offsets ----
 

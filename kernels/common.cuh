@@ -3,6 +3,7 @@
 //
 // - abi.cuh: what the host passes (structs, limits, constants);
 // - team_sync.cuh: epochs, signals and barriers of a team;
+// - agree.cuh: the members' agreement on an eager call, before it moves anything;
 // - elem.cuh: element types, operators, block-wide reduction;
 // - prims_simple.cuh: block copies and sends (NVLink stores or RMA);
 // - prims_ll.cuh: the low-latency protocol (8-byte packets);
@@ -10,6 +11,7 @@
 // - prims_push.cuh: the push protocol (staging and one flag a block).
 #pragma once
 #include "abi.cuh"
+#include "agree.cuh"
 #include "elem.cuh"
 #include "phases.cuh"
 #include "prims_lines.cuh"

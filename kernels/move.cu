@@ -1,4 +1,6 @@
-// Data-movement kernels: barrier, all-gather, broadcast and all-to-all.
+// Data-movement kernels: barrier, all-gather, broadcast and all-to-all,
+// and the agreement of an eager call alone. Each collective first checks
+// that every member made the same call (`agree`, a no-op in a graph).
 // Each pushes: after a barrier (every destination is free to be written),
 // a block sends its share of the bytes to every peer — stores through the
 // peer's NVLink address, or an RMA put — then signals the peer, which
@@ -74,9 +76,19 @@ using shmem::k::TeamSync;
 extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
     shmem_barrier(TeamSync t) {
     shmem::k::follow_stream();
+    if (!shmem::k::agree(t)) return;
     uint64_t epoch = shmem::k::begin_epoch(t);
     shmem::k::exchange(t, shmem::k::Arrive, epoch);
     shmem::k::end_epoch(t, epoch);
+}
+
+// The agreement alone (one block): run by a PE whose own arguments failed
+// its checks, with its error code in its row, so that every member's
+// kernel of the call sees a mismatch and skips it (see agree.cuh).
+extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
+    shmem_agree(TeamSync t) {
+    shmem::k::follow_stream();
+    shmem::k::agree(t);
 }
 
 // All-gather: block `rank` of every member's destination (heap `dst`)
@@ -85,6 +97,7 @@ extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
 extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
     shmem_allgather(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int in_place) {
     shmem::k::follow_stream();
+    if (!shmem::k::agree(t)) return;
     using namespace shmem::k;
     uint64_t epoch = begin_epoch(t);
     exchange(t, Arrive, epoch);
@@ -102,6 +115,7 @@ extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
 extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
     shmem_broadcast(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int root) {
     shmem::k::follow_stream();
+    if (!shmem::k::agree(t)) return;
     using namespace shmem::k;
     uint64_t epoch = begin_epoch(t);
     exchange(t, Arrive, epoch);
@@ -125,6 +139,7 @@ extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
 extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
     shmem_broadcast_pull(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int root) {
     shmem::k::follow_stream();
+    if (!shmem::k::agree(t)) return;
     using namespace shmem::k;
     uint64_t epoch = begin_epoch(t);
     exchange(t, Arrive, epoch);
@@ -147,6 +162,7 @@ extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
 extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
     shmem_alltoall(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes) {
     shmem::k::follow_stream();
+    if (!shmem::k::agree(t)) return;
     using namespace shmem::k;
     uint64_t epoch = begin_epoch(t);
     exchange(t, Arrive, epoch);
@@ -165,6 +181,7 @@ extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
 extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
     shmem_allgather_push(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int in_place) {
     shmem::k::follow_stream();
+    if (!shmem::k::agree(t)) return;
     using namespace shmem::k;
     Push push(t);
     Range r = block_bytes(bytes, blockIdx.x, gridDim.x);
@@ -181,6 +198,7 @@ extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
 extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
     shmem_broadcast_push(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int root) {
     shmem::k::follow_stream();
+    if (!shmem::k::agree(t)) return;
     using namespace shmem::k;
     Push push(t);
     Range r = block_bytes(bytes, blockIdx.x, gridDim.x);
@@ -201,6 +219,7 @@ extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
 extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
     shmem_alltoall_push(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes) {
     shmem::k::follow_stream();
+    if (!shmem::k::agree(t)) return;
     using namespace shmem::k;
     Push push(t);
     Range r = block_bytes(bytes, blockIdx.x, gridDim.x);
@@ -222,6 +241,7 @@ extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
 extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
     shmem_allgather_ll(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int in_place) {
     shmem::k::follow_stream();
+    if (!shmem::k::agree(t)) return;
     using namespace shmem::k;
     LL ll(t);
     uint8_t *out = t.mine<uint8_t>(dst);
@@ -242,6 +262,7 @@ extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
 extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
     shmem_broadcast_ll(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int root) {
     shmem::k::follow_stream();
+    if (!shmem::k::agree(t)) return;
     using namespace shmem::k;
     LL ll(t);
     uint8_t *out = t.mine<uint8_t>(dst);
@@ -266,6 +287,7 @@ extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
 extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
     shmem_alltoall_ll(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes) {
     shmem::k::follow_stream();
+    if (!shmem::k::agree(t)) return;
     using namespace shmem::k;
     LL ll(t);
     uint8_t *out = t.mine<uint8_t>(dst);
@@ -287,6 +309,7 @@ extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
 extern "C" __global__ void __launch_bounds__(shmem::k::kLinesMaxThreads, 1)
     shmem_allgather_ll128(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int in_place) {
     shmem::k::follow_stream();
+    if (!shmem::k::agree(t)) return;
     using namespace shmem::k;
     const uint64_t counter = lane_ll_counter(t);
     Lines ll(t, Lines::Later{});
@@ -313,6 +336,7 @@ extern "C" __global__ void __launch_bounds__(shmem::k::kLinesMaxThreads, 1)
 extern "C" __global__ void __launch_bounds__(shmem::k::kLinesMaxThreads, 1)
     shmem_broadcast_ll128(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int root) {
     shmem::k::follow_stream();
+    if (!shmem::k::agree(t)) return;
     using namespace shmem::k;
     Lines ll(t);
     const uint64_t lines = ll.lines(bytes);
@@ -346,6 +370,7 @@ extern "C" __global__ void __launch_bounds__(shmem::k::kLinesMaxThreads, 1)
 extern "C" __global__ void __launch_bounds__(shmem::k::kLinesMaxThreads, 1)
     shmem_alltoall_ll128(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes) {
     shmem::k::follow_stream();
+    if (!shmem::k::agree(t)) return;
     using namespace shmem::k;
     Lines ll(t);
     const uint64_t lines = ll.lines(bytes);

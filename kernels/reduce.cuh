@@ -330,26 +330,31 @@ __device__ void reduce_scatter_ll(const TeamSync &t, uint64_t dst_off, uint64_t 
     extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)                                          \
         shmem_allreduce_oneshot_##NAME##_##NP(shmem::k::TeamSync t, uint64_t dst, uint64_t src, uint64_t count) {  \
         shmem::k::follow_stream();                                                                                 \
+        if (!shmem::k::agree(t)) return;                                                                           \
         shmem::k::allreduce_oneshot<T, shmem::k::OP, NP>(t, dst, src, count);                                      \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)                                          \
         shmem_allreduce_twoshot_##NAME##_##NP(shmem::k::TeamSync t, uint64_t dst, uint64_t src, uint64_t count) {  \
         shmem::k::follow_stream();                                                                                 \
+        if (!shmem::k::agree(t)) return;                                                                           \
         shmem::k::allreduce_twoshot<T, shmem::k::OP, NP>(t, dst, src, count);                                      \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)                                          \
         shmem_reducescatter_##NAME##_##NP(shmem::k::TeamSync t, uint64_t dst, uint64_t src, uint64_t count) {      \
         shmem::k::follow_stream();                                                                                 \
+        if (!shmem::k::agree(t)) return;                                                                           \
         shmem::k::reduce_scatter<T, shmem::k::OP, NP>(t, dst, src, count);                                         \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)                                          \
         shmem_allreduce_push_##NAME##_##NP(shmem::k::TeamSync t, uint64_t dst, uint64_t src, uint64_t count) {     \
         shmem::k::follow_stream();                                                                                 \
+        if (!shmem::k::agree(t)) return;                                                                           \
         shmem::k::allreduce_push<T, shmem::k::OP, NP>(t, dst, src, count);                                         \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)                                          \
         shmem_reducescatter_push_##NAME##_##NP(shmem::k::TeamSync t, uint64_t dst, uint64_t src, uint64_t count) { \
         shmem::k::follow_stream();                                                                                 \
+        if (!shmem::k::agree(t)) return;                                                                           \
         shmem::k::reduce_scatter_push<T, shmem::k::OP, NP>(t, dst, src, count);                                    \
     }
 
@@ -358,6 +363,7 @@ __device__ void reduce_scatter_ll(const TeamSync &t, uint64_t dst_off, uint64_t 
     extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)                                          \
         shmem_allreduce_twoshot2_##NAME##_##NP(shmem::k::TeamSync t, uint64_t dst, uint64_t src, uint64_t count) { \
         shmem::k::follow_stream();                                                                                 \
+        if (!shmem::k::agree(t)) return;                                                                           \
         shmem::k::allreduce_twoshot_stores<T, shmem::k::OP, NP>(t, dst, src, count);                               \
     }
 
@@ -368,21 +374,25 @@ __device__ void reduce_scatter_ll(const TeamSync &t, uint64_t dst_off, uint64_t 
     extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)                                    \
         shmem_allreduce_ll_##NAME(shmem::k::TeamSync t, uint64_t dst, uint64_t src, uint64_t count) {        \
         shmem::k::follow_stream();                                                                           \
+        if (!shmem::k::agree(t)) return;                                                                     \
         shmem::k::allreduce_ll<T, shmem::k::OP>(t, dst, src, count);                                         \
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(shmem::k::kLinesMaxThreads, 1)                              \
         shmem_allreduce_ll128_##NAME(shmem::k::TeamSync t, uint64_t dst, uint64_t src, uint64_t count) {     \
         shmem::k::follow_stream();                                                                           \
+        if (!shmem::k::agree(t)) return;                                                                     \
         shmem::k::allreduce_ll128<T, shmem::k::OP>(t, dst, src, count);                                      \
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)                                    \
         shmem_reducescatter_ll_##NAME(shmem::k::TeamSync t, uint64_t dst, uint64_t src, uint64_t count) {    \
         shmem::k::follow_stream();                                                                           \
+        if (!shmem::k::agree(t)) return;                                                                     \
         shmem::k::reduce_scatter_ll<T, shmem::k::OP>(t, dst, src, count);                                    \
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(shmem::k::kLinesMaxThreads, 1)                              \
         shmem_reducescatter_ll128_##NAME(shmem::k::TeamSync t, uint64_t dst, uint64_t src, uint64_t count) { \
         shmem::k::follow_stream();                                                                           \
+        if (!shmem::k::agree(t)) return;                                                                     \
         shmem::k::reduce_scatter_ll128<T, shmem::k::OP>(t, dst, src, count);                                 \
     }
 

@@ -80,6 +80,12 @@ static __device__ __noinline__ void rma_signal(uint64_t *word, uint64_t v, int p
     nvshmem_quiet();
     nvshmemx_signal_op(word, v, NVSHMEM_SIGNAL_SET, pe);
 }
+// One thread's put of `bytes` at `src` to symmetric `dst` of `pe`, then
+// `v` into its symmetric `word` once the data is delivered.
+static __device__ __noinline__ void rma_put_signal(void *dst, const void *src, uint64_t bytes, uint64_t *word,
+                                                   uint64_t v, int pe) {
+    nvshmem_putmem_signal_nbi(dst, src, bytes, word, v, NVSHMEM_SIGNAL_SET, pe);
+}
 
 // Sets word [array][blockIdx.x][rank] of member `pe` to `v`, after every
 // store and put this block made before (call from one thread, after a

@@ -8,6 +8,7 @@
 use crate::algo::{self, Solo};
 use crate::buffer::{Region, SymSlice};
 use crate::context::{Context, Stream};
+use crate::control::DescRow;
 use crate::dtype::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::gpu::abi::MAX_TEAM;
@@ -36,32 +37,39 @@ pub(crate) fn overlap(a: Region, b: Region, elem: usize) -> bool {
     a.offset < b.offset + b.len * elem && b.offset < a.offset + a.len * elem && a.len > 0 && b.len > 0
 }
 
-/// What a collective needs checked before the exchange.
+/// What a collective needs checked before the agreement.
 struct Call<'a, 'b, T: Element> {
     kind: OpKind,
     dst: SymSlice<'a, T>,
     src: SymSlice<'b, T>,
     op: Option<ReduceOp>,
     root: usize,
-    /// The stream is being captured into a CUDA graph: no host exchange.
-    capturing: bool,
 }
+
+/// A call that its kernel agrees on (see `Team::agrees_on_device`): the
+/// agreement's epoch and this PE's row.
+type DeviceAgreement = (u64, DescRow);
 
 impl Team {
     fn pe_ptr<T>(&self, member: usize, offset: usize) -> *mut T {
         self.ctx.host_heap().heap_ptr(self.state.members[member], offset).cast()
     }
 
-    /// Checks the call locally, exchanges descriptors with the team, and
-    /// returns (dst, src) once every PE agreed. `shape` checks the regions
-    /// and says whether this PE's side is its own block of the other buffer
-    /// (in-place all-gather and reduce-scatter), which differs by PE and is
-    /// so left out of the comparison.
+    /// Checks the call locally and returns (dst, src) with how the team
+    /// agrees on it: on the host, by exchanging descriptors with the team
+    /// before this returns (`None`); in graph capture, not at all (`None`);
+    /// on the device, by the call's kernel ([`DeviceAgreement`], see
+    /// `Team::agrees_on_device`), where a PE whose own arguments failed
+    /// launches the agreement alone before it returns its error. `shape`
+    /// checks the regions and says whether this PE's side is its own block
+    /// of the other buffer (in-place all-gather and reduce-scatter), which
+    /// differs by PE and is so left out of the comparison.
     fn begin<T: Element>(
         &self,
         call: Call<'_, '_, T>,
+        stream: &Stream,
         shape: impl Fn(Region, Region) -> Result<bool>,
-    ) -> Result<(Region, Region)> {
+    ) -> Result<(Region, Region, Option<DeviceAgreement>)> {
         self.check()?;
         let local = (|| {
             let d = call.dst.region(&self.ctx)?;
@@ -91,16 +99,52 @@ impl Team {
                 desc.args[per_pe] = u64::MAX;
             }
         }
-        if call.capturing {
+        let capturing = self.capturing(stream);
+        if capturing {
             // A graph replays without the host: arguments are checked here
             // only, and the device path must take the call (see gpu_collective).
             let (d, s, _) = local?;
-            return Ok((d, s));
+            return Ok((d, s, None));
+        }
+        if self.agrees_on_device(capturing) {
+            let (epoch, row) = self.device_row(&desc, local.as_ref().err());
+            return match local {
+                Ok((d, s, _)) => Ok((d, s, Some((epoch, row)))),
+                Err(e) => {
+                    // The peers' kernels wait for this PE's row. Should the
+                    // launch fail, the context is lost anyway (the next
+                    // synchronisation says so): the caller's error first.
+                    let _ = self.agree_alone((epoch, row), stream);
+                    Err(e)
+                }
+            };
         }
         let rows = self.exchange(&desc, local.as_ref().err())?;
         let (d, s, _) = local?;
         self.agree(&rows)?;
-        Ok((d, s))
+        Ok((d, s, None))
+    }
+
+    /// Launches the agreement on the device alone (`shmem_agree`), for a
+    /// call this PE does not make: its row carries its error.
+    fn agree_alone(&self, (epoch, row): DeviceAgreement, stream: &Stream) -> Result<()> {
+        let g = self.ctx.gpu.as_ref().expect("the device agrees on the GPU backend");
+        let k = g.kernels.as_ref().expect("the device agrees with shmem's kernels");
+        let force = self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner()).force_rma;
+        let t = k.team(self.state.slot, &self.state.members, force)?.agreeing(epoch, row);
+        k.agree(t, g.stream(stream).cu_stream())
+    }
+
+    /// The error of this call's agreement, which its kernel found failed
+    /// (after a synchronisation): the first failure since the last look,
+    /// which is this one unless an earlier went unreported.
+    fn failed_agreement(&self) -> Error {
+        self.ctx.take_agreement_error().unwrap_or_else(|| {
+            Error::CollectiveMismatch(format!(
+                "a collective on the team of PEs {:?} failed its agreement",
+                self.state.members
+            ))
+        })
     }
 
     /// Whether `stream` is being captured into a CUDA graph (GPU backend).
@@ -118,22 +162,15 @@ impl Team {
         root: usize,
         _stream: &Stream,
     ) -> Result<()> {
-        let call = Call {
-            kind: OpKind::Broadcast,
-            dst: dst.into(),
-            src: src.into(),
-            op: None,
-            root,
-            capturing: self.capturing(_stream),
-        };
-        let (d, s) = self.begin(call, |s, d| {
+        let call = Call { kind: OpKind::Broadcast, dst: dst.into(), src: src.into(), op: None, root };
+        let (d, s, agreement) = self.begin(call, _stream, |s, d| {
             if s.len != d.len {
                 return Err(Error::LengthMismatch(format!("src has {} elements, dst {}", s.len, d.len)));
             }
             Ok(false)
         })?;
         if let Some(g) = &self.ctx.gpu {
-            return self.gpu_collective::<T>(g, OpKind::Broadcast, d, s, None, root, _stream);
+            return self.gpu_collective::<T>(g, OpKind::Broadcast, d, s, None, root, agreement, _stream);
         }
         if d != s || self.my_pe() != root {
             let from: *const T = self.pe_ptr(root, s.offset);
@@ -157,17 +194,10 @@ impl Team {
     ) -> Result<()> {
         let n = self.n_pes();
         let me = self.my_pe();
-        let call = Call {
-            kind: OpKind::AllGather,
-            dst: dst.into(),
-            src: src.into(),
-            op: None,
-            root: 0,
-            capturing: self.capturing(_stream),
-        };
+        let call = Call { kind: OpKind::AllGather, dst: dst.into(), src: src.into(), op: None, root: 0 };
         let elem = size_of::<T>();
         let mine = |d: Region, s: Region| Region { offset: d.offset + me * s.len * elem, len: s.len };
-        let (d, s) = self.begin(call, |s, d| {
+        let (d, s, agreement) = self.begin(call, _stream, |s, d| {
             if d.len != s.len * n {
                 return Err(Error::LengthMismatch(format!("dst has {} elements, expected {n} × {}", d.len, s.len)));
             }
@@ -177,7 +207,7 @@ impl Team {
             Ok(s == mine(d, s) && n > 1)
         })?;
         if let Some(g) = &self.ctx.gpu {
-            return self.gpu_collective::<T>(g, OpKind::AllGather, d, s, None, 0, _stream);
+            return self.gpu_collective::<T>(g, OpKind::AllGather, d, s, None, 0, agreement, _stream);
         }
         let in_place = s == mine(d, s);
         let dst_addr = Addr::of(self.pe_ptr::<T>(me, d.offset));
@@ -206,16 +236,9 @@ impl Team {
         op: ReduceOp,
         _stream: &Stream,
     ) -> Result<()> {
-        let call = Call {
-            kind: OpKind::AllReduce,
-            dst: dst.into(),
-            src: src.into(),
-            op: Some(op),
-            root: 0,
-            capturing: self.capturing(_stream),
-        };
+        let call = Call { kind: OpKind::AllReduce, dst: dst.into(), src: src.into(), op: Some(op), root: 0 };
         let elem = size_of::<T>();
-        let (d, s) = self.begin(call, |s, d| {
+        let (d, s, agreement) = self.begin(call, _stream, |s, d| {
             if s.len != d.len {
                 return Err(Error::LengthMismatch(format!("src has {} elements, dst {}", s.len, d.len)));
             }
@@ -225,7 +248,7 @@ impl Team {
             Ok(false)
         })?;
         if let Some(g) = &self.ctx.gpu {
-            return self.gpu_collective::<T>(g, OpKind::AllReduce, d, s, Some(op), 0, _stream);
+            return self.gpu_collective::<T>(g, OpKind::AllReduce, d, s, Some(op), 0, agreement, _stream);
         }
         let in_place = d == s;
         let n = self.n_pes();
@@ -281,15 +304,8 @@ impl Team {
         let n = self.n_pes();
         let me = self.my_pe();
         let elem = size_of::<T>();
-        let call = Call {
-            kind: OpKind::ReduceScatter,
-            dst: dst.into(),
-            src: src.into(),
-            op: Some(op),
-            root: 0,
-            capturing: self.capturing(_stream),
-        };
-        let (d, s) = self.begin(call, |s, d| {
+        let call = Call { kind: OpKind::ReduceScatter, dst: dst.into(), src: src.into(), op: Some(op), root: 0 };
+        let (d, s, agreement) = self.begin(call, _stream, |s, d| {
             if s.len != d.len * n {
                 return Err(Error::LengthMismatch(format!("src has {} elements, expected {n} × {}", s.len, d.len)));
             }
@@ -300,7 +316,7 @@ impl Team {
             Ok(d == mine && n > 1)
         })?;
         if let Some(g) = &self.ctx.gpu {
-            return self.gpu_collective::<T>(g, OpKind::ReduceScatter, d, s, Some(op), 0, _stream);
+            return self.gpu_collective::<T>(g, OpKind::ReduceScatter, d, s, Some(op), 0, agreement, _stream);
         }
         let lo = me * d.len;
         if overlap(d, s, elem) {
@@ -327,15 +343,8 @@ impl Team {
     ) -> Result<()> {
         let n = self.n_pes();
         let elem = size_of::<T>();
-        let call = Call {
-            kind: OpKind::AllToAll,
-            dst: dst.into(),
-            src: src.into(),
-            op: None,
-            root: 0,
-            capturing: self.capturing(_stream),
-        };
-        let (d, s) = self.begin(call, |s, d| {
+        let call = Call { kind: OpKind::AllToAll, dst: dst.into(), src: src.into(), op: None, root: 0 };
+        let (d, s, agreement) = self.begin(call, _stream, |s, d| {
             if s.len != d.len || s.len % n != 0 {
                 return Err(Error::LengthMismatch(format!(
                     "src ({}) and dst ({}) must have the same length, a multiple of {n}",
@@ -348,7 +357,7 @@ impl Team {
             Ok(false)
         })?;
         if let Some(g) = &self.ctx.gpu {
-            return self.gpu_collective::<T>(g, OpKind::AllToAll, d, s, None, 0, _stream);
+            return self.gpu_collective::<T>(g, OpKind::AllToAll, d, s, None, 0, agreement, _stream);
         }
         let c = d.len / n;
         let me = self.my_pe();
@@ -402,6 +411,8 @@ impl Team {
     /// A collective on the GPU backend, on the stream: shmem's kernel, or
     /// NVSHMEM's team collective where asked ([`crate::CollImpl::Nvshmem`])
     /// or where no kernel applies (teams larger than the kernels take).
+    /// With `agreement`, the kernel agrees on the call first (and host-issued
+    /// work waits for its verdict).
     #[allow(clippy::too_many_arguments)]
     fn gpu_collective<T: Element>(
         &self,
@@ -411,6 +422,7 @@ impl Team {
         s: Region,
         op: Option<ReduceOp>,
         root: usize,
+        agreement: Option<DeviceAgreement>,
         stream: &Stream,
     ) -> Result<()> {
         let st = g.stream(stream);
@@ -433,7 +445,8 @@ impl Team {
             }
             // Every (dtype, op) that `begin` accepted has a kernel.
             let team = &self.state;
-            let t = k.team(team.slot, &team.members, cfg.force_rma)?;
+            let plain = k.team(team.slot, &team.members, cfg.force_rma)?;
+            let t = agreement.map_or(plain, |(epoch, row)| plain.agreeing(epoch, row));
             let cu = st.cu_stream();
             let (dt, op) = (T::DTYPE, op.unwrap_or(ReduceOp::Sum));
             let p = Protocols::new(team.slot == 0, &cfg.tuning);
@@ -446,7 +459,19 @@ impl Team {
                     let in_place = overlap(d, s, elem);
                     let bytes = s.len * elem;
                     if algo::all_gather_by_copy_engine(cfg.all_gather, nvlink) {
-                        k.all_gather_ce(g, t, &team.members, d.offset, s.offset, bytes, in_place, cu)
+                        // The copies are issued from the host: not before
+                        // the call is agreed (copy engines pay off for large
+                        // all-gathers, where a synchronisation costs
+                        // little). The choice of path reads settings and
+                        // the topology only, the same on every member.
+                        if t.agreement() != 0 {
+                            k.agree(t, cu)?;
+                            st.synchronize().cuda("cuStreamSynchronize")?;
+                            if k.agreement_failed(&t) {
+                                return Err(self.failed_agreement());
+                            }
+                        }
+                        k.all_gather_ce(g, plain, &team.members, d.offset, s.offset, bytes, in_place, cu)
                     } else {
                         k.all_gather(t, p, d.offset, s.offset, bytes, in_place, cu)
                     }
@@ -472,16 +497,34 @@ impl Team {
                                 .into(),
                         ));
                     }
-                    let sc = self.ctx.scratch(s.len * elem)?;
+                    let sc = match self.ctx.scratch(s.len * elem) {
+                        Ok(sc) => sc,
+                        Err(e) => {
+                            // Peers whose calls differ took another path and
+                            // wait for this PE's row (where the calls match,
+                            // every PE fails here alike).
+                            if t.agreement() != 0 {
+                                let _ = k.agree(t, cu);
+                            }
+                            return Err(e);
+                        }
+                    };
                     g.copy(g.addr(sc.offset), g.addr(s.offset), s.len * elem, st)?;
                     k.all_to_all(t, p, d.offset, sc.offset, per_pe, cu)?;
                     st.synchronize().cuda("cuStreamSynchronize")?;
                     drop(sc);
+                    // Synchronised anyway: the call itself reports its
+                    // failed agreement (peers on another path may report
+                    // it from their next synchronisation).
+                    if k.agreement_failed(&t) {
+                        return Err(self.failed_agreement());
+                    }
                     Ok(())
                 }
                 other => unreachable!("{} is not a data collective", other.name()),
             };
         }
+        debug_assert!(agreement.is_none(), "NVSHMEM's collectives are agreed on the host");
         let (team, dt) = (self.state.nv_team, T::DTYPE);
         if team == crate::gpu::TEAM_INVALID {
             return Err(Error::Invalid(format!(

@@ -63,7 +63,18 @@ impl Inner {
     /// See [`Context::check_device`].
     pub(crate) fn check_device(&self) -> Result<()> {
         let failure = self.gpu.as_ref().and_then(|g| g.kernels.as_ref()).and_then(|k| k.take_a2av_error());
-        failure.map_or(Ok(()), |f| Err(crate::moe::device_check_error(f)))
+        if let Some(f) = failure {
+            return Err(crate::moe::device_check_error(f));
+        }
+        self.take_agreement_error().map_or(Ok(()), Err)
+    }
+
+    /// The first collective call whose agreement the kernels found failed
+    /// since the last look, as its error (cleared); see [`crate::Team`]'s
+    /// module docs.
+    pub(crate) fn take_agreement_error(&self) -> Option<Error> {
+        let failure = self.gpu.as_ref()?.kernels.as_ref()?.take_agreement_failure()?;
+        Some(crate::team::agreement_error(&failure))
     }
 
     /// Fails if the context was finalized; `what` names the object used.
@@ -113,6 +124,13 @@ impl Stream {
     /// When a kernel on it trapped (a device wait for a dead peer runs out
     /// of time and traps, see `SHMEM_WAIT_TIMEOUT`), the error names the
     /// dead PE where the host sees one.
+    ///
+    /// On the GPU backend, an eager collective whose PEs' calls differed
+    /// (or a PE's own arguments were bad) is found by its kernel, which
+    /// then writes nothing: this fails with that
+    /// [`Error::CollectiveMismatch`] once the kernel has run — the first
+    /// such call of the context since the last report, whichever stream it
+    /// ran on (see [`crate::Team`]).
     pub fn synchronize(&self) -> Result<()> {
         let Some(s) = &self.cuda else { return Ok(()) };
         s.synchronize().map_err(|e| {
@@ -127,7 +145,9 @@ impl Stream {
                 Some((pe, p)) => Error::PeerLost { pe, what: format!("{p}; the device's wait for it ended in {err}") },
                 None => err,
             }
-        })
+        })?;
+        let mismatch = self.owner.as_ref().and_then(Weak::upgrade).and_then(|inner| inner.take_agreement_error());
+        mismatch.map_or(Ok(()), Err)
     }
 
     /// The CUDA stream, on the GPU backend (for users' own kernels).
@@ -471,7 +491,10 @@ impl Context {
     /// nothing is written, and the failure is recorded. The next MoE call on
     /// this context fails with it (on every PE), or this method returns it
     /// once the bad operation has run (after synchronizing its stream, it
-    /// has). Always `Ok` on the host backend, which checks before it writes.
+    /// has). The same holds for an eager collective whose PEs' calls
+    /// differed, which its kernel finds (an [`Error::CollectiveMismatch`],
+    /// also reported by [`Stream::synchronize`]; see [`Team`]). Always `Ok`
+    /// on the host backend, which checks before it writes.
     pub fn check_device(&self) -> Result<()> {
         self.inner.check_device()
     }
@@ -531,7 +554,12 @@ impl Context {
         let s = self.stream();
         let mut result = self.world().barrier(&s).and_then(|_| s.synchronize());
         if let Some(g) = &self.inner.gpu {
-            result = result.and_then(|_| g.finalize());
+            result = match result {
+                // A collective's mismatch that the device found and nobody
+                // asked about yet: reported, but NVSHMEM still finalizes.
+                Err(Error::CollectiveMismatch(m)) => g.finalize().and(Err(Error::CollectiveMismatch(m))),
+                r => r.and_then(|_| g.finalize()),
+            };
         }
         self.inner.finalized.store(true, Ordering::Release);
         self.inner.ctl.set_state(PeState::Finalized);

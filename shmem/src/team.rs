@@ -1,17 +1,47 @@
 //! Teams: ordered subsets of the world that collectives run over.
 //!
-//! Every collective starts with an *exchange*: each member publishes a
+//! Every collective starts with an *agreement*: each member publishes a
 //! descriptor of the call (operation, element type, buffer offsets and
-//! lengths, root, and whether its own arguments were valid), enters the
-//! team's barrier, and reads every member's descriptor. Only when all agree
-//! does data move, so bad or mismatched arguments fail on every PE with
-//! nothing written.
+//! lengths, root, and whether its own arguments were valid) and reads every
+//! member's. Only when all agree does data move, so bad or mismatched
+//! arguments fail on every PE with nothing written.
+//!
+//! Where it happens:
+//!
+//! - on the host, in an *exchange* through the control plane (a barrier
+//!   of the team that carries the rows): the host backend, team splits,
+//!   allocations, the MoE and overlapped operations, NVSHMEM's collectives
+//!   ([`crate::CollImpl::Nvshmem`]) and teams of one;
+//! - on the device, for the eager calls (outside graph capture) of the
+//!   GPU backend's own collective kernels and barrier ([`Team::agrees_on_device`]):
+//!   the call's row travels with its kernel, whose first step compares
+//!   every member's row (`kernels/agree.cuh`), so that no PE waits for
+//!   another on the host. On a mismatch every member's kernel skips the
+//!   call, and each PE's kernel records every member's row; the host reads
+//!   the record without a round trip and fails with the message the
+//!   exchange would give ([`agreement_error`]): from [`crate::Stream::synchronize`]
+//!   or [`crate::Context::check_device`] once the kernel has run, or from
+//!   the call itself where it synchronises anyway (the copy-engine
+//!   all-gather, an in-place all-to-all through a copy). A PE whose own
+//!   arguments fail its checks returns its error at once, after launching
+//!   the agreement alone with its error code in its row, so that its peers
+//!   skip the call and report it too;
+//! - nowhere, in graph capture: a graph replays without the host, and its
+//!   calls are checked on each PE only.
+//!
+//! A device-found mismatch is reported from no later collective call of the
+//! device path: each PE learns of it when its own kernel has run, so a
+//! later call could fail on one PE and go on on another, which would leave
+//! the latter's kernel waiting for a PE that never comes. The calls that
+//! agree on the host ([`crate::Context::check_device`] in the MoE
+//! operations) may: a failure there fails every PE of the exchange.
 
 use crate::context::{Inner, Stream};
-use crate::control::{DESC_WORDS, MAX_TEAMS};
+use crate::control::{DescRow, DESC_WORDS, MAX_TEAMS};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
-use crate::gpu::kernels::Kernels;
+use crate::gpu::abi::{AGREE_ERROR_SHIFT, AGREE_HEAD_WORD, AGREE_PRIVATE_WORD, AGREE_WORDS};
+use crate::gpu::kernels::{AgreementFailure, Kernels};
 use crate::gpu::GpuWorld;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -104,11 +134,16 @@ impl Desc {
         let head = self.kind as u64
             | (self.dtype.map_or(0, |d| d as u64) << 8)
             | (self.op.map_or(0, |o| o as u64) << 16)
-            | ((err as u64) << 24);
+            | ((err as u64) << AGREE_ERROR_SHIFT);
         let a = self.args;
         [seq, head, a[0], a[1], a[2], a[3], a[4], self.private]
     }
 }
+
+// The kernels compare rows as `Desc::words` lays them out (`abi.cuh`).
+const _: () = assert!(AGREE_WORDS == DESC_WORDS);
+const _: () = assert!(AGREE_HEAD_WORD == 1 && AGREE_ERROR_SHIFT == 24);
+const _: () = assert!(AGREE_PRIVATE_WORD == DESC_WORDS - 1);
 
 /// One member's published row, decoded for messages.
 struct Row<'a>(&'a [u64; DESC_WORDS]);
@@ -209,6 +244,9 @@ pub(crate) struct TeamState {
     pub(crate) arrivals: AtomicU64,
     /// Exchanges this PE has made on the team.
     seq: AtomicU64,
+    /// Calls this PE has agreed on the device on the team: the last
+    /// agreement's epoch.
+    agreements: AtomicU64,
     /// For split teams: the context whose slot to free on drop.
     owner: Option<Arc<Inner>>,
     /// NVSHMEM's handle of the team, on the GPU backend.
@@ -236,8 +274,8 @@ impl TeamState {
         let my_index = members.iter().position(|&m| m == me).expect("a team state exists only on its members");
         let span = ctl.span(&members);
         let bases = vec![0; members.len()];
-        let (arrivals, seq) = (AtomicU64::new(0), AtomicU64::new(0));
-        TeamState { ctx_id, slot, members, my_index, bases, arrivals, seq, owner, nv_team, uid, span }
+        let (arrivals, seq, agreements) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
+        TeamState { ctx_id, slot, members, my_index, bases, arrivals, seq, agreements, owner, nv_team, uid, span }
     }
 }
 
@@ -382,20 +420,40 @@ impl Team {
 
     /// Blocks until every PE of the team has arrived.
     ///
+    /// On the GPU backend the barrier is on the stream: the work after it
+    /// waits there, not the host. A barrier that another PE met with a
+    /// different collective call fails as a collective does (see the
+    /// module docs).
+    ///
     /// # Collective
     pub fn barrier(&self, stream: &Stream) -> Result<()> {
         self.check()?;
         let kernels = self.ctx.gpu.as_ref().and_then(|g| g.kernels.as_ref().map(|k| (g, k)));
-        // shmem's barrier kernel on the stream, whose waits end (trap) after
-        // the device's wait limit: a peer that dies mid-barrier cannot hang
-        // the survivors, as NVSHMEM's barrier, which waits for ever, would.
-        let kernel_barrier = |g: &GpuWorld, k: &Kernels| {
+        // shmem's barrier kernel on the stream (agreeing on the call first
+        // where given an agreement), whose waits end (trap) after the
+        // device's wait limit: a peer that dies mid-barrier cannot hang the
+        // survivors, as NVSHMEM's barrier, which waits for ever, would.
+        let kernel_barrier = |g: &GpuWorld, k: &Kernels, agreement: Option<(u64, DescRow)>| {
             let force = self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner()).force_rma;
-            k.barrier(k.team(self.state.slot, &self.state.members, force)?, g.stream(stream).cu_stream())
+            let mut t = k.team(self.state.slot, &self.state.members, force)?;
+            if let Some((epoch, row)) = agreement {
+                t = t.agreeing(epoch, row);
+            }
+            k.barrier(t, g.stream(stream).cu_stream())
         };
-        if let Some((g, k)) = kernels.filter(|(g, _)| crate::gpu::capturing(g.stream(stream))) {
-            // In a CUDA graph: without the host.
-            return kernel_barrier(g, k);
+        if let Some((g, k)) = kernels {
+            let capturing = crate::gpu::capturing(g.stream(stream));
+            if capturing {
+                // In a CUDA graph: without the host.
+                return kernel_barrier(g, k, None);
+            }
+            if self.agrees_on_device(capturing) {
+                // This PE's puts complete (as NVSHMEM's barrier does), then
+                // the barrier kernel, which agrees on the call first.
+                let agreement = self.device_row(&Desc::new(OpKind::Barrier), None);
+                g.quiet(g.stream(stream))?;
+                return kernel_barrier(g, k, Some(agreement));
+            }
         }
         let rows = self.exchange(&Desc::new(OpKind::Barrier), None)?;
         self.agree(&rows)?;
@@ -410,7 +468,7 @@ impl Team {
         }
         match kernels {
             // This PE's puts complete first.
-            Some((g, k)) => g.quiet(st).and_then(|()| kernel_barrier(g, k)),
+            Some((g, k)) => g.quiet(st).and_then(|()| kernel_barrier(g, k, None)),
             None if self.state.nv_team == crate::gpu::TEAM_INVALID => Err(Error::BackendUnavailable(
                 "a barrier of a team NVSHMEM has no team for (a node whose PEs are not consecutive ranks) needs the \
                  device kernels"
@@ -441,35 +499,174 @@ impl Team {
 
     /// Fails unless every member's row carries no error and the same call.
     pub(crate) fn agree(&self, rows: &[[u64; DESC_WORDS]]) -> Result<()> {
-        let n = rows.len();
-        let me = self.state.my_index;
-        for (i, r) in rows.iter().enumerate() {
-            let code = (r[1] >> 24) & 0xff;
-            if code != 0 && i != me {
-                return Err(Error::CollectiveMismatch(format!(
-                    "{} on a team of {n} PEs: PE {} rejected its arguments ({})",
-                    Row(r),
-                    self.state.members[i],
-                    err_reason(code)
-                )));
-            }
-        }
-        let strip = |r: &[u64; DESC_WORDS]| {
-            let mut r = *r;
-            r[1] &= 0xff_ffff; // the error code
-            r[DESC_WORDS - 1] = 0; // private data
-            r
-        };
-        let mine = strip(&rows[me]);
-        if let Some(i) = rows.iter().position(|r| strip(r) != mine) {
+        check_rows(rows, &self.state.members, self.state.my_index)
+    }
+
+    /// Whether this PE's eager call (not `capturing`) of a collective
+    /// kernel or barrier on this team is agreed on the device, by the
+    /// call's kernel, rather than on the host: on the GPU backend with
+    /// shmem's kernels taking the team's collectives, for teams of more
+    /// than one. The same on every member (each setting it reads must be).
+    pub(crate) fn agrees_on_device(&self, capturing: bool) -> bool {
+        let Some(g) = &self.ctx.gpu else { return false };
+        let n = self.n_pes();
+        let implementation = self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner()).implementation;
+        !capturing && g.kernels.is_some() && n > 1 && crate::algo::kernels_take(implementation, n)
+    }
+
+    /// The next agreement on the device of this team: its epoch (from 1)
+    /// and this PE's row of `desc`, with the error code of `my_error`. The
+    /// row's sequence number is the host exchanges' count, which it leaves
+    /// as it is: the exchange's rows alternate by its parity.
+    pub(crate) fn device_row(&self, desc: &Desc, my_error: Option<&Error>) -> (u64, DescRow) {
+        let epoch = self.state.agreements.fetch_add(1, Ordering::Relaxed) + 1;
+        let seq = self.state.seq.load(Ordering::Relaxed);
+        (epoch, desc.words(seq, my_error.map_or(0, err_code)))
+    }
+}
+
+/// Fails unless every member's row carries no error and the same call
+/// (the per-PE word aside): `members` are the members' world PEs, `me`
+/// this PE's place among them.
+fn check_rows(rows: &[DescRow], members: &[usize], me: usize) -> Result<()> {
+    let n = rows.len();
+    for (i, r) in rows.iter().enumerate() {
+        let code = (r[AGREE_HEAD_WORD] >> AGREE_ERROR_SHIFT) & 0xff;
+        if code != 0 && i != me {
             return Err(Error::CollectiveMismatch(format!(
-                "on a team of {n} PEs, PE {} called {} but PE {} called {}",
-                self.ctx.me,
-                Row(&rows[me]),
-                self.state.members[i],
-                Row(&rows[i])
+                "{} on a team of {n} PEs: PE {} rejected its arguments ({})",
+                Row(r),
+                members[i],
+                err_reason(code)
             )));
         }
-        Ok(())
+    }
+    let strip = |r: &DescRow| {
+        let mut r = *r;
+        r[AGREE_HEAD_WORD] &= (1 << AGREE_ERROR_SHIFT) - 1; // the error code
+        r[AGREE_PRIVATE_WORD] = 0; // private data
+        r
+    };
+    let mine = strip(&rows[me]);
+    if let Some(i) = rows.iter().position(|r| strip(r) != mine) {
+        return Err(Error::CollectiveMismatch(format!(
+            "on a team of {n} PEs, PE {} called {} but PE {} called {}",
+            members[me],
+            Row(&rows[me]),
+            members[i],
+            Row(&rows[i])
+        )));
+    }
+    Ok(())
+}
+
+/// The error of an agreement the kernels found failed: the message the
+/// host's exchange gives for the same rows, with how many more failed
+/// since.
+pub(crate) fn agreement_error(f: &AgreementFailure) -> Error {
+    let message = match check_rows(&f.rows, &f.pes, f.rank) {
+        Err(Error::CollectiveMismatch(m)) => m,
+        _ => format!(
+            "a collective call on the team of PEs {:?} failed its agreement on the device (agreement {})",
+            f.pes, f.epoch
+        ),
+    };
+    match f.count {
+        0 | 1 => Error::CollectiveMismatch(message),
+        c => Error::CollectiveMismatch(format!("{message} (and {} later calls failed their agreement)", c - 1)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kernels' verdict (`agree` in `kernels/agree.cuh`): every word of
+    /// every member's row equals this PE's, the per-PE word aside.
+    fn device_agrees(rows: &[DescRow], me: usize) -> bool {
+        rows.iter().all(|r| (0..AGREE_WORDS).all(|w| w == AGREE_PRIVATE_WORD || r[w] == rows[me][w]))
+    }
+
+    fn all_reduce(len: u64) -> Desc {
+        let mut d = Desc::new(OpKind::AllReduce);
+        d.dtype = Some(DType::F32);
+        d.op = Some(ReduceOp::Sum);
+        d.args = [4096, len, 8192, len, 0];
+        d
+    }
+
+    /// Calls that differ in anything the exchange compares.
+    fn variants() -> Vec<Desc> {
+        let base = all_reduce(10);
+        let mut v = vec![base, all_reduce(11), Desc { op: Some(ReduceOp::Max), ..base }];
+        v.push(Desc { dtype: Some(DType::I32), ..base });
+        v.push(Desc { kind: OpKind::Broadcast, op: None, ..base });
+        v.push(Desc::new(OpKind::Barrier));
+        for i in 0..5 {
+            let mut d = base;
+            d.args[i] ^= 1 << 40;
+            v.push(d);
+        }
+        v
+    }
+
+    #[test]
+    fn differing_calls_give_differing_rows_and_errors_never_a_valid_row() {
+        let rows: Vec<DescRow> = variants().iter().map(|d| d.words(3, 0)).collect();
+        for (i, a) in rows.iter().enumerate() {
+            for (j, b) in rows.iter().enumerate() {
+                assert_eq!(device_agrees(&[*a, *b], 0), i == j, "variants {i} and {j}");
+            }
+        }
+        // A PE whose own arguments failed publishes its code: its row is
+        // no valid row, whatever its call.
+        for d in variants() {
+            for code in 1..=8 {
+                let bad = d.words(3, code);
+                assert!(rows.iter().all(|valid| !device_agrees(&[*valid, bad], 0)), "{d:?} with code {code}");
+            }
+        }
+        // The per-PE word is carried, not compared.
+        let mut a = all_reduce(10);
+        a.private = 7;
+        assert!(device_agrees(&[a.words(3, 0), all_reduce(10).words(3, 0)], 0));
+    }
+
+    /// Where this PE's own row is valid (the only rows a kernel reports),
+    /// the device's verdict is the host's.
+    #[test]
+    fn the_device_fails_exactly_the_calls_the_host_fails() {
+        let members = [0, 2, 5];
+        let mut rows_of: Vec<(Desc, u8)> = variants().into_iter().take(4).map(|d| (d, 0)).collect();
+        rows_of.push((all_reduce(10), 2));
+        for a in &rows_of {
+            for b in &rows_of {
+                for c in &rows_of {
+                    let rows: Vec<DescRow> = [a, b, c].iter().map(|(d, e)| d.words(1, *e)).collect();
+                    for me in (0..3).filter(|&m| [a, b, c][m].1 == 0) {
+                        assert_eq!(device_agrees(&rows, me), check_rows(&rows, &members, me).is_ok());
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_recorded_failure_reads_as_the_exchange_would_say_it() {
+        let rows = vec![all_reduce(10).words(0, 0), all_reduce(11).words(0, 0)];
+        let f = AgreementFailure { epoch: 4, slot: 0, rank: 0, pes: vec![0, 3], rows: rows.clone(), count: 1 };
+        let expected =
+            "on a team of 2 PEs, PE 0 called all_reduce(f32, sum, src 10 elements at heap offset 4096, dst 10 \
+                        elements at heap offset 8192, root 0) but PE 3 called all_reduce(f32, sum, src 11 elements at \
+                        heap offset 4096, dst 11 elements at heap offset 8192, root 0)";
+        match agreement_error(&f) {
+            Error::CollectiveMismatch(m) => assert_eq!(m, expected),
+            e => panic!("{e}"),
+        }
+        let e = agreement_error(&AgreementFailure { count: 3, ..f.clone() }).to_string();
+        assert!(e.ends_with("(and 2 later calls failed their agreement)"), "{e}");
+        let rejected = vec![all_reduce(10).words(0, 0), Desc::new(OpKind::AllReduce).words(0, 1)];
+        let e = agreement_error(&AgreementFailure { rows: rejected, ..f }).to_string();
+        assert!(e.contains("PE 3 rejected its arguments (a range out of bounds)"), "{e}");
     }
 }

@@ -76,8 +76,19 @@ pub(crate) const LINE_BYTES: usize = 128;
 pub(crate) const LINE_DATA_BYTES: usize = LINE_BYTES - 2 * 4;
 pub(crate) const LINE_DATA_BYTES_WIDE: usize = LINE_BYTES - 2 * 8;
 
+/// Words of a collective call's descriptor row (`kAgreeWords`): the
+/// control plane's `DESC_WORDS` (asserted where both are seen,
+/// `team.rs`). Word [`AGREE_HEAD_WORD`] holds, from bit
+/// [`AGREE_ERROR_SHIFT`], the error code of a PE whose own arguments
+/// failed its checks; word [`AGREE_PRIVATE_WORD`] is per PE, not compared.
+pub(crate) const AGREE_WORDS: usize = 8;
+pub(crate) const AGREE_HEAD_WORD: usize = 1;
+pub(crate) const AGREE_ERROR_SHIFT: u32 = 24;
+pub(crate) const AGREE_PRIVATE_WORD: usize = 7;
+
 /// `shmem::k::TeamSync` of `abi.cuh`, passed by value: a team's view
-/// of the heap and of its synchronisation state.
+/// of the heap and of its synchronisation state, and the agreement of an
+/// eager collective call (see `kernels/agree.cuh`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct TeamSync {
@@ -98,9 +109,17 @@ pub(crate) struct TeamSync {
     /// Non-zero when some member is reached through RMA.
     pub(in crate::gpu) rma: i32,
     pub(in crate::gpu) _pad: i32,
+    /// The call's agreement epoch (the team's count of eager calls on the
+    /// device path); 0: the kernel does not agree (graph capture, MoE and
+    /// internal launches).
+    pub(in crate::gpu) agree: u64,
+    /// Device address of this PE's host-mapped [`AgreeFailure`].
+    pub(in crate::gpu) report: u64,
+    /// This PE's descriptor row of the call, with `agree`.
+    pub(in crate::gpu) row: [u64; AGREE_WORDS],
 }
 
-const _: () = assert!(size_of::<TeamSync>() == 64);
+const _: () = assert!(size_of::<TeamSync>() == 144);
 const _: () = assert!(offset_of!(TeamSync, peer_heap) == 0);
 const _: () = assert!(offset_of!(TeamSync, pes) == 8);
 const _: () = assert!(offset_of!(TeamSync, heap) == 16);
@@ -111,6 +130,9 @@ const _: () = assert!(offset_of!(TeamSync, rank) == 48);
 const _: () = assert!(offset_of!(TeamSync, n) == 52);
 const _: () = assert!(offset_of!(TeamSync, rma) == 56);
 const _: () = assert!(offset_of!(TeamSync, _pad) == 60);
+const _: () = assert!(offset_of!(TeamSync, agree) == 64);
+const _: () = assert!(offset_of!(TeamSync, report) == 72);
+const _: () = assert!(offset_of!(TeamSync, row) == 80);
 
 impl TeamSync {
     /// Members of the team.
@@ -122,7 +144,53 @@ impl TeamSync {
     pub(crate) fn nvlink(&self) -> bool {
         self.rma == 0
     }
+
+    /// The view for a call that its kernel agrees on: agreement `epoch`
+    /// (from 1) of this PE's descriptor `row`.
+    pub(crate) fn agreeing(self, epoch: u64, row: [u64; AGREE_WORDS]) -> TeamSync {
+        TeamSync { agree: epoch, row, ..self }
+    }
+
+    /// The agreement's epoch (0: none).
+    pub(crate) fn agreement(&self) -> u64 {
+        self.agree
+    }
 }
+
+/// `AgreeFailure` of `abi.cuh`: what a kernel records, in host memory
+/// mapped into the device, when its agreement on an eager collective call
+/// fails. The first failure since the host last looked is kept whole; each
+/// counts and names itself in `latest_*`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AgreeFailure {
+    /// Failed agreements since the host last looked (0: none).
+    pub count: u64,
+    /// The latest failure's epoch and its team's `sync_offset`.
+    pub latest_epoch: u64,
+    pub latest_slot: u64,
+    /// The first failure's epoch and its team's `sync_offset`.
+    pub epoch: u64,
+    pub slot: u64,
+    /// The first failure's team: its members, this PE's place among them,
+    /// their world PEs and their rows.
+    pub n: i32,
+    pub rank: i32,
+    pub pes: [i32; MAX_TEAM],
+    pub rows: [[u64; AGREE_WORDS]; MAX_TEAM],
+}
+
+const _: () = assert!(size_of::<AgreeFailure>() == 4400);
+const _: () = assert!(std::mem::align_of::<AgreeFailure>() == 8);
+const _: () = assert!(offset_of!(AgreeFailure, count) == 0);
+const _: () = assert!(offset_of!(AgreeFailure, latest_epoch) == 8);
+const _: () = assert!(offset_of!(AgreeFailure, latest_slot) == 16);
+const _: () = assert!(offset_of!(AgreeFailure, epoch) == 24);
+const _: () = assert!(offset_of!(AgreeFailure, slot) == 32);
+const _: () = assert!(offset_of!(AgreeFailure, n) == 40);
+const _: () = assert!(offset_of!(AgreeFailure, rank) == 44);
+const _: () = assert!(offset_of!(AgreeFailure, pes) == 48);
+const _: () = assert!(offset_of!(AgreeFailure, rows) == 304);
 
 /// Which MoE all-to-all-v an [`A2av`] is (`A2avKind` of `abi.cuh`): the
 /// kernels are built once for each.

@@ -139,6 +139,8 @@ pub(crate) enum KernelId {
     SelfCheck,
     /// `shmem_barrier`.
     Barrier,
+    /// `shmem_agree`: the agreement of an eager collective call alone.
+    Agree,
     /// `shmem_broadcast_pull`.
     BroadcastPull,
     /// `shmem_copy_sm` of `overlap.cu`.
@@ -166,9 +168,10 @@ pub(crate) enum KernelId {
 }
 
 /// Kernels without arguments of their own, in [`KernelId::index`] order.
-const SINGLES: [KernelId; 9] = [
+const SINGLES: [KernelId; 10] = [
     KernelId::SelfCheck,
     KernelId::Barrier,
+    KernelId::Agree,
     KernelId::BroadcastPull,
     KernelId::CopySm,
     KernelId::A2avPlan,
@@ -210,13 +213,14 @@ impl KernelId {
         match self {
             KernelId::SelfCheck => 0,
             KernelId::Barrier => 1,
-            KernelId::BroadcastPull => 2,
-            KernelId::CopySm => 3,
-            KernelId::A2avPlan => 4,
-            KernelId::A2avMove => 5,
-            KernelId::MoeRoute => 6,
-            KernelId::MoeGather => 7,
-            KernelId::Amo => 8,
+            KernelId::Agree => 2,
+            KernelId::BroadcastPull => 3,
+            KernelId::CopySm => 4,
+            KernelId::A2avPlan => 5,
+            KernelId::A2avMove => 6,
+            KernelId::MoeRoute => 7,
+            KernelId::MoeGather => 8,
+            KernelId::Amo => 9,
             KernelId::SumSlots(d) => SUM_SLOTS_AT + dtype(d),
             KernelId::MoeCombine(d) => MOE_COMBINE_AT + dtype(d),
             KernelId::A2avFused(k) => A2AV_FUSED_AT + k as usize,
@@ -238,6 +242,7 @@ impl KernelId {
         match self {
             KernelId::SelfCheck => "shmem_selfcheck".into(),
             KernelId::Barrier => "shmem_barrier".into(),
+            KernelId::Agree => "shmem_agree".into(),
             KernelId::BroadcastPull => "shmem_broadcast_pull".into(),
             KernelId::CopySm => "shmem_copy_sm".into(),
             KernelId::A2avPlan => "shmem_a2av_plan".into(),

@@ -8,7 +8,7 @@
 use super::abi::{TeamSync, MAX_BLOCKS, RMA_BLOCKS, THREADS};
 use super::kernel_id::KernelId;
 use super::module::{Grid, Module};
-use super::record::HostRecord;
+use super::record::{AgreeRecord, HostRecord};
 use super::teams::View;
 use super::{CUstream, CudaCall, GpuWorld};
 use crate::error::{Error, Result};
@@ -20,7 +20,7 @@ use std::sync::Mutex;
 pub(crate) use super::abi::{A2av, MoeCombine, MoeRoute, MAX_TEAM, ROUTE_THREADS};
 pub(crate) use super::layout::Layout;
 pub(crate) use super::module::not_built;
-pub(crate) use super::record::DeviceCheckFailure;
+pub(crate) use super::record::{AgreementFailure, DeviceCheckFailure};
 
 /// The loaded kernels and their state.
 pub(crate) struct Kernels {
@@ -30,6 +30,8 @@ pub(crate) struct Kernels {
     pub(super) views: Mutex<HashMap<(usize, bool), View>>,
     /// Where the MoE kernels record a failed check.
     pub(super) a2av_error: HostRecord,
+    /// Where the collectives record a failed agreement on an eager call.
+    pub(super) agree_error: AgreeRecord,
     /// Blocks of a kernel (of 512 threads, one an SM) resident at once on
     /// every PE's GPU, agreed when the kernels are loaded
     /// ([`Kernels::set_resident_blocks`]): the MoE line kernel's grid
@@ -44,6 +46,7 @@ impl Kernels {
     pub(crate) fn load(g: &GpuWorld, me: usize, n: usize, layout: Layout, node: &[usize]) -> Result<Kernels> {
         let module = Module::load(g)?;
         let a2av_error = HostRecord::new()?;
+        let agree_error = AgreeRecord::new()?;
         let sms = g
             .cuda
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
@@ -53,6 +56,7 @@ impl Kernels {
             layout,
             views: Mutex::new(HashMap::new()),
             a2av_error,
+            agree_error,
             resident_blocks: sms.max(1) as usize,
         };
         k.selfcheck(g, me, n)?;
@@ -144,9 +148,34 @@ impl Kernels {
         unsafe { self.module.launch(KernelId::Barrier, grid, 0, s, &mut [(&raw mut t).cast()]) }
     }
 
+    /// The agreement of an eager call alone (`shmem_agree`, one block), for
+    /// a PE whose own arguments failed its checks: `t` carries its row,
+    /// error code included, so that every member's kernel of the call
+    /// skips it.
+    pub(crate) fn agree(&self, t: TeamSync, s: CUstream) -> Result<()> {
+        let mut t = t;
+        let grid = Grid { blocks: 1, threads: 256 };
+        // SAFETY: (TeamSync) as the kernel declares; it writes only the
+        // agreement's state and record.
+        unsafe { self.module.launch(KernelId::Agree, grid, 0, s, &mut [(&raw mut t).cast()]) }
+    }
+
     /// What the MoE kernels' checks found since the last look (cleared).
     pub(crate) fn take_a2av_error(&self) -> Option<DeviceCheckFailure> {
         self.a2av_error.take()
+    }
+
+    /// The first failed agreement on an eager collective since the last
+    /// look (cleared).
+    pub(crate) fn take_agreement_failure(&self) -> Option<AgreementFailure> {
+        self.agree_error.take()
+    }
+
+    /// Whether the agreement of the call `t` was launched with failed, once
+    /// its kernel has run (after a synchronisation): the latest failure
+    /// recorded is its own.
+    pub(crate) fn agreement_failed(&self, t: &TeamSync) -> bool {
+        t.agree != 0 && self.agree_error.latest_is(t.sync_offset, t.agree)
     }
 }
 

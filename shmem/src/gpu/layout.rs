@@ -4,8 +4,8 @@
 //! its MoE all-to-all-v table.
 
 use super::abi::{
-    A2AV_COUNTER_BYTES, A2AV_PACKET_WORDS, EPOCH_COUNTERS, MAX_BLOCKS, PACKET_BYTES, PUSH_MAX_BYTES, PUSH_MAX_TEAM,
-    RMA_BLOCKS, RMA_CHUNK, SIGNAL_ARRAYS, STATE_ALIGN,
+    A2AV_COUNTER_BYTES, A2AV_PACKET_WORDS, AGREE_WORDS, EPOCH_COUNTERS, MAX_BLOCKS, PACKET_BYTES, PUSH_MAX_BYTES,
+    PUSH_MAX_TEAM, RMA_BLOCKS, RMA_CHUNK, SIGNAL_ARRAYS, STATE_ALIGN,
 };
 use crate::algo::low_latency_buffer_bytes;
 
@@ -31,11 +31,20 @@ impl Layout {
 
     /// A team's synchronisation slot: the signal arrays and epoch
     /// counters, then the one-kernel MoE all-to-all-v's counters and its
-    /// two buffers of splits packets (`A2avPackets` in `moe.cuh`).
+    /// two buffers of splits packets (`A2avPackets` in `moe.cuh`), then the
+    /// agreement's state (`TeamSync::agree_base` in `abi.cuh`).
     pub(super) fn slot_bytes(&self) -> usize {
         ((SIGNAL_ARRAYS * MAX_BLOCKS * self.n + EPOCH_COUNTERS) * 8).next_multiple_of(STATE_ALIGN)
             + A2AV_COUNTER_BYTES
             + 2 * A2AV_PACKET_WORDS * PACKET_BYTES
+            + self.agree_bytes()
+    }
+
+    /// The agreement's state of a slot: for each of two epoch parities, a
+    /// packet a word of every sender's row (NVLink) and every sender's row
+    /// (RMA), then a signal word a sender.
+    fn agree_bytes(&self) -> usize {
+        (self.n * (2 * AGREE_WORDS * (PACKET_BYTES + 8) + 8)).next_multiple_of(STATE_ALIGN)
     }
 
     /// Heap offset of team slot `slot`'s synchronisation state.
@@ -87,14 +96,15 @@ mod tests {
     #[test]
     fn state_of_a_pair() {
         let l = Layout::new(1 << 20, 2);
-        // 3 × 128 × 2 + 256 words, rounded to 256 bytes, + 256 + 2 × 1024 × 16.
-        assert_eq!(l.slot_bytes(), 8192 + 256 + 32768);
+        // 3 × 128 × 2 + 256 words, rounded to 256 bytes, + 256 + 2 × 1024 × 16,
+        // + 2 × (2 × 8 × 24 + 8) rounded to 256.
+        assert_eq!(l.slot_bytes(), 8192 + 256 + 32768 + 1024);
         assert_eq!(l.slot(0), 1 << 20);
-        assert_eq!(l.ll(), (1 << 20) + 64 * 41216);
+        assert_eq!(l.ll(), (1 << 20) + 64 * 42240);
         assert_eq!(l.push(), l.ll() + 2 * 2 * ((2 << 20) + (64 << 10)));
         assert_eq!(l.temp(), l.push() + 2048 + 2 * 2 * (1 << 20));
         assert_eq!(l.a2av(), l.temp() + 32 * 2 * 8192);
-        assert_eq!(l.a2av(), 17_057_792);
+        assert_eq!(l.a2av(), 17_057_792 + 64 * 1024);
         assert_eq!(l.bytes(), l.a2av() + A2AV_TABLE_WORDS * 8 - (1 << 20));
     }
 }

@@ -1,10 +1,11 @@
-//! The record the MoE kernels write when their check of an exchange fails
-//! ([`A2avError`]), in pinned host memory mapped into the device, and what
-//! the host makes of it.
+//! The records the kernels write for the host, in pinned host memory mapped
+//! into the device, and what the host makes of them: the MoE kernels' when
+//! their check of an exchange fails ([`A2avError`]), and the collectives'
+//! when their agreement on an eager call fails ([`AgreeFailure`]).
 
 use super::abi::{
-    A2avError, A2AV_CODE_CLASS_SHIFT, A2AV_CODE_INDEX_MASK, A2AV_CODE_KIND_MASK, A2AV_CODE_KIND_SHIFT,
-    A2AV_CODE_PE_MASK, A2AV_CODE_PE_SHIFT,
+    A2avError, AgreeFailure, A2AV_CODE_CLASS_SHIFT, A2AV_CODE_INDEX_MASK, A2AV_CODE_KIND_MASK, A2AV_CODE_KIND_SHIFT,
+    A2AV_CODE_PE_MASK, A2AV_CODE_PE_SHIFT, AGREE_WORDS, MAX_TEAM,
 };
 use super::CudaCall;
 use crate::error::Result;
@@ -45,12 +46,61 @@ impl DeviceCheckFailure {
     }
 }
 
-/// The error record: pinned host memory mapped into the device (not
-/// managed memory), so the host reads it without synchronising with the
-/// stream.
-pub(super) struct HostRecord {
+/// Pinned host memory mapped into the device (not managed memory), which
+/// the device writes and the host reads without synchronising with the
+/// stream: `words` 64-bit words, zeroed.
+struct Mapped {
     ptr: *mut u64,
     /// `ptr` in the device's address space.
+    device: u64,
+    words: usize,
+}
+
+impl Mapped {
+    fn new(words: usize) -> Result<Mapped> {
+        // SAFETY: a plain pinned allocation; CU_MEMHOSTALLOC_DEVICEMAP maps
+        // it into the device's address space (with unified addressing at the
+        // same address).
+        let ptr =
+            unsafe { cudarc::driver::result::malloc_host(words * 8, cudarc::driver::sys::CU_MEMHOSTALLOC_DEVICEMAP) }
+                .cuda("cuMemHostAlloc")?
+                .cast::<u64>();
+        let mut device = 0;
+        // SAFETY: `ptr` came from cuMemHostAlloc with DEVICEMAP.
+        let mapped = unsafe { cudarc::driver::sys::cuMemHostGetDevicePointer_v2(&mut device, ptr.cast(), 0) };
+        let m = Mapped { ptr, device, words };
+        mapped.result().cuda("cuMemHostGetDevicePointer")?;
+        for w in 0..words {
+            m.store(w, 0);
+        }
+        Ok(m)
+    }
+
+    fn load(&self, w: usize) -> u64 {
+        assert!(w < self.words);
+        // SAFETY: `w < words`; volatile, as the device writes it.
+        unsafe { self.ptr.add(w).read_volatile() }
+    }
+
+    fn store(&self, w: usize, v: u64) {
+        assert!(w < self.words);
+        // SAFETY: as in `load`.
+        unsafe { self.ptr.add(w).write_volatile(v) }
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        // SAFETY: allocated by cuMemHostAlloc, freed once; an error (a dead
+        // context) leaves nothing to free.
+        let _ = unsafe { cudarc::driver::result::free_host(self.ptr.cast()) };
+    }
+}
+
+/// The MoE kernels' error record ([`A2avError`]).
+pub(super) struct HostRecord {
+    mapped: Mapped,
+    /// Its address in the device's address space.
     pub(super) device: u64,
 }
 
@@ -59,59 +109,108 @@ impl HostRecord {
     const COUNT: usize = offset_of!(A2avError, count) / 8;
 
     pub(super) fn new() -> Result<HostRecord> {
-        // SAFETY: a plain pinned allocation; CU_MEMHOSTALLOC_DEVICEMAP maps
-        // it into the device's address space (with unified addressing at the
-        // same address).
-        let ptr = unsafe {
-            cudarc::driver::result::malloc_host(Self::WORDS * 8, cudarc::driver::sys::CU_MEMHOSTALLOC_DEVICEMAP)
-        }
-        .cuda("cuMemHostAlloc")?
-        .cast::<u64>();
-        let mut device = 0;
-        // SAFETY: `ptr` came from cuMemHostAlloc with DEVICEMAP.
-        let mapped = unsafe { cudarc::driver::sys::cuMemHostGetDevicePointer_v2(&mut device, ptr.cast(), 0) };
-        let record = HostRecord { ptr, device };
-        mapped.result().cuda("cuMemHostGetDevicePointer")?;
-        for w in 0..Self::WORDS {
-            record.store(w, 0);
-        }
-        Ok(record)
-    }
-
-    fn load(&self, w: usize) -> u64 {
-        // SAFETY: `w < WORDS`; volatile, as the device writes it.
-        unsafe { self.ptr.add(w).read_volatile() }
-    }
-
-    fn store(&self, w: usize, v: u64) {
-        // SAFETY: as in `load`.
-        unsafe { self.ptr.add(w).write_volatile(v) }
+        let mapped = Mapped::new(Self::WORDS)?;
+        Ok(HostRecord { device: mapped.device, mapped })
     }
 
     /// The recorded failure, cleared; `None` if nothing failed since the last look.
     pub(super) fn take(&self) -> Option<DeviceCheckFailure> {
         std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
-        let count = self.load(Self::COUNT);
+        let m = &self.mapped;
+        let count = m.load(Self::COUNT);
         if count == 0 {
             return None;
         }
-        let word = |offset: usize| self.load(offset / 8);
+        let word = |offset: usize| m.load(offset / 8);
         let record = A2avError {
             code: word(offset_of!(A2avError, code)),
             value: word(offset_of!(A2avError, value)) as i64,
             count,
             limit: word(offset_of!(A2avError, limit)),
         };
-        self.store(Self::COUNT, 0);
+        m.store(Self::COUNT, 0);
         Some(DeviceCheckFailure::of(&record))
     }
 }
 
-impl Drop for HostRecord {
-    fn drop(&mut self) {
-        // SAFETY: allocated by cuMemHostAlloc, freed once; an error (a dead
-        // context) leaves nothing to free.
-        let _ = unsafe { cudarc::driver::result::free_host(self.ptr.cast()) };
+/// A failed agreement on an eager collective call, as the kernels recorded
+/// it ([`AgreeFailure`]): the first since the host last looked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct AgreementFailure {
+    /// Its agreement epoch, and its team's slot (`TeamSync::sync_offset`).
+    pub epoch: u64,
+    pub slot: u64,
+    /// This PE's place in the team.
+    pub rank: usize,
+    /// The members' world PEs.
+    pub pes: Vec<usize>,
+    /// The members' descriptor rows.
+    pub rows: Vec<[u64; AGREE_WORDS]>,
+    /// Failed agreements since the last look, this one included.
+    pub count: u64,
+}
+
+impl AgreementFailure {
+    /// The failure a record holds (`None` where it counts none, or holds
+    /// no team the kernels take).
+    fn of(r: &AgreeFailure) -> Option<AgreementFailure> {
+        let n = usize::try_from(r.n).ok().filter(|&n| n <= MAX_TEAM && r.count > 0)?;
+        let rank = usize::try_from(r.rank).ok().filter(|&k| k < n)?;
+        Some(AgreementFailure {
+            epoch: r.epoch,
+            slot: r.slot,
+            rank,
+            pes: r.pes[..n].iter().map(|&p| p as usize).collect(),
+            rows: r.rows[..n].to_vec(),
+            count: r.count,
+        })
+    }
+}
+
+/// The kernels' record of failed agreements ([`AgreeFailure`]).
+pub(super) struct AgreeRecord {
+    mapped: Mapped,
+    /// Its address in the device's address space.
+    pub(super) device: u64,
+}
+
+impl AgreeRecord {
+    const WORDS: usize = size_of::<AgreeFailure>() / 8;
+    const COUNT: usize = offset_of!(AgreeFailure, count) / 8;
+
+    pub(super) fn new() -> Result<AgreeRecord> {
+        let mapped = Mapped::new(Self::WORDS)?;
+        Ok(AgreeRecord { device: mapped.device, mapped })
+    }
+
+    /// Whether agreement `epoch` of the team at `slot` is the latest
+    /// failure recorded (and not yet looked at): once its kernel has run,
+    /// whether that call failed.
+    pub(super) fn latest_is(&self, slot: u64, epoch: u64) -> bool {
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        let m = &self.mapped;
+        m.load(Self::COUNT) != 0
+            && m.load(offset_of!(AgreeFailure, latest_epoch) / 8) == epoch
+            && m.load(offset_of!(AgreeFailure, latest_slot) / 8) == slot
+    }
+
+    /// The recorded failure, cleared; `None` if nothing failed since the last look.
+    pub(super) fn take(&self) -> Option<AgreementFailure> {
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        let m = &self.mapped;
+        if m.load(Self::COUNT) == 0 {
+            return None;
+        }
+        // SAFETY: `AgreeFailure` is plain integers, any bits a valid value.
+        let mut r: AgreeFailure = unsafe { std::mem::zeroed() };
+        // SAFETY: `r` is `WORDS` 8-byte aligned words (its size and
+        // alignment asserted in abi.rs), written here word by word.
+        let words = unsafe { std::slice::from_raw_parts_mut((&raw mut r).cast::<u64>(), Self::WORDS) };
+        for (w, slot) in words.iter_mut().enumerate() {
+            *slot = m.load(w);
+        }
+        m.store(Self::COUNT, 0);
+        AgreementFailure::of(&r)
     }
 }
 
@@ -137,5 +236,37 @@ mod tests {
                 count: 2
             }
         );
+    }
+
+    #[test]
+    fn an_agreement_failure_unpacks_as_the_kernels_pack_it() {
+        // SAFETY: plain integers, all zeros a valid value.
+        let mut r: AgreeFailure = unsafe { std::mem::zeroed() };
+        assert_eq!(AgreementFailure::of(&r), None, "nothing counted");
+        r.count = 2;
+        r.epoch = 9;
+        r.slot = 4096;
+        r.n = 2;
+        r.rank = 1;
+        r.pes[..2].copy_from_slice(&[3, 5]);
+        r.rows[0] = [1; AGREE_WORDS];
+        r.rows[1] = [2; AGREE_WORDS];
+        let f = AgreementFailure::of(&r).expect("a failure");
+        assert_eq!(
+            f,
+            AgreementFailure {
+                epoch: 9,
+                slot: 4096,
+                rank: 1,
+                pes: vec![3, 5],
+                rows: vec![[1; AGREE_WORDS], [2; AGREE_WORDS]],
+                count: 2
+            }
+        );
+        r.rank = 2;
+        assert_eq!(AgreementFailure::of(&r), None, "a rank outside the team");
+        r.rank = 0;
+        r.n = MAX_TEAM as i32 + 1;
+        assert_eq!(AgreementFailure::of(&r), None, "a team larger than the kernels take");
     }
 }

@@ -1,7 +1,7 @@
 //! Each team's view for the kernels ([`TeamSync`]): its members' heap
 //! bases and PE numbers on the device, and its synchronisation slot.
 
-use super::abi::TeamSync;
+use super::abi::{TeamSync, AGREE_WORDS};
 use super::kernels::Kernels;
 use super::{CudaCall, GpuWorld};
 use crate::error::{Error, Result};
@@ -68,6 +68,9 @@ impl Kernels {
             n: members.len() as i32,
             rma: bases.contains(&0) as i32,
             _pad: 0,
+            agree: 0,
+            report: self.agree_error.device,
+            row: [0; AGREE_WORDS],
         };
         drop((_a, _b));
         let view = View { members: members.to_vec(), _heap: heap, _pes: pes_dev, sync };
