@@ -93,7 +93,7 @@ constexpr int kAgreePrivateWord = 7;
 //
 // `agree`, `report` and `row` are the agreement of an eager collective
 // (agree.cuh): the host passes its call's descriptor row whole, as a
-// kernel argument (64 bytes more to a launch, no copy to the device),
+// kernel argument (80 bytes more to a launch's arguments, no copy to the device),
 // with the agreement's epoch (the team's count of eager calls, the same
 // on every member; 0 for no agreement: graph capture, the MoE and
 // internal kernels), so that the members compare whole rows and a
