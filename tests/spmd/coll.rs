@@ -7,6 +7,11 @@
 //! Every PE computes every PE's input from (seed, PE, index), and the
 //! reference combines them in team order, accumulating as [`Element`] does
 //! (the host backend's arithmetic), so results must match bit for bit.
+//! Float inputs of sums have random mantissas and exponents spread over
+//! ±6, so a sum in any other order than the PE order shows in the bits:
+//! these tests guard the README's promise that shmem's all-reduce and
+//! reduce-scatter give the sum in PE order whatever the size, algorithm
+//! and path ([`kernels::graph_replay`] under graph replay).
 //! Outputs are poisoned before each call, and guard elements after every
 //! region must keep their poison.
 
@@ -82,12 +87,13 @@ const HOST_VARIANT_SMALL: &[usize] = &[7, 4099];
 /// 96 KiB of f32 and 192 KiB of 8-byte types; 65 541 are 128 KiB + 10 bytes
 /// of f16 (past the low-latency limit of worlds over 8 PEs) and 512 KiB +
 /// 40 of 8-byte types. At 2 PEs the default runs them all on the
-/// low-latency kernels (up to 1 MiB a peer), [`Variant::Tuned`] the 4- and
-/// 8-byte ones past 256 KiB on the push kernels; `LARGE` is past the push
-/// kernels' 1 MiB in every dtype.
+/// low-latency kernels (up to 1 MiB a peer), [`Variant::Tuned`] those past
+/// 128 KiB (each dtype's 65 541, and the 8-byte types' 24 579) on the push
+/// kernels; `LARGE` is past the push kernels' 1 MiB in every dtype.
 const MEDIUM: &[usize] = &[24_579, (1 << 16) + 5];
 const LARGE: usize = (1 << 20) + 3;
-/// GPU only, f32 and bf16: the all-reduce's vector, the all-gather's output.
+/// GPU only, f32 and bf16: the all-reduce's vector, the all-gather's output,
+/// the reduce-scatter's input.
 const HUGE_BYTES: usize = 256 << 20;
 /// Poisoned bytes after every region, which no call may touch.
 const GUARD_BYTES: usize = 64;
@@ -162,7 +168,7 @@ impl Placement {
 /// GPU: every dtype and operator at the small and medium sizes; at the
 /// large size sums of every dtype, and every operator of f32 and bf16 where
 /// the variant is about the collective (not on split teams); 256 MiB for f32 and bf16 sums of the
-/// world's all-reduce and all-gather where the variant is about them.
+/// world's all-reduce, all-gather and reduce-scatter where the variant is about them.
 ///
 /// Host (CI: two cores; it ignores the settings, so the variants repeat the
 /// default): every dtype and operator at the small sizes under the default
@@ -188,7 +194,7 @@ impl Plan {
         out.push((Tier::Large, LARGE));
         let huge = match self.coll {
             Coll::AllReduce => HUGE_BYTES / dtype.size(),
-            Coll::AllGather => HUGE_BYTES / dtype.size() / env.n(),
+            Coll::AllGather | Coll::ReduceScatter => HUGE_BYTES / dtype.size() / env.n(),
             _ => 0,
         };
         if huge > 0 && huge_on() {
@@ -292,12 +298,41 @@ fn split_teams(env: &Env) -> shmem::Result<Vec<Group>> {
 }
 
 /// PE `pe`'s input element `i`: random bits for data movement (NaNs and
-/// all), [`TestElem::random`] values for reductions.
+/// all), [`TestElem::random`] values for reductions, and for float sums
+/// a share of [`cancelling`] elements.
 pub fn input<T: TestElem>(seed: u64, pe: usize, i: usize, op: Option<ReduceOp>) -> T {
+    let r = mix(seed ^ mix((pe as u64) << 40 ^ i as u64));
     match op {
         None => payload(seed, pe, i),
-        Some(op) => T::random(mix(seed ^ mix((pe as u64) << 40 ^ i as u64)), op),
+        Some(ReduceOp::Sum) if T::ROUNDOFF > 0.0 => match cancelling(seed, pe, i, r) {
+            Some(x) => T::from_real(x),
+            None => T::random(r, ReduceOp::Sum),
+        },
+        Some(op) => T::random(r, op),
     }
+}
+
+/// One float sum's element in four (the same on every PE): two PEs `a`
+/// and `b` (world PEs 0–7, drawn per element) hold +B and −B, B in
+/// [2^15, 1.5 · 2^15), the others small values in ±[2^-14, 2^-13). In f32,
+/// the accumulator of f16 and bf16 too, what has been added before a ±B
+/// vanishes in it, so the sum in PE order is the small values after both
+/// Bs, and a sum in most other orders misses or keeps another one: a
+/// difference far above f16's and bf16's rounding, which random values
+/// alone seldom show, their f32 sums differing from order to order only in
+/// bits that the rounding to 2 bytes drops. All within f16's range.
+fn cancelling(seed: u64, pe: usize, i: usize, r: u64) -> Option<f64> {
+    let h = mix(seed ^ mix(i as u64 ^ 0x5eed_ca9c_e11a_7105));
+    let (a, b) = ((h >> 2) % 8, (h >> 5) % 8);
+    if h & 3 != 0 || a == b {
+        return None;
+    }
+    let big = f64::from_bits((1023 + 15) << 52 | h >> 13);
+    Some(match pe as u64 {
+        p if p == a => big,
+        p if p == b => -big,
+        _ => f64::from_bits((r >> 8 & 1) << 63 | (1023 - 14) << 52 | r >> 12),
+    })
 }
 
 /// The reference reduction: `xs` combined in order, accumulating as the

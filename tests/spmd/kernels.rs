@@ -3,8 +3,10 @@
 //! inputs. The host backend ignores the settings and cannot capture.
 
 use crate::coll::{input, reduce, Coll, Report};
-use crate::util::{mix, needs_gpu, payload, poison, Env, TestResult};
-use shmem::{bf16, AllGatherAlgo, AllReduceAlgo, CollImpl, Collectives, Context, ReduceOp, Tuning};
+use crate::util::{mix, needs_gpu, payload, poison, Env, TestElem, TestResult};
+use shmem::{
+    bf16, AllGatherAlgo, AllReduceAlgo, CollImpl, Collectives, Context, ReduceOp, Stream, SymmetricBuffer, Tuning,
+};
 
 /// One setting of [`Collectives`], applied on top of what the run started
 /// with (so a run under `SHMEM_FORCE_RMA=1` takes every variant through RMA).
@@ -34,18 +36,20 @@ pub enum Variant {
     Pull,
 }
 
-/// [`Variant::Tuned`]'s knobs: the medium sizes' cases past 256 KiB a peer
-/// (f32's 256 KiB + 20 bytes, the 8-byte types' 512 KiB + 40) take the push
-/// kernels on 128 blocks, the rest the low-latency kernels on 64 blocks of
-/// 192 threads (by default 512) at every size (the default grid changes at
-/// 32 KiB) and in 8-byte packets (by
-/// default in lines from 256 KiB); a team of one never copies by a copy
+/// [`Variant::Tuned`]'s knobs: the medium sizes' cases past 128 KiB a peer
+/// (f16's and bf16's 128 KiB + 10 bytes, f32's 256 KiB + 20, the 8-byte
+/// types' 192 KiB + 24 and 512 KiB + 40) take the push kernels on 128
+/// blocks, in every element type (the default takes them only at 4 or more
+/// PEs, and not for these sizes of 2-byte types); the rest the low-latency
+/// kernels on 64 blocks of 192 threads (by default 512) at every size (the
+/// default grid changes at 32 KiB) and in 8-byte packets (by default in
+/// lines from 256 KiB); a team of one never copies by a copy
 /// engine (by default it does in graphs, and from 2 or 8 MiB outside); a
 /// broadcast is never pulled (nor by default); the MoE ops take
 /// the one kernel, not the line kernel, for every input but an empty one
 /// (by default the line kernel wherever it fits).
 pub const TUNED: Tuning = Tuning {
-    low_latency_max_bytes: Some(256 << 10),
+    low_latency_max_bytes: Some(128 << 10),
     low_latency_blocks: Some(64),
     low_latency_threads: Some(192),
     low_latency_lines_min_bytes: Some(usize::MAX),
@@ -145,10 +149,11 @@ impl Drop for Settings<'_> {
     }
 }
 
-/// GPU only: an all-reduce (bf16 sum), an all-gather (f32) and a
-/// reduce-scatter (f32 max) captured once into a CUDA graph, under each
-/// algorithm setting, then replayed 1000 times with new inputs written from
-/// the host between replays; every result exact.
+/// GPU only: all-reduces (bf16 and f32 sums), an all-gather (f32) and
+/// reduce-scatters (f32 and bf16 sums) captured once into a CUDA graph,
+/// under each algorithm setting, then replayed 1000 times with new random
+/// inputs written from the host between replays; every result exact, the
+/// sums bit for bit the sums in PE order, as eager calls give them.
 pub fn graph_replay(env: &Env) -> TestResult {
     let stream = needs_gpu(env)?;
     let mut rep = Report::new(env);
@@ -172,24 +177,79 @@ pub fn graph_replay(env: &Env) -> TestResult {
     rep.finish()
 }
 
+/// A sum captured in the graph: an all-reduce of `len` elements, or a
+/// reduce-scatter of `len` a PE; its inputs drawn from the replay's seed
+/// and `salt`.
+struct Sum<T: TestElem> {
+    scatter: bool,
+    len: usize,
+    salt: u64,
+    src: SymmetricBuffer<T>,
+    dst: SymmetricBuffer<T>,
+}
+
+impl<T: TestElem> Sum<T> {
+    fn new(ctx: &Context, scatter: bool, len: usize, salt: u64) -> shmem::Result<Sum<T>> {
+        let src = ctx.alloc::<T>(if scatter { len * ctx.n_pes() } else { len })?;
+        Ok(Sum { scatter, len, salt, src, dst: ctx.alloc::<T>(len)? })
+    }
+
+    fn name(&self) -> String {
+        format!("{} {} sum", if self.scatter { "reduce_scatter" } else { "all_reduce" }, T::DTYPE)
+    }
+
+    fn call(&self, ctx: &Context, s: &Stream) -> shmem::Result<()> {
+        if self.scatter {
+            ctx.reduce_scatter(&self.dst, &self.src, ReduceOp::Sum, s)
+        } else {
+            ctx.all_reduce(&self.dst, &self.src, ReduceOp::Sum, s)
+        }
+    }
+
+    fn input(&self, seed: u64, pe: usize, i: usize) -> T {
+        input::<T>(seed ^ self.salt, pe, i, Some(ReduceOp::Sum))
+    }
+
+    /// This PE's fresh input; the output poisoned.
+    fn write(&self, env: &Env, seed: u64) -> TestResult {
+        let me = env.me();
+        let src: Vec<T> = (0..self.src.len()).map(|i| self.input(seed, me, i)).collect();
+        self.src.copy_from_host(&src, &env.s)?;
+        self.dst.fill(poison(), &env.s)?;
+        Ok(())
+    }
+
+    /// The output against the sum in PE order, bit for bit.
+    fn check(&self, env: &Env, rep: &mut Report, label: &str, seed: u64) -> TestResult {
+        let at = if self.scatter { env.me() * self.len } else { 0 };
+        let want: Vec<T> = (at..at + self.len)
+            .map(|i| reduce(ReduceOp::Sum, (0..env.n()).map(|pe| self.input(seed, pe, i))))
+            .collect();
+        rep.check(label, seed, &self.name(), &self.dst.copy_to_host(&env.s)?, &want);
+        Ok(())
+    }
+}
+
 fn replay(env: &Env, stream: &std::sync::Arc<cudarc::driver::CudaStream>, v: Variant, rep: &mut Report) -> TestResult {
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
     const AR_LEN: usize = 4099; // odd: the kernels' vector loops and their tails
     const AG_LEN: usize = 4099;
     const RS_LEN: usize = 1031;
     let (me, n, s, ctx) = (env.me(), env.n(), &env.s, &env.ctx);
-    let ar_src = ctx.alloc::<bf16>(AR_LEN)?;
-    let ar_dst = ctx.alloc::<bf16>(AR_LEN)?;
+    let ar_bf16 = Sum::<bf16>::new(ctx, false, AR_LEN, 0)?;
+    let ar_f32 = Sum::<f32>::new(ctx, false, AR_LEN, 3)?;
+    let rs_f32 = Sum::<f32>::new(ctx, true, RS_LEN, 1)?;
+    let rs_bf16 = Sum::<bf16>::new(ctx, true, RS_LEN, 4)?;
     let ag_src = ctx.alloc::<f32>(AG_LEN)?;
     let ag_dst = ctx.alloc::<f32>(AG_LEN * n)?;
-    let rs_src = ctx.alloc::<f32>(RS_LEN * n)?;
-    let rs_dst = ctx.alloc::<f32>(RS_LEN)?;
     ctx.barrier_all(s)?;
     stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-    let captured = ctx
-        .all_reduce(&ar_dst, &ar_src, ReduceOp::Sum, s)
+    let captured = ar_bf16
+        .call(ctx, s)
+        .and_then(|()| ar_f32.call(ctx, s))
         .and_then(|()| ctx.all_gather(&ag_dst, &ag_src, s))
-        .and_then(|()| ctx.reduce_scatter(&rs_dst, &rs_src, ReduceOp::Max, s));
+        .and_then(|()| rs_f32.call(ctx, s))
+        .and_then(|()| rs_bf16.call(ctx, s));
     let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
     if let (Err(e @ shmem::Error::Invalid(m)), true) = (&captured, ctx.force_rma()) {
         if m.contains("captured") {
@@ -203,7 +263,7 @@ fn replay(env: &Env, stream: &std::sync::Arc<cudarc::driver::CudaStream>, v: Var
     captured?;
     let graph = graph.ok_or("capture gave no graph")?;
     let rma = if ctx.force_rma() { " (RMA forced)" } else { "" };
-    let name = format!("graph of all_reduce, all_gather, reduce_scatter, settings {}{rma}", v.name());
+    let name = format!("graph of all_reduces, an all_gather, reduce_scatters, settings {}{rma}", v.name());
     // SHMEM_TEST_REPLAYS: fewer for the sanitizers' runs (each replay is
     // checked on the host, which under a sanitizer is what takes the time).
     let replays: usize = match std::env::var("SHMEM_TEST_REPLAYS") {
@@ -213,23 +273,20 @@ fn replay(env: &Env, stream: &std::sync::Arc<cudarc::driver::CudaStream>, v: Var
     for replay in 0..replays {
         let label = format!("{name}, replay {replay}");
         let seed = rep.seed(&label);
-        let ar_in = |pe: usize, i: usize| input::<bf16>(seed, pe, i, Some(ReduceOp::Sum));
-        let rs_in = |pe: usize, i: usize| input::<f32>(seed ^ 1, pe, i, Some(ReduceOp::Max));
         let ag_in = |pe: usize, i: usize| payload::<f32>(seed ^ 2, pe, i);
-        ar_src.copy_from_host(&(0..AR_LEN).map(|i| ar_in(me, i)).collect::<Vec<_>>(), s)?;
+        ar_bf16.write(env, seed)?;
+        ar_f32.write(env, seed)?;
+        rs_f32.write(env, seed)?;
+        rs_bf16.write(env, seed)?;
         ag_src.copy_from_host(&(0..AG_LEN).map(|i| ag_in(me, i)).collect::<Vec<_>>(), s)?;
-        rs_src.copy_from_host(&(0..RS_LEN * n).map(|i| rs_in(me, i)).collect::<Vec<_>>(), s)?;
-        ar_dst.fill(poison(), s)?;
         ag_dst.fill(poison(), s)?;
-        rs_dst.fill(poison(), s)?;
         graph.launch()?;
-        let want: Vec<bf16> = (0..AR_LEN).map(|i| reduce(ReduceOp::Sum, (0..n).map(|pe| ar_in(pe, i)))).collect();
-        rep.check(&label, seed, "all_reduce bf16 sum", &ar_dst.copy_to_host(s)?, &want);
+        ar_bf16.check(env, rep, &label, seed)?;
+        ar_f32.check(env, rep, &label, seed)?;
+        rs_f32.check(env, rep, &label, seed)?;
+        rs_bf16.check(env, rep, &label, seed)?;
         let want: Vec<f32> = (0..AG_LEN * n).map(|i| ag_in(i / AG_LEN, i % AG_LEN)).collect();
         rep.check(&label, seed, "all_gather f32", &ag_dst.copy_to_host(s)?, &want);
-        let want: Vec<f32> =
-            (me * RS_LEN..(me + 1) * RS_LEN).map(|i| reduce(ReduceOp::Max, (0..n).map(|pe| rs_in(pe, i)))).collect();
-        rep.check(&label, seed, "reduce_scatter f32 max", &rs_dst.copy_to_host(s)?, &want);
     }
     drop(graph);
     ctx.barrier_all(s)?;

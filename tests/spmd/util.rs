@@ -158,6 +158,10 @@ pub trait TestElem: Element {
     fn real(self) -> f64 {
         0.0
     }
+    /// The float nearest `x` (floats; integers are never asked).
+    fn from_real(_x: f64) -> Self {
+        unreachable!("integers are never asked for a float value")
+    }
 }
 
 const FLOAT_OPS: &[ReduceOp] = &[ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max, ReduceOp::Prod];
@@ -177,6 +181,9 @@ macro_rules! float_elem {
             const ROUNDOFF: f64 = $roundoff;
             fn real(self) -> f64 {
                 <$t as Real>::to_f64(self)
+            }
+            fn from_real(x: f64) -> Self {
+                <$t as Real>::from_f64(x)
             }
             fn from_bits(bits: u64) -> Self {
                 $from(bits as $bits)
