@@ -367,7 +367,8 @@ def self_test(svg_dir):
             assert "2 PEs" in svg and "4 PEs" in svg, f"{p}: a PE count is missing"
             assert "shmem, graph" in svg and "nccl, eager" in svg, f"{p}: a line is missing from the legend"
         sizes = sorted(os.path.getsize(p) for p in written)
-        print(f"plot_perf: self-test drew {len(written)} plots from {len(rows)} rows into {out} "
+        where = out if svg_dir else "a temporary folder (give SVG_DIR to keep them)"
+        print(f"plot_perf: self-test drew {len(written)} plots from {len(rows)} rows into {where} "
               f"({sizes[0] // 1024}–{sizes[-1] // 1024} KiB each)")
 
 
