@@ -121,9 +121,10 @@ template <int K> struct A2avLines {
             if (k == 1 && total >= split_lines + kGateMinLines) {
                 if (lane == 0) {
                     const long long start = clock64();
+                    long long next = start + kPeerDiedPollCycles;
                     while (*gate < epoch) {
-                        if (clock64() - start > kWaitCycles) {
-                            printf("shmem: an MoE line kernel's rows waited too long for its own splits' sending\n");
+                        if (wait_gives_up(start, next)) {
+                            printf("shmem: an MoE line kernel's rows stopped waiting for its own splits' sending: a PE died or the wait ran out of time\n");
                             __trap();
                         }
                     }

@@ -182,12 +182,15 @@ struct LinesOf {
     // until the warp's lines all carry the flag (whole warp; each reload
     // one load instruction of the converged warp).
     __device__ void wait_line(int pe, const uint64_t *p, bool live, uint64_t &a, uint64_t &b) const {
-        long long start = 0;
+        long long start = 0, next = 0;
         while (__any_sync(0xffffffffu, live && flag_lane() && !flagged(b))) {
-            if (start == 0) start = clock64();
-            if (clock64() - start > kWaitCycles) {
+            if (start == 0) {
+                start = clock64();
+                next = start + kPeerDiedPollCycles;
+            }
+            if (wait_gives_up(start, next)) {
                 if (live && flag_lane() && !flagged(b))
-                    printf("shmem: waited too long for a line of a low-latency collective from PE %d\n", pe);
+                    printf("shmem: stopped waiting for a line of a low-latency collective from PE %d: a PE died or the wait ran out of time\n", pe);
                 __trap();
             }
             if (live) ld_volatile_v2u64(p, a, b);

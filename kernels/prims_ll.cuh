@@ -112,14 +112,15 @@ __device__ __forceinline__ void packet_store(uint4 *p, uint64_t data, uint32_t f
 }
 
 // Waits until both halves of the packet at `p` carry `flag`, and returns
-// its data; traps after kWaitCycles, naming `what` and the sender.
+// its data; traps when `wait_gives_up`, naming `what` and the sender.
 __device__ __forceinline__ uint64_t packet_load(const uint4 *p, uint32_t flag, const char *what, int pe) {
     uint4 v = ld_volatile_v4(p);
     if (v.y != flag || v.w != flag) {
-        long long start = clock64();
+        const long long start = clock64();
+        long long next = start + kPeerDiedPollCycles;
         do {
-            if (clock64() - start > kWaitCycles) {
-                printf("shmem: waited too long for %s from PE %d\n", what, pe);
+            if (wait_gives_up(start, next)) {
+                printf("shmem: stopped waiting for %s from PE %d: a PE died or the wait ran out of time\n", what, pe);
                 __trap();
             }
             v = ld_volatile_v4(p);

@@ -1,5 +1,9 @@
-// The module's self-check that NVSHMEM registered it.
+// The module's self-check that NVSHMEM registered it, and the module's
+// one definition of `shmem_peer_died` (team_sync.cuh).
 #include <nvshmem.h>
+#include <cstdint>
+
+extern "C" __device__ const volatile uint32_t *shmem_peer_died = nullptr;
 
 // Writes nvshmem_my_pe() and n_pes(): run once at load, this proves the
 // module's NVSHMEM device state was initialised (nvshmemx_cumodule_init).

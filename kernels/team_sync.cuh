@@ -3,7 +3,8 @@
 // never reset by the host. Each block channel of a team has its signal
 // words in every member's heap (`TeamSync::word`), set by release stores
 // through NVLink or by NVSHMEM's signal where a peer is reached through
-// RMA; a wait is an acquire load that traps after kWaitCycles. Also the
+// RMA; a wait is an acquire load that traps after kWaitCycles, or once
+// the host has seen a PE of the job die (`wait_gives_up`). Also the
 // RMA calls, which the signals and the simple protocol share.
 #pragma once
 #include <nvshmem.h>
@@ -12,6 +13,13 @@
 #include <cstdio>
 #include "abi.cuh"
 #include "shmem_device.cuh"
+
+// A word of host memory mapped into the device (set at load by
+// `Kernels::load`, null until then) that the host sets once it sees a PE
+// of the job die: the kernels' waits give up on it at once instead of at
+// their time limit, so the PEs waiting for a dead one fail within its
+// liveness check's time.
+extern "C" __device__ const volatile uint32_t *shmem_peer_died;
 
 namespace shmem {
 namespace k {
@@ -42,13 +50,33 @@ __device__ __forceinline__ void follow_stream() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
-// Waits until `*p >= target` (signals only grow), trapping after kWaitCycles.
+// How often a wait that has spun for a while looks at `shmem_peer_died`:
+// about every half millisecond of the SM's clock (a read of host memory
+// costs about a microsecond).
+constexpr long long kPeerDiedPollCycles = 1'000'000;
+
+// Whether a wait that began at `start` gives up: past kWaitCycles, or once
+// the host has seen a PE of the job die (`shmem_peer_died`, looked at from
+// the wait's first kPeerDiedPollCycles on, then as often; `next` is the
+// wait's own clock of that). A wait that gives up prints why and traps.
+__device__ __forceinline__ bool wait_gives_up(long long start, long long &next) {
+    const long long now = clock64();
+    if (now - start > kWaitCycles) return true;
+    if (now < next) return false;
+    next = now + kPeerDiedPollCycles;
+    const volatile uint32_t *died = shmem_peer_died;
+    return died != nullptr && *died != 0;
+}
+
+// Waits until `*p >= target` (signals only grow), trapping when
+// `wait_gives_up`.
 __device__ __forceinline__ void wait_geq(const uint64_t *p, uint64_t target) {
     if (ld_acquire64(p) >= target) return;
-    long long start = clock64();
+    const long long start = clock64();
+    long long next = start + kPeerDiedPollCycles;
     while (ld_acquire64(p) < target) {
-        if (clock64() - start > kWaitCycles) {
-            printf("shmem: a collective waited too long for a peer (signal %llu, want %llu)\n",
+        if (wait_gives_up(start, next)) {
+            printf("shmem: a collective stopped waiting for a peer: a PE died or the wait ran out of time (signal %llu, want %llu)\n",
                    static_cast<unsigned long long>(ld_acquire64(p)), static_cast<unsigned long long>(target));
             __trap();
         }

@@ -13,6 +13,7 @@ use crate::host::{self, shm, HostHeap};
 use crate::team::{Team, TeamState};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 /// The id of the context alive (not finalized) in this process, 0 for none,
 /// `STARTING` while one starts: `init` twice is an error.
@@ -99,6 +100,42 @@ impl Drop for Inner {
     }
 }
 
+/// How often the gpu backend's liveness watcher looks for a dead PE.
+const WATCH_EVERY: Duration = Duration::from_millis(50);
+
+/// Starts the gpu backend's liveness watcher (with shmem's kernels, in a
+/// job of more than one PE): a thread that looks for a dead PE of the job
+/// every [`WATCH_EVERY`] and, once it sees one, makes every wait of the
+/// kernels give up. A PE whose kernel waits on the device for the dead one
+/// then fails (its stream reports the trap, naming the dead PE) within
+/// about that time, not at the device wait's time limit; the host's own
+/// waits see a death by themselves. It ends with the context, or once it
+/// has fired.
+fn watch_liveness(inner: &Arc<Inner>) -> Result<()> {
+    let kernels = inner.gpu.as_ref().is_some_and(|g| g.kernels.is_some());
+    if !kernels || inner.n == 1 {
+        return Ok(());
+    }
+    let weak = Arc::downgrade(inner);
+    std::thread::Builder::new()
+        .name(format!("shmem-pe{}-liveness", inner.me))
+        .spawn(move || loop {
+            std::thread::sleep(WATCH_EVERY);
+            let Some(inner) = weak.upgrade() else { return };
+            if inner.finalized.load(Ordering::Acquire) {
+                return;
+            }
+            if inner.ctl.died_peer().is_some() {
+                if let Some(k) = inner.gpu.as_ref().and_then(|g| g.kernels.as_ref()) {
+                    k.peer_died();
+                }
+                return;
+            }
+        })
+        .map(drop)
+        .map_err(|e| Error::config(format!("starting the liveness watcher: {e}")))
+}
+
 /// The handle to shmem in this process (one PE).
 ///
 /// Created by [`crate::init`] or [`Config::init`]. Buffers and teams keep
@@ -121,9 +158,10 @@ pub struct Stream {
 impl Stream {
     /// Waits for everything issued on the stream.
     ///
-    /// When a kernel on it trapped (a device wait for a dead peer runs out
-    /// of time and traps, see `SHMEM_WAIT_TIMEOUT`), the error names the
-    /// dead PE where the host sees one.
+    /// When a kernel on it trapped (a device wait for a dead peer gives up
+    /// once this PE's liveness watcher sees the death, or at its time
+    /// limit, and traps), the error names the dead PE where the host sees
+    /// one.
     ///
     /// On the GPU backend, an eager collective whose PEs' calls differed
     /// (or a PE's own arguments were bad) is found by its kernel, which
@@ -426,7 +464,9 @@ impl Context {
             pool,
             _bootstrap: Mutex::new(boot),
         };
-        Ok(Context { inner: Arc::new(inner) })
+        let inner = Arc::new(inner);
+        watch_liveness(&inner)?;
+        Ok(Context { inner })
     }
 
     /// This PE's number in the world, `0..n_pes()`.

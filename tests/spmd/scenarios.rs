@@ -255,8 +255,10 @@ const VICTIM_VAR: &str = "SHMEM_TEST_VICTIM";
 const FAULT_WAIT_TIMEOUT_S: u64 = 5;
 /// How long after the job's first barrier the victim is killed.
 const KILL_AFTER: Duration = Duration::from_millis(200);
-/// Longest a device wait spins before it traps (GPU backend), with margin.
-const DEVICE_TRAP: Duration = Duration::from_secs(12);
+/// How long after its host sees a PE die a device wait for it gives up
+/// (GPU backend: the liveness watcher's poll, the wait's look at its word,
+/// the trap and its report), with margin.
+const DEVICE_GIVE_UP: Duration = Duration::from_secs(3);
 
 /// Whether the scenarios' PEs run on the GPU backend.
 fn scenarios_on_gpu() -> bool {
@@ -678,10 +680,10 @@ fn unix_micros() -> u128 {
 ///   another node than the victim's, naming its node too);
 /// - GPU backend: the same, or — when the kill caught the victim's kernel
 ///   on the device — the trapped device wait, reported as [`Error::Cuda`]
-///   (the device printed "a collective waited too long for a peer") or a
+///   (the device printed that a wait stopped waiting for a peer) or a
 ///   [`Error::Timeout`];
 ///
-/// within the wait timeout of the kill (plus [`DEVICE_TRAP`] on the GPU
+/// within the wait timeout of the kill (plus [`DEVICE_GIVE_UP`] on the GPU
 /// backend), and exit with [`SAW_FAULT`].
 fn fault_pe(rank: usize, name: &str) -> Result<(), String> {
     let scratch = std::path::PathBuf::from(std::env::var("SHMEM_TEST_SCRATCH").map_err(|_| "no SHMEM_TEST_SCRATCH")?);
@@ -712,7 +714,7 @@ fn fault_pe(rank: usize, name: &str) -> Result<(), String> {
                 op().map_err(|e| format!("the victim's operation failed before it was killed: {e}"))?;
             }
         }
-        let bound = Duration::from_secs(FAULT_WAIT_TIMEOUT_S) + if gpu { DEVICE_TRAP } else { Duration::ZERO };
+        let bound = Duration::from_secs(FAULT_WAIT_TIMEOUT_S) + if gpu { DEVICE_GIVE_UP } else { Duration::ZERO };
         let looping = Instant::now();
         let give_up = KILL_AFTER + bound + Duration::from_secs(10);
         loop {

@@ -222,6 +222,17 @@ impl Net {
         }
     }
 
+    /// Whether [`Net::poll`] may be called from a thread of shmem's own
+    /// (one at a time): not under MPI, where the program's own MPI calls may
+    /// run beside it.
+    pub(crate) fn polls_from_any_thread(&self) -> bool {
+        match self {
+            Net::Alone(_) | Net::Relay(_) => true,
+            #[cfg(feature = "mpi")]
+            Net::Mpi(_) => false,
+        }
+    }
+
     /// Says goodbye: the other PEs hear that this PE left. Dropping a `Net`
     /// without it looks like this PE's death to them. Under MPI it is
     /// collective instead: it waits for every rank's pending messages

@@ -249,6 +249,27 @@ impl Control {
         (news.died || news.at.elapsed() > LEFT_GRACE).then(|| format!("{verb} on node {node} {detail}"))
     }
 
+    /// A PE of the job that died, if one has, seen from a thread other than
+    /// the one that makes the calls (the gpu backend's liveness watcher).
+    /// It reads the other nodes' news from the channel only where that may
+    /// be polled from any thread: not MPI's, as the program may call MPI on
+    /// its own thread meanwhile, which `MPI_THREAD_SERIALIZED` does not
+    /// allow (Open MPI ends the whole job when a rank dies anyway).
+    pub(crate) fn died_peer(&self) -> Option<usize> {
+        let died = |pe: usize| {
+            if self.node.holds(pe) {
+                return self.node.peer_problem(pe).is_some_and(|p| p.starts_with("died"));
+            }
+            self.tier().is_some_and(|mut tier| {
+                if tier.net.as_ref().is_some_and(Net::polls_from_any_thread) {
+                    tier.pump();
+                }
+                tier.gone.get(&pe).is_some_and(|news| news.died)
+            })
+        };
+        (0..self.n).filter(|&pe| pe != self.me).find(|&pe| died(pe))
+    }
+
     /// A PE of the job that died, if one has, and how.
     fn dead_peer(&self) -> Option<(usize, String)> {
         (0..self.n)

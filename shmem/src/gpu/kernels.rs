@@ -8,7 +8,7 @@
 use super::abi::{TeamSync, MAX_BLOCKS, RMA_BLOCKS, THREADS};
 use super::kernel_id::KernelId;
 use super::module::{Grid, Module};
-use super::record::{AgreeRecord, HostRecord};
+use super::record::{AgreeRecord, HostRecord, PeerDied};
 use super::teams::View;
 use super::{CUstream, CudaCall, GpuWorld};
 use crate::error::{Error, Result};
@@ -32,6 +32,8 @@ pub(crate) struct Kernels {
     pub(super) a2av_error: HostRecord,
     /// Where the collectives record a failed agreement on an eager call.
     pub(super) agree_error: AgreeRecord,
+    /// The word that makes the kernels' waits give up on a dead peer.
+    peer_died: PeerDied,
     /// Blocks of a kernel (of 512 threads, one an SM) resident at once on
     /// every PE's GPU, agreed when the kernels are loaded
     /// ([`Kernels::set_resident_blocks`]): the MoE line kernel's grid
@@ -47,6 +49,8 @@ impl Kernels {
         let module = Module::load(g)?;
         let a2av_error = HostRecord::new()?;
         let agree_error = AgreeRecord::new()?;
+        let peer_died = PeerDied::new()?;
+        module.set_global_u64("shmem_peer_died", peer_died.device())?;
         let sms = g
             .cuda
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
@@ -57,6 +61,7 @@ impl Kernels {
             views: Mutex::new(HashMap::new()),
             a2av_error,
             agree_error,
+            peer_died,
             resident_blocks: sms.max(1) as usize,
         };
         k.selfcheck(g, me, n)?;
@@ -66,6 +71,13 @@ impl Kernels {
             k.add_view(g, 1, node, me, force)?;
         }
         Ok(k)
+    }
+
+    /// Makes every wait of the kernels, running or to come, give up (trap):
+    /// the host has seen a PE of the job die, so the peers they wait for
+    /// may never come. See `Context`'s liveness watcher.
+    pub(crate) fn peer_died(&self) {
+        self.peer_died.set();
     }
 
     /// The blocks resident at once: this PE's GPU's SMs (under CUDA MPS,

@@ -80,6 +80,22 @@ impl Module {
         Ok(Module { module, functions })
     }
 
+    /// Stores `value` in the module's 8-byte global variable `name` (a
+    /// pointer, say), synchronously (`cuMemcpyHtoD`), as the module loads.
+    pub(super) fn set_global_u64(&self, name: &str, value: u64) -> Result<()> {
+        let cname = CString::new(name).expect("global names have no NUL");
+        let (mut ptr, mut bytes) = (0, 0);
+        // SAFETY: the module is loaded; the out-pointers are valid.
+        unsafe { sys::cuModuleGetGlobal_v2(&mut ptr, &mut bytes, self.module, cname.as_ptr()) }
+            .result()
+            .cuda("cuModuleGetGlobal")?;
+        if bytes != 8 {
+            return Err(Error::BackendUnavailable(format!("the kernels' global {name} has {bytes} bytes, expected 8")));
+        }
+        // SAFETY: `ptr` is the global's 8 bytes of device memory.
+        unsafe { sys::cuMemcpyHtoD_v2(ptr, (&raw const value).cast(), 8) }.result().cuda("cuMemcpyHtoD")
+    }
+
     /// The kernel's function, looked up on its first use.
     fn function(&self, id: KernelId) -> Result<CUfunction> {
         let slot = &self.functions[id.index()];

@@ -97,6 +97,29 @@ impl Drop for Mapped {
     }
 }
 
+/// The word the kernels' waits look at to give up on a dead peer
+/// (`shmem_peer_died` in the kernels' `team_sync.cuh`): the host sets it
+/// once it sees a PE of the job die ([`PeerDied::set`]).
+pub(super) struct PeerDied {
+    mapped: Mapped,
+}
+
+impl PeerDied {
+    pub(super) fn new() -> Result<PeerDied> {
+        Ok(PeerDied { mapped: Mapped::new(1)? })
+    }
+
+    /// Its address in the device's address space.
+    pub(super) fn device(&self) -> u64 {
+        self.mapped.device
+    }
+
+    /// Tells the kernels' waits, running and to come, to give up.
+    pub(super) fn set(&self) {
+        self.mapped.store(0, 1);
+    }
+}
+
 /// The MoE kernels' error record ([`A2avError`]).
 pub(super) struct HostRecord {
     mapped: Mapped,
