@@ -362,12 +362,12 @@ pub struct Collectives {
 /// destination; an all-reduce and a reduce-scatter combine along the rails
 /// in the order [`ReduceOrder`] says.
 ///
-/// They apply where [`node_aware`] says: the world team, spread over two
-/// nodes or more with the same number `L` of PEs on every node, its ranks
-/// node by node (ranks `a·L .. a·L + L` on node `a`), not under
-/// [`Collectives::force_rma`]. [`AcrossNodes::Auto`] also wants `L ≥ 2`
-/// (with one PE a node both forms send the same bytes). Everywhere else a
-/// collective runs flat, with the same results: split teams (the forms'
+/// They apply (as [`crate::Team::node_aware`] tells) to the world team
+/// spread over two nodes or more with the same number `L` of PEs on every
+/// node, its ranks node by node (ranks `a·L .. a·L + L` on node `a`), not
+/// under [`Collectives::force_rma`]. [`AcrossNodes::Auto`] also wants
+/// `L ≥ 2` (with one PE a node both forms send the same bytes). Everywhere
+/// else a collective runs flat, its reductions in PE order: split teams (the forms'
 /// buffers are the world's), nodes of different sizes within the team,
 /// ranks not node by node (`--map-by node`, where a chain in PE order would
 /// cross the network at every PE), forced RMA (the flat form is the RMA
