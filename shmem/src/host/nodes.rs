@@ -89,8 +89,8 @@ impl Team {
     /// Copies `bytes` from `from` to `to`, one of which is this PE: a put
     /// where `from` is, a get where `to` is (and a local copy where both
     /// are). This is the one place where the node-aware collectives move
-    /// bytes between PEs, so that what crosses between nodes is counted
-    /// here.
+    /// bytes between PEs: a count of the bytes that cross between nodes
+    /// belongs here (by `from`'s and `to`'s nodes; none is kept yet).
     pub(crate) fn copy_between(&self, from: At, to: At, bytes: usize) {
         let me = self.my_pe();
         debug_assert!(from.member == me || to.member == me, "a copy between PEs starts at one of its ends");
