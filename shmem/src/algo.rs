@@ -3,7 +3,8 @@
 //! By default shmem's own device kernels run every collective and choose
 //! the algorithm by size and team size; NVSHMEM's team collectives stay
 //! available as a named baseline ([`CollImpl::Nvshmem`]). The host backend
-//! ignores these settings. Every PE must make the same choice, set between
+//! ignores these settings but [`AcrossNodes`] and [`ReduceOrder`], which
+//! choose the data's route across nodes. Every PE must make the same choice, set between
 //! collectives: the choice decides which kernel runs, and PEs running
 //! different kernels would wait for each other forever (until the bounded
 //! device wait traps).
@@ -314,7 +315,9 @@ pub const BROADCAST_PULL_MIN_BYTES: usize = usize::MAX;
 /// Largest all-reduce of the push kernel ([`AllReduceAlgo::Push`]), bytes per PE.
 pub const PUSH_MAX_BYTES: usize = abi::PUSH_MAX_BYTES;
 
-/// The GPU backend's collective settings; see [`crate::Context::set_collectives`].
+/// The collectives' settings; see [`crate::Context::set_collectives`]. The
+/// host backend reads [`Collectives::across_nodes`] and
+/// [`Collectives::reduce_order`] only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Collectives {
     /// Who runs them.
@@ -338,6 +341,77 @@ pub struct Collectives {
     pub moe_local_blocks: Option<u32>,
     /// The kernels' protocol limits and grids.
     pub tuning: Tuning,
+    /// Whether collectives of a team spanning nodes take the node-aware
+    /// forms, where a byte crosses between nodes once.
+    pub across_nodes: AcrossNodes,
+    /// The order in which the node-aware reductions combine the PEs' values.
+    pub reduce_order: ReduceOrder,
+}
+
+/// Whether a collective across nodes takes its node-aware form: each byte
+/// crosses between nodes once, between the PEs of one *rail* (the PEs of
+/// the same local rank, one on each node), and is spread inside a node
+/// from there; or its flat form, where every PE reaches every peer alike
+/// and a byte may cross to a node once for each of its PEs.
+///
+/// The node-aware forms: an all-gather sends each PE's block to its rail
+/// peers, which hand it to their node's PEs; a broadcast goes to the root's
+/// node, then each of its PEs sends its share (`1/L` of the vector, `L`
+/// PEs a node) along its rail; an all-to-all sends a PE's blocks for a node
+/// as one transfer to its rail peer there, which hands each block to its
+/// destination; an all-reduce and a reduce-scatter combine along the rails
+/// in the order [`ReduceOrder`] says.
+///
+/// They apply (as [`crate::Team::node_aware`] tells) to the world team
+/// spread over two nodes or more with the same number `L` of PEs on every
+/// node, its ranks node by node (ranks `a·L .. a·L + L` on node `a`), not
+/// under [`Collectives::force_rma`]. [`AcrossNodes::Auto`] also wants
+/// `L ≥ 2` (with one PE a node both forms send the same bytes). Everywhere
+/// else a collective runs flat, its reductions in PE order: split teams (the forms'
+/// buffers are the world's), nodes of different sizes within the team,
+/// ranks not node by node (`--map-by node`, where a chain in PE order would
+/// cross the network at every PE), forced RMA (the flat form is the RMA
+/// path's test) and one node.
+///
+/// The host backend takes the node-aware forms. The gpu backend accepts
+/// the setting but runs every collective flat until its node-aware kernels
+/// exist; its results are those of [`ReduceOrder::PeOrder`] either way.
+/// Every PE must choose alike, between collectives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AcrossNodes {
+    /// Node-aware where it applies and each node has two PEs or more.
+    #[default]
+    Auto,
+    /// Always the flat forms: the baseline.
+    Flat,
+    /// Node-aware where it applies, one PE a node included.
+    NodeAware,
+}
+
+/// How the node-aware all-reduce and reduce-scatter ([`AcrossNodes`])
+/// combine the values of the PEs; the flat forms always combine them in PE
+/// order. Integer and bitwise reductions give the same bits in either
+/// order; so do floats on one node.
+///
+/// The gpu backend runs flat until its node-aware kernels exist, so its
+/// results are [`ReduceOrder::PeOrder`]'s under either setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReduceOrder {
+    /// The flat fold `x0 ⊕ x1 ⊕ … ⊕ x(n−1)` in PE order, in the accumulator
+    /// type (`f32` for `f16` and `bf16`), rounded once: the same bits as the
+    /// flat forms and as one node, on any number of nodes. Each rail carries
+    /// a running sum from node to node, in the accumulator type, so the
+    /// partial sums of 2-byte floats cross the network at twice their size.
+    #[default]
+    PeOrder,
+    /// Each node's PEs first, then the nodes in node order:
+    /// `from_acc(Σ_a to_acc(from_acc(P_a)))`, where `P_a` is node `a`'s
+    /// fold in PE order in the accumulator type; the node partials cross
+    /// the network rounded to the element type. The tree of node
+    /// reduce-scatter, reduction among each rail, node all-gather, with the
+    /// fewest bytes across nodes (`2 (N−1)/N · S/L` for an all-reduce of `S`
+    /// bytes on `N` nodes of `L` PEs); its floats differ from PE order.
+    NodeGrouped,
 }
 
 /// Knobs of shmem's kernels for measuring them on a machine (`shmem-bench
@@ -459,6 +533,72 @@ pub(crate) enum AllReduceChoice {
 /// loaded.
 pub(crate) fn kernels_take(implementation: CollImpl, n_pes: usize) -> bool {
     implementation == CollImpl::Kernels && n_pes <= abi::MAX_TEAM
+}
+
+/// Where a team's members are, for the choice between flat and node-aware
+/// collectives ([`node_aware`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct NodeShape {
+    /// The world team: the node-aware forms' buffers are its.
+    pub(crate) world: bool,
+    /// The nodes the members are on.
+    pub(crate) nodes: usize,
+    /// Members on each node, where every node has as many; else 0.
+    pub(crate) per_node: usize,
+    /// Members `a·L .. a·L + L` in team order are one node's (with `L` =
+    /// `per_node`, nonzero): member `a·L + i` is PE (node `a`, local rank `i`).
+    pub(crate) contiguous: bool,
+}
+
+impl NodeShape {
+    /// The shape of a team of `members` (world PEs in team order), with
+    /// `node_of` each world PE's node.
+    pub(crate) fn of(world: bool, members: &[usize], node_of: impl Fn(usize) -> usize) -> NodeShape {
+        let nodes_in_order: Vec<usize> = members.iter().map(|&pe| node_of(pe)).collect();
+        let mut distinct = nodes_in_order.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let counts = distinct.iter().map(|&k| nodes_in_order.iter().filter(|&&m| m == k).count());
+        let per_node = match counts.clone().min() {
+            Some(least) if counts.clone().all(|c| c == least) => least,
+            _ => 0,
+        };
+        // Node by node: each block of `per_node` members is one node's, and
+        // the blocks' nodes all differ (they cover the nodes, one block each).
+        let contiguous =
+            per_node > 0 && nodes_in_order.chunks(per_node).all(|block| block.iter().all(|&k| k == block[0])) && {
+                let mut firsts: Vec<usize> = nodes_in_order.chunks(per_node).map(|b| b[0]).collect();
+                firsts.sort_unstable();
+                firsts.dedup();
+                firsts.len() == distinct.len()
+            };
+        NodeShape { world, nodes: distinct.len(), per_node, contiguous }
+    }
+}
+
+/// Whether a collective of a team of `shape` takes the node-aware form
+/// under `asked` (see [`AcrossNodes`] for the forms and the fallbacks):
+/// the world team on two nodes or more, as many members on each, node by
+/// node, not `force_rma`, not [`AcrossNodes::Flat`]; [`AcrossNodes::Auto`]
+/// also wants two members a node or more.
+pub(crate) fn node_aware(shape: NodeShape, asked: AcrossNodes, force_rma: bool) -> bool {
+    let least = match asked {
+        AcrossNodes::Flat => return false,
+        AcrossNodes::Auto => 2,
+        AcrossNodes::NodeAware => 1,
+    };
+    shape.world && shape.nodes >= 2 && shape.per_node >= least && shape.contiguous && !force_rma
+}
+
+/// The share of rail `i` of `count` elements of `elem_bytes` bytes over
+/// `parts` rails (or nodes): whole 16-byte vectors, split as the two-shot
+/// kernels split a vector among PEs (`split` in `prims_simple.cuh`), the
+/// last share ending at `count`. Shares may be empty.
+pub(crate) fn rail_share(count: usize, elem_bytes: usize, i: usize, parts: usize) -> std::ops::Range<usize> {
+    let per_vector = (16 / elem_bytes).max(1);
+    let vectors = count.div_ceil(per_vector);
+    let at = |part: usize| (vectors * part / parts * per_vector).min(count);
+    at(i)..at(i + 1)
 }
 
 /// Whether the low-latency kernels take `bytes` per peer on `team`.
@@ -922,6 +1062,76 @@ mod tests {
         assert_eq!(moe_form(PAIR, 8, false, 0, MoeKernels::Auto, &tuned), MoeForm::Lines);
         assert_eq!(moe_form(PAIR, 8, false, 1, MoeKernels::Auto, &tuned), MoeForm::OneKernel);
         assert_eq!(moe_form(PAIR, 8, false, 1, MoeKernels::Lines, &tuned), MoeForm::Lines);
+    }
+
+    /// The shape of a team of `members` whose PE `pe` is on node `nodes[pe]`.
+    fn shape(world: bool, members: &[usize], nodes: &[usize]) -> NodeShape {
+        NodeShape::of(world, members, |pe| nodes[pe])
+    }
+
+    #[test]
+    fn node_shapes() {
+        let two_by_two = [0, 0, 1, 1];
+        let s = shape(true, &[0, 1, 2, 3], &two_by_two);
+        assert_eq!(s, NodeShape { world: true, nodes: 2, per_node: 2, contiguous: true });
+        // Ranks by node, not node by node (`--map-by node`).
+        let s = shape(true, &[0, 1, 2, 3], &[0, 1, 0, 1]);
+        assert_eq!(s, NodeShape { world: true, nodes: 2, per_node: 2, contiguous: false });
+        // A block per node, but a node's block twice.
+        let s = shape(true, &[0, 1, 2, 3, 4, 5, 6, 7], &[0, 0, 1, 1, 0, 0, 1, 1]);
+        assert_eq!((s.per_node, s.contiguous), (4, false));
+        // Uneven: 3 members on node 0, 1 on node 1.
+        let s = shape(false, &[0, 1, 2, 3], &[0, 0, 0, 1]);
+        assert_eq!(s, NodeShape { world: false, nodes: 2, per_node: 0, contiguous: false });
+        // Nodes in team order other than the nodes' numbering still count.
+        let s = shape(false, &[2, 3, 0, 1], &two_by_two);
+        assert_eq!(s, NodeShape { world: false, nodes: 2, per_node: 2, contiguous: true });
+        let s = shape(true, &[0, 1], &[0, 0]);
+        assert_eq!(s, NodeShape { world: true, nodes: 1, per_node: 2, contiguous: true });
+        let s = shape(true, &[0, 1, 2], &[0, 1, 2]);
+        assert_eq!(s, NodeShape { world: true, nodes: 3, per_node: 1, contiguous: true });
+    }
+
+    #[test]
+    fn node_aware_where_the_world_spans_even_contiguous_nodes() {
+        let world = |nodes, per_node| NodeShape { world: true, nodes, per_node, contiguous: true };
+        for asked in [AcrossNodes::Auto, AcrossNodes::NodeAware] {
+            assert!(node_aware(world(2, 2), asked, false));
+            assert!(node_aware(world(2, 3), asked, false));
+            assert!(node_aware(world(4, 8), asked, false));
+            assert!(!node_aware(world(2, 2), asked, true), "forced RMA: flat");
+            assert!(!node_aware(world(1, 4), asked, false), "one node: flat");
+            assert!(!node_aware(NodeShape { world: false, ..world(2, 2) }, asked, false), "split team: flat");
+            assert!(!node_aware(NodeShape { contiguous: false, ..world(2, 2) }, asked, false), "by node: flat");
+            assert!(!node_aware(NodeShape { contiguous: false, ..world(2, 0) }, asked, false), "uneven: flat");
+        }
+        assert!(!node_aware(world(2, 1), AcrossNodes::Auto, false), "one PE a node: flat unless asked");
+        assert!(node_aware(world(2, 1), AcrossNodes::NodeAware, false));
+        assert!(!node_aware(world(2, 2), AcrossNodes::Flat, false));
+        let d = Collectives::default();
+        assert_eq!((d.across_nodes, d.reduce_order), (AcrossNodes::Auto, ReduceOrder::PeOrder));
+    }
+
+    #[test]
+    fn rail_shares_are_whole_vectors_covering_the_count() {
+        // 4099 f32 (1025 vectors) over 2 rails: 512 vectors, then 513.
+        assert_eq!(rail_share(4099, 4, 0, 2), 0..2048);
+        assert_eq!(rail_share(4099, 4, 1, 2), 2048..4099);
+        // Fewer vectors than rails: empty shares first.
+        assert_eq!(rail_share(3, 2, 0, 3), 0..0);
+        assert_eq!(rail_share(3, 2, 1, 3), 0..0);
+        assert_eq!(rail_share(3, 2, 2, 3), 0..3);
+        assert_eq!(rail_share(9, 2, 0, 3), 0..0);
+        assert_eq!(rail_share(9, 2, 1, 3), 0..8);
+        assert_eq!(rail_share(9, 2, 2, 3), 8..9);
+        assert_eq!(rail_share(0, 8, 0, 2), 0..0);
+        for (count, elem, parts) in [(1000, 8, 3), (7, 4, 2), (33, 2, 6), (1, 4, 1)] {
+            let shares: Vec<_> = (0..parts).map(|i| rail_share(count, elem, i, parts)).collect();
+            assert_eq!(shares[0].start, 0);
+            assert_eq!(shares[parts - 1].end, count);
+            assert!(shares.windows(2).all(|w| w[0].end == w[1].start));
+            assert!(shares.iter().all(|r| r.start == count || r.start * elem % 16 == 0));
+        }
     }
 
     #[test]

@@ -4,6 +4,8 @@
 //! all-reduce, direct all-gather and all-to-all), run by each PE over the
 //! peers' mapped heaps and parallelised with rayon. Reductions combine the
 //! PEs' values in team order, so every PE gets bit-identical results.
+//! Across nodes the host backend takes the node-aware forms where they
+//! apply ([`crate::AcrossNodes`], `host/nodes.rs`).
 
 use crate::algo::{self, Solo};
 use crate::buffer::{Region, SymSlice};
@@ -17,17 +19,17 @@ use crate::team::{Desc, OpKind, Team};
 use rayon::prelude::*;
 
 /// Elements per rayon task.
-const CHUNK: usize = 1 << 15;
+pub(crate) const CHUNK: usize = 1 << 15;
 
 /// An address that may cross into rayon tasks.
 #[derive(Clone, Copy)]
-struct Addr(usize);
+pub(crate) struct Addr(usize);
 
 impl Addr {
-    fn of<T>(p: *const T) -> Addr {
+    pub(crate) fn of<T>(p: *const T) -> Addr {
         Addr(p as usize)
     }
-    fn ptr<T>(self) -> *mut T {
+    pub(crate) fn ptr<T>(self) -> *mut T {
         self.0 as *mut T
     }
 }
@@ -51,7 +53,7 @@ struct Call<'a, 'b, T: Element> {
 type DeviceAgreement = (u64, DescRow);
 
 impl Team {
-    fn pe_ptr<T>(&self, member: usize, offset: usize) -> *mut T {
+    pub(crate) fn pe_ptr<T>(&self, member: usize, offset: usize) -> *mut T {
         self.ctx.host_heap().heap_ptr(self.state.members[member], offset).cast()
     }
 
@@ -147,6 +149,15 @@ impl Team {
         })
     }
 
+    /// Whether this team's collectives take the node-aware forms now, where
+    /// a byte crosses between nodes once ([`crate::AcrossNodes`]): on the
+    /// host backend, where the settings and the team's shape say so; not
+    /// on the gpu backend, which runs every collective flat until its
+    /// node-aware kernels exist.
+    pub fn node_aware(&self) -> bool {
+        self.ctx.gpu.is_none() && self.rails().is_some()
+    }
+
     /// Whether `stream` is being captured into a CUDA graph (GPU backend).
     fn capturing(&self, stream: &Stream) -> bool {
         self.ctx.gpu.as_ref().is_some_and(|g| crate::gpu::capturing(g.stream(stream)))
@@ -171,6 +182,9 @@ impl Team {
         })?;
         if let Some(g) = &self.ctx.gpu {
             return self.gpu_collective::<T>(g, OpKind::Broadcast, d, s, None, root, agreement, _stream);
+        }
+        if let Some(r) = self.rails() {
+            return self.broadcast_nodes::<T>(r, d, s, root);
         }
         if d != s || self.my_pe() != root {
             let from: *const T = self.pe_ptr(root, s.offset);
@@ -208,6 +222,9 @@ impl Team {
         })?;
         if let Some(g) = &self.ctx.gpu {
             return self.gpu_collective::<T>(g, OpKind::AllGather, d, s, None, 0, agreement, _stream);
+        }
+        if let Some(r) = self.rails() {
+            return self.all_gather_nodes::<T>(r, d, s);
         }
         let in_place = s == mine(d, s);
         let dst_addr = Addr::of(self.pe_ptr::<T>(me, d.offset));
@@ -249,6 +266,9 @@ impl Team {
         })?;
         if let Some(g) = &self.ctx.gpu {
             return self.gpu_collective::<T>(g, OpKind::AllReduce, d, s, Some(op), 0, agreement, _stream);
+        }
+        if let Some(r) = self.rails() {
+            return self.all_reduce_nodes::<T>(r, d, s, op);
         }
         let in_place = d == s;
         let n = self.n_pes();
@@ -318,6 +338,9 @@ impl Team {
         if let Some(g) = &self.ctx.gpu {
             return self.gpu_collective::<T>(g, OpKind::ReduceScatter, d, s, Some(op), 0, agreement, _stream);
         }
+        if let Some(r) = self.rails() {
+            return self.reduce_scatter_nodes::<T>(r, d, s, op);
+        }
         let lo = me * d.len;
         if overlap(d, s, elem) {
             let mut tmp = vec_for::<T>(d.len);
@@ -358,6 +381,9 @@ impl Team {
         })?;
         if let Some(g) = &self.ctx.gpu {
             return self.gpu_collective::<T>(g, OpKind::AllToAll, d, s, None, 0, agreement, _stream);
+        }
+        if let Some(r) = self.rails() {
+            return self.all_to_all_nodes::<T>(r, d, s);
         }
         let c = d.len / n;
         let me = self.my_pe();
@@ -587,28 +613,36 @@ impl Team {
     }
 }
 
-/// `out = ins[0] op ins[1] op …`, element-wise. The operator is chosen
-/// once, outside the loops, so each loop is a straight vectorisable pass.
+/// `out = ins[0] op ins[1] op …`, element-wise, accumulating in `T::Acc`
+/// and rounding once.
 fn reduce_chunk<T: Element>(op: ReduceOp, out: &mut [T], ins: &[&[T]]) {
-    fn fold<T: Element>(out: &mut [T], ins: &[&[T]], f: impl Fn(T::Acc, T::Acc) -> T::Acc) {
-        let mut acc: Vec<T::Acc> = ins[0].iter().map(|x| x.to_acc()).collect();
-        for input in &ins[1..] {
+    let mut acc: Vec<T::Acc> = ins[0].iter().map(|x| x.to_acc()).collect();
+    fold_acc(op, &mut acc, &ins[1..]);
+    for (o, a) in out.iter_mut().zip(acc) {
+        *o = T::from_acc(a);
+    }
+}
+
+/// `acc = acc op ins[0] op ins[1] op …`, element-wise, in `T::Acc`: the
+/// left fold every reduction takes, from a running value. The operator is
+/// chosen once, outside the loops, so each loop is a straight vectorisable
+/// pass.
+pub(crate) fn fold_acc<T: Element>(op: ReduceOp, acc: &mut [T::Acc], ins: &[&[T]]) {
+    fn fold<T: Element>(acc: &mut [T::Acc], ins: &[&[T]], f: impl Fn(T::Acc, T::Acc) -> T::Acc) {
+        for input in ins {
             for (a, x) in acc.iter_mut().zip(input.iter()) {
                 *a = f(*a, x.to_acc());
             }
         }
-        for (o, a) in out.iter_mut().zip(acc) {
-            *o = T::from_acc(a);
-        }
     }
     match op {
-        ReduceOp::Sum => fold(out, ins, |a, b| T::combine(ReduceOp::Sum, a, b)),
-        ReduceOp::Min => fold(out, ins, |a, b| T::combine(ReduceOp::Min, a, b)),
-        ReduceOp::Max => fold(out, ins, |a, b| T::combine(ReduceOp::Max, a, b)),
-        ReduceOp::Prod => fold(out, ins, |a, b| T::combine(ReduceOp::Prod, a, b)),
-        ReduceOp::And => fold(out, ins, |a, b| T::combine(ReduceOp::And, a, b)),
-        ReduceOp::Or => fold(out, ins, |a, b| T::combine(ReduceOp::Or, a, b)),
-        ReduceOp::Xor => fold(out, ins, |a, b| T::combine(ReduceOp::Xor, a, b)),
+        ReduceOp::Sum => fold(acc, ins, |a, b| T::combine(ReduceOp::Sum, a, b)),
+        ReduceOp::Min => fold(acc, ins, |a, b| T::combine(ReduceOp::Min, a, b)),
+        ReduceOp::Max => fold(acc, ins, |a, b| T::combine(ReduceOp::Max, a, b)),
+        ReduceOp::Prod => fold(acc, ins, |a, b| T::combine(ReduceOp::Prod, a, b)),
+        ReduceOp::And => fold(acc, ins, |a, b| T::combine(ReduceOp::And, a, b)),
+        ReduceOp::Or => fold(acc, ins, |a, b| T::combine(ReduceOp::Or, a, b)),
+        ReduceOp::Xor => fold(acc, ins, |a, b| T::combine(ReduceOp::Xor, a, b)),
     }
 }
 

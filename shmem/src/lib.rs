@@ -44,7 +44,7 @@ pub mod overlap;
 mod rma;
 mod team;
 
-pub use algo::{AllGatherAlgo, AllReduceAlgo, CollImpl, Collectives, MoeKernels, Tuning};
+pub use algo::{AcrossNodes, AllGatherAlgo, AllReduceAlgo, CollImpl, Collectives, MoeKernels, ReduceOrder, Tuning};
 pub use buffer::{SymSlice, SymmetricBuffer};
 pub use config::{BackendKind, Config};
 pub use context::{Context, Stream};

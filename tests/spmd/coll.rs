@@ -16,7 +16,7 @@
 //! region must keep their poison.
 
 use crate::kernels::{self, Settings, Variant};
-use crate::util::{mix, par_fill, payload, poison, Env, TestElem, TestResult};
+use crate::util::{mix, par_fill, payload, poison, Env, NotApplicable, TestElem, TestResult};
 use crate::{each_dtype, TestFn};
 use shmem::{BackendKind, Context, DType, Element, ReduceOp, Stream, SymSlice, SymmetricBuffer, Team};
 use std::ops::Range;
@@ -70,6 +70,19 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("coll::broadcast::lines", |e| world(e, Coll::Broadcast, Variant::Lines)),
     ("coll::all_to_all::lines", |e| world(e, Coll::AllToAll, Variant::Lines)),
     ("coll::all_to_all::lines_after_packets", kernels::lines_after_packets),
+    ("coll::all_reduce::flat", |e| world(e, Coll::AllReduce, Variant::Flat)),
+    ("coll::reduce_scatter::flat", |e| world(e, Coll::ReduceScatter, Variant::Flat)),
+    ("coll::all_gather::flat", |e| world(e, Coll::AllGather, Variant::Flat)),
+    ("coll::broadcast::flat", |e| world(e, Coll::Broadcast, Variant::Flat)),
+    ("coll::all_to_all::flat", |e| world(e, Coll::AllToAll, Variant::Flat)),
+    ("coll::all_reduce::node_aware", |e| world(e, Coll::AllReduce, Variant::NodeAware)),
+    ("coll::reduce_scatter::node_aware", |e| world(e, Coll::ReduceScatter, Variant::NodeAware)),
+    ("coll::all_gather::node_aware", |e| world(e, Coll::AllGather, Variant::NodeAware)),
+    ("coll::broadcast::node_aware", |e| world(e, Coll::Broadcast, Variant::NodeAware)),
+    ("coll::all_to_all::node_aware", |e| world(e, Coll::AllToAll, Variant::NodeAware)),
+    ("coll::teams::node_aware", |e| teams(e, Variant::NodeAware)),
+    ("coll::all_reduce::node_grouped", |e| world(e, Coll::AllReduce, Variant::NodeGrouped)),
+    ("coll::reduce_scatter::node_grouped", |e| world(e, Coll::ReduceScatter, Variant::NodeGrouped)),
     ("coll::graph_replay_gpu_only", kernels::graph_replay),
 ];
 
@@ -83,6 +96,11 @@ const TEAM_SMALL: &[usize] = &[1, 7, 33, 4099];
 /// What the host backend runs under the settings other than the default
 /// (which it ignores).
 const HOST_VARIANT_SMALL: &[usize] = &[7, 4099];
+/// What the host backend runs under the settings of the route across
+/// nodes: shares of whole 16-byte vectors that are empty (1 and 3
+/// elements on 2 or 3 rails; 9 2-byte elements, two vectors, on 3), end
+/// short of a vector, or are uneven.
+const HOST_NODES_SMALL: &[usize] = &[1, 3, 9, 33, 4099];
 /// Around the kernels' size boundaries: 24 579 elements are 48 KiB of f16,
 /// 96 KiB of f32 and 192 KiB of 8-byte types; 65 541 are 128 KiB + 10 bytes
 /// of f16 (past the low-latency limit of worlds over 8 PEs) and 512 KiB +
@@ -165,6 +183,10 @@ impl Placement {
 
 /// Which cases a run covers.
 ///
+/// The settings of the route across nodes ([`Variant::about_nodes`]), on
+/// the host: every dtype and operator at [`HOST_NODES_SMALL`], and the
+/// medium sums of a few types, over the world.
+///
 /// GPU: every dtype and operator at the small and medium sizes; at the
 /// large size sums of every dtype, and every operator of f32 and bf16 where
 /// the variant is about the collective (not on split teams); 256 MiB for f32 and bf16 sums of the
@@ -185,6 +207,7 @@ struct Plan {
 impl Plan {
     fn lengths(&self, env: &Env, dtype: DType) -> Vec<(Tier, usize)> {
         let small = match (self.teams, self.gpu || self.variant == Variant::Default) {
+            (false, false) if self.variant.about_nodes() => HOST_NODES_SMALL,
             (_, false) => HOST_VARIANT_SMALL,
             (true, true) => TEAM_SMALL,
             (false, true) => SMALL,
@@ -207,6 +230,7 @@ impl Plan {
         let sum = matches!(op, None | Some(ReduceOp::Sum));
         let about = self.variant.covers(self.coll);
         let world_default = !self.teams && self.variant == Variant::Default;
+        let world_nodes = !self.teams && self.variant.about_nodes();
         match (self.gpu, tier) {
             (true, Tier::Small) => true,
             (false, Tier::Small) => !self.teams || matches!(op, None | Some(ReduceOp::Sum | ReduceOp::Max)),
@@ -215,7 +239,9 @@ impl Plan {
             // every dtype and every op of f32/bf16.
             (true, Tier::Large) => sum || (about && !self.teams && matches!(dtype, DType::F32 | DType::BF16)),
             (true, Tier::Huge) => sum && about && !self.teams && matches!(dtype, DType::F32 | DType::BF16),
-            (false, Tier::Medium) => world_default && sum && matches!(dtype, DType::F32 | DType::BF16 | DType::U64),
+            (false, Tier::Medium) => {
+                (world_default || world_nodes) && sum && matches!(dtype, DType::F32 | DType::BF16 | DType::U64)
+            }
             (false, Tier::Large) => world_default && sum && dtype == DType::F32,
             (false, Tier::Huge) => false,
         }
@@ -342,6 +368,14 @@ pub fn reduce<T: TestElem>(op: ReduceOp, mut xs: impl Iterator<Item = T>) -> T {
     T::from_acc(xs.fold(first, |acc, x| T::combine(op, acc, x.to_acc())))
 }
 
+/// The reference of the node-grouped order ([`shmem::ReduceOrder::NodeGrouped`]):
+/// `xs` (in PE order) in groups of `per_node`, each reduced as [`reduce`]
+/// does, then the groups' results combined in order, accumulating as
+/// [`reduce`] does.
+pub fn reduce_grouped<T: TestElem>(op: ReduceOp, xs: &[T], per_node: usize) -> T {
+    reduce(op, xs.chunks(per_node).map(|node| reduce(op, node.iter().copied())))
+}
+
 /// The wrong results of one test on this PE. Checking goes on after a wrong
 /// value (every PE must make the same calls), and the test fails at the end.
 pub struct Report {
@@ -411,6 +445,16 @@ impl Report {
         }
     }
 
+    /// Records a failure that is not a wrong value.
+    pub fn fail(&mut self, label: &str, what: &str) {
+        let msg = format!("PE {}: {label}: {what}", self.pe);
+        eprintln!("[pe {}] {msg}", self.pe);
+        self.wrong += 1;
+        if self.first.len() < 3 {
+            self.first.push(msg);
+        }
+    }
+
     pub fn finish(self) -> TestResult {
         if self.wrong == 0 {
             return Ok(());
@@ -420,6 +464,7 @@ impl Report {
 }
 
 /// One collective call to check.
+#[derive(Clone, Copy)]
 struct Case<'a> {
     coll: Coll,
     variant: Variant,
@@ -430,6 +475,9 @@ struct Case<'a> {
     group: &'a Group,
     /// Collectives go through RMA (the variant or `SHMEM_FORCE_RMA=1`).
     rma: bool,
+    /// Reductions in the node-grouped order, on nodes of this many PEs
+    /// (the group takes the node-aware forms under [`Variant::NodeGrouped`]).
+    grouped: Option<usize>,
 }
 
 impl Case<'_> {
@@ -475,13 +523,23 @@ impl Case<'_> {
         2.0 * tn as f64 * T::ROUNDOFF * size
     }
 
+    /// Whether the node-grouped and the PE-order references of this case
+    /// must differ somewhere: float sums of a thousand elements or more.
+    fn distinguishes_orders<T: TestElem>(&self) -> bool {
+        T::ROUNDOFF > 0.0 && self.op == Some(ReduceOp::Sum) && self.len >= 1000
+    }
+
     /// Element `i` of this PE's expected output, from `x(member, index)`.
     fn expected<T: TestElem>(&self, i: usize, x: impl Fn(usize, usize) -> T) -> T {
         let (tn, me, len) = (self.group.members.len(), self.group.me, self.len);
         let op = self.op.unwrap_or(ReduceOp::Sum);
+        let fold = |index: usize| match self.grouped {
+            Some(per_node) => reduce_grouped(op, &(0..tn).map(|m| x(m, index)).collect::<Vec<T>>(), per_node),
+            None => reduce(op, (0..tn).map(|m| x(m, index))),
+        };
         match self.coll {
-            Coll::AllReduce => reduce(op, (0..tn).map(|m| x(m, i))),
-            Coll::ReduceScatter => reduce(op, (0..tn).map(|m| x(m, me * len + i))),
+            Coll::AllReduce => fold(i),
+            Coll::ReduceScatter => fold(me * len + i),
             Coll::AllGather => x(i / len, i % len),
             Coll::Broadcast => x(self.root, i),
             Coll::AllToAll => x(i / len, me * len + i % len),
@@ -510,14 +568,56 @@ fn barrier_orders_writes(env: &Env) -> TestResult {
 fn world(env: &Env, coll: Coll, v: Variant) -> TestResult {
     let _settings = Settings::apply(&env.ctx, v);
     let mut rep = Report::new(env);
+    if v.about_nodes() {
+        nodes_taken(env, v, &mut rep)?;
+    }
     each_dtype!(one_dtype, env, &[Group::world(env)], coll, v, &mut rep)?;
     rep.finish()
+}
+
+/// Under the settings of the route across nodes: the node-grouped order
+/// applies on the host backend only (the gpu backend runs flat until its
+/// node-aware kernels exist, and its results are in PE order under every
+/// setting); the world takes the node-aware forms where it should: on the
+/// host backend, spanning nodes of consecutive ranks, not under forced RMA,
+/// not [`Variant::Flat`].
+fn nodes_taken(env: &Env, v: Variant, rep: &mut Report) -> TestResult {
+    let gpu = env.ctx.backend() == BackendKind::Gpu;
+    if v == Variant::NodeGrouped && gpu {
+        return Err(NotApplicable(
+            "the node-grouped order needs node-aware kernels, which the gpu backend lacks: it runs every \
+             collective flat, in PE order, under every setting (checked by the node_aware tests)"
+                .into(),
+        )
+        .into());
+    }
+    // This PE's node is ranks a·L .. a·L + L.
+    let node = env.ctx.node();
+    let per_node = node.n_pes();
+    let members = (0..per_node).map(|k| node.world_pe(k)).collect::<shmem::Result<Vec<_>>>()?;
+    let first = env.me() / per_node * per_node;
+    let consecutive = members.iter().enumerate().all(|(k, &pe)| pe == first + k);
+    let all_consecutive = env.agree(u32::from(consecutive))?.iter().all(|&c| c == 1);
+    let should = !gpu && v != Variant::Flat && per_node < env.n() && all_consecutive && !env.ctx.force_rma();
+    let takes = env.ctx.world().node_aware();
+    if takes != should {
+        rep.fail(
+            &format!("the world's collectives under settings {}", v.name()),
+            &format!("node-aware forms taken: {takes}, expected {should} ({per_node} PEs a node of {})", env.n()),
+        );
+    }
+    Ok(())
 }
 
 /// The collectives a variant is about, over split teams.
 fn teams(env: &Env, v: Variant) -> TestResult {
     let _settings = Settings::apply(&env.ctx, v);
     let groups = split_teams(env)?;
+    for g in &groups {
+        if g.team.as_ref().is_some_and(|t| t.node_aware()) {
+            return Err(format!("{} takes the node-aware forms, which are the world's only", g.name).into());
+        }
+    }
     let mut rep = Report::new(env);
     for coll in Coll::ALL.into_iter().filter(|&c| v.covers(c)) {
         each_dtype!(one_dtype, env, &groups, coll, v, &mut rep)?;
@@ -531,6 +631,7 @@ fn one_dtype<T: TestElem>(env: &Env, groups: &[Group], coll: Coll, v: Variant, r
     let gpu = env.ctx.backend() == BackendKind::Gpu;
     let plan = Plan { gpu, variant: v, coll, teams: groups.iter().any(|g| g.team.is_some()) };
     let rma = env.ctx.force_rma();
+    let node_width = env.ctx.node().n_pes();
     let ops: Vec<Option<ReduceOp>> =
         if coll.reduces() { T::OPS.iter().copied().map(Some).collect() } else { vec![None] };
     for (tier, len) in plan.lengths(env, T::DTYPE) {
@@ -565,7 +666,10 @@ fn one_dtype<T: TestElem>(env: &Env, groups: &[Group], coll: Coll, v: Variant, r
             for &op in &ops {
                 for &placement in placements(v, tier) {
                     for &root in &roots {
-                        let case = Case { coll, variant: v, op, len, placement, root, group, rma };
+                        let node_aware =
+                            group.team.as_ref().map_or_else(|| env.ctx.world().node_aware(), Team::node_aware);
+                        let grouped = (v == Variant::NodeGrouped && node_aware).then_some(node_width);
+                        let case = Case { coll, variant: v, op, len, placement, root, group, rma, grouped };
                         run_case(env, rep, &case, &src, &dst)?;
                     }
                 }
@@ -596,6 +700,15 @@ fn run_case<T: TestElem>(
     let x = |m: usize, i: usize| input::<T>(seed, g.members[m], i, c.op);
     let mut want = vec![poison::<T>(); dst_len];
     par_fill(&mut want, env.threads(), |i| c.expected(i, x));
+    if let (Some(per_node), true) = (c.grouped, c.distinguishes_orders::<T>()) {
+        // The check must be able to tell the orders apart: float sums of
+        // random mantissas differ somewhere at this size.
+        let pe_order = Case { grouped: None, ..*c };
+        let same = (0..dst_len).all(|i| pe_order.expected(i, x).bits() == want[i].bits());
+        if same && tn > per_node && per_node > 1 {
+            rep.fail(&label, "the node-grouped reference equals the PE-order one everywhere");
+        }
+    }
     let slack: Option<Vec<f64>> = c.reordered::<T>().then(|| (0..dst_len).map(|i| c.reorder_slack(i, x)).collect());
     // Each region: poison before it (misaligned), its data, poison after.
     let at = usize::from(c.placement == Placement::Misaligned);

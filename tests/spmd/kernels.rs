@@ -1,11 +1,13 @@
 //! What the GPU kernels add to the collectives' tests: the settings each
 //! test of `coll` runs under, and CUDA-graph capture replayed with new
-//! inputs. The host backend ignores the settings and cannot capture.
+//! inputs. The host backend ignores the settings but the route across
+//! nodes ([`Variant::about_nodes`]), and cannot capture.
 
 use crate::coll::{input, reduce, Coll, Report};
 use crate::util::{mix, needs_gpu, payload, poison, Env, TestElem, TestResult};
 use shmem::{
-    bf16, AllGatherAlgo, AllReduceAlgo, CollImpl, Collectives, Context, ReduceOp, Stream, SymmetricBuffer, Tuning,
+    bf16, AcrossNodes, AllGatherAlgo, AllReduceAlgo, CollImpl, Collectives, Context, ReduceOp, ReduceOrder, Stream,
+    SymmetricBuffer, Tuning,
 };
 
 /// One setting of [`Collectives`], applied on top of what the run started
@@ -34,6 +36,14 @@ pub enum Variant {
     /// Every broadcast pulled by its members over NVLink
     /// ([`Tuning::broadcast_pull_min_bytes`] 0).
     Pull,
+    /// The flat forms across nodes ([`AcrossNodes::Flat`]).
+    Flat,
+    /// The node-aware forms wherever they apply, one PE a node included
+    /// ([`AcrossNodes::NodeAware`]); reductions in PE order.
+    NodeAware,
+    /// As [`Variant::NodeAware`], reductions grouped by node
+    /// ([`ReduceOrder::NodeGrouped`]).
+    NodeGrouped,
 }
 
 /// [`Variant::Tuned`]'s knobs: the medium sizes' cases past 128 KiB a peer
@@ -77,6 +87,9 @@ impl Variant {
             Variant::Tuned => "tuned",
             Variant::Lines => "lines",
             Variant::Pull => "pull",
+            Variant::Flat => "flat",
+            Variant::NodeAware => "node_aware",
+            Variant::NodeGrouped => "node_grouped",
         }
     }
 
@@ -100,6 +113,11 @@ impl Variant {
             Variant::Pull => {
                 Collectives { tuning: Tuning { broadcast_pull_min_bytes: Some(0), ..base.tuning }, ..base }
             }
+            Variant::Flat => Collectives { across_nodes: AcrossNodes::Flat, ..base },
+            Variant::NodeAware => Collectives { across_nodes: AcrossNodes::NodeAware, ..base },
+            Variant::NodeGrouped => {
+                Collectives { across_nodes: AcrossNodes::NodeAware, reduce_order: ReduceOrder::NodeGrouped, ..base }
+            }
         }
     }
 
@@ -107,7 +125,8 @@ impl Variant {
     /// 256 MiB cases run only then.
     pub fn covers(self, coll: Coll) -> bool {
         match self {
-            Variant::Default | Variant::ForceRma | Variant::Nvshmem => true,
+            Variant::Default | Variant::ForceRma | Variant::Nvshmem | Variant::Flat | Variant::NodeAware => true,
+            Variant::NodeGrouped => matches!(coll, Coll::AllReduce | Coll::ReduceScatter),
             Variant::OneShot
             | Variant::TwoShot
             | Variant::TwoShotStores
@@ -125,6 +144,12 @@ impl Variant {
     /// is checked out of place only.
     pub fn in_place(self) -> bool {
         self != Variant::Nvshmem
+    }
+
+    /// Whether the variant chooses the route across nodes, which the host
+    /// backend follows.
+    pub fn about_nodes(self) -> bool {
+        matches!(self, Variant::Flat | Variant::NodeAware | Variant::NodeGrouped)
     }
 }
 

@@ -202,6 +202,11 @@ impl Control {
         self.me
     }
 
+    /// The node of world PE `pe` (an index into the topology's nodes).
+    pub(crate) fn node_of(&self, pe: usize) -> usize {
+        self.node_of[pe]
+    }
+
     /// Says goodbye to the other nodes' PEs (after the last barrier of
     /// `finalize`): they hear that this PE left, not that it died.
     pub(crate) fn close_net(&self) {

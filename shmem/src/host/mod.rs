@@ -13,6 +13,7 @@
 //! [`crate::control`].
 
 pub(crate) mod asan;
+pub(crate) mod nodes;
 pub(crate) mod shm;
 
 use crate::error::{Error, Result};
