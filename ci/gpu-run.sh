@@ -204,7 +204,7 @@ faults() {
         ((nodes > 1)) && continue
         for ((r = 0; r < pes; r++)); do
             ((r == 1)) && continue # the victim (VICTIM in tests/spmd/scenarios.rs)
-            if ! tail -n +"$((start + 1))" "$log" | grep -qE "\[$r\] .*(PE 1 died|waited too long for a peer|timed out)"; then
+            if ! tail -n +"$((start + 1))" "$log" | grep -qE "\[$r\] .*(PE 1 died|stopped waiting for a peer|timed out)"; then
                 echo "gpu-run: $t: PE $r's output names neither the dead PE nor a timed-out wait" | tee -a "$log"
                 failed+=("$t:pe$r")
             fi
