@@ -113,7 +113,7 @@ struct TeamSync {
     uint64_t agree;             // this call's agreement epoch; 0: no agreement
     uint64_t report;            // device address of the host-mapped AgreeFailure
     uint64_t row[kAgreeWords];  // this PE's descriptor row of the call (with `agree`)
-    uint64_t remote;            // bit r: member r is on another node (the node's mask under force_rma)
+    uint64_t remote;            // bit r: member r (< kMaxTeam) is on another node (also under force_rma)
     uint64_t net_offset;        // heap offset of this PE's NetCounters
 
     __device__ uint64_t *word(int array, int channel, int sender) const {
@@ -171,6 +171,7 @@ static_assert(offsetof(TeamSync, agree) == 64, "TeamSync::agree");
 static_assert(offsetof(TeamSync, report) == 72, "TeamSync::report");
 static_assert(offsetof(TeamSync, row) == 80, "TeamSync::row");
 static_assert(offsetof(TeamSync, remote) == 144, "TeamSync::remote");
+static_assert(kMaxTeam <= 64, "TeamSync::remote has a bit a member");
 static_assert(offsetof(TeamSync, net_offset) == 152, "TeamSync::net_offset");
 
 // This PE's counts of its RMA traffic with other nodes' PEs, at

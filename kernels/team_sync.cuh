@@ -74,7 +74,7 @@ __device__ __forceinline__ void end_epoch(const TeamSync &t, uint64_t epoch) {
 // (relaxed adds: the host reads the counters after the stream's kernels
 // have ended, and they order nothing).
 __device__ __forceinline__ NetCounters *remote_counters(const TeamSync &t, int pe) {
-    return pe < 64 && (t.remote >> pe & 1) ? t.mine<NetCounters>(t.net_offset) : nullptr;
+    return t.remote >> pe & 1 ? t.mine<NetCounters>(t.net_offset) : nullptr;
 }
 
 // The RMA calls with member `pe` of `t`, out of line: one copy in each .cu

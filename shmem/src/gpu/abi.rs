@@ -117,9 +117,9 @@ pub(crate) struct TeamSync {
     pub(in crate::gpu) report: u64,
     /// This PE's descriptor row of the call, with `agree`.
     pub(in crate::gpu) row: [u64; AGREE_WORDS],
-    /// Bit r set when member r is on another node (members past 64 have
-    /// none: the kernels take no such team). The node's mask also where
-    /// RMA is forced.
+    /// Bit r set when member r is on another node (members past
+    /// [`MAX_TEAM`] have none: the kernels take no such team). The node's
+    /// mask also where RMA is forced.
     pub(in crate::gpu) remote: u64,
     /// Heap offset of this PE's [`NET_COUNTER_WORDS`] counters of traffic
     /// with other nodes (`NetCounters`).
@@ -142,6 +142,7 @@ const _: () = assert!(offset_of!(TeamSync, report) == 72);
 const _: () = assert!(offset_of!(TeamSync, row) == 80);
 const _: () = assert!(offset_of!(TeamSync, remote) == 144);
 const _: () = assert!(offset_of!(TeamSync, net_offset) == 152);
+const _: () = assert!(MAX_TEAM <= 64, "TeamSync::remote has a bit a member");
 
 /// Words of `NetCounters` (`abi.cuh`): bytes put, bytes got, puts, gets,
 /// signals, in that order ([`crate::net::NetTraffic::from_words`]).

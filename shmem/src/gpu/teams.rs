@@ -1,7 +1,7 @@
 //! Each team's view for the kernels ([`TeamSync`]): its members' heap
 //! bases and PE numbers on the device, and its synchronisation slot.
 
-use super::abi::{TeamSync, AGREE_WORDS};
+use super::abi::{TeamSync, AGREE_WORDS, MAX_TEAM};
 use super::kernels::Kernels;
 use super::{CudaCall, GpuWorld};
 use crate::error::{Error, Result};
@@ -53,7 +53,7 @@ impl Kernels {
         let pes: Vec<i32> = members.iter().map(|&pe| pe as i32).collect();
         let remote = members
             .iter()
-            .take(64)
+            .take(MAX_TEAM)
             .enumerate()
             .filter(|&(_, &pe)| g.node_of[pe] != g.node_of[me])
             .fold(0u64, |mask, (r, _)| mask | 1 << r);
