@@ -176,7 +176,7 @@ impl Bench<'_> {
     /// Every PE's `mine`, in PE order (collective, outside timing; the
     /// reads of other nodes' words count as their traffic, after the
     /// windows measured).
-    fn gather_net(&self, mine: u64) -> Res<Vec<u64>> {
+    pub(super) fn gather_net(&self, mine: u64) -> Res<Vec<u64>> {
         let me = self.ctx.my_pe();
         self.net_words.slice(me..me + 1).copy_from_host(&[mine], &self.s)?;
         self.ctx.barrier_all(&self.s)?;
