@@ -113,6 +113,8 @@ struct TeamSync {
     uint64_t agree;             // this call's agreement epoch; 0: no agreement
     uint64_t report;            // device address of the host-mapped AgreeFailure
     uint64_t row[kAgreeWords];  // this PE's descriptor row of the call (with `agree`)
+    uint64_t remote;            // bit r: member r (< kMaxTeam) is on another node (also under force_rma)
+    uint64_t net_offset;        // heap offset of this PE's NetCounters
 
     __device__ uint64_t *word(int array, int channel, int sender) const {
         return reinterpret_cast<uint64_t *>(heap + sync_offset) + (array * kMaxBlocks + channel) * n + sender;
@@ -154,7 +156,7 @@ struct TeamSync {
         return agree_base() + 2 * static_cast<uint64_t>(n) * kAgreeWords * 24 + static_cast<uint64_t>(sender) * 8;
     }
 };
-static_assert(sizeof(TeamSync) == 144, "TeamSync: size");
+static_assert(sizeof(TeamSync) == 160, "TeamSync: size");
 static_assert(offsetof(TeamSync, peer_heap) == 0, "TeamSync::peer_heap");
 static_assert(offsetof(TeamSync, pes) == 8, "TeamSync::pes");
 static_assert(offsetof(TeamSync, heap) == 16, "TeamSync::heap");
@@ -168,6 +170,26 @@ static_assert(offsetof(TeamSync, pad) == 60, "TeamSync::pad");
 static_assert(offsetof(TeamSync, agree) == 64, "TeamSync::agree");
 static_assert(offsetof(TeamSync, report) == 72, "TeamSync::report");
 static_assert(offsetof(TeamSync, row) == 80, "TeamSync::row");
+static_assert(offsetof(TeamSync, remote) == 144, "TeamSync::remote");
+static_assert(kMaxTeam <= 64, "TeamSync::remote has a bit a member");
+static_assert(offsetof(TeamSync, net_offset) == 152, "TeamSync::net_offset");
+
+// This PE's counts of its RMA traffic with other nodes' PEs, at
+// `TeamSync::net_offset` (`Layout::net`; read as NET_COUNTER_WORDS words
+// in this order by `NetTraffic::from_words`). Only grow.
+struct NetCounters {
+    unsigned long long bytes_put;  // payload bytes put
+    unsigned long long bytes_got;  // payload bytes fetched by gets
+    unsigned long long puts;
+    unsigned long long gets;
+    unsigned long long signals;  // signals sent (not counted as bytes)
+};
+static_assert(sizeof(NetCounters) == 40, "NetCounters: size (NET_COUNTER_WORDS)");
+static_assert(offsetof(NetCounters, bytes_put) == 0, "NetCounters::bytes_put");
+static_assert(offsetof(NetCounters, bytes_got) == 8, "NetCounters::bytes_got");
+static_assert(offsetof(NetCounters, puts) == 16, "NetCounters::puts");
+static_assert(offsetof(NetCounters, gets) == 24, "NetCounters::gets");
+static_assert(offsetof(NetCounters, signals) == 32, "NetCounters::signals");
 
 // The operation of a MoE all-to-all-v (`A2av::kind`; the kernel names'
 // suffixes `_v`, `_2d`, `_2d_offset`).

@@ -68,7 +68,7 @@ __device__ __forceinline__ void agree_send(const TeamSync &t, uint64_t e) {
     __syncthreads();
     for (int pe = threadIdx.x; pe < t.n; pe += blockDim.x)
         if (pe != t.rank && !t.nvlink(pe))
-            rma_put_signal(mine, mine, kAgreeWords * 8, t.mine<uint64_t>(t.agree_signal(t.rank)), e, t.pes[pe]);
+            rma_put_signal(t, pe, mine, mine, kAgreeWords * 8, t.mine<uint64_t>(t.agree_signal(t.rank)), e);
 }
 
 // Member `pe`'s word `w` of agreement `e`, waiting until it is in (one

@@ -32,7 +32,7 @@ extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
         } else {
             // NVSHMEM gets into global memory; then into shared memory.
             uint8_t *g = reinterpret_cast<uint8_t *>(tb.fetched(s));
-            rma_get(g, t.mine<uint8_t>(a.splits), bytes, t.pes[s]);
+            rma_get(t, s, g, t.mine<uint8_t>(a.splits), bytes);
             __syncthreads();
             if (to != g) block_copy(to, g, bytes);
         }

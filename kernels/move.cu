@@ -56,7 +56,7 @@ __device__ __forceinline__ void send_all(const TeamSync &t, uint64_t to, From fr
     __syncthreads();
     for (int i = 1; i < t.n; i++) {
         int pe = t.after(i);
-        if (!t.nvlink(pe)) rma_put(t.mine<uint8_t>(to), from(pe), bytes, t.pes[pe]);
+        if (!t.nvlink(pe)) rma_put(t, pe, t.mine<uint8_t>(to), from(pe), bytes);
     }
     block_copy_pairs<kOneSrc>(dsts, srcs, nd, bytes);
 }

@@ -131,7 +131,7 @@ __device__ __forceinline__ void block_send(const TeamSync &t, int pe, uint64_t d
     if (t.nvlink(pe)) {
         block_copy(t.at<uint8_t>(pe, dst_off), src, bytes);
     } else {
-        rma_put(t.mine<uint8_t>(dst_off), src, bytes, t.pes[pe]);
+        rma_put(t, pe, t.mine<uint8_t>(dst_off), src, bytes);
     }
 }
 
@@ -168,7 +168,7 @@ __device__ void reduce_range(const TeamSync &t, T *dst, uint64_t dst_off, uint64
         __syncthreads();
         for (int pe = 0; pe < t.n; pe++)
             if (pe != t.rank && !t.nvlink(pe))
-                rma_get(const_cast<T *>(srcs[pe]), t.mine<T>(src_off) + c, len * sizeof(T), t.pes[pe]);
+                rma_get(t, pe, const_cast<T *>(srcs[pe]), t.mine<T>(src_off) + c, len * sizeof(T));
         __syncthreads();
         block_reduce<T, OP, NP>(dsts, nd, srcs, t.n, len);
     }

@@ -97,22 +97,49 @@ __device__ __forceinline__ void end_epoch(const TeamSync &t, uint64_t epoch) {
     if (threadIdx.x == 0) *t.epoch_counter(blockIdx.x) = epoch;
 }
 
-// The RMA calls, out of line: one copy in each .cu for all its kernels.
-static __device__ __noinline__ void rma_get(void *dst, const void *src, uint64_t bytes, int pe) {
-    nvshmemx_getmem_block(dst, src, bytes, pe);
+// This PE's NetCounters when member `pe` is on another node, else null:
+// the RMA calls below count their traffic with other nodes' PEs there
+// (relaxed adds: the host reads the counters after the stream's kernels
+// have ended, and they order nothing).
+__device__ __forceinline__ NetCounters *remote_counters(const TeamSync &t, int pe) {
+    return t.remote >> pe & 1 ? t.mine<NetCounters>(t.net_offset) : nullptr;
 }
-static __device__ __noinline__ void rma_put(void *dst, const void *src, uint64_t bytes, int pe) {
-    nvshmemx_putmem_nbi_block(dst, src, bytes, pe);
+
+// The RMA calls with member `pe` of `t`, out of line: one copy in each .cu
+// for all its kernels. The block-wide ones count from thread 0, once a call.
+static __device__ __noinline__ void rma_get(const TeamSync &t, int pe, void *dst, const void *src, uint64_t bytes) {
+    NetCounters *c = threadIdx.x == 0 ? remote_counters(t, pe) : nullptr;
+    if (c) {
+        atomicAdd(&c->bytes_got, static_cast<unsigned long long>(bytes));
+        atomicAdd(&c->gets, 1ull);
+    }
+    nvshmemx_getmem_block(dst, src, bytes, t.pes[pe]);
 }
-static __device__ __noinline__ void rma_signal(uint64_t *word, uint64_t v, int pe) {
+static __device__ __noinline__ void rma_put(const TeamSync &t, int pe, void *dst, const void *src, uint64_t bytes) {
+    NetCounters *c = threadIdx.x == 0 ? remote_counters(t, pe) : nullptr;
+    if (c) {
+        atomicAdd(&c->bytes_put, static_cast<unsigned long long>(bytes));
+        atomicAdd(&c->puts, 1ull);
+    }
+    nvshmemx_putmem_nbi_block(dst, src, bytes, t.pes[pe]);
+}
+// One thread's signal: `v` into member `pe`'s symmetric `word`, after this
+// PE's puts are delivered. Counted as a signal, not as bytes.
+static __device__ __noinline__ void rma_signal(const TeamSync &t, int pe, uint64_t *word, uint64_t v) {
+    if (NetCounters *c = remote_counters(t, pe)) atomicAdd(&c->signals, 1ull);
     nvshmem_quiet();
-    nvshmemx_signal_op(word, v, NVSHMEM_SIGNAL_SET, pe);
+    nvshmemx_signal_op(word, v, NVSHMEM_SIGNAL_SET, t.pes[pe]);
 }
-// One thread's put of `bytes` at `src` to symmetric `dst` of `pe`, then
-// `v` into its symmetric `word` once the data is delivered.
-static __device__ __noinline__ void rma_put_signal(void *dst, const void *src, uint64_t bytes, uint64_t *word,
-                                                   uint64_t v, int pe) {
-    nvshmem_putmem_signal_nbi(dst, src, bytes, word, v, NVSHMEM_SIGNAL_SET, pe);
+// One thread's put of `bytes` at `src` to symmetric `dst` of member `pe`,
+// then `v` into its symmetric `word` once the data is delivered.
+static __device__ __noinline__ void rma_put_signal(const TeamSync &t, int pe, void *dst, const void *src,
+                                                   uint64_t bytes, uint64_t *word, uint64_t v) {
+    if (NetCounters *c = remote_counters(t, pe)) {
+        atomicAdd(&c->bytes_put, static_cast<unsigned long long>(bytes));
+        atomicAdd(&c->puts, 1ull);
+        atomicAdd(&c->signals, 1ull);
+    }
+    nvshmem_putmem_signal_nbi(dst, src, bytes, word, v, NVSHMEM_SIGNAL_SET, t.pes[pe]);
 }
 
 // Sets word [array][blockIdx.x][rank] of member `pe` to `v`, after every
@@ -131,7 +158,7 @@ __device__ __forceinline__ void signal(const TeamSync &t, int array, int pe, uin
         uint64_t off = reinterpret_cast<uint64_t>(w) - t.heap;
         st_release64(reinterpret_cast<uint64_t *>(t.peer_heap[pe] + off), v);
     } else {
-        rma_signal(w, v, t.pes[pe]);
+        rma_signal(t, pe, w, v);
     }
 }
 

@@ -21,6 +21,8 @@ pub(super) struct Bench<'a> {
     pub(super) sizes: Vec<usize>,
     /// One word per PE, for [`Bench::agree`].
     pub(super) verdicts: SymmetricBuffer<u32>,
+    /// One word per PE, for [`Bench::gather_net`].
+    pub(super) net_words: SymmetricBuffer<u64>,
     /// Wrong results seen on this PE.
     pub(super) wrong: Cell<usize>,
     /// PE 0 with `--json`: rows as they are measured, without ratios.

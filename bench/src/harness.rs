@@ -52,7 +52,7 @@ impl<T> Case<'_, T> {
 
     pub(super) fn row(&self, graph: bool, time_us: f64) -> Row {
         let (op, imp, dtype, bytes, moe, matmul) = (self.op, self.imp, self.dtype, self.bytes, self.moe, self.matmul);
-        Row { op, imp, dtype, bytes, graph, time_us, moe, matmul }
+        Row { op, imp, dtype, bytes, graph, time_us, moe, matmul, net_pes: None }
     }
 }
 
@@ -152,28 +152,58 @@ impl Bench<'_> {
     /// Runs `c` once on a poisoned output and compares it; whether every
     /// PE found its output right.
     pub(super) fn check_once<T: Value>(&self, c: &Case<'_, T>) -> Res<bool> {
+        Ok(self.check_counted(c, false)?.0)
+    }
+
+    /// [`Bench::check_once`], and with `count` this PE's bytes to and from
+    /// other nodes' PEs during the run (`Context::net_traffic`; its reads
+    /// wait for the stream, outside any timing).
+    fn check_counted<T: Value>(&self, c: &Case<'_, T>, count: bool) -> Res<(bool, Option<u64>)> {
+        let mut net = None;
         let found = (|| {
             (c.poison)()?;
             self.ctx.barrier_all(&self.s)?;
+            let before = if count { Some(self.ctx.net_traffic(&self.s)?) } else { None };
             (c.run)()?;
+            if let Some(before) = before {
+                net = Some(self.ctx.net_traffic(&self.s)?.since(&before).bytes());
+            }
             c.compare()
         })();
-        self.settle(c, false, found)
+        Ok((self.settle(c, false, found)?, net))
+    }
+
+    /// Every PE's `mine`, in PE order (collective, outside timing; the
+    /// reads of other nodes' words count as their traffic, after the
+    /// windows measured).
+    pub(super) fn gather_net(&self, mine: u64) -> Res<Vec<u64>> {
+        let me = self.ctx.my_pe();
+        self.net_words.slice(me..me + 1).copy_from_host(&[mine], &self.s)?;
+        self.ctx.barrier_all(&self.s)?;
+        let all: shmem::Result<Vec<u64>> =
+            (0..self.ctx.n_pes()).map(|pe| self.ctx.g(&self.net_words, pe, pe, &self.s)).collect();
+        self.ctx.barrier_all(&self.s)?; // all read before the next words
+        Ok(all?)
     }
 
     /// Checks `c` once, times it, checks it again; its row if every PE
     /// agreed both times.
     fn eager<T: Value>(&self, c: &Case<'_, T>) -> Res<Option<Row>> {
         let barrier = || Ok(self.ctx.barrier_all(&self.s)?);
-        if !self.check_once(c)? {
+        // Counted for shmem's rows (NVSHMEM's collectives count nothing).
+        let counted = c.imp.is_shmem();
+        let (ok, net) = self.check_counted(c, counted)?;
+        if !ok {
             return Ok(None);
         }
+        // Every PE knows whether every PE counted (the same `counted`).
+        let net_pes = if counted { Some(self.gather_net(net.unwrap_or(0))?) } else { None };
         // Back-to-back barriers need no barrier before them.
         let setup = || if c.op == Op::Barrier { Ok(()) } else { barrier() };
         let timed = self.time(c.bytes, setup, c.run);
         let after = timed.as_ref().map_err(|e| e.to_string().into()).and_then(|_| c.compare());
         let ok = self.settle(c, false, after)?;
-        Ok(timed.ok().filter(|_| ok).map(|t| c.row(false, t)))
+        Ok(timed.ok().filter(|_| ok).map(|t| Row { net_pes, ..c.row(false, t) }))
     }
 
     /// Captures [`PER_GRAPH`] runs of `c` in a CUDA graph, checks one
@@ -228,14 +258,17 @@ impl Bench<'_> {
     }
 
     /// Eager and (with `--graph`) graph rows of `c`. NVSHMEM's collectives
-    /// are called from the host, so they have no graph rows.
+    /// are called from the host, so they have no graph rows. Both rows
+    /// carry the eager check run's traffic with other nodes.
     pub(super) fn measure<T: Value>(&self, c: &Case<'_, T>, rows: &mut Vec<Row>) -> Res {
+        let mut net_pes = None;
         if let Some(row) = self.eager(c)? {
+            net_pes = row.net_pes.clone();
             self.keep(rows, row)?;
         }
         if self.graphs(c.bytes) && c.imp != Imp::Nvshmem {
             if let Some(row) = self.graphed(c)? {
-                self.keep(rows, row)?;
+                self.keep(rows, Row { net_pes, ..row })?;
             }
         }
         Ok(())

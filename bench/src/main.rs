@@ -260,6 +260,7 @@ fn run(args: &Args) -> Res {
                 .take_while(|&b| b <= args.max_bytes)
                 .collect(),
             verdicts: ctx.alloc_zeroed::<u32>(n)?,
+            net_words: ctx.alloc_zeroed::<u64>(n)?,
             wrong: Cell::new(0),
             partial: RefCell::new(match (&partial, me) {
                 (Some(p), 0) => Some(std::fs::File::create(p).map_err(|e| format!("creating {}: {e}", p.display()))?),

@@ -51,12 +51,19 @@ impl Bench<'_> {
                     splits: None,
                     matmul: None,
                 };
-                // PE 0 transfers, timed or not; the barrier makes the
-                // transfer complete and visible at the checker.
+                // PE 0 transfers, timed or not (untimed: counting its bytes
+                // to and from other nodes); the barrier makes the transfer
+                // complete and visible at the checker.
+                let net = std::cell::Cell::new(0);
                 let check = |time: bool| -> Res<(bool, Option<f64>)> {
                     let done = match (me, time) {
                         (0, true) => self.time(b, || Ok(()), || (case.run)()).map(Some),
-                        (0, false) => (case.run)().map(|()| None),
+                        (0, false) => (|| {
+                            let before = self.ctx.net_traffic(&self.s)?;
+                            (case.run)()?;
+                            net.set(self.ctx.net_traffic(&self.s)?.since(&before).bytes());
+                            Ok(None)
+                        })(),
                         _ => Ok(None),
                     };
                     self.ctx.barrier_all(&self.s)?;
@@ -71,8 +78,9 @@ impl Bench<'_> {
                     (case.poison)()?;
                     self.ctx.barrier_all(&self.s)?;
                     if check(false)?.0 {
+                        let net_pes = Some(self.gather_net(net.get())?);
                         if let (true, Some(t)) = check(true)? {
-                            self.keep(&mut rows, case.row(false, t))?;
+                            self.keep(&mut rows, Row { net_pes, ..case.row(false, t) })?;
                         }
                     }
                 }

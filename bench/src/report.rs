@@ -23,6 +23,11 @@ pub(super) struct Row {
     pub(super) moe: Option<MoeShape>,
     /// The overlapped matmuls' parameters (`None` for the others).
     pub(super) matmul: Option<MatmulShape>,
+    /// Each PE's bytes to and from other nodes' PEs in one operation
+    /// (`Context::net_traffic`, around the eager check run); `None` where
+    /// not counted (NCCL, NVSHMEM's collectives, memcpy, the overlapped
+    /// matmuls).
+    pub(super) net_pes: Option<Vec<u64>>,
 }
 
 impl Row {
@@ -30,6 +35,11 @@ impl Row {
     /// in operations (`tflops`).
     pub(super) fn algbw_gbps(&self) -> Option<f64> {
         self.dtype.filter(|_| self.matmul.is_none()).map(|_| self.bytes as f64 / (self.time_us * 1e3))
+    }
+
+    /// The most bytes any PE moved to and from other nodes in one operation.
+    pub(super) fn net_bytes(&self) -> Option<u64> {
+        self.net_pes.as_ref().and_then(|pes| pes.iter().copied().max())
     }
 
     pub(super) fn busbw_gbps(&self, n: usize) -> Option<f64> {
@@ -77,6 +87,12 @@ impl Row {
             let tflops = num(Some(m.flops() / (self.time_us * 1e6)));
             let _ = write!(s, ",\"m\":{},\"n\":{},\"k\":{},\"chunks\":{chunks},\"tflops\":{tflops}", m.m, m.n, m.k);
         }
+        let net_pes = self
+            .net_pes
+            .as_ref()
+            .map_or("null".into(), |pes| format!("[{}]", pes.iter().map(u64::to_string).collect::<Vec<_>>().join(",")));
+        let net = self.net_bytes().map_or("null".into(), |b| b.to_string());
+        let _ = write!(s, ",\"net_bytes\":{net},\"net_bytes_pes\":{net_pes}");
         if let Some(rows) = rows {
             for reference in REFERENCES {
                 let _ = write!(s, ",\"vs_{}\":{}", reference.name(), num(self.vs(rows, reference)));
@@ -136,6 +152,7 @@ pub(super) fn print_table(rows: &[Row], n: usize, backend: &str, args: &Args) {
         println!("# overlapped matmuls: bytes = one PE's block (ag_matmul: its shard; matmul_rs: its output)");
     }
     println!("# vs X: X's time / shmem's time (above 1: shmem is faster)");
+    println!("# net/PE: the most bytes a PE moved to or from other nodes' PEs in one operation (- : not counted)");
     if rows.is_empty() {
         println!("# no rows: nothing selected runs on this backend");
     }
@@ -159,13 +176,14 @@ pub(super) fn print_table(rows: &[Row], n: usize, backend: &str, args: &Args) {
         println!("\n## {} {}{mode}{shape}", op.name(), dtype.map_or(String::new(), |d| format!("{d} ")));
         let tokens = |t: &dyn std::fmt::Display| moe.map_or(String::new(), |_| format!("{t:>8}"));
         let mut head = format!(
-            "{:<15}{}{:>7}{:>12}{:>12}{:>12}",
+            "{:<15}{}{:>7}{:>12}{:>12}{:>12}{:>9}",
             "impl",
             tokens(&"tokens"),
             "size",
             "time_us",
             "algbw_GBps",
-            "busbw_GBps"
+            "busbw_GBps",
+            "net/PE"
         );
         for i in &refs {
             let _ = write!(head, "{:>12}", format!("vs_{}", i.name()));
@@ -173,13 +191,14 @@ pub(super) fn print_table(rows: &[Row], n: usize, backend: &str, args: &Args) {
         println!("{head}");
         for r in section {
             let mut line = format!(
-                "{:<15}{}{:>7}{:>12.2}{}{}",
+                "{:<15}{}{:>7}{:>12.2}{}{}{:>9}",
                 r.imp.name(),
                 tokens(&r.moe.map_or(0, |m| m.tokens)),
                 human(r.bytes),
                 r.time_us,
                 cell(r.algbw_gbps(), 12),
-                cell(r.busbw_gbps(n), 12)
+                cell(r.busbw_gbps(n), 12),
+                r.net_bytes().map_or("-".into(), |b| human(b as usize))
             );
             for &i in &refs {
                 line += &cell(r.vs(rows, i), 12);

@@ -15,6 +15,7 @@ use crate::dtype::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::gpu::abi::MAX_TEAM;
 use crate::gpu::{dispatch, CudaCall, GpuWorld, Protocols};
+use crate::net::NetDir;
 use crate::team::{Desc, OpKind, Team};
 use rayon::prelude::*;
 
@@ -55,6 +56,12 @@ type DeviceAgreement = (u64, DescRow);
 impl Team {
     pub(crate) fn pe_ptr<T>(&self, member: usize, offset: usize) -> *mut T {
         self.ctx.host_heap().heap_ptr(self.state.members[member], offset).cast()
+    }
+
+    /// Counts a read of `len` elements from `member` (see [`crate::net`]):
+    /// every copy of the host collectives from a peer's heap goes with one.
+    pub(crate) fn count_read<T>(&self, member: usize, len: usize) {
+        self.ctx.net_count(self.state.members[member], len * size_of::<T>(), NetDir::Got);
     }
 
     /// Checks the call locally and returns (dst, src) with how the team
@@ -187,6 +194,7 @@ impl Team {
             return self.broadcast_nodes::<T>(r, d, s, root);
         }
         if d != s || self.my_pe() != root {
+            self.count_read::<T>(root, d.len);
             let from: *const T = self.pe_ptr(root, s.offset);
             let to: *mut T = self.pe_ptr(self.my_pe(), d.offset);
             // SAFETY: checked regions; root's src is stable until the closing
@@ -233,6 +241,7 @@ impl Team {
             blocks.par_iter().for_each(|&j| {
                 // In place, member j's src is its own block j of dst.
                 let src_offset = if in_place { d.offset + j * s.len * elem } else { s.offset };
+                self.count_read::<T>(j, s.len);
                 let from: *const T = self.pe_ptr(j, src_offset);
                 // SAFETY: block j of this PE's dst and member j's src are
                 // checked regions; nobody writes either until the closing barrier.
@@ -301,6 +310,7 @@ impl Team {
         self.ctx.pool.install(|| {
             others.par_iter().for_each(|&j| {
                 let (lo, hi) = block(j);
+                self.count_read::<T>(j, hi - lo);
                 let from: *const T = self.pe_ptr(j, d.offset + lo * elem);
                 // SAFETY: block j of member j's dst is final until the closing
                 // barrier; block j of this PE's dst is written only here.
@@ -392,6 +402,7 @@ impl Team {
         let out = Addr::of(if in_place { tmp.as_mut_ptr() } else { self.pe_ptr::<T>(me, d.offset) });
         self.ctx.pool.install(|| {
             (0..n).into_par_iter().for_each(|j| {
+                self.count_read::<T>(j, c);
                 let from: *const T = self.pe_ptr(j, s.offset + me * c * elem);
                 // SAFETY: block `me` of member j's src and block j of this
                 // PE's output are checked, disjoint, and stable until the barrier.
@@ -408,8 +419,12 @@ impl Team {
     /// `out[i] = op over members m of src_m[lo + i]`, for `i < len`, in team order.
     fn reduce_into<T: Element>(&self, out: *mut T, src_offset: usize, lo: usize, len: usize, op: ReduceOp) {
         let elem = size_of::<T>();
-        let inputs: Vec<Addr> =
-            (0..self.n_pes()).map(|m| Addr::of(self.pe_ptr::<T>(m, src_offset + lo * elem))).collect();
+        let inputs: Vec<Addr> = (0..self.n_pes())
+            .map(|m| {
+                self.count_read::<T>(m, len);
+                Addr::of(self.pe_ptr::<T>(m, src_offset + lo * elem))
+            })
+            .collect();
         let out = Addr::of(out);
         let tasks = len.div_ceil(CHUNK);
         let body = |t: usize| {

@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::gpu::{self, GpuWorld};
 use crate::heap::Allocator;
 use crate::host::{self, shm, HostHeap};
+use crate::net::{NetCounters, NetDir};
 use crate::team::{Team, TeamState};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -49,6 +50,8 @@ pub(crate) struct Inner {
     pub(crate) world: Arc<TeamState>,
     pub(crate) node: Arc<TeamState>,
     pub(crate) pool: rayon::ThreadPool,
+    /// The host's counts of traffic with other nodes' PEs (see [`crate::net`]).
+    pub(crate) net: NetCounters,
     /// Kept alive for the context's life: under MPI, dropping it finalizes
     /// MPI. (A job of more than one node keeps it as the control plane's
     /// channel instead, whose close then finalizes MPI.)
@@ -76,6 +79,22 @@ impl Inner {
     pub(crate) fn take_agreement_error(&self) -> Option<Error> {
         let failure = self.gpu.as_ref()?.kernels.as_ref()?.take_agreement_failure()?;
         Some(crate::team::agreement_error(&failure))
+    }
+
+    /// Counts a transfer of `bytes` with world PE `peer` in direction
+    /// `dir`, if `peer` is on another node (see [`crate::net`]). Every copy
+    /// between PEs that the host makes or issues calls it.
+    pub(crate) fn net_count(&self, peer: usize, bytes: usize, dir: NetDir) {
+        if bytes > 0 && self.ctl.other_node(peer) {
+            self.net.add(bytes, dir);
+        }
+    }
+
+    /// Counts a signal to world PE `peer`, if it is on another node.
+    pub(crate) fn net_signal(&self, peer: usize) {
+        if self.ctl.other_node(peer) {
+            self.net.add_signal();
+        }
     }
 
     /// Fails if the context was finalized; `what` names the object used.
@@ -462,6 +481,7 @@ impl Context {
             world,
             node,
             pool,
+            net: NetCounters::default(),
             _bootstrap: Mutex::new(boot),
         };
         let inner = Arc::new(inner);

@@ -451,6 +451,7 @@ impl Team {
     /// `member`'s `len` i64s at heap offset `offset`.
     fn peer_i64s(&self, member: usize, offset: usize, len: usize) -> Vec<i64> {
         let from = self.ctx.host_heap().heap_ptr(self.state.members[member], offset).cast::<i64>();
+        self.count_read::<i64>(member, len);
         let mut v = vec![0i64; len];
         // SAFETY: a checked region of i64s (aligned: allocations are
         // 256-aligned, slices start at element boundaries) in `member`'s
@@ -481,6 +482,7 @@ impl Team {
             let from = self.ctx.host_heap().heap_ptr(self.state.members[ch.src], c.input.offset) as usize;
             let (from, to) = (from + ch.from as usize * row * elem, out.0 + ch.to as usize * row * elem);
             let len = ch.rows as usize * row;
+            self.count_read::<T>(ch.src, len);
             for k in (0..len).step_by(PIECE) {
                 pieces.push((Addr(from + k * elem), Addr(to + k * elem), PIECE.min(len - k)));
             }

@@ -9,6 +9,7 @@ use crate::buffer::{Region, SymSlice, SymmetricBuffer};
 use crate::context::{Context, Stream};
 use crate::dtype::{AtomicElement, AtomicOp, Element};
 use crate::error::{Error, Result};
+use crate::net::NetDir;
 use rayon::prelude::*;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
@@ -165,6 +166,7 @@ impl Context {
         stream: &Stream,
     ) -> Result<()> {
         let (d, s) = self.transfer_regions(&dst, &src, pe, if put { "put" } else { "get" })?;
+        self.inner.net_count(pe, d.len * size_of::<T>(), if put { NetDir::Put } else { NetDir::Got });
         if let Some(g) = &self.inner.gpu {
             let bytes = d.len * size_of::<T>();
             return g.transfer(put, g.addr(d.offset), g.addr(s.offset), bytes, pe, g.stream(stream));
@@ -210,8 +212,9 @@ impl Context {
         pe: usize,
         stream: &Stream,
     ) -> Result<()> {
+        let off = self.element_offset(dst, index, pe)?;
+        self.inner.net_count(pe, size_of::<T>(), NetDir::Put);
         if let Some(g) = &self.inner.gpu {
-            let off = self.element_offset(dst, index, pe)?;
             // SAFETY: a checked element of the symmetric heap.
             return unsafe {
                 crate::gpu::dispatch::p(g.nv, g.addr(off), value, pe as i32, g.stream(stream).cu_stream())
@@ -226,8 +229,9 @@ impl Context {
 
     /// Reads one element of `pe`'s copy of `src` (NVSHMEM's `g`).
     pub fn g<T: Element>(&self, src: &SymmetricBuffer<T>, index: usize, pe: usize, stream: &Stream) -> Result<T> {
+        let off = self.element_offset(src, index, pe)?;
+        self.inner.net_count(pe, size_of::<T>(), NetDir::Got);
         if let Some(g) = &self.inner.gpu {
-            let off = self.element_offset(src, index, pe)?;
             let st = g.stream(stream);
             // SAFETY: a checked element of the symmetric heap.
             let v = unsafe { crate::gpu::dispatch::g(g.nv, g.addr(off), pe as i32, st.cu_stream())? };
@@ -285,6 +289,8 @@ impl Context {
         let (d, s) = self.transfer_regions(&dst, &src, pe, "put_signal")?;
         if let Some(g) = &self.inner.gpu {
             let (bytes, add) = (d.len * size_of::<T>(), op == SignalOp::Add);
+            self.inner.net_count(pe, bytes, NetDir::Put);
+            self.inner.net_signal(pe);
             let st = g.stream(stream);
             return g.put_signal(g.addr(d.offset), g.addr(s.offset), bytes, g.addr(sig), value, add, pe, st);
         }
@@ -320,8 +326,9 @@ impl Context {
         pe: usize,
         stream: &Stream,
     ) -> Result<()> {
+        let sig = self.element_offset(signal, sig_index, pe)?;
+        self.inner.net_signal(pe);
         if let Some(g) = &self.inner.gpu {
-            let sig = self.element_offset(signal, sig_index, pe)?;
             return g.signal_op(g.addr(sig), value, op == SignalOp::Add, pe, g.stream(stream));
         }
         let cell = self.signal_cell(signal, sig_index, pe)?;

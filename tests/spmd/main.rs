@@ -35,6 +35,7 @@ mod driver;
 mod errors;
 mod kernels;
 mod moe;
+mod nodes;
 mod overlap;
 mod rma;
 mod scenarios;
@@ -57,6 +58,7 @@ fn all_tests() -> Vec<(&'static str, TestFn)> {
     t.extend(teams::TESTS);
     t.extend(errors::TESTS);
     t.extend(moe::TESTS);
+    t.extend(nodes::TESTS);
     t.extend(overlap::TESTS);
     t.extend(scenarios::TESTS);
     t

@@ -197,6 +197,11 @@ impl Control {
         Span { local, delegate, remote }
     }
 
+    /// Whether world PE `pe` is on another node than this PE.
+    pub(crate) fn other_node(&self, pe: usize) -> bool {
+        self.node_of[pe] != self.node_of[self.me]
+    }
+
     /// This PE's number in the world.
     pub(crate) fn me(&self) -> usize {
         self.me

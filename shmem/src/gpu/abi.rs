@@ -117,9 +117,16 @@ pub(crate) struct TeamSync {
     pub(in crate::gpu) report: u64,
     /// This PE's descriptor row of the call, with `agree`.
     pub(in crate::gpu) row: [u64; AGREE_WORDS],
+    /// Bit r set when member r is on another node (members past
+    /// [`MAX_TEAM`] have none: the kernels take no such team). The node's
+    /// mask also where RMA is forced.
+    pub(in crate::gpu) remote: u64,
+    /// Heap offset of this PE's [`NET_COUNTER_WORDS`] counters of traffic
+    /// with other nodes (`NetCounters`).
+    pub(in crate::gpu) net_offset: u64,
 }
 
-const _: () = assert!(size_of::<TeamSync>() == 144);
+const _: () = assert!(size_of::<TeamSync>() == 160);
 const _: () = assert!(offset_of!(TeamSync, peer_heap) == 0);
 const _: () = assert!(offset_of!(TeamSync, pes) == 8);
 const _: () = assert!(offset_of!(TeamSync, heap) == 16);
@@ -133,6 +140,13 @@ const _: () = assert!(offset_of!(TeamSync, _pad) == 60);
 const _: () = assert!(offset_of!(TeamSync, agree) == 64);
 const _: () = assert!(offset_of!(TeamSync, report) == 72);
 const _: () = assert!(offset_of!(TeamSync, row) == 80);
+const _: () = assert!(offset_of!(TeamSync, remote) == 144);
+const _: () = assert!(offset_of!(TeamSync, net_offset) == 152);
+const _: () = assert!(MAX_TEAM <= 64, "TeamSync::remote has a bit a member");
+
+/// Words of `NetCounters` (`abi.cuh`): bytes put, bytes got, puts, gets,
+/// signals, in that order ([`crate::net::NetTraffic::from_words`]).
+pub(crate) const NET_COUNTER_WORDS: usize = 5;
 
 impl TeamSync {
     /// Members of the team.

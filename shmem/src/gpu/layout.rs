@@ -1,11 +1,11 @@
 //! Where the kernels' state lies in the symmetric allocation, after the
 //! heap (every PE alike): a synchronisation slot per team slot, the world
-//! team's low-latency packets and push staging, this PE's RMA staging and
-//! its MoE all-to-all-v table.
+//! team's low-latency packets and push staging, this PE's RMA staging, its
+//! MoE all-to-all-v table and its counters of traffic with other nodes.
 
 use super::abi::{
-    A2AV_COUNTER_BYTES, A2AV_PACKET_WORDS, AGREE_WORDS, EPOCH_COUNTERS, MAX_BLOCKS, PACKET_BYTES, PUSH_MAX_BYTES,
-    PUSH_MAX_TEAM, RMA_BLOCKS, RMA_CHUNK, SIGNAL_ARRAYS, STATE_ALIGN,
+    A2AV_COUNTER_BYTES, A2AV_PACKET_WORDS, AGREE_WORDS, EPOCH_COUNTERS, MAX_BLOCKS, NET_COUNTER_WORDS, PACKET_BYTES,
+    PUSH_MAX_BYTES, PUSH_MAX_TEAM, RMA_BLOCKS, RMA_CHUNK, SIGNAL_ARRAYS, STATE_ALIGN,
 };
 use crate::algo::low_latency_buffer_bytes;
 
@@ -81,9 +81,16 @@ impl Layout {
         self.temp() + RMA_BLOCKS * self.n * RMA_CHUNK
     }
 
+    /// This PE's counters of traffic with other nodes' PEs (`NetCounters`
+    /// in `abi.cuh`), after everything else, so that they move no other
+    /// offset.
+    pub(crate) fn net(&self) -> usize {
+        self.a2av() + A2AV_TABLE_WORDS * 8
+    }
+
     /// Bytes of all the kernels' state.
     pub(crate) fn bytes(&self) -> usize {
-        self.a2av() + A2AV_TABLE_WORDS * 8 - self.base
+        self.net() + (NET_COUNTER_WORDS * 8).next_multiple_of(STATE_ALIGN) - self.base
     }
 }
 
@@ -105,6 +112,7 @@ mod tests {
         assert_eq!(l.temp(), l.push() + 2048 + 2 * 2 * (1 << 20));
         assert_eq!(l.a2av(), l.temp() + 32 * 2 * 8192);
         assert_eq!(l.a2av(), 17_057_792 + 64 * 1024);
-        assert_eq!(l.bytes(), l.a2av() + A2AV_TABLE_WORDS * 8 - (1 << 20));
+        assert_eq!(l.net(), l.a2av() + A2AV_TABLE_WORDS * 8);
+        assert_eq!(l.bytes(), l.net() + 256 - (1 << 20));
     }
 }

@@ -170,6 +170,9 @@ pub(crate) struct GpuWorld {
     /// through NVSHMEM's RMA, even when NVSHMEM maps them (emulated nodes
     /// of one machine).
     pub(crate) peer_base: Vec<Option<u64>>,
+    /// Each world PE's node (the kernels count their traffic with PEs of
+    /// other nodes: `TeamSync::remote`).
+    pub(crate) node_of: Vec<usize>,
     /// NVSHMEM's team of this node's PEs: `TEAM_NODE` on a job of one
     /// node, a split of the world where nodes are consecutive ranks, else
     /// `TEAM_INVALID` (shmem's kernels only).
@@ -293,6 +296,7 @@ impl GpuWorld {
             cuda,
             heap_base,
             peer_base,
+            node_of: topo.node_of.clone(),
             node_team: TEAM_NODE,
             version,
             device,
@@ -478,6 +482,16 @@ impl GpuWorld {
         // SAFETY: as in `htod`.
         unsafe { cudarc::driver::result::memcpy_dtoh_async(out, src, s.cu_stream()) }.cuda("cuMemcpyDtoHAsync")?;
         s.synchronize().cuda("cuStreamSynchronize")
+    }
+
+    /// The kernels' counts of traffic with other nodes' PEs
+    /// (`NetCounters` of `abi.cuh`), all 0 without the kernels. The caller
+    /// has synchronised the streams whose kernels it wants counted.
+    pub(crate) fn device_net(&self) -> Result<crate::net::NetTraffic> {
+        let Some(k) = &self.kernels else { return Ok(Default::default()) };
+        let mut words = [0u64; abi::NET_COUNTER_WORDS];
+        self.dtoh(&mut words, self.addr(k.layout.net()), &self.own)?;
+        Ok(crate::net::NetTraffic::from_words(words))
     }
 
     /// Zeroes `bytes` bytes at `dst`; returns when done.

@@ -1,7 +1,7 @@
 //! Each team's view for the kernels ([`TeamSync`]): its members' heap
 //! bases and PE numbers on the device, and its synchronisation slot.
 
-use super::abi::{TeamSync, AGREE_WORDS};
+use super::abi::{TeamSync, AGREE_WORDS, MAX_TEAM};
 use super::kernels::Kernels;
 use super::{CudaCall, GpuWorld};
 use crate::error::{Error, Result};
@@ -51,6 +51,12 @@ impl Kernels {
             })
             .collect();
         let pes: Vec<i32> = members.iter().map(|&pe| pe as i32).collect();
+        let remote = members
+            .iter()
+            .take(MAX_TEAM)
+            .enumerate()
+            .filter(|&(_, &pe)| g.node_of[pe] != g.node_of[me])
+            .fold(0u64, |mask, (r, _)| mask | 1 << r);
         let s = g.own_stream();
         let heap = s.clone_htod(&bases).cuda("CudaStream::clone_htod")?;
         let pes_dev = s.clone_htod(&pes).cuda("CudaStream::clone_htod")?;
@@ -71,6 +77,8 @@ impl Kernels {
             agree: 0,
             report: self.agree_error.device,
             row: [0; AGREE_WORDS],
+            remote,
+            net_offset: self.layout.net() as u64,
         };
         drop((_a, _b));
         let view = View { members: members.to_vec(), _heap: heap, _pes: pes_dev, sync };

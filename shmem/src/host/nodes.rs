@@ -35,6 +35,7 @@ use crate::buffer::Region;
 use crate::coll::{fold_acc, overlap, Addr, CHUNK};
 use crate::dtype::{Element, ReduceOp};
 use crate::error::Result;
+use crate::net::NetDir;
 use crate::team::Team;
 use rayon::prelude::*;
 
@@ -89,13 +90,18 @@ impl Team {
     /// Copies `bytes` from `from` to `to`, one of which is this PE: a put
     /// where `from` is, a get where `to` is (and a local copy where both
     /// are). This is the one place where the node-aware collectives move
-    /// bytes between PEs: a count of the bytes that cross between nodes
-    /// belongs here (by `from`'s and `to`'s nodes; none is kept yet).
+    /// bytes between PEs, and so where the bytes that cross between nodes
+    /// are counted ([`crate::net`]): a put at `from`, a get at `to`.
     pub(crate) fn copy_between(&self, from: At, to: At, bytes: usize) {
         let me = self.my_pe();
         debug_assert!(from.member == me || to.member == me, "a copy between PEs starts at one of its ends");
         if bytes == 0 || from == to {
             return;
+        }
+        if from.member != me {
+            self.ctx.net_count(self.state.members[from.member], bytes, NetDir::Got);
+        } else if to.member != me {
+            self.ctx.net_count(self.state.members[to.member], bytes, NetDir::Put);
         }
         let src: *const u8 = self.pe_ptr(from.member, from.offset);
         let dst: *mut u8 = self.pe_ptr(to.member, to.offset);
