@@ -71,6 +71,17 @@ constexpr int kA2avPacketWords = 1024;
 // destination's chunks a lane each (`A2AV_LINES_MAX_EXPERTS`).
 constexpr int kA2avLinesMaxExperts = 32;
 
+// ---- The rail pipes of the node-aware collectives (prims_rail.cuh) ----
+
+// Pipe channels between two PEs of one rail, in each direction
+// (`RAIL_CHANNELS`): a node-aware kernel's blocks each take one (a block
+// of each role per channel, so at most kRailChannels / 2 blocks a role).
+constexpr int kRailChannels = 16;
+// Chunks a pipe holds in flight (`RAIL_DEPTH`), and a chunk's most bytes
+// (`RAIL_CHUNK`).
+constexpr int kRailDepth = 4;
+constexpr uint64_t kRailChunk = 64 << 10;
+
 // ---- The agreement of an eager collective call (agree.cuh) ----
 
 // Words of a call's descriptor row (`DESC_WORDS` of the control plane,
@@ -190,6 +201,28 @@ static_assert(offsetof(NetCounters, bytes_got) == 8, "NetCounters::bytes_got");
 static_assert(offsetof(NetCounters, puts) == 16, "NetCounters::puts");
 static_assert(offsetof(NetCounters, gets) == 24, "NetCounters::gets");
 static_assert(offsetof(NetCounters, signals) == 32, "NetCounters::signals");
+
+// One node-aware collective, the second argument of the `shmem_*_nodes`
+// kernels (move_nodes.cu, reduce.cuh), for the world team laid out node
+// by node: member a·L + i is PE (node a, local rank i).
+struct RailOp {
+    uint64_t dst, src;  // heap offsets (the same on every member)
+    uint64_t count;     // bytes (all-gather: per member; broadcast), or elements (all-reduce; reduce-scatter: per member)
+    uint64_t rail;      // heap offset of the rail pipes' state (`Layout::rail`)
+    int per_node;       // L: members on each node
+    int channels;       // C: pipe channels of each role; the grid is 2C blocks
+    int root;           // the broadcast's root (team rank)
+    int pad;            // (`_pad` in the Rust twin)
+};
+static_assert(sizeof(RailOp) == 48, "RailOp: size");
+static_assert(offsetof(RailOp, dst) == 0, "RailOp::dst");
+static_assert(offsetof(RailOp, src) == 8, "RailOp::src");
+static_assert(offsetof(RailOp, count) == 16, "RailOp::count");
+static_assert(offsetof(RailOp, rail) == 24, "RailOp::rail");
+static_assert(offsetof(RailOp, per_node) == 32, "RailOp::per_node");
+static_assert(offsetof(RailOp, channels) == 36, "RailOp::channels");
+static_assert(offsetof(RailOp, root) == 40, "RailOp::root");
+static_assert(offsetof(RailOp, pad) == 44, "RailOp::pad");
 
 // The operation of a MoE all-to-all-v (`A2av::kind`; the kernel names'
 // suffixes `_v`, `_2d`, `_2d_offset`).

@@ -6,6 +6,7 @@
 #pragma once
 #include "common.cuh"
 #include "phases.cuh"
+#include "reduce_nodes.cuh"
 
 namespace shmem {
 namespace k {
@@ -367,10 +368,27 @@ __device__ void reduce_scatter_ll(const TeamSync &t, uint64_t dst_off, uint64_t 
         shmem::k::allreduce_twoshot_stores<T, shmem::k::OP, NP>(t, dst, src, count);                               \
     }
 
-// Every op on T: kernels for any team size (suffix _0) and the low-latency one.
+// The node-aware chain (reduce_nodes.cuh): any world laid out node by node.
+#define SHMEM_REDUCE_NODES(NAME, T, OP)                                                                           \
+    extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)                                         \
+        shmem_allreduce_nodes_##NAME(shmem::k::TeamSync t, shmem::k::RailOp op) {                                 \
+        shmem::k::follow_stream();                                                                                \
+        if (!shmem::k::agree(t)) return;                                                                          \
+        shmem::k::allreduce_nodes<T, shmem::k::OP>(t, op);                                                        \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)                                         \
+        shmem_reducescatter_nodes_##NAME(shmem::k::TeamSync t, shmem::k::RailOp op) {                             \
+        shmem::k::follow_stream();                                                                                \
+        if (!shmem::k::agree(t)) return;                                                                          \
+        shmem::k::reduce_scatter_nodes<T, shmem::k::OP>(t, op);                                                   \
+    }
+
+// Every op on T: kernels for any team size (suffix _0), the low-latency
+// ones and the node-aware chain.
 #define SHMEM_REDUCE(NAME, T, OP)                                                                            \
     SHMEM_REDUCE_NP(NAME, T, OP, 0)                                                                          \
     SHMEM_REDUCE_PAIR(NAME, T, OP, 0)                                                                        \
+    SHMEM_REDUCE_NODES(NAME, T, OP)                                                                          \
     extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)                                    \
         shmem_allreduce_ll_##NAME(shmem::k::TeamSync t, uint64_t dst, uint64_t src, uint64_t count) {        \
         shmem::k::follow_stream();                                                                           \

@@ -373,10 +373,15 @@ pub struct Collectives {
 /// cross the network at every PE), forced RMA (the flat form is the RMA
 /// path's test) and one node.
 ///
-/// The host backend takes the node-aware forms. The gpu backend accepts
-/// the setting but runs every collective flat until its node-aware kernels
-/// exist; its results are those of [`ReduceOrder::PeOrder`] either way.
-/// Every PE must choose alike, between collectives.
+/// The host backend takes every node-aware form. The gpu backend takes
+/// them for the all-gather, the broadcast, and the all-reduce and
+/// reduce-scatter under [`ReduceOrder::PeOrder`] (its kernels over the rail
+/// pipes, which stream pipelined chunks between the PEs of a rail); its
+/// all-to-all, and its reductions under [`ReduceOrder::NodeGrouped`], run
+/// flat, in PE order. Node-aware collectives of the world must not run on
+/// two streams at once (they share the world's pipes, as the low-latency
+/// kernels share their buffers). Every PE must choose alike, between
+/// collectives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AcrossNodes {
     /// Node-aware where it applies and each node has two PEs or more.
@@ -393,7 +398,8 @@ pub enum AcrossNodes {
 /// order. Integer and bitwise reductions give the same bits in either
 /// order; so do floats on one node.
 ///
-/// The gpu backend runs flat until its node-aware kernels exist, so its
+/// The gpu backend has node-aware kernels for [`ReduceOrder::PeOrder`]
+/// only: under [`ReduceOrder::NodeGrouped`] its reductions run flat, so its
 /// results are [`ReduceOrder::PeOrder`]'s under either setting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ReduceOrder {

@@ -7,7 +7,7 @@
 //! Across nodes the host backend takes the node-aware forms where they
 //! apply ([`crate::AcrossNodes`], `host/nodes.rs`).
 
-use crate::algo::{self, Solo};
+use crate::algo::{self, ReduceOrder, Solo};
 use crate::buffer::{Region, SymSlice};
 use crate::context::{Context, Stream};
 use crate::control::DescRow;
@@ -157,12 +157,30 @@ impl Team {
     }
 
     /// Whether this team's collectives take the node-aware forms now, where
-    /// a byte crosses between nodes once ([`crate::AcrossNodes`]): on the
-    /// host backend, where the settings and the team's shape say so; not
-    /// on the gpu backend, which runs every collective flat until its
-    /// node-aware kernels exist.
+    /// a byte crosses between nodes once ([`crate::AcrossNodes`]): where
+    /// the settings and the team's shape say so; on the gpu backend also
+    /// where shmem's own kernels run the collectives, the node's PEs reach
+    /// each other over NVLink and two blocks of a kernel are resident at
+    /// once. The gpu backend's all-to-all, and its reductions under
+    /// [`ReduceOrder::NodeGrouped`], still run flat.
     pub fn node_aware(&self) -> bool {
-        self.ctx.gpu.is_none() && self.rails().is_some()
+        match &self.ctx.gpu {
+            None => self.rails().is_some(),
+            Some(g) => self.gpu_rails(g).is_some(),
+        }
+    }
+
+    /// The members on each node where the gpu backend's node-aware kernels
+    /// take this team's collectives now (see [`Team::node_aware`]): the
+    /// same on every member (the settings, the topology and the resident
+    /// blocks agreed at start are).
+    fn gpu_rails(&self, g: &GpuWorld) -> Option<usize> {
+        let r = self.rails()?;
+        let cfg = *self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner());
+        let k = g.kernels.as_ref().filter(|_| algo::kernels_take(cfg.implementation, self.n_pes()))?;
+        k.rail_channels()?;
+        let node = &self.state.members[r.node * r.per_node..(r.node + 1) * r.per_node];
+        node.iter().all(|&pe| g.peer_base[pe].is_some()).then_some(r.per_node)
     }
 
     /// Whether `stream` is being captured into a CUDA graph (GPU backend).
@@ -491,6 +509,26 @@ impl Team {
             let cu = st.cu_stream();
             let (dt, op) = (T::DTYPE, op.unwrap_or(ReduceOp::Sum));
             let p = Protocols::new(team.slot == 0, &cfg.tuning);
+            if let Some(per_node) = self.gpu_rails(g) {
+                let pe_order = cfg.reduce_order == ReduceOrder::PeOrder;
+                match kind {
+                    OpKind::AllGather => {
+                        let (bytes, in_place) = (s.len * elem, overlap(d, s, elem));
+                        return k.all_gather_nodes(t, per_node, d.offset, s.offset, bytes, in_place, cu);
+                    }
+                    OpKind::Broadcast => {
+                        return k.broadcast_nodes(t, per_node, d.offset, s.offset, d.len * elem, root, cu);
+                    }
+                    OpKind::AllReduce if pe_order => {
+                        return k.all_reduce_nodes(t, per_node, dt, op, d.offset, s.offset, d.len, cu);
+                    }
+                    OpKind::ReduceScatter if pe_order => {
+                        return k.reduce_scatter_nodes(t, per_node, dt, op, d.offset, s.offset, d.len, cu);
+                    }
+                    // The all-to-all, and the node-grouped order: flat.
+                    _ => {}
+                }
+            }
             // Copy engines need every member's NVLink address.
             let nvlink = !cfg.force_rma && team.members.iter().all(|&pe| g.peer_base[pe].is_some());
             return match kind {

@@ -576,17 +576,19 @@ fn world(env: &Env, coll: Coll, v: Variant) -> TestResult {
 }
 
 /// Under the settings of the route across nodes: the node-grouped order
-/// applies on the host backend only (the gpu backend runs flat until its
-/// node-aware kernels exist, and its results are in PE order under every
-/// setting); the world takes the node-aware forms where it should: on the
-/// host backend, spanning nodes of consecutive ranks, not under forced RMA,
-/// not [`Variant::Flat`].
+/// applies on the host backend only (the gpu backend's node-aware kernels
+/// are in PE order, and its reductions under the node-grouped order run
+/// flat); the world takes the node-aware forms where it should, on either
+/// backend: spanning nodes of consecutive ranks, not under forced RMA, not
+/// [`Variant::Flat`]. On the gpu backend that means its node-aware kernels
+/// ran the all-gather, broadcast, all-reduce and reduce-scatter.
 fn nodes_taken(env: &Env, v: Variant, rep: &mut Report) -> TestResult {
     let gpu = env.ctx.backend() == BackendKind::Gpu;
     if v == Variant::NodeGrouped && gpu {
         return Err(NotApplicable(
-            "the node-grouped order needs node-aware kernels, which the gpu backend lacks: it runs every \
-             collective flat, in PE order, under every setting (checked by the node_aware tests)"
+            "the node-grouped order needs node-grouped kernels, which the gpu backend lacks: its reductions \
+             under it run flat, in PE order (its PE-order node-aware kernels are checked by the node_aware \
+             tests)"
                 .into(),
         )
         .into());
@@ -598,7 +600,7 @@ fn nodes_taken(env: &Env, v: Variant, rep: &mut Report) -> TestResult {
     let first = env.me() / per_node * per_node;
     let consecutive = members.iter().enumerate().all(|(k, &pe)| pe == first + k);
     let all_consecutive = env.agree(u32::from(consecutive))?.iter().all(|&c| c == 1);
-    let should = !gpu && v != Variant::Flat && per_node < env.n() && all_consecutive && !env.ctx.force_rma();
+    let should = v != Variant::Flat && per_node < env.n() && all_consecutive && !env.ctx.force_rma();
     let takes = env.ctx.world().node_aware();
     if takes != should {
         rep.fail(

@@ -86,6 +86,15 @@ pub(crate) const AGREE_HEAD_WORD: usize = 1;
 pub(crate) const AGREE_ERROR_SHIFT: u32 = 24;
 pub(crate) const AGREE_PRIVATE_WORD: usize = 7;
 
+/// The rail pipes of the node-aware collectives (`prims_rail.cuh`): pipe
+/// channels between two PEs of one rail in each direction (a kernel's
+/// blocks of each role take one each, so at most half of them a role),
+/// chunks a pipe holds in flight, and a chunk's most bytes
+/// (`kRailChannels`, `kRailDepth`, `kRailChunk`).
+pub(crate) const RAIL_CHANNELS: usize = 16;
+pub(crate) const RAIL_DEPTH: usize = 4;
+pub(crate) const RAIL_CHUNK: usize = 64 << 10;
+
 /// `shmem::k::TeamSync` of `abi.cuh`, passed by value: a team's view
 /// of the heap and of its synchronisation state, and the agreement of an
 /// eager collective call (see `kernels/agree.cuh`).
@@ -205,6 +214,39 @@ const _: () = assert!(offset_of!(AgreeFailure, n) == 40);
 const _: () = assert!(offset_of!(AgreeFailure, rank) == 44);
 const _: () = assert!(offset_of!(AgreeFailure, pes) == 48);
 const _: () = assert!(offset_of!(AgreeFailure, rows) == 304);
+
+/// `RailOp` of `abi.cuh`: one node-aware collective of the world team
+/// laid out node by node, passed by value to the `shmem_*_nodes` kernels.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RailOp {
+    /// Heap offsets of the destination and the source.
+    pub dst: u64,
+    pub src: u64,
+    /// Bytes (all-gather: per member; broadcast) or elements (all-reduce;
+    /// reduce-scatter: per member).
+    pub count: u64,
+    /// Heap offset of the rail pipes' state (set by the launcher).
+    pub(in crate::gpu) rail: u64,
+    /// Members on each node.
+    pub per_node: i32,
+    /// Pipe channels of each role: the grid is twice as many blocks (set
+    /// by the launcher).
+    pub(in crate::gpu) channels: i32,
+    /// The broadcast's root (team rank).
+    pub root: i32,
+    pub(in crate::gpu) _pad: i32,
+}
+
+const _: () = assert!(size_of::<RailOp>() == 48);
+const _: () = assert!(offset_of!(RailOp, dst) == 0);
+const _: () = assert!(offset_of!(RailOp, src) == 8);
+const _: () = assert!(offset_of!(RailOp, count) == 16);
+const _: () = assert!(offset_of!(RailOp, rail) == 24);
+const _: () = assert!(offset_of!(RailOp, per_node) == 32);
+const _: () = assert!(offset_of!(RailOp, channels) == 36);
+const _: () = assert!(offset_of!(RailOp, root) == 40);
+const _: () = assert!(offset_of!(RailOp, _pad) == 44);
 
 /// Which MoE all-to-all-v an [`A2av`] is (`A2avKind` of `abi.cuh`): the
 /// kernels are built once for each.

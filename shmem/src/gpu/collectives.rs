@@ -1,8 +1,9 @@
-//! Launchers of the collective kernels (`move.cu`, `reduce.cuh`): the
-//! algorithm and protocol come from [`crate::algo`]; here they become a
-//! kernel ([`KernelId`]) and its grid.
+//! Launchers of the collective kernels (`move.cu`, `reduce.cuh`, and the
+//! node-aware `move_nodes.cu`, `reduce_nodes.cuh`): the algorithm and
+//! protocol come from [`crate::algo`]; here they become a kernel
+//! ([`KernelId`]) and its grid.
 
-use super::abi::{TeamSync, LINE_DATA_BYTES};
+use super::abi::{RailOp, TeamSync, LINE_DATA_BYTES, RAIL_CHANNELS};
 use super::kernel_id::{KernelId, Movement, ReduceKernel};
 use super::kernels::Kernels;
 use super::module::Grid;
@@ -318,5 +319,119 @@ impl Kernels {
         ];
         // SAFETY: the caller's contract.
         unsafe { self.module.launch(id, grid, 0, s, &mut params) }
+    }
+}
+
+/// The node-aware collectives of the world team laid out node by node
+/// (`move_nodes.cu`, `reduce_nodes.cuh`), over the rail pipes: `2C` blocks,
+/// `C` of each role, every one of them resident at once on every PE's GPU
+/// (blocks of one PE wait on blocks of another, and those on the first's).
+impl Kernels {
+    /// `C`, the pipe channels of each role: up to half the pipes' channels,
+    /// within half the blocks resident on every PE's GPU (the same on every
+    /// PE); `None` where the world does not span nodes (no pipes) or no two
+    /// blocks are resident at once.
+    pub(crate) fn rail_channels(&self) -> Option<usize> {
+        self.layout.rail()?;
+        let c = (RAIL_CHANNELS / 2).min(self.resident_blocks / 2);
+        (c >= 1).then_some(c)
+    }
+
+    /// Launches node-aware `id` with `op` (its pipes and channels filled in).
+    fn launch_nodes(&self, id: KernelId, t: TeamSync, op: RailOp, s: CUstream) -> Result<()> {
+        let (Some(rail), Some(channels)) = (self.layout.rail(), self.rail_channels()) else {
+            return Err(Error::Invalid("the node-aware collectives need a world spanning nodes".into()));
+        };
+        let op = RailOp { rail: rail as u64, channels: channels as i32, _pad: 0, ..op };
+        // SAFETY: (TeamSync, RailOp) as every node-aware kernel declares;
+        // the regions are checked and agreed by the caller, and the grid of
+        // 2C blocks is within the blocks resident on every PE's GPU.
+        unsafe { self.launch_with(id, 2 * channels, 0, t, op, s) }
+    }
+
+    /// All-gather across nodes: block `rank` of every member's `dst` from
+    /// this PE's `src` (its own block of `dst` in place), `bytes` per
+    /// member; `per_node` members on each node.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn all_gather_nodes(
+        &self,
+        t: TeamSync,
+        per_node: usize,
+        dst: usize,
+        src: usize,
+        bytes: usize,
+        in_place: bool,
+        s: CUstream,
+    ) -> Result<()> {
+        let src = if in_place { dst + t.rank as usize * bytes } else { src };
+        let op = rail_op(dst, src, bytes, per_node, 0);
+        self.launch_nodes(KernelId::AllGatherNodes, t, op, s)
+    }
+
+    /// Broadcast across nodes of `bytes` from member `root`'s `src` into
+    /// every member's `dst`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn broadcast_nodes(
+        &self,
+        t: TeamSync,
+        per_node: usize,
+        dst: usize,
+        src: usize,
+        bytes: usize,
+        root: usize,
+        s: CUstream,
+    ) -> Result<()> {
+        self.launch_nodes(KernelId::BroadcastNodes, t, rail_op(dst, src, bytes, per_node, root), s)
+    }
+
+    /// All-reduce across nodes in PE order, `count` elements (`dst` equal
+    /// to `src` for in place).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn all_reduce_nodes(
+        &self,
+        t: TeamSync,
+        per_node: usize,
+        dtype: DType,
+        op: ReduceOp,
+        dst: usize,
+        src: usize,
+        count: usize,
+        s: CUstream,
+    ) -> Result<()> {
+        let id = KernelId::reduce(ReduceKernel::AllReduceNodes, dtype, op, t.n_pes());
+        self.launch_nodes(id, t, rail_op(dst, src, count, per_node, 0), s)
+    }
+
+    /// Reduce-scatter across nodes in PE order: `count` elements into this
+    /// PE's `dst` (which in place is its block of `src`, at an offset that
+    /// differs by PE) from block `rank` of every member's `src`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn reduce_scatter_nodes(
+        &self,
+        t: TeamSync,
+        per_node: usize,
+        dtype: DType,
+        op: ReduceOp,
+        dst: usize,
+        src: usize,
+        count: usize,
+        s: CUstream,
+    ) -> Result<()> {
+        let id = KernelId::reduce(ReduceKernel::ReduceScatterNodes, dtype, op, t.n_pes());
+        self.launch_nodes(id, t, rail_op(dst, src, count, per_node, 0), s)
+    }
+}
+
+/// A [`RailOp`] before the launcher fills in the pipes.
+fn rail_op(dst: usize, src: usize, count: usize, per_node: usize, root: usize) -> RailOp {
+    RailOp {
+        dst: dst as u64,
+        src: src as u64,
+        count: count as u64,
+        rail: 0,
+        per_node: per_node as i32,
+        channels: 0,
+        root: root as i32,
+        _pad: 0,
     }
 }

@@ -54,10 +54,13 @@ pub(crate) enum ReduceKernel {
     ReduceScatterLowLatency,
     ReduceScatterLowLatency128,
     ReduceScatterPush,
+    /// The node-aware chain in PE order (`reduce_nodes.cuh`).
+    AllReduceNodes,
+    ReduceScatterNodes,
 }
 
 impl ReduceKernel {
-    const ALL: [ReduceKernel; 10] = [
+    const ALL: [ReduceKernel; 12] = [
         ReduceKernel::AllReduceLowLatency,
         ReduceKernel::AllReduceLowLatency128,
         ReduceKernel::AllReducePush,
@@ -68,6 +71,8 @@ impl ReduceKernel {
         ReduceKernel::ReduceScatterLowLatency,
         ReduceKernel::ReduceScatterLowLatency128,
         ReduceKernel::ReduceScatterPush,
+        ReduceKernel::AllReduceNodes,
+        ReduceKernel::ReduceScatterNodes,
     ];
 
     fn symbol(self) -> &'static str {
@@ -82,11 +87,14 @@ impl ReduceKernel {
             ReduceKernel::ReduceScatterLowLatency => "shmem_reducescatter_ll",
             ReduceKernel::ReduceScatterLowLatency128 => "shmem_reducescatter_ll128",
             ReduceKernel::ReduceScatterPush => "shmem_reducescatter_push",
+            ReduceKernel::AllReduceNodes => "shmem_allreduce_nodes",
+            ReduceKernel::ReduceScatterNodes => "shmem_reducescatter_nodes",
         }
     }
 
     /// Whether the family is built for fixed team sizes (a `_{np}`
-    /// suffix); the low-latency ones take any world.
+    /// suffix); the low-latency ones and the node-aware chain take any
+    /// world.
     fn sized(self) -> bool {
         !matches!(
             self,
@@ -94,6 +102,8 @@ impl ReduceKernel {
                 | ReduceKernel::AllReduceLowLatency128
                 | ReduceKernel::ReduceScatterLowLatency
                 | ReduceKernel::ReduceScatterLowLatency128
+                | ReduceKernel::AllReduceNodes
+                | ReduceKernel::ReduceScatterNodes
         )
     }
 }
@@ -153,6 +163,10 @@ pub(crate) enum KernelId {
     MoeGather,
     /// `shmem_amo`: a host-initiated atomic through NVSHMEM.
     Amo,
+    /// `shmem_allgather_nodes`, `shmem_broadcast_nodes` of `move_nodes.cu`:
+    /// the node-aware data movement.
+    AllGatherNodes,
+    BroadcastNodes,
     /// `shmem_sum_slots_{dtype}` of `overlap.cu` (f32, f16, bf16).
     SumSlots(DType),
     /// `shmem_moe_combine_{dtype}` (f32, f64, f16, bf16).
@@ -168,7 +182,7 @@ pub(crate) enum KernelId {
 }
 
 /// Kernels without arguments of their own, in [`KernelId::index`] order.
-const SINGLES: [KernelId; 10] = [
+const SINGLES: [KernelId; 12] = [
     KernelId::SelfCheck,
     KernelId::Barrier,
     KernelId::Agree,
@@ -179,6 +193,8 @@ const SINGLES: [KernelId; 10] = [
     KernelId::MoeRoute,
     KernelId::MoeGather,
     KernelId::Amo,
+    KernelId::AllGatherNodes,
+    KernelId::BroadcastNodes,
 ];
 
 const DTYPES: usize = DType::ALL.len();
@@ -221,6 +237,8 @@ impl KernelId {
             KernelId::MoeRoute => 7,
             KernelId::MoeGather => 8,
             KernelId::Amo => 9,
+            KernelId::AllGatherNodes => 10,
+            KernelId::BroadcastNodes => 11,
             KernelId::SumSlots(d) => SUM_SLOTS_AT + dtype(d),
             KernelId::MoeCombine(d) => MOE_COMBINE_AT + dtype(d),
             KernelId::A2avFused(k) => A2AV_FUSED_AT + k as usize,
@@ -250,6 +268,8 @@ impl KernelId {
             KernelId::MoeRoute => "shmem_moe_route".into(),
             KernelId::MoeGather => "shmem_moe_gather".into(),
             KernelId::Amo => "shmem_amo".into(),
+            KernelId::AllGatherNodes => "shmem_allgather_nodes".into(),
+            KernelId::BroadcastNodes => "shmem_broadcast_nodes".into(),
             KernelId::SumSlots(d) => format!("shmem_sum_slots_{}", d.name()),
             KernelId::MoeCombine(d) => format!("shmem_moe_combine_{}", d.name()),
             KernelId::A2avFused(k) => format!("shmem_a2av_fused_{}", a2av(k)),
@@ -381,6 +401,13 @@ mod tests {
         assert_eq!(KernelId::A2avLines(A2avKind::V).symbol(), "shmem_a2av_lines_v");
         assert_eq!(KernelId::MoeCombine(DType::BF16).symbol(), "shmem_moe_combine_bf16");
         assert_eq!(KernelId::SumSlots(DType::F16).symbol(), "shmem_sum_slots_f16");
+        assert_eq!(r(AllReduceNodes, DType::BF16, ReduceOp::Sum, TeamSize::Any), "shmem_allreduce_nodes_bf16_sum");
+        assert_eq!(
+            r(ReduceScatterNodes, DType::U32, ReduceOp::Xor, TeamSize::Any),
+            "shmem_reducescatter_nodes_u32_xor"
+        );
+        assert_eq!(KernelId::AllGatherNodes.symbol(), "shmem_allgather_nodes");
+        assert_eq!(KernelId::BroadcastNodes.symbol(), "shmem_broadcast_nodes");
     }
 
     #[test]
@@ -477,6 +504,8 @@ mod tests {
         assert_eq!(makers("shmem_a2av_lines_2d_offset"), 1);
         assert_eq!(makers("shmem_a2av_lines_2d"), 1);
         assert_eq!(makers("shmem_moe_combine_bf16"), 1);
+        assert_eq!(makers("shmem_allreduce_nodes_f32_sum"), 1);
+        assert_eq!(makers("shmem_broadcast_nodes"), 1);
         assert_eq!(makers("shmem_nothing"), 0);
     }
 

@@ -267,7 +267,7 @@ impl GpuWorld {
         // SAFETY: NVSHMEM is initialised; nvshmem_malloc is collective and
         // every PE asks for the same size.
         // Our heap, then the kernels' synchronisation state.
-        let layout = kernels::Layout::new(heap_size, n);
+        let layout = kernels::Layout::new(heap_size, n, topo.nodes.len());
         let heap = unsafe { symmetric_malloc(nv, heap_size + layout.bytes()) };
         let got = heap.and_then(|p| {
             if p == 0 {

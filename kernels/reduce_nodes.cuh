@@ -1,0 +1,255 @@
+// The node-aware all-reduce and reduce-scatter in PE order (the chain),
+// over the rail pipes (prims_rail.cuh). Their results are the flat fold
+// x0 ⊕ x1 ⊕ … ⊕ x(n−1) in the accumulator type, rounded once: the same bits
+// as the flat kernels and the host backend, on any number of nodes.
+//
+// All-reduce: shard i of the vector (whole 16-byte vectors, split over the
+// L rails as `algo::rail_share` splits it) is rail i's. Each kernel has 2C
+// blocks: C reducers and C forwarders, one pipe channel each (reducers c,
+// forwarders C + c), and each channel takes its part of the shard, in
+// chunks of kRailChunk bytes of the accumulator type.
+//   - reducer on node 0: R = x(0,0) ⊕ … ⊕ x(0,L−1) (its node peers' sources
+//     read over NVLink), into its outbox, sent to node 1;
+//   - reducer on node 0 < a < N−1: R = R_in ⊕ x(a,0) ⊕ … ⊕ x(a,L−1), R_in
+//     from node a−1's pipe, sent on to node a+1;
+//   - reducer on node N−1: Y = round(R_in ⊕ x(N−1,0) ⊕ …), stored into its
+//     own and its node peers' destinations, and sent from its destination
+//     to every other node's PE of the rail (N ≤ 3), or to node 0 only (the
+//     ring N−1 → 0 → 1 → … → N−2, N ≥ 4);
+//   - forwarder on node b < N−1: takes Y from its pipe, stores it into its
+//     own and its node peers' destinations (and on the ring sends it on
+//     from its destination to node b+1 unless that is N−1).
+// Partial values cross in the accumulator type (2× the bytes of f16 and
+// bf16), so no partial is rounded twice.
+//
+// Reduce-scatter: member b·L + i's block is chained on rail i in the same
+// way (each reducer takes its channel's part of every one of the N blocks
+// of its rail, block after block); node N−1's reducer stores block N−1's
+// rounded result into its own destination and sends block b's to node
+// b's PE of the rail from its outbox, whose forwarder stores it into its
+// destination. Only sources are read across a node; no PE writes another.
+//
+// Safety of in place (the destination is the source, or this PE's block
+// of it): element e of shard i of a source is read only by the reducer of
+// rail i on its node, and written only with its result, which exists only
+// after that read (the chain carries it), by the same thread where the
+// reducer writes it itself.
+//
+// No barrier across nodes: the kernel begins with a node barrier (every
+// NVLink read and store reaches a PE in this call), the pipes' credits
+// keep every inbox and outbox slot from being overwritten while in use,
+// and a PE of another node writes only into this PE's inbox. It ends with
+// a node barrier (`rail_finish`), so that no peer still reads a source or
+// writes a destination of a PE whose kernel has ended.
+//
+// Deadlock freedom: reducers wait on their predecessor on the chain and
+// on credits from their successor (node N−1's: from the forwarders);
+// forwarders wait on node N−1 (or their predecessor on the ring) and on
+// credits from their successor on the ring; node N−1's reducers never wait
+// on the chain's senders. Each wait chain ends, given that every block of
+// every PE's grid is resident at once: the host keeps the grid within the
+// blocks resident on every PE's GPU (`Kernels::rail_channels`).
+#pragma once
+#include "elem.cuh"
+#include "prims_rail.cuh"
+
+namespace shmem {
+namespace k {
+
+// 16 bytes of T in the accumulator type.
+template <typename T> struct alignas(16) AccVec {
+    typename Acc<T>::type v[Vec<T>::kN];
+};
+
+// For i < count: acc = (in ? in[i] : to_acc(xs[0][i])) ⊕ to_acc(xs[..][i]) …
+// (the rest of the `nx` members in order), then `acc_out[i] = acc` and
+// `dsts[d][i] = from_acc(acc)` for every d < nd (whole block; pointers in
+// shared memory). Each element is read and written by one thread, its
+// loads before its stores, so a destination may be a source.
+template <typename T, int OP>
+__device__ void rail_fold(const typename Acc<T>::type *in, const T *const *xs, int nx, typename Acc<T>::type *acc_out,
+                          T *const *dsts, int nd, uint64_t count) {
+    using A = typename Acc<T>::type;
+    using V = Vec<T>;
+    using AV = AccVec<T>;
+    constexpr int kN = V::kN;
+    constexpr int kU = 8;  // members' loads issued together
+    uint64_t align = 0;
+    for (int p = 0; p < nx; p++) align |= reinterpret_cast<uint64_t>(xs[p]);
+    for (int d = 0; d < nd; d++) align |= reinterpret_cast<uint64_t>(dsts[d]);
+    const uint64_t vectors = align % 16 == 0 ? count / kN : 0;
+    for (uint64_t i = threadIdx.x; i < vectors; i += blockDim.x) {
+        A acc[kN];
+        int p = 0;
+        if (in != nullptr) {
+            const AV a = reinterpret_cast<const AV *>(in)[i];
+#pragma unroll
+            for (int e = 0; e < kN; e++) acc[e] = a.v[e];
+        }
+        while (p < nx) {
+            V x[kU];
+#pragma unroll
+            for (int u = 0; u < kU; u++)
+                if (p + u < nx) x[u] = reinterpret_cast<const V *>(xs[p + u])[i];
+#pragma unroll
+            for (int u = 0; u < kU; u++)
+                if (p + u < nx)
+#pragma unroll
+                    for (int e = 0; e < kN; e++)
+                        acc[e] = (in == nullptr && p + u == 0) ? to_acc(x[u].v[e]) : combine<OP>(acc[e], to_acc(x[u].v[e]));
+            p += kU;
+        }
+        if (acc_out != nullptr) {
+            AV o;
+#pragma unroll
+            for (int e = 0; e < kN; e++) o.v[e] = acc[e];
+            reinterpret_cast<AV *>(acc_out)[i] = o;
+        }
+        if (nd > 0) {
+            V y;
+#pragma unroll
+            for (int e = 0; e < kN; e++) y.v[e] = from_acc<T>(acc[e]);
+            for (int d = 0; d < nd; d++) reinterpret_cast<V *>(dsts[d])[i] = y;
+        }
+    }
+    for (uint64_t i = vectors * kN + threadIdx.x; i < count; i += blockDim.x) {
+        A acc = in != nullptr ? in[i] : to_acc(xs[0][i]);
+        for (int p = in != nullptr ? 0 : 1; p < nx; p++) acc = combine<OP>(acc, to_acc(xs[p][i]));
+        if (acc_out != nullptr) acc_out[i] = acc;
+        const T y = from_acc<T>(acc);
+        for (int d = 0; d < nd; d++) dsts[d][i] = y;
+    }
+}
+
+// Elements [lo, hi) of `count` that channel `c` of `C` takes of part `p`
+// of `parts` (whole 16-byte vectors, the last part ending at `count`).
+template <typename T> __device__ __forceinline__ Range rail_elems(uint64_t count, int p, int parts, int c, int C) {
+    constexpr uint64_t kN = Vec<T>::kN;
+    const Range share = split((count + kN - 1) / kN, p, parts);
+    const Range in = split(share.hi - share.lo, c, C);
+    return {min((share.lo + in.lo) * kN, count), min((share.lo + in.hi) * kN, count)};
+}
+
+// Reducer: `len` elements at element `at` of every member of this node's
+// source at heap offset `src_off` (this PE's own, the others' over
+// NVLink), folded onto `in` (or from scratch), into `acc_out` or, rounded,
+// into `dsts` (nd of them, already set).
+template <typename T, int OP>
+__device__ __forceinline__ void fold_node(const Rail &r, uint64_t src_off, uint64_t at,
+                                          const typename Acc<T>::type *in, typename Acc<T>::type *acc_out,
+                                          T *const *dsts, int nd, uint64_t len) {
+    __shared__ const T *xs[kMaxTeam];
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int k = 0; k < r.L; k++) {
+            const int pe = r.local(k);
+            xs[k] = (pe == r.t.rank ? r.t.mine<const T>(src_off) : r.t.at<const T>(pe, src_off)) + at;
+        }
+    __syncthreads();
+    rail_fold<T, OP>(in, xs, r.L, acc_out, dsts, nd, len);
+}
+
+// The PE whose Y this PE's forwarder takes on the all-reduce, and whether
+// it sends it on (see the top of this file).
+__device__ __forceinline__ int y_from(const Rail &r) { return r.N <= 3 || r.node == 0 ? r.N - 1 : r.node - 1; }
+__device__ __forceinline__ bool y_forwards(const Rail &r) { return r.N > 3 && r.node + 1 < r.N - 1; }
+
+template <typename T, int OP> __device__ void allreduce_nodes(const TeamSync &t, const RailOp &op) {
+    using A = typename Acc<T>::type;
+    __shared__ T *dsts[kMaxTeam];
+    __shared__ const T *ysrc[1];
+    const Rail r(t, op);
+    const int C = op.channels;
+    const bool reducer = static_cast<int>(blockIdx.x) < C;
+    const int c = reducer ? blockIdx.x : blockIdx.x - C;
+    const int ych = C + c;  // the pipe channel of Y
+    const int last = r.N - 1;
+    const uint64_t epoch = begin_epoch(t);
+    node_exchange(r, Arrive, epoch);
+    const Range part = rail_elems<T>(op.count, r.rail, r.L, c, C);
+    // A chunk: kRailChunk bytes of the accumulator type (whole vectors of T).
+    constexpr uint64_t kChunk = kRailChunk / sizeof(A);
+    for (uint64_t x = part.lo; x < part.hi; x += kChunk) {
+        const uint64_t len = min(kChunk, part.hi - x);
+        const uint64_t off = op.dst + x * sizeof(T);
+        if (reducer) {
+            const A *in = r.node > 0 ? rail_wait<A>(r, c, r.node - 1) : nullptr;
+            if (r.node < last) {
+                A *out = rail_outbox<A>(r, c, r.node + 1);
+                fold_node<T, OP>(r, op.src, x, in, out, nullptr, 0, len);
+                if (in != nullptr) rail_release(r, c, r.node - 1);
+                rail_send(r, c, r.node + 1, out, len * sizeof(A));
+            } else {
+                const int nd = node_dsts(r, reinterpret_cast<uint8_t **>(dsts), off, false);
+                fold_node<T, OP>(r, op.src, x, in, nullptr, dsts, nd, len);
+                rail_release(r, c, r.node - 1);
+                const T *y = t.mine<const T>(off);
+                if (r.N <= 3) {
+                    for (int b = 0; b < last; b++) rail_send(r, ych, b, y, len * sizeof(T));
+                } else {
+                    rail_send(r, ych, 0, y, len * sizeof(T));
+                }
+            }
+        } else if (r.node < last) {
+            const int from = y_from(r);
+            const T *y = rail_wait<T>(r, ych, from);
+            if (threadIdx.x == 0) ysrc[0] = y;
+            const int nd = node_dsts(r, reinterpret_cast<uint8_t **>(dsts), off, false);
+            block_copy_pairs<true>(reinterpret_cast<uint8_t *const *>(dsts),
+                                   reinterpret_cast<const uint8_t *const *>(ysrc), nd, len * sizeof(T));
+            rail_release(r, ych, from);
+            if (y_forwards(r)) rail_send(r, ych, r.node + 1, t.mine<const T>(off), len * sizeof(T));
+        }
+    }
+    rail_finish(r, epoch);
+}
+
+template <typename T, int OP> __device__ void reduce_scatter_nodes(const TeamSync &t, const RailOp &op) {
+    using A = typename Acc<T>::type;
+    __shared__ T *dsts[1];
+    const Rail r(t, op);
+    const int C = op.channels;
+    const bool reducer = static_cast<int>(blockIdx.x) < C;
+    const int c = reducer ? blockIdx.x : blockIdx.x - C;
+    const int ych = C + c;
+    const int last = r.N - 1;
+    const uint64_t epoch = begin_epoch(t);
+    node_exchange(r, Arrive, epoch);
+    const Range part = rail_elems<T>(op.count, 0, 1, c, C);
+    // A chunk: kRailChunk bytes of the accumulator type (whole vectors of T).
+    constexpr uint64_t kChunk = kRailChunk / sizeof(A);
+    T *own = t.mine<T>(op.dst);
+    if (reducer) {
+        for (int b = 0; b < r.N; b++) {
+            // Member b·L + i's block of every source on this node.
+            const uint64_t src_off = op.src + static_cast<uint64_t>(r.on_node(b)) * op.count * sizeof(T);
+            for (uint64_t x = part.lo; x < part.hi; x += kChunk) {
+                const uint64_t len = min(kChunk, part.hi - x);
+                const A *in = r.node > 0 ? rail_wait<A>(r, c, r.node - 1) : nullptr;
+                if (r.node < last) {
+                    A *out = rail_outbox<A>(r, c, r.node + 1);
+                    fold_node<T, OP>(r, src_off, x, in, out, nullptr, 0, len);
+                    if (in != nullptr) rail_release(r, c, r.node - 1);
+                    rail_send(r, c, r.node + 1, out, len * sizeof(A));
+                } else {
+                    T *y = b == last ? own + x : rail_outbox<T>(r, ych, b);
+                    if (threadIdx.x == 0) dsts[0] = y;
+                    fold_node<T, OP>(r, src_off, x, in, nullptr, dsts, 1, len);
+                    rail_release(r, c, r.node - 1);
+                    if (b != last) rail_send(r, ych, b, y, len * sizeof(T));
+                }
+            }
+        }
+    } else if (r.node < last) {
+        for (uint64_t x = part.lo; x < part.hi; x += kChunk) {
+            const uint64_t len = min(kChunk, part.hi - x);
+            const T *y = rail_wait<T>(r, ych, last);
+            block_copy(reinterpret_cast<uint8_t *>(own + x), reinterpret_cast<const uint8_t *>(y), len * sizeof(T));
+            rail_release(r, ych, last);
+        }
+    }
+    rail_finish(r, epoch);
+}
+
+}  // namespace k
+}  // namespace shmem
