@@ -46,6 +46,16 @@ impl DType {
         }
     }
 
+    /// Size in bytes of the type reductions accumulate in
+    /// ([`Element::Acc`]): `f32` for the 16-bit floats, the type itself
+    /// otherwise.
+    pub const fn acc_size(self) -> usize {
+        match self {
+            DType::F16 | DType::BF16 => 4,
+            d => d.size(),
+        }
+    }
+
     pub(crate) fn from_tag(tag: u64) -> Option<DType> {
         DType::ALL.into_iter().find(|d| *d as u64 == tag)
     }
@@ -282,6 +292,7 @@ mod tests {
     fn plain_data<T: Element>() {
         let d = T::DTYPE;
         assert_eq!(d.size(), std::mem::size_of::<T>(), "{d}");
+        assert_eq!(d.acc_size(), std::mem::size_of::<T::Acc>(), "{d}");
         assert_eq!(DType::from_tag(d as u64), Some(d));
         let zeros = zeroed_vec::<T>(3);
         // SAFETY: three initialised elements, viewed as their bytes.

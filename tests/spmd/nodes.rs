@@ -1,16 +1,25 @@
 //! Traffic with other nodes' PEs ([`shmem::Context::net_traffic`]): on
 //! the host backend every flat collective ([`AcrossNodes::Flat`]) moves
-//! exactly what [`shmem::net::host_flat_traffic`] says, RMA calls count what they move
-//! to other nodes on either backend, and on one node nothing counts.
-//! Run across nodes with `SHMEM_TEST_NODES=2`.
+//! exactly what [`shmem::net::host_flat_traffic`] says, and every
+//! node-aware one exactly what [`shmem::net::host_node_traffic`] says,
+//! within the bounds `docs/clusters.md` states; RMA calls count what they
+//! move to other nodes on either backend, and on one node nothing counts.
+//! Run across nodes with `SHMEM_TEST_NODES=2` (or 3, 4, …).
 
+use crate::coll::{reduce, reduce_grouped};
 use crate::util::{needs_gpu, Env, NotApplicable, TestElem, TestResult};
 use crate::TestFn;
-use shmem::net::{host_flat_traffic, Collective, NodeShape};
-use shmem::{bf16, AcrossNodes, Collectives, NetTraffic, ReduceOp, SignalOp};
+use shmem::net::{host_flat_traffic, host_node_traffic, Collective, NodeShape};
+use shmem::{bf16, AcrossNodes, Collectives, DType, NetTraffic, ReduceOp, ReduceOrder, SignalOp};
 
 pub const TESTS: &[(&str, TestFn)] = &[
     ("nodes::host_collectives_count_their_formula", host_collectives_count_their_formula),
+    ("nodes::node_aware_collectives_count_their_formula", |e| {
+        node_aware_collectives_count_their_formula(e, ReduceOrder::PeOrder)
+    }),
+    ("nodes::node_grouped_collectives_count_their_formula", |e| {
+        node_aware_collectives_count_their_formula(e, ReduceOrder::NodeGrouped)
+    }),
     ("nodes::rma_counts_other_nodes_only", rma_counts_other_nodes_only),
     ("nodes::gpu_kernels_count_other_nodes_only", gpu_kernels_count_other_nodes_only),
 ];
@@ -38,41 +47,93 @@ fn host_collectives_count_their_formula(env: &Env) -> TestResult {
         return Err(NotApplicable("the host backend's formula; the kernels' algorithms vary by size".into()).into());
     }
     let shape = shape(env)?;
-    // The formula is the flat forms'.
+    with_settings(env, AcrossNodes::Flat, ReduceOrder::PeOrder, || {
+        assert!(!env.ctx.world().node_aware(), "the flat forms asked for");
+        each_count(env, shape, ReduceOrder::PeOrder)
+    })
+}
+
+/// The node-aware forms across nodes, reductions in `order`: as `Auto`
+/// chooses them (flat with one PE a node), and where that is flat also as
+/// [`AcrossNodes::NodeAware`] forces them. Each call's traffic must be
+/// [`host_node_traffic`]'s, within the bounds [`assert_within_bounds`]
+/// checks; results are checked bit for bit, sums against the fold in
+/// `order`.
+fn node_aware_collectives_count_their_formula(env: &Env, order: ReduceOrder) -> TestResult {
+    if env.s.cuda_stream().is_some() {
+        return Err(NotApplicable("the host backend's node-aware forms; the gpu backend runs flat".into()).into());
+    }
+    let shape = shape(env)?;
+    if shape.nodes < 2 {
+        return Err(NotApplicable("needs two nodes or more (SHMEM_TEST_NODES)".into()).into());
+    }
+    let mut asks = vec![AcrossNodes::Auto];
+    if shape.per_node < 2 {
+        asks.push(AcrossNodes::NodeAware);
+    }
+    for across in asks {
+        with_settings(env, across, order, || {
+            // Node-aware where the settings and the world's shape say so:
+            // a test that ran flat here would check the wrong formula.
+            let wanted = across == AcrossNodes::NodeAware || shape.per_node >= 2;
+            assert_eq!(env.ctx.world().node_aware(), wanted, "{across:?} on {shape:?}");
+            each_count(env, shape, order)
+        })?;
+    }
+    Ok(())
+}
+
+/// Runs `body` under `across` and `order`, then restores the settings.
+fn with_settings(env: &Env, across: AcrossNodes, order: ReduceOrder, body: impl FnOnce() -> TestResult) -> TestResult {
     let before = env.ctx.collectives();
-    env.ctx.set_collectives(Collectives { across_nodes: AcrossNodes::Flat, ..before });
-    // Small, odd, and past the one-shot all-reduce's limit (two-shot,
-    // uneven blocks) for every element size here.
-    let result = (|| {
-        for count in [1, 5, 4099, 150_001] {
-            collectives_count::<f32>(env, shape, count)?;
-            collectives_count::<bf16>(env, shape, count)?;
-            collectives_count::<u64>(env, shape, count)?;
-        }
-        Ok(())
-    })();
+    env.ctx.set_collectives(Collectives { across_nodes: across, reduce_order: order, ..before });
+    let result = body();
     env.ctx.set_collectives(before);
     result
 }
 
-/// Every collective with `count` elements (see `host_flat_traffic`) of
-/// random values: the results are checked, and this PE's traffic must be
-/// the formula's (nothing on one node).
-fn collectives_count<T: TestElem + PartialOrd>(env: &Env, shape: NodeShape, count: usize) -> TestResult {
+/// Small, odd (shares of whole 16-byte vectors round, some rails get
+/// none), and past the flat all-reduce's one-shot limit (two-shot, uneven
+/// blocks) for every element size here; bf16 sums go in f32.
+fn each_count(env: &Env, shape: NodeShape, order: ReduceOrder) -> TestResult {
+    for count in [1, 5, 4099, 150_001] {
+        collectives_count::<f32>(env, shape, order, count)?;
+        collectives_count::<bf16>(env, shape, order, count)?;
+        collectives_count::<u64>(env, shape, order, count)?;
+    }
+    Ok(())
+}
+
+/// Every collective (broadcasts from the first and the last PE) with
+/// `count` elements (see `host_flat_traffic`) of random values: the
+/// results are checked bit for bit, and this PE's traffic must be the
+/// formula of the form the world takes now (nothing on one node); the
+/// node-aware forms' must also keep within their bounds.
+fn collectives_count<T: TestElem>(env: &Env, shape: NodeShape, order: ReduceOrder, count: usize) -> TestResult {
     let (me, n, s) = (env.me(), env.n(), &env.s);
     let world = env.ctx.world();
+    let node_aware = world.node_aware();
     let seed = env.fresh_seed();
     let value = |pe: usize, i: usize| {
-        T::random(crate::util::mix(seed ^ crate::util::mix((pe as u64) << 40 ^ i as u64)), ReduceOp::Max)
+        T::random(crate::util::mix(seed ^ crate::util::mix((pe as u64) << 40 ^ i as u64)), ReduceOp::Sum)
     };
     let inputs = |pe: usize, len: usize| (0..len).map(|i| value(pe, i)).collect::<Vec<T>>();
-    let max_of = |i: usize| (1..n).map(|pe| value(pe, i)).fold(value(0, i), |m, v| if v > m { v } else { m });
+    // The flat forms and PeOrder sum in PE order; NodeGrouped node by node.
+    let sum_of = |i: usize| {
+        let xs: Vec<T> = (0..n).map(|pe| value(pe, i)).collect();
+        match (node_aware, order) {
+            (true, ReduceOrder::NodeGrouped) => reduce_grouped(ReduceOp::Sum, &xs, shape.per_node),
+            _ => reduce(ReduceOp::Sum, xs.into_iter()),
+        }
+    };
+    let traffic = |op: Collective, formula_count: usize| match node_aware {
+        true => host_node_traffic(op, shape, me, formula_count, T::DTYPE, order),
+        false => host_flat_traffic(op, shape, me, formula_count, size_of::<T>()),
+    };
     let src = env.ctx.alloc::<T>(n * count)?;
     let dst = env.ctx.alloc::<T>(n * count)?;
     let poison = vec![crate::util::poison::<T>(); n * count];
-    let elem = size_of::<T>();
-    let root = n - 1;
-    for op in Collective::all(root) {
+    for op in Collective::all(n - 1).into_iter().chain([Collective::Broadcast { root: 0 }]) {
         src.copy_from_host(&inputs(me, n * count), s)?;
         dst.copy_from_host(&poison, s)?;
         world.barrier(s)?;
@@ -86,12 +147,12 @@ fn collectives_count<T: TestElem + PartialOrd>(env: &Env, shape: NodeShape, coun
                 (t, (0..n).flat_map(|pe| inputs(pe, count)).collect())
             }
             Collective::AllReduce => {
-                let t = measure(env, || world.all_reduce(dst.slice(..count), src.slice(..count), ReduceOp::Max, s))?;
-                (t, (0..count).map(max_of).collect())
+                let t = measure(env, || world.all_reduce(dst.slice(..count), src.slice(..count), ReduceOp::Sum, s))?;
+                (t, (0..count).map(sum_of).collect())
             }
             Collective::ReduceScatter => {
-                let t = measure(env, || world.reduce_scatter(dst.slice(..count), &src, ReduceOp::Max, s))?;
-                (t, (me * count..(me + 1) * count).map(max_of).collect())
+                let t = measure(env, || world.reduce_scatter(dst.slice(..count), &src, ReduceOp::Sum, s))?;
+                (t, (me * count..(me + 1) * count).map(sum_of).collect())
             }
             Collective::AllToAll => {
                 let t = measure(env, || world.all_to_all(&dst, &src, s))?;
@@ -99,26 +160,114 @@ fn collectives_count<T: TestElem + PartialOrd>(env: &Env, shape: NodeShape, coun
                 (t, want)
             }
         };
-        let what = format!("{} of {count} {:?} on {shape:?}, PE {me}", op.name(), T::DTYPE);
+        let what = format!(
+            "{} of {count} {:?} on {shape:?}, {order:?}, node-aware {node_aware}, PE {me}",
+            op.name(),
+            T::DTYPE
+        );
         crate::util::assert_bits_eq(&dst.slice(..want.len()).copy_to_host(s)?, &want, &what);
         let formula_count = match op {
             Collective::ReduceScatter | Collective::AllToAll => n * count,
             _ => count,
         };
-        assert_eq!(got, host_flat_traffic(op, shape, me, formula_count, elem), "{what}: traffic");
+        assert_eq!(got, traffic(op, formula_count), "{what}: traffic");
         if shape.nodes == 1 {
             assert_eq!(got, NetTraffic::default(), "{what}: one node");
         }
+        if node_aware {
+            assert_within_bounds(op, shape, formula_count, T::DTYPE, order, got, &what);
+        }
     }
     // In place: the same traffic.
-    src.slice(..count).copy_from_host(&inputs(me, count), s)?;
+    src.copy_from_host(&inputs(me, n * count), s)?;
     world.barrier(s)?;
-    let got = measure(env, || world.all_reduce(src.slice(..count), src.slice(..count), ReduceOp::Max, s))?;
-    let want: Vec<T> = (0..count).map(max_of).collect();
+    let got = measure(env, || world.all_reduce(src.slice(..count), src.slice(..count), ReduceOp::Sum, s))?;
+    let want: Vec<T> = (0..count).map(sum_of).collect();
     crate::util::assert_bits_eq(&src.slice(..count).copy_to_host(s)?, &want, "in-place all_reduce");
-    assert_eq!(got, host_flat_traffic(Collective::AllReduce, shape, me, count, elem), "in-place all_reduce: traffic");
+    assert_eq!(got, traffic(Collective::AllReduce, count), "in-place all_reduce: traffic");
+    src.copy_from_host(&inputs(me, n * count), s)?;
+    world.barrier(s)?;
+    let mine = src.slice(me * count..(me + 1) * count);
+    let got = measure(env, || world.reduce_scatter(mine, &src, ReduceOp::Sum, s))?;
+    let want: Vec<T> = (me * count..(me + 1) * count).map(sum_of).collect();
+    crate::util::assert_bits_eq(&mine.copy_to_host(s)?, &want, "in-place reduce_scatter");
+    assert_eq!(got, traffic(Collective::ReduceScatter, n * count), "in-place reduce_scatter: traffic");
     world.barrier(s)?;
     Ok(())
+}
+
+/// The bounds on the bytes one PE sends to other nodes in a node-aware
+/// collective (`docs/clusters.md`), for a payload of `S` bytes on `N`
+/// nodes of `L` PEs: `S` is the vector of an all-reduce or broadcast, the
+/// output of an all-gather, the input of a reduce-scatter or all-to-all;
+/// `f` is the size of the accumulator over the element's (2 for bf16).
+///
+/// - all-reduce: `2·S/L`; in PeOrder with 2-byte floats on 4 nodes or
+///   more, `3·S/L` (`(1+f)·S/L`): nodes `0..N−2` send their running sums
+///   in f32 and then forward the result along the ring. NodeGrouped also
+///   keeps within the tree's `2 (N−1)/N·S/L`.
+/// - all-gather: `(N−1)/N·S/L`.
+/// - reduce-scatter: `(N−1)/N·S/L` in NodeGrouped; `f·S/L` in PeOrder,
+///   which cannot meet the tighter bound and keep the PE-order sum: node
+///   `a`'s values must join each block's sum at position `a`, so every
+///   block leaves every node but the last, as a running sum (`f·B`).
+/// - broadcast: `(N−1)·S/L` on up to three nodes (the root's node sends
+///   each share to every other node), `S/L` on more (a ring).
+/// - all-to-all: `(N−1)/N·S`, as flat, but in `N−1` transfers.
+///
+/// Shares of a vector are whole 16-byte vectors, so where the split
+/// rounds a share may exceed its exact part by less than one vector: one
+/// vector (in the type it travels in) of slack per share sent. The blocks
+/// of the others split exactly: no slack.
+fn assert_within_bounds(
+    op: Collective,
+    shape: NodeShape,
+    count: usize,
+    dtype: DType,
+    order: ReduceOrder,
+    got: NetTraffic,
+    what: &str,
+) {
+    let (nodes, l, n) = (shape.nodes as u128, shape.per_node as u128, shape.n() as u128);
+    let f = (dtype.acc_size() / dtype.size()) as u128;
+    let elem = dtype.size() as u128;
+    let s = count as u128 * elem * if op == Collective::AllGather { n } else { 1 };
+    const V: u128 = 16;
+    // Whether `bytes` in `puts` transfers keep within the bound.
+    let within = |bytes: u64, puts: u64| {
+        let (b, puts) = (bytes as u128, puts as u128);
+        match (op, order) {
+            (Collective::AllReduce, ReduceOrder::PeOrder) => {
+                // Each share sent (a running sum in f·elem bytes, or a result) is < S/L + 16.
+                let shares = if f == 2 && nodes >= 4 { 3 } else { 2 };
+                b * l <= shares * (s + V * l)
+            }
+            // Each of the pieces (a share split over the nodes) is < S/(N·L) + 16,
+            // and a PE sends at most 2 (N−1) of them.
+            (Collective::AllReduce, ReduceOrder::NodeGrouped) => {
+                b * l <= 2 * s + V * puts * l && b * nodes * l <= 2 * (nodes - 1) * s + V * puts * nodes * l
+            }
+            (Collective::AllGather, _) | (Collective::ReduceScatter, ReduceOrder::NodeGrouped) => {
+                b * nodes * l <= (nodes - 1) * s
+            }
+            (Collective::ReduceScatter, ReduceOrder::PeOrder) => b * l <= f * s,
+            (Collective::Broadcast { .. }, _) => {
+                let shares = if nodes <= 3 { nodes - 1 } else { 1 };
+                b * l <= shares * (s + V * l)
+            }
+            (Collective::AllToAll, _) => b * nodes <= (nodes - 1) * s && puts < nodes,
+        }
+    };
+    assert!(within(got.bytes(), got.puts + got.gets), "{what}: {got:?} over the bound");
+    // The bound has teeth: with two PEs a node or more the flat all-gather
+    // and reduce-scatter, which send each block to every PE of the other
+    // nodes, break `(N−1)/N·S/L`.
+    let tree_bound =
+        matches!((op, order), (Collective::AllGather, _) | (Collective::ReduceScatter, ReduceOrder::NodeGrouped));
+    if tree_bound && shape.per_node >= 2 && count > 0 {
+        let flat = host_flat_traffic(op, shape, 0, count, dtype.size());
+        assert!(!within(flat.bytes(), flat.gets), "{what}: the flat form's {flat:?} is within the bound");
+    }
 }
 
 /// Every PE puts, gets, signals and puts with a signal to every peer:
