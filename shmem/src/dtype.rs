@@ -1,5 +1,6 @@
 //! Element types that may live in symmetric memory, and reductions over them.
 
+use crate::fp8::{fp8_e4m3, fp8_e5m2};
 use half::{bf16, f16};
 use std::fmt;
 use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU32, AtomicU64, Ordering};
@@ -16,12 +17,30 @@ pub enum DType {
     I64,
     U32,
     U64,
+    U8,
+    I8,
+    /// OCP FP8 E4M3 ("fn"): a storage type ([`fp8_e4m3`]).
+    F8E4M3,
+    /// OCP FP8 E5M2: a storage type ([`fp8_e5m2`]).
+    F8E5M2,
 }
 
 impl DType {
     /// Every element type.
-    pub const ALL: [DType; 8] =
-        [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::I64, DType::U32, DType::U64];
+    pub const ALL: [DType; 12] = [
+        DType::F32,
+        DType::F64,
+        DType::F16,
+        DType::BF16,
+        DType::I32,
+        DType::I64,
+        DType::U32,
+        DType::U64,
+        DType::U8,
+        DType::I8,
+        DType::F8E4M3,
+        DType::F8E5M2,
+    ];
 
     /// The name users know the type by.
     pub const fn name(self) -> &'static str {
@@ -34,12 +53,17 @@ impl DType {
             DType::I64 => "i64",
             DType::U32 => "u32",
             DType::U64 => "u64",
+            DType::U8 => "u8",
+            DType::I8 => "i8",
+            DType::F8E4M3 => "fp8_e4m3",
+            DType::F8E5M2 => "fp8_e5m2",
         }
     }
 
     /// Size of one element in bytes.
     pub const fn size(self) -> usize {
         match self {
+            DType::U8 | DType::I8 | DType::F8E4M3 | DType::F8E5M2 => 1,
             DType::F16 | DType::BF16 => 2,
             DType::F32 | DType::I32 | DType::U32 => 4,
             DType::F64 | DType::I64 | DType::U64 => 8,
@@ -47,11 +71,11 @@ impl DType {
     }
 
     /// Size in bytes of the type reductions accumulate in
-    /// ([`Element::Acc`]): `f32` for the 16-bit floats, the type itself
-    /// otherwise.
+    /// ([`Element::Acc`]): `f32` for the 16- and 8-bit floats, the type
+    /// itself otherwise.
     pub const fn acc_size(self) -> usize {
         match self {
-            DType::F16 | DType::BF16 => 4,
+            DType::F16 | DType::BF16 | DType::F8E4M3 | DType::F8E5M2 => 4,
             d => d.size(),
         }
     }
@@ -60,9 +84,18 @@ impl DType {
         DType::ALL.into_iter().find(|d| *d as u64 == tag)
     }
 
-    /// Whether bitwise reductions are defined.
+    /// Whether the type is an integer.
     pub const fn is_integer(self) -> bool {
-        matches!(self, DType::I32 | DType::I64 | DType::U32 | DType::U64)
+        matches!(self, DType::I32 | DType::I64 | DType::U32 | DType::U64 | DType::U8 | DType::I8)
+    }
+
+    /// Whether reductions are defined at all. Not for the 8-bit types:
+    /// the FP8 formats are storage (a sum of FP8 values wants a wider
+    /// result and a scale), and neither the device kernels nor NVSHMEM's
+    /// bound entry points have 8-bit reductions, so `u8` and `i8` refuse
+    /// them too, alike on every backend.
+    pub const fn reduces(self) -> bool {
+        !matches!(self, DType::U8 | DType::I8 | DType::F8E4M3 | DType::F8E5M2)
     }
 }
 
@@ -104,12 +137,15 @@ impl ReduceOp {
         }
     }
 
-    /// Whether `op` is defined for elements of type `dtype`.
+    /// Whether `op` is defined for elements of type `dtype`: the
+    /// arithmetic ones for every type that [reduces](DType::reduces), the
+    /// bitwise ones for its integers.
     pub const fn supports(self, dtype: DType) -> bool {
-        match self {
-            ReduceOp::Sum | ReduceOp::Min | ReduceOp::Max | ReduceOp::Prod => true,
-            ReduceOp::And | ReduceOp::Or | ReduceOp::Xor => dtype.is_integer(),
-        }
+        dtype.reduces()
+            && match self {
+                ReduceOp::Sum | ReduceOp::Min | ReduceOp::Max | ReduceOp::Prod => true,
+                ReduceOp::And | ReduceOp::Or | ReduceOp::Xor => dtype.is_integer(),
+            }
     }
 }
 
@@ -129,11 +165,12 @@ mod sealed {
 ///
 /// Implementors are plain data: `Copy`, no padding, every bit pattern a valid
 /// value, and `DTYPE.size() == size_of::<Self>()`. The trait is sealed; the
-/// crate implements it for the eight element types of [`DType`].
+/// crate implements it for the element types of [`DType`].
 pub unsafe trait Element: sealed::Sealed + Copy + Send + Sync + PartialEq + fmt::Debug + 'static {
     /// The runtime tag of this type.
     const DTYPE: DType;
-    /// The type reductions accumulate in (`f32` for the 16-bit floats).
+    /// The type reductions accumulate in (`f32` for the 16- and 8-bit
+    /// floats).
     type Acc: Copy + Send + Sync;
 
     fn to_acc(self) -> Self::Acc;
@@ -145,7 +182,8 @@ pub unsafe trait Element: sealed::Sealed + Copy + Send + Sync + PartialEq + fmt:
 macro_rules! float_element {
     ($t:ty, $d:expr, $acc:ty, $to:expr, $from:expr) => {
         impl sealed::Sealed for $t {}
-        // SAFETY: IEEE floats are plain data of their stated size; any bits are a value.
+        // SAFETY: IEEE floats and the FP8 newtypes (`repr(transparent)` over
+        // a u8) are plain data of their stated size; any bits are a value.
         unsafe impl Element for $t {
             const DTYPE: DType = $d;
             type Acc = $acc;
@@ -177,6 +215,10 @@ float_element!(f32, DType::F32, f32, |x| x, |x| x);
 float_element!(f64, DType::F64, f64, |x| x, |x| x);
 float_element!(f16, DType::F16, f32, f16::to_f32, f16::from_f32);
 float_element!(bf16, DType::BF16, f32, bf16::to_f32, bf16::from_f32);
+// Storage types: `ReduceOp::supports` refuses every reduction on them, so
+// `combine` is never reached; the conversions serve the quantization code.
+float_element!(fp8_e4m3, DType::F8E4M3, f32, fp8_e4m3::to_f32, fp8_e4m3::from_f32);
+float_element!(fp8_e5m2, DType::F8E5M2, f32, fp8_e5m2::to_f32, fp8_e5m2::from_f32);
 
 macro_rules! int_element {
     ($t:ty, $d:expr) => {
@@ -213,6 +255,9 @@ int_element!(i32, DType::I32);
 int_element!(i64, DType::I64);
 int_element!(u32, DType::U32);
 int_element!(u64, DType::U64);
+// Moved, not reduced (see `DType::reduces`).
+int_element!(u8, DType::U8);
+int_element!(i8, DType::I8);
 
 /// `len` zero elements.
 pub(crate) fn zeroed_vec<T: Element>(len: usize) -> Vec<T> {
@@ -316,8 +361,12 @@ mod tests {
         plain_data::<i64>();
         plain_data::<u32>();
         plain_data::<u64>();
+        plain_data::<u8>();
+        plain_data::<i8>();
+        plain_data::<fp8_e4m3>();
+        plain_data::<fp8_e5m2>();
         assert_eq!(DType::from_tag(0), None);
-        assert_eq!(DType::from_tag(9), None);
+        assert_eq!(DType::from_tag(13), None);
     }
 
     fn reduce<T: Element>(op: ReduceOp, xs: &[T]) -> T {
@@ -337,6 +386,21 @@ mod tests {
         assert_eq!(reduce(ReduceOp::Xor, &[0b1100u64, 0b1010, 0b0001]), 0b0111);
         assert_eq!(reduce(ReduceOp::And, &[0b1100u32, 0b1010]), 0b1000);
         assert_eq!(reduce(ReduceOp::Or, &[0b1100i32, 0b1010]), 0b1110);
+    }
+
+    #[test]
+    fn eight_bit_types_move_but_do_not_reduce() {
+        for d in DType::ALL {
+            let eight = d.size() == 1;
+            assert_eq!(d.reduces(), !eight, "{d}");
+            for op in ReduceOp::ALL {
+                let bitwise = matches!(op, ReduceOp::And | ReduceOp::Or | ReduceOp::Xor);
+                assert_eq!(op.supports(d), !eight && (!bitwise || d.is_integer()), "{op} on {d}");
+            }
+        }
+        assert!(DType::U8.is_integer() && !DType::F8E4M3.is_integer());
+        assert_eq!(fp8_e4m3::from_f32(3.0).to_acc(), 3.0);
+        assert_eq!(fp8_e5m2::from_acc(-0.75), fp8_e5m2::from_f32(-0.75));
     }
 
     /// An element of a buffer, viewed as its atomic as `Context::atomic_*`

@@ -30,6 +30,7 @@ mod context;
 mod control;
 mod dtype;
 mod error;
+pub mod fp8;
 /// Internals for the fuzz targets in `fuzz/`: not API (hidden, unstable).
 #[doc(hidden)]
 pub mod fuzzing;
@@ -42,6 +43,7 @@ pub mod launch;
 pub mod moe;
 pub mod net;
 pub mod overlap;
+pub mod quant;
 mod rma;
 mod team;
 
@@ -51,6 +53,7 @@ pub use config::{BackendKind, Config};
 pub use context::{Context, Stream};
 pub use dtype::{AtomicElement, DType, Element, ReduceOp};
 pub use error::{CudaError, Error, Result};
+pub use fp8::{fp8_e4m3, fp8_e5m2};
 pub use half::{bf16, f16};
 pub use handle::{DevicePeerHandle, PeerHandle, DEVICE_HEADER, SIGNAL_PAD_WORDS_PER_PEER};
 pub use moe::{CombineElement, Layout, MoeAllToAll, MoeConfig};

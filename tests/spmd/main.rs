@@ -30,6 +30,7 @@
 //!   n times instead of 1000: for the sanitizers' runs on the box
 //!   (`ci/gpu-run.sh --sanitize`), which cannot afford the whole matrix.
 
+mod bytes;
 mod coll;
 mod driver;
 mod errors;
@@ -54,6 +55,7 @@ pub type TestFn = fn(&Env) -> util::TestResult;
 fn all_tests() -> Vec<(&'static str, TestFn)> {
     let mut t: Vec<(&'static str, TestFn)> = Vec::new();
     t.extend(rma::TESTS);
+    t.extend(bytes::TESTS);
     t.extend(coll::TESTS);
     t.extend(teams::TESTS);
     t.extend(errors::TESTS);

@@ -331,6 +331,9 @@ pub(crate) unsafe fn fcollect(
         DType::I64 => call!(nv, nvshmemx_int64_fcollect_on_stream(team, dst as _, src as _, n, stream as _)),
         DType::U32 => call!(nv, nvshmemx_uint32_fcollect_on_stream(team, dst as _, src as _, n, stream as _)),
         DType::U64 => call!(nv, nvshmemx_uint64_fcollect_on_stream(team, dst as _, src as _, n, stream as _)),
+        DType::U8 | DType::I8 | DType::F8E4M3 | DType::F8E5M2 => {
+            call!(nv, nvshmemx_fcollectmem_on_stream(team, dst as _, src as _, n, stream as _))
+        }
     })
 }
 
@@ -356,6 +359,9 @@ pub(crate) unsafe fn alltoall(
         DType::I64 => call!(nv, nvshmemx_int64_alltoall_on_stream(team, dst as _, src as _, n, stream as _)),
         DType::U32 => call!(nv, nvshmemx_uint32_alltoall_on_stream(team, dst as _, src as _, n, stream as _)),
         DType::U64 => call!(nv, nvshmemx_uint64_alltoall_on_stream(team, dst as _, src as _, n, stream as _)),
+        DType::U8 | DType::I8 | DType::F8E4M3 | DType::F8E5M2 => {
+            call!(nv, nvshmemx_alltoallmem_on_stream(team, dst as _, src as _, n, stream as _))
+        }
     })
 }
 
@@ -382,6 +388,9 @@ pub(crate) unsafe fn broadcast(
         DType::I64 => call!(nv, nvshmemx_int64_broadcast_on_stream(team, dst as _, src as _, n, root, stream as _)),
         DType::U32 => call!(nv, nvshmemx_uint32_broadcast_on_stream(team, dst as _, src as _, n, root, stream as _)),
         DType::U64 => call!(nv, nvshmemx_uint64_broadcast_on_stream(team, dst as _, src as _, n, root, stream as _)),
+        DType::U8 | DType::I8 | DType::F8E4M3 | DType::F8E5M2 => {
+            call!(nv, nvshmemx_broadcastmem_on_stream(team, dst as _, src as _, n, root, stream as _))
+        }
     })
 }
 
@@ -401,6 +410,7 @@ pub(crate) unsafe fn p<T: Element>(nv: &Nv, dst: u64, value: T, pe: i32, stream:
         DType::I64 => call!(nv, nvshmemx_int64_p_on_stream(dst as _, transmute_copy(&value), pe, stream as _)),
         DType::U32 => call!(nv, nvshmemx_uint32_p_on_stream(dst as _, transmute_copy(&value), pe, stream as _)),
         DType::U64 => call!(nv, nvshmemx_uint64_p_on_stream(dst as _, transmute_copy(&value), pe, stream as _)),
+        DType::U8 | DType::I8 | DType::F8E4M3 | DType::F8E5M2 => return Err(no_byte_p_g("p", T::DTYPE)),
     }
     Ok(())
 }
@@ -420,5 +430,14 @@ pub(crate) unsafe fn g<T: Element>(nv: &Nv, src: u64, pe: i32, stream: CUstream)
         DType::I64 => transmute_copy(&call!(nv, nvshmemx_int64_g_on_stream(src as _, pe, stream as _))),
         DType::U32 => transmute_copy(&call!(nv, nvshmemx_uint32_g_on_stream(src as _, pe, stream as _))),
         DType::U64 => transmute_copy(&call!(nv, nvshmemx_uint64_g_on_stream(src as _, pe, stream as _))),
+        DType::U8 | DType::I8 | DType::F8E4M3 | DType::F8E5M2 => return Err(no_byte_p_g("g", T::DTYPE)),
     })
+}
+
+/// The refusal of `p` and `g` on an 8-bit type.
+fn no_byte_p_g(what: &str, dtype: DType) -> Error {
+    Error::Invalid(format!(
+        "{what} of a {dtype} element on the gpu backend: NVSHMEM has no 8-bit {what}; put or get a one-element \
+         slice instead"
+    ))
 }

@@ -14,6 +14,12 @@ TYPES = [  # (DType variant, NVSHMEM type name, is integer)
     ("U32", "uint32", True),
     ("U64", "uint64", True),
 ]
+# The 8-bit types: NVSHMEM's byte-wise `*mem` collectives move them (an
+# element is a byte, so counts of elements are counts of bytes). The bound
+# entry points have no 8-bit reductions, p or g: reductions are refused
+# before dispatch (`DType::reduces`), p and g here.
+BYTES = ["U8", "I8", "F8E4M3", "F8E5M2"]
+BYTE_ARM = " | ".join(f"DType::{b}" for b in BYTES)
 OPS = [("Sum", "sum"), ("Min", "min"), ("Max", "max"), ("Prod", "prod"),
        ("And", "and"), ("Or", "or"), ("Xor", "xor")]
 
@@ -44,6 +50,7 @@ pub(crate) unsafe fn {name}(nv: &Nv, dtype: DType, {args}) -> Result<i32> {{
     Ok(match dtype {{"""]
     for dt, tname, _ in TYPES:
         out.append(f"        DType::{dt} => call!(nv, nvshmemx_{tname}_{name}_on_stream({call_args})),")
+    out.append(f"        {BYTE_ARM} => call!(nv, nvshmemx_{name}mem_on_stream({call_args})),")
     out.append("    })\n}\n")
     return "\n".join(out)
 
@@ -77,6 +84,7 @@ pub(crate) unsafe fn p<T: Element>(nv: &Nv, dst: u64, value: T, pe: i32, stream:
     match T::DTYPE {"""]
     for dt, tname, _ in TYPES:
         out.append(f"        DType::{dt} => call!(nv, nvshmemx_{tname}_p_on_stream(dst as _, transmute_copy(&value), pe, stream as _)),")
+    out.append(f"        {BYTE_ARM} => return Err(no_byte_p_g(\"p\", T::DTYPE)),")
     out.append("    }\n    Ok(())\n}\n")
     out.append("""/// `nvshmemx_<type>_g_on_stream`: one element from `pe`.
 ///
@@ -87,7 +95,16 @@ pub(crate) unsafe fn g<T: Element>(nv: &Nv, src: u64, pe: i32, stream: CUstream)
     Ok(match T::DTYPE {""")
     for dt, tname, _ in TYPES:
         out.append(f"        DType::{dt} => transmute_copy(&call!(nv, nvshmemx_{tname}_g_on_stream(src as _, pe, stream as _))),")
+    out.append(f"        {BYTE_ARM} => return Err(no_byte_p_g(\"g\", T::DTYPE)),")
     out.append("    })\n}\n")
+    out.append("""/// The refusal of `p` and `g` on an 8-bit type.
+fn no_byte_p_g(what: &str, dtype: DType) -> Error {
+    Error::Invalid(format!(
+        "{what} of a {dtype} element on the gpu backend: NVSHMEM has no 8-bit {what}; put or get a one-element \\
+         slice instead"
+    ))
+}
+""")
     print("\n".join(out))
     # No atomics: NVSHMEM 3.4's host atomics are stubs (see amo.rs).
 
