@@ -241,11 +241,19 @@ impl Control {
 
     /// How `pe` is doing, if not well: it has finalized, left or died.
     pub(crate) fn peer_problem(&self, pe: usize) -> Option<String> {
+        self.problem_of(pe, true)
+    }
+
+    /// [`Control::peer_problem`]; the other nodes' news is read from the
+    /// channel first only `if pump`.
+    fn problem_of(&self, pe: usize, pump: bool) -> Option<String> {
         if self.node.holds(pe) {
             return self.node.peer_problem(pe);
         }
         let mut tier = self.tier()?;
-        tier.pump();
+        if pump {
+            tier.pump();
+        }
         let news = tier.gone.get(&pe)?;
         let node = &self.node_names[self.node_of[pe]];
         // "PE 3 died (…)" → "died on node b (…)".
@@ -266,18 +274,10 @@ impl Control {
     /// its own thread meanwhile, which `MPI_THREAD_SERIALIZED` does not
     /// allow (Open MPI ends the whole job when a rank dies anyway).
     pub(crate) fn died_peer(&self) -> Option<usize> {
-        let died = |pe: usize| {
-            if self.node.holds(pe) {
-                return self.node.peer_problem(pe).is_some_and(|p| p.starts_with("died"));
-            }
-            self.tier().is_some_and(|mut tier| {
-                if tier.net.as_ref().is_some_and(Net::polls_from_any_thread) {
-                    tier.pump();
-                }
-                tier.gone.get(&pe).is_some_and(|news| news.died)
-            })
-        };
-        (0..self.n).filter(|&pe| pe != self.me).find(|&pe| died(pe))
+        let pump = self.tier().is_some_and(|t| t.net.as_ref().is_some_and(Net::polls_from_any_thread));
+        (0..self.n)
+            .filter(|&pe| pe != self.me)
+            .find(|&pe| self.problem_of(pe, pump).is_some_and(|p| p.starts_with("died")))
     }
 
     /// A PE of the job that died, if one has, and how.
