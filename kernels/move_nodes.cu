@@ -42,8 +42,7 @@ extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
     const int C = op.channels;
     const bool sender = static_cast<int>(blockIdx.x) < C;
     const int c = sender ? blockIdx.x : blockIdx.x - C;
-    const uint64_t epoch = begin_epoch(t);
-    node_exchange(r, Arrive, epoch);
+    const uint64_t epoch = rail_start(r);
     const uint64_t bytes = op.count;
     const Range part = rail_bytes(bytes, c, C);
     const uint64_t len = part.hi - part.lo;
@@ -101,8 +100,7 @@ extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
     const int C = op.channels;
     const bool sender = static_cast<int>(blockIdx.x) < C;
     const int c = sender ? blockIdx.x : blockIdx.x - C;
-    const uint64_t epoch = begin_epoch(t);
-    node_exchange(r, Arrive, epoch);
+    const uint64_t epoch = rail_start(r);
     const int root_node = op.root / r.L;
     const bool ring = r.N > 3;
     const uint64_t units = (op.count + 15) / 16;

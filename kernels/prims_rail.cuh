@@ -112,12 +112,7 @@ struct Rail {
 // always on other nodes).
 static __device__ __noinline__ void rail_put_signal(const TeamSync &t, int m, void *dst, const void *src,
                                                     uint64_t bytes, uint64_t *word, uint64_t v) {
-    NetCounters *c = threadIdx.x == 0 ? remote_counters(t, m) : nullptr;
-    if (c) {
-        atomicAdd(&c->bytes_put, static_cast<unsigned long long>(bytes));
-        atomicAdd(&c->puts, 1ull);
-        atomicAdd(&c->signals, 1ull);
-    }
+    count_rma(threadIdx.x == 0 ? remote_counters(t, m) : nullptr, false, bytes, 1);
     nvshmemx_putmem_signal_nbi_block(dst, src, bytes, word, v, NVSHMEM_SIGNAL_SET, t.pes[m]);
 }
 static __device__ __noinline__ void rail_credit(const TeamSync &t, int m, uint64_t *word) {
@@ -202,6 +197,15 @@ __device__ __forceinline__ void node_exchange(const Rail &r, int array, uint64_t
         wait_geq(r.t.word(array, blockIdx.x, pe), epoch);
     }
     __syncthreads();
+}
+
+// The start of a node-aware kernel's block: its epoch, and a barrier of
+// the node on the channel (every node peer has entered the call before
+// any NVLink store reaches it). `rail_finish` ends it.
+__device__ __forceinline__ uint64_t rail_start(const Rail &r) {
+    const uint64_t epoch = begin_epoch(r.t);
+    node_exchange(r, Arrive, epoch);
+    return epoch;
 }
 
 // The end of a node-aware kernel's block: its puts complete (their

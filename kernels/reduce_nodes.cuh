@@ -164,8 +164,7 @@ template <typename T, int OP> __device__ void allreduce_nodes(const TeamSync &t,
     const int c = reducer ? blockIdx.x : blockIdx.x - C;
     const int ych = C + c;  // the pipe channel of Y
     const int last = r.N - 1;
-    const uint64_t epoch = begin_epoch(t);
-    node_exchange(r, Arrive, epoch);
+    const uint64_t epoch = rail_start(r);
     const Range part = rail_elems<T>(op.count, r.rail, r.L, c, C);
     // A chunk: kRailChunk bytes of the accumulator type (whole vectors of T).
     constexpr uint64_t kChunk = kRailChunk / sizeof(A);
@@ -213,8 +212,7 @@ template <typename T, int OP> __device__ void reduce_scatter_nodes(const TeamSyn
     const int c = reducer ? blockIdx.x : blockIdx.x - C;
     const int ych = C + c;
     const int last = r.N - 1;
-    const uint64_t epoch = begin_epoch(t);
-    node_exchange(r, Arrive, epoch);
+    const uint64_t epoch = rail_start(r);
     const Range part = rail_elems<T>(op.count, 0, 1, c, C);
     // A chunk: kRailChunk bytes of the accumulator type (whole vectors of T).
     constexpr uint64_t kChunk = kRailChunk / sizeof(A);

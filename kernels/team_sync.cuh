@@ -105,22 +105,24 @@ __device__ __forceinline__ NetCounters *remote_counters(const TeamSync &t, int p
     return t.remote >> pe & 1 ? t.mine<NetCounters>(t.net_offset) : nullptr;
 }
 
+// Counts, in `c` (this PE's NetCounters, or null for a member of this
+// node), one transfer of `bytes` (`got`: a get, else a put) and `signals`
+// signals.
+__device__ __forceinline__ void count_rma(NetCounters *c, bool got, uint64_t bytes, unsigned long long signals) {
+    if (!c) return;
+    atomicAdd(got ? &c->bytes_got : &c->bytes_put, static_cast<unsigned long long>(bytes));
+    atomicAdd(got ? &c->gets : &c->puts, 1ull);
+    if (signals) atomicAdd(&c->signals, signals);
+}
+
 // The RMA calls with member `pe` of `t`, out of line: one copy in each .cu
 // for all its kernels. The block-wide ones count from thread 0, once a call.
 static __device__ __noinline__ void rma_get(const TeamSync &t, int pe, void *dst, const void *src, uint64_t bytes) {
-    NetCounters *c = threadIdx.x == 0 ? remote_counters(t, pe) : nullptr;
-    if (c) {
-        atomicAdd(&c->bytes_got, static_cast<unsigned long long>(bytes));
-        atomicAdd(&c->gets, 1ull);
-    }
+    count_rma(threadIdx.x == 0 ? remote_counters(t, pe) : nullptr, true, bytes, 0);
     nvshmemx_getmem_block(dst, src, bytes, t.pes[pe]);
 }
 static __device__ __noinline__ void rma_put(const TeamSync &t, int pe, void *dst, const void *src, uint64_t bytes) {
-    NetCounters *c = threadIdx.x == 0 ? remote_counters(t, pe) : nullptr;
-    if (c) {
-        atomicAdd(&c->bytes_put, static_cast<unsigned long long>(bytes));
-        atomicAdd(&c->puts, 1ull);
-    }
+    count_rma(threadIdx.x == 0 ? remote_counters(t, pe) : nullptr, false, bytes, 0);
     nvshmemx_putmem_nbi_block(dst, src, bytes, t.pes[pe]);
 }
 // One thread's signal: `v` into member `pe`'s symmetric `word`, after this
@@ -134,11 +136,7 @@ static __device__ __noinline__ void rma_signal(const TeamSync &t, int pe, uint64
 // then `v` into its symmetric `word` once the data is delivered.
 static __device__ __noinline__ void rma_put_signal(const TeamSync &t, int pe, void *dst, const void *src,
                                                    uint64_t bytes, uint64_t *word, uint64_t v) {
-    if (NetCounters *c = remote_counters(t, pe)) {
-        atomicAdd(&c->bytes_put, static_cast<unsigned long long>(bytes));
-        atomicAdd(&c->puts, 1ull);
-        atomicAdd(&c->signals, 1ull);
-    }
+    count_rma(remote_counters(t, pe), false, bytes, 1);
     nvshmem_putmem_signal_nbi(dst, src, bytes, word, v, NVSHMEM_SIGNAL_SET, t.pes[pe]);
 }
 
