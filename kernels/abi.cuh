@@ -93,6 +93,13 @@ constexpr int kAgreeWords = 8;
 constexpr int kAgreeHeadWord = 1;
 constexpr int kAgreeErrorShift = 24;
 constexpr int kAgreePrivateWord = 7;
+// Data a call may carry with its row (`AGREE_DATA_BYTES`): an eager
+// all-reduce of at most this many bytes over NVLink sends its source in
+// the agreement's packets, after its row's (`allreduce_agreed` in
+// reduce.cuh), so that agreeing and moving the data are one round trip.
+constexpr int kAgreeDataBytes = 256;
+// Packets a sender has in the agreement's buffer: its row's, then its data's.
+constexpr int kAgreePackets = kAgreeWords + kAgreeDataBytes / 8;
 
 // ---- Kernel arguments ----
 
@@ -148,23 +155,27 @@ struct TeamSync {
     // Heap offset of the agreement's state in the slot, after the signal
     // arrays and epoch counters (rounded up to kStateAlign) and the MoE
     // form's header and two buffers of packets (`Layout::slot_bytes`):
-    // packets [parity][sender][word] of 16 bytes, then rows
-    // [parity][sender][word] of 8, then a signal word a sender.
+    // packets [parity][sender][kAgreePackets] of 16 bytes (the row's
+    // words, then the data's), then rows [parity][sender][word] of 8, then
+    // a signal word a sender.
     __device__ uint64_t agree_base() const {
         uint64_t words = static_cast<uint64_t>(kSignalArrays) * kMaxBlocks * n + kEpochCounterSets * kMaxBlocks;
         return sync_offset + (words * 8 + kStateAlign - 1) / kStateAlign * kStateAlign + kA2avHeaderBytes +
                2 * kA2avPacketWords * 16;
     }
     // Where `sender` puts word `w` of its row of an epoch of `parity`, as
-    // a packet (NVLink) or a plain word (RMA), and its RMA signal.
+    // a packet (NVLink; packets from kAgreeWords on carry data) or a plain
+    // word (RMA), and its RMA signal.
     __device__ uint64_t agree_packet(uint64_t parity, int sender, int w) const {
-        return agree_base() + ((parity * n + sender) * kAgreeWords + w) * 16;
+        return agree_base() + ((parity * n + sender) * kAgreePackets + w) * 16;
     }
     __device__ uint64_t agree_row(uint64_t parity, int sender) const {
-        return agree_base() + 2 * static_cast<uint64_t>(n) * kAgreeWords * 16 + (parity * n + sender) * kAgreeWords * 8;
+        return agree_base() + 2 * static_cast<uint64_t>(n) * kAgreePackets * 16 +
+               (parity * n + sender) * kAgreeWords * 8;
     }
     __device__ uint64_t agree_signal(int sender) const {
-        return agree_base() + 2 * static_cast<uint64_t>(n) * kAgreeWords * 24 + static_cast<uint64_t>(sender) * 8;
+        return agree_base() + 2 * static_cast<uint64_t>(n) * (kAgreePackets * 16 + kAgreeWords * 8) +
+               static_cast<uint64_t>(sender) * 8;
     }
 };
 static_assert(sizeof(TeamSync) == 160, "TeamSync: size");

@@ -210,6 +210,66 @@ __device__ void allreduce_ll(const TeamSync &t, uint64_t dst_off, uint64_t src_o
     phase_end();
 }
 
+// The eager all-reduce of a few bytes (at most kAgreeDataBytes) over
+// NVLink, one block: the source travels in the agreement's packets (see
+// agree.cuh), behind this PE's row, so that the call is agreed and its
+// data moved in one round trip instead of two. Every thread sends its
+// share of the row's and the data's packets to every peer, then the
+// rows are compared as `agree` compares them; on a difference the kernel
+// returns having written nothing (it touches no low-latency buffer or
+// epoch counter either way). Else thread c reduces chunk c of every
+// member's data in team order into the destination. The choice of this
+// kernel reads the size, the settings and the topology only, the same
+// on every member; a PE that runs another kernel for a mismatched call
+// still sends its row, so the verdict is reached either way.
+//
+// In place is safe: every packet of the source is sent before the
+// barrier of the comparison, and chunk c of the destination is written
+// after it, by the one thread that reads chunk c of the source then.
+template <typename T, int OP>
+__device__ void allreduce_agreed(const TeamSync &t, uint64_t dst_off, uint64_t src_off, uint64_t count) {
+    using A = typename Acc<T>::type;
+    constexpr int kPer = 8 / sizeof(T);
+    const uint64_t e = t.agree;
+    const uint32_t flag = agree_flag(e);
+    const uint64_t bytes = count * sizeof(T);
+    const int chunks = static_cast<int>((bytes + 7) / 8);
+    const int per_peer = kAgreeWords + chunks;
+    const uint8_t *src = t.mine<uint8_t>(src_off);
+    for (int i = threadIdx.x; i < (t.n - 1) * per_peer; i += blockDim.x) {
+        const int pe = t.after(1 + i / per_peer), w = i % per_peer;
+        const uint64_t v = w < kAgreeWords ? own_word(t, w) : load8(src, w - kAgreeWords, bytes);
+        packet_store(t.at<uint4>(pe, t.agree_packet(e & 1, t.rank, w)), v, flag);
+    }
+    bool differs = false;
+    for (int i = threadIdx.x; i < t.n * kAgreeWords; i += blockDim.x) {
+        const int pe = i / kAgreeWords, w = i % kAgreeWords;
+        differs |= w != kAgreePrivateWord && agree_word(t, e, pe, w) != own_word(t, w);
+    }
+    if (__syncthreads_or(differs)) {
+        agree_report(t, e);
+        return;
+    }
+    uint8_t *dst = t.mine<uint8_t>(dst_off);
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+        union {
+            uint64_t u;
+            T x[kPer];
+        } got;
+        A acc[kPer];
+        for (int pe = 0; pe < t.n; pe++) {
+            got.u = pe == t.rank ? load8(src, c, bytes)
+                                 : packet_load(t.mine<uint4>(t.agree_packet(e & 1, pe, kAgreeWords + c)), flag,
+                                               "a peer's data of an agreed all-reduce", pe);
+#pragma unroll
+            for (int k = 0; k < kPer; k++) acc[k] = pe == 0 ? to_acc(got.x[k]) : combine<OP>(acc[k], to_acc(got.x[k]));
+        }
+#pragma unroll
+        for (int k = 0; k < kPer; k++) got.x[k] = from_acc<T>(acc[k]);
+        store8(dst, c, bytes, got.u);
+    }
+}
+
 // The lines of a reduction of `T`: 4-byte flags, unless a 4-byte word
 // would split an element (see `LinesOf` in prims_lines.cuh).
 template <typename T> using LinesFor = LinesOf<sizeof(T) == 8 ? 8 : 4>;
@@ -394,6 +454,11 @@ __device__ void reduce_scatter_ll(const TeamSync &t, uint64_t dst_off, uint64_t 
         shmem::k::follow_stream();                                                                           \
         if (!shmem::k::agree(t)) return;                                                                     \
         shmem::k::allreduce_ll<T, shmem::k::OP>(t, dst, src, count);                                         \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)                                    \
+        shmem_allreduce_agreed_##NAME(shmem::k::TeamSync t, uint64_t dst, uint64_t src, uint64_t count) {    \
+        shmem::k::follow_stream();                                                                           \
+        shmem::k::allreduce_agreed<T, shmem::k::OP>(t, dst, src, count);                                     \
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(shmem::k::kLinesMaxThreads, 1)                              \
         shmem_allreduce_ll128_##NAME(shmem::k::TeamSync t, uint64_t dst, uint64_t src, uint64_t count) {     \

@@ -25,6 +25,9 @@ pub(super) struct Bench<'a> {
     pub(super) net_words: SymmetricBuffer<u64>,
     /// Wrong results seen on this PE.
     pub(super) wrong: Cell<usize>,
+    /// The last eager timing's host time to issue one operation (µs):
+    /// the median batch's issue loop over its operations.
+    pub(super) issue_us: Cell<Option<f64>>,
     /// PE 0 with `--json`: rows as they are measured, without ratios.
     pub(super) partial: RefCell<Option<std::fs::File>>,
     pub(super) backend: String,

@@ -52,7 +52,7 @@ impl<T> Case<'_, T> {
 
     pub(super) fn row(&self, graph: bool, time_us: f64) -> Row {
         let (op, imp, dtype, bytes, moe, matmul) = (self.op, self.imp, self.dtype, self.bytes, self.moe, self.matmul);
-        Row { op, imp, dtype, bytes, graph, time_us, moe, matmul, net_pes: None }
+        Row { op, imp, dtype, bytes, graph, time_us, moe, matmul, net_pes: None, issue_us: None }
     }
 }
 
@@ -127,15 +127,18 @@ impl Bench<'_> {
                 stream.synchronize()?;
                 setup()?;
                 let start = stream.record_event(timing)?;
+                let issue = Instant::now();
                 for _ in 0..iters {
                     op()?;
                 }
+                let issue_us = issue.elapsed().as_secs_f64() * 1e6 / iters as f64;
                 let end = stream.record_event(timing)?;
                 end.synchronize()?;
-                batches.push(start.elapsed_ms(&end)? as f64 * 1e3 / iters as f64);
+                batches.push((start.elapsed_ms(&end)? as f64 * 1e3 / iters as f64, issue_us));
             }
-            batches.sort_by(f64::total_cmp);
-            return Ok(batches[2]);
+            batches.sort_by(|a, b| a.0.total_cmp(&b.0));
+            self.issue_us.set(Some(batches[2].1));
+            return Ok(batches[2].0);
         }
         let mut t = Vec::with_capacity(iters);
         for _ in 0..iters {
@@ -200,10 +203,12 @@ impl Bench<'_> {
         let net_pes = if counted { Some(self.gather_net(net.unwrap_or(0))?) } else { None };
         // Back-to-back barriers need no barrier before them.
         let setup = || if c.op == Op::Barrier { Ok(()) } else { barrier() };
+        self.issue_us.set(None);
         let timed = self.time(c.bytes, setup, c.run);
+        let issue_us = self.issue_us.get();
         let after = timed.as_ref().map_err(|e| e.to_string().into()).and_then(|_| c.compare());
         let ok = self.settle(c, false, after)?;
-        Ok(timed.ok().filter(|_| ok).map(|t| Row { net_pes, ..c.row(false, t) }))
+        Ok(timed.ok().filter(|_| ok).map(|t| Row { net_pes, issue_us, ..c.row(false, t) }))
     }
 
     /// Captures [`PER_GRAPH`] runs of `c` in a CUDA graph, checks one

@@ -97,7 +97,10 @@
 //! 5 batches of `--iters` back-to-back operations, each batch started by a
 //! barrier, after `--warmup` untimed ones: the median batch's mean; on the
 //! host backend the median of single timed operations, each after a
-//! barrier (barriers themselves back to back). `--graph` (GPU) captures 100
+//! barrier (barriers themselves back to back). An eager GPU row's JSON
+//! also has `issue_us`, the host's time to issue one operation in that
+//! batch: near `time_us`, the row is bound by the host, not the device.
+//! `--graph` (GPU) captures 100
 //! operations in a CUDA graph and times replays with events, each after a
 //! barrier (after 3 untimed): the median of 5, per operation, for sizes up
 //! to `--graph-max-bytes`; every implementation but `nvshmem`, whose
@@ -262,6 +265,7 @@ fn run(args: &Args) -> Res {
             verdicts: ctx.alloc_zeroed::<u32>(n)?,
             net_words: ctx.alloc_zeroed::<u64>(n)?,
             wrong: Cell::new(0),
+            issue_us: Cell::new(None),
             partial: RefCell::new(match (&partial, me) {
                 (Some(p), 0) => Some(std::fs::File::create(p).map_err(|e| format!("creating {}: {e}", p.display()))?),
                 _ => None,

@@ -28,6 +28,10 @@ pub(super) struct Row {
     /// not counted (NCCL, NVSHMEM's collectives, memcpy, the overlapped
     /// matmuls).
     pub(super) net_pes: Option<Vec<u64>>,
+    /// Eager rows on the GPU backend: PE 0's host time to issue one
+    /// operation (the median batch's). Where it is near `time_us`, the
+    /// row is bound by the host, not the device.
+    pub(super) issue_us: Option<f64>,
 }
 
 impl Row {
@@ -92,7 +96,7 @@ impl Row {
             .as_ref()
             .map_or("null".into(), |pes| format!("[{}]", pes.iter().map(u64::to_string).collect::<Vec<_>>().join(",")));
         let net = self.net_bytes().map_or("null".into(), |b| b.to_string());
-        let _ = write!(s, ",\"net_bytes\":{net},\"net_bytes_pes\":{net_pes}");
+        let _ = write!(s, ",\"net_bytes\":{net},\"net_bytes_pes\":{net_pes},\"issue_us\":{}", num(self.issue_us));
         if let Some(rows) = rows {
             for reference in REFERENCES {
                 let _ = write!(s, ",\"vs_{}\":{}", reference.name(), num(self.vs(rows, reference)));

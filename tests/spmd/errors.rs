@@ -44,13 +44,18 @@ fn mismatch(env: &Env, r: shmem::Result<()>) -> Error {
     e
 }
 
-/// After an error: the world still works (a barrier and an exact all-reduce).
+/// After an error: the world still works (exact all-reduces of one word
+/// and of 8 KiB, which take different kernels on the gpu backend).
 fn still_usable(env: &Env) -> TestResult {
-    let x = env.ctx.alloc::<u64>(1)?;
-    x.copy_from_host(&[env.me() as u64 + 1], &env.s)?;
-    env.ctx.all_reduce(&x, &x, ReduceOp::Sum, &env.s)?;
     let n = env.n() as u64;
-    assert_eq!(x.copy_to_host(&env.s)?, vec![n * (n + 1) / 2]);
+    for len in [1, 1024] {
+        let x = env.ctx.alloc::<u64>(len)?;
+        let mine: Vec<u64> = (0..len as u64).map(|i| (env.me() as u64 + 1) << 20 | i).collect();
+        x.copy_from_host(&mine, &env.s)?;
+        env.ctx.all_reduce(&x, &x, ReduceOp::Sum, &env.s)?;
+        let want: Vec<u64> = (0..len as u64).map(|i| (n * (n + 1) / 2) << 20 | n * i).collect();
+        assert_eq!(x.copy_to_host(&env.s)?, want);
+    }
     Ok(())
 }
 
@@ -166,16 +171,23 @@ fn host_copy_length(env: &Env) -> TestResult {
 fn collective_count_differs(env: &Env) -> TestResult {
     needs_pes(env, 2)?;
     let s = &env.s;
-    let src = env.ctx.alloc::<f32>(16)?;
-    let dst = env.ctx.alloc::<f32>(16)?;
+    let src = env.ctx.alloc::<f32>(80)?;
+    let dst = env.ctx.alloc::<f32>(80)?;
     src.fill(1.0, s)?;
-    dst.fill(poison(), s)?;
-    let len = if env.me() == 1 { 11 } else { 10 };
-    let e = mismatch(env, env.ctx.all_reduce(dst.slice(..len), src.slice(..len), ReduceOp::Sum, s));
-    assert!(e.to_string().contains("all_reduce"), "{e}");
-    assert!(e.to_string().contains("src 10 elements") && e.to_string().contains("src 11 elements"), "{e}");
-    assert!(dst.copy_to_host(s)?.iter().all(|x| x.to_bits() == poison::<f32>().to_bits()), "dst written");
-    still_usable(env)
+    // 64 and 65 elements: 256 and 260 bytes, on either side of the most an
+    // eager all-reduce carries in its agreement on the gpu backend, so the
+    // PEs run different kernels.
+    for (mine, last) in [(10, 11), (64, 65)] {
+        dst.fill(poison(), s)?;
+        let len = if env.me() == env.n() - 1 { last } else { mine };
+        let e = mismatch(env, env.ctx.all_reduce(dst.slice(..len), src.slice(..len), ReduceOp::Sum, s));
+        assert!(e.to_string().contains("all_reduce"), "{e}");
+        let (a, b) = (format!("src {mine} elements"), format!("src {last} elements"));
+        assert!(e.to_string().contains(&a) && e.to_string().contains(&b), "{e}");
+        assert!(dst.copy_to_host(s)?.iter().all(|x| x.to_bits() == poison::<f32>().to_bits()), "dst written");
+        still_usable(env)?;
+    }
+    Ok(())
 }
 
 fn collective_op_or_kind_differs(env: &Env) -> TestResult {

@@ -85,6 +85,9 @@ pub(crate) const AGREE_WORDS: usize = 8;
 pub(crate) const AGREE_HEAD_WORD: usize = 1;
 pub(crate) const AGREE_ERROR_SHIFT: u32 = 24;
 pub(crate) const AGREE_PRIVATE_WORD: usize = 7;
+/// Bytes an eager all-reduce over NVLink may carry in its agreement's
+/// packets (`kAgreeDataBytes`; `allreduce_agreed` in `reduce.cuh`).
+pub(crate) const AGREE_DATA_BYTES: usize = 256;
 
 /// The rail pipes of the node-aware collectives (`prims_rail.cuh`): pipe
 /// channels between two PEs of one rail in each direction (a kernel's

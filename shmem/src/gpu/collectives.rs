@@ -3,7 +3,7 @@
 //! protocol come from [`crate::algo`]; here they become a kernel
 //! ([`KernelId`]) and its grid.
 
-use super::abi::{RailOp, TeamSync, LINE_DATA_BYTES, RAIL_CHANNELS};
+use super::abi::{RailOp, TeamSync, AGREE_DATA_BYTES, AGREE_WORDS, LINE_DATA_BYTES, RAIL_CHANNELS, THREADS};
 use super::kernel_id::{KernelId, Movement, ReduceKernel};
 use super::kernels::Kernels;
 use super::module::Grid;
@@ -78,6 +78,14 @@ impl Kernels {
         let units = bytes.div_ceil(16);
         let line_bytes = reduce_line_data_bytes(dtype.size());
         let (kernel, grid) = match all_reduce_choice(p.shape(&t), algo, bytes, dst == src, &p.tuning) {
+            // An eager call of a few bytes over NVLink: its data rides its
+            // agreement, one round trip for both (the choice reads the
+            // size, settings and topology, the same on every member).
+            AllReduceChoice::LowLatency if t.agreement() != 0 && t.nvlink() && bytes <= AGREE_DATA_BYTES => {
+                let packets = t.n_pes() * (AGREE_WORDS + bytes.div_ceil(8));
+                let threads = (packets.next_multiple_of(32) as u32).min(THREADS);
+                (ReduceKernel::AllReduceAgreed, Grid { blocks: 1, threads })
+            }
             AllReduceChoice::LowLatency => (ReduceKernel::AllReduceLowLatency, p.ll_grid(bytes, None)),
             AllReduceChoice::LowLatency128 => {
                 (ReduceKernel::AllReduceLowLatency128, p.ll_grid(bytes, Some(line_bytes)))

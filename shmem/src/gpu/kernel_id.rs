@@ -45,6 +45,8 @@ fn protocol_suffix(p: Protocol) -> &'static str {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ReduceKernel {
     AllReduceLowLatency,
+    /// The eager all-reduce whose data rides its agreement's packets.
+    AllReduceAgreed,
     AllReduceLowLatency128,
     AllReducePush,
     AllReduceOneShot,
@@ -60,8 +62,9 @@ pub(crate) enum ReduceKernel {
 }
 
 impl ReduceKernel {
-    const ALL: [ReduceKernel; 12] = [
+    const ALL: [ReduceKernel; 13] = [
         ReduceKernel::AllReduceLowLatency,
+        ReduceKernel::AllReduceAgreed,
         ReduceKernel::AllReduceLowLatency128,
         ReduceKernel::AllReducePush,
         ReduceKernel::AllReduceOneShot,
@@ -78,6 +81,7 @@ impl ReduceKernel {
     fn symbol(self) -> &'static str {
         match self {
             ReduceKernel::AllReduceLowLatency => "shmem_allreduce_ll",
+            ReduceKernel::AllReduceAgreed => "shmem_allreduce_agreed",
             ReduceKernel::AllReduceLowLatency128 => "shmem_allreduce_ll128",
             ReduceKernel::AllReducePush => "shmem_allreduce_push",
             ReduceKernel::AllReduceOneShot => "shmem_allreduce_oneshot",
@@ -99,6 +103,7 @@ impl ReduceKernel {
         !matches!(
             self,
             ReduceKernel::AllReduceLowLatency
+                | ReduceKernel::AllReduceAgreed
                 | ReduceKernel::AllReduceLowLatency128
                 | ReduceKernel::ReduceScatterLowLatency
                 | ReduceKernel::ReduceScatterLowLatency128

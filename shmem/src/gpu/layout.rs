@@ -6,9 +6,9 @@
 //! collectives (so that one node's offsets do not move).
 
 use super::abi::{
-    A2AV_COUNTER_BYTES, A2AV_PACKET_WORDS, AGREE_WORDS, EPOCH_COUNTERS, MAX_BLOCKS, NET_COUNTER_WORDS, PACKET_BYTES,
-    PUSH_MAX_BYTES, PUSH_MAX_TEAM, RAIL_CHANNELS, RAIL_CHUNK, RAIL_DEPTH, RMA_BLOCKS, RMA_CHUNK, SIGNAL_ARRAYS,
-    STATE_ALIGN,
+    A2AV_COUNTER_BYTES, A2AV_PACKET_WORDS, AGREE_DATA_BYTES, AGREE_WORDS, EPOCH_COUNTERS, MAX_BLOCKS,
+    NET_COUNTER_WORDS, PACKET_BYTES, PUSH_MAX_BYTES, PUSH_MAX_TEAM, RAIL_CHANNELS, RAIL_CHUNK, RAIL_DEPTH, RMA_BLOCKS,
+    RMA_CHUNK, SIGNAL_ARRAYS, STATE_ALIGN,
 };
 use crate::algo::low_latency_buffer_bytes;
 
@@ -46,10 +46,11 @@ impl Layout {
     }
 
     /// The agreement's state of a slot: for each of two epoch parities, a
-    /// packet a word of every sender's row (NVLink) and every sender's row
-    /// (RMA), then a signal word a sender.
+    /// packet a word of every sender's row and of the data it may carry
+    /// (NVLink), and every sender's row (RMA), then a signal word a sender.
     fn agree_bytes(&self) -> usize {
-        (self.n * (2 * AGREE_WORDS * (PACKET_BYTES + 8) + 8)).next_multiple_of(STATE_ALIGN)
+        let packets = AGREE_WORDS + AGREE_DATA_BYTES / 8;
+        (self.n * (2 * (packets * PACKET_BYTES + AGREE_WORDS * 8) + 8)).next_multiple_of(STATE_ALIGN)
     }
 
     /// Heap offset of team slot `slot`'s synchronisation state.
