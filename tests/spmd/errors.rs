@@ -50,10 +50,10 @@ fn still_usable(env: &Env) -> TestResult {
     let n = env.n() as u64;
     for len in [1, 1024] {
         let x = env.ctx.alloc::<u64>(len)?;
-        let mine: Vec<u64> = (0..len as u64).map(|i| (env.me() as u64 + 1) << 20 | i).collect();
+        let mine: Vec<u64> = (0..len as u64).map(|i| ((env.me() as u64 + 1) << 20) | i).collect();
         x.copy_from_host(&mine, &env.s)?;
         env.ctx.all_reduce(&x, &x, ReduceOp::Sum, &env.s)?;
-        let want: Vec<u64> = (0..len as u64).map(|i| (n * (n + 1) / 2) << 20 | n * i).collect();
+        let want: Vec<u64> = (0..len as u64).map(|i| ((n * (n + 1) / 2) << 20) | (n * i)).collect();
         assert_eq!(x.copy_to_host(&env.s)?, want);
     }
     Ok(())
