@@ -13,9 +13,11 @@
 //!   smallest `f32` subnormal) the scale is **1**, so the group's values
 //!   quantize to (signed) zeros and dequantize to exactly zero;
 //! - `q = e4m3(x / scale)`: one IEEE `f32` division, then
-//!   [`fp8_e4m3::from_f32`] (round to nearest even, saturating at ±448,
-//!   NaN stays NaN). `x / scale` can exceed 448 by a rounding of `scale`:
-//!   the saturation takes it back to 448.
+//!   [`fp8_e4m3::from_f32`] (round to nearest even, saturating at ±448).
+//!   `x / scale` can exceed 448 by a rounding of `scale`: the saturation
+//!   takes it back to 448. A NaN quotient is code `0x7f` whatever its
+//!   sign: the sign of a NaN that arithmetic makes is the machine's (x86
+//!   sets it for `inf / inf`, a GPU does not).
 //! - dequantized `x' = f32(q) × scale` (one `f32` multiplication), then
 //!   rounded to the output type (RNE for bf16).
 //!
@@ -86,6 +88,16 @@ pub fn group_scale(group: &[impl Unquantized]) -> f32 {
     }
 }
 
+/// The code of `x` in a group of scale `scale`.
+fn quantize_one(x: f32, scale: f32) -> fp8_e4m3 {
+    let y = x / scale;
+    if y.is_nan() {
+        fp8_e4m3::from_bits(0x7f)
+    } else {
+        fp8_e4m3::from_f32(y)
+    }
+}
+
 /// Quantizes `x` into `q` (as many elements) and `scales`
 /// ([`scales_len`]`(x.len())` of them).
 ///
@@ -96,7 +108,7 @@ pub fn quantize<T: Unquantized>(x: &[T], q: &mut [fp8_e4m3], scales: &mut [f32])
     for ((xs, qs), scale) in x.chunks(GROUP).zip(q.chunks_mut(GROUP)).zip(scales.iter_mut()) {
         *scale = group_scale(xs);
         for (o, &v) in qs.iter_mut().zip(xs) {
-            *o = fp8_e4m3::from_f32(v.to_f32() / *scale);
+            *o = quantize_one(v.to_f32(), *scale);
         }
     }
     Ok(())
@@ -234,8 +246,8 @@ mod tests {
         assert_eq!(scales, [1.0, 2.0 / 448.0, f32::INFINITY], "zero group: scale 1; NaN ignored");
         assert!(q[..GROUP].iter().enumerate().all(|(i, c)| c.to_bits() == if i == 3 { 0x80 } else { 0 }));
         assert_eq!(q[GROUP].to_bits(), 0x7e);
-        assert!(q[GROUP + 1].is_nan());
-        assert!(q[2 * GROUP].is_nan(), "inf / inf");
+        assert_eq!(q[GROUP + 1].to_bits(), 0x7f, "NaN: the positive NaN");
+        assert_eq!(q[2 * GROUP].to_bits(), 0x7f, "inf / inf: the positive NaN");
         assert_eq!(q[2 * GROUP + 1].to_bits(), 0, "finite / inf");
         let back = dequantize_vec::<f32>(&q, &scales).unwrap();
         assert!(back[..GROUP].iter().all(|&v| v == 0.0));
