@@ -54,7 +54,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let weights: Vec<f32> = routes.iter().flatten().map(|r| r.1).collect();
 
     let start = Instant::now();
-    let (rows, layout) = moe.dispatch(&tokens, &ids, &s)?;
+    let (rows, layout) = moe.dispatch(&tokens, &ids, &weights, &s)?;
     // The experts: each local expert scales its block of rows in place.
     let mut received = rows.copy_to_host(&s)?;
     for e in 0..EXPERTS_PER_PE {
@@ -71,7 +71,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     rows.copy_from_host(&received, &s)?;
-    let out = moe.combine(rows, &layout, &weights, &s)?;
+    let out = moe.combine(rows, &layout, &s)?;
     let took = start.elapsed();
 
     for (t, route) in routes.iter().enumerate() {
