@@ -77,7 +77,19 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     for (t, route) in routes.iter().enumerate() {
         for i in 0..HIDDEN {
             let x = token(me, t, i);
-            let sum = route.iter().fold(0.0f32, |acc, &(g, w)| acc + w * expert(g as usize, x).to_f32());
+            // Each expert PE weighs its experts' outputs (rounded to bf16),
+            // then the partials are summed in PE order.
+            let mut sum = 0.0f32;
+            for pe in 0..n {
+                let mine = route.iter().filter(|r| r.0 as usize / EXPERTS_PER_PE == pe);
+                let mut partial = None;
+                for &(g, w) in mine {
+                    partial = Some(partial.unwrap_or(0.0f32) + w * expert(g as usize, x).to_f32());
+                }
+                if let Some(p) = partial {
+                    sum += bf16::from_f32(p).to_f32();
+                }
+            }
             let want = bf16::from_f32(sum);
             if out[t * HIDDEN + i] != want {
                 return Err(

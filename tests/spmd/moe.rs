@@ -1045,7 +1045,9 @@ fn err_layer(env: &Env) -> TestResult {
     let before = view.copy_to_host(s)?;
     let splits_before = moe.device_layout().copy_to_host(s)?;
     let bad = n - 1;
-    let mut cases: Vec<(RoutingFault, Vec<f32>, Vec<i64>, Vec<f32>)> = vec![
+    // (the fault, and the bad PE's tokens, ids and weights)
+    type BadCase = (RoutingFault, Vec<f32>, Vec<i64>, Vec<f32>);
+    let mut cases: Vec<BadCase> = vec![
         (RoutingFault::ExpertOutOfRange, tokens.clone(), vec![0, 1, 1, (2 * n) as i64, 0, 1], weights.clone()),
         (RoutingFault::ExpertOutOfRange, tokens.clone(), vec![-1; 6], weights.clone()),
         (RoutingFault::RepeatedExpert, tokens.clone(), vec![0, 1, 1, 1, 0, 1], weights.clone()),

@@ -547,7 +547,10 @@ impl<T: Element> MoeAllToAll<T> {
             ("topk_weights", weights.len(), slots, "max_tokens × top_k"),
             ("n_tokens", count.len(), 1, "one count"),
         ]);
-        // The host path on the buffers' contents.
+        if let Some(g) = self.team.ctx.gpu.as_ref() {
+            return self.dispatch_gpu(g, pre, tokens, ids, weights, count, stream);
+        }
+        // The host backend: the host path on the buffers' contents.
         let n = match pre.and_then(|_| self.host_count(count, stream)) {
             Ok(n) => n,
             Err(e) => {
@@ -830,6 +833,9 @@ impl<T: CombineElement> MoeAllToAll<T> {
             ("expert_outputs", outputs.len(), self.recv.len, "the receive buffer's rows × hidden"),
             ("out", out.len(), c.max_tokens * c.hidden, "max_tokens × hidden"),
         ]);
+        if let Some(g) = self.team.ctx.gpu.as_ref() {
+            return self.combine_gpu(g, pre, outputs, out, stream);
+        }
         let layout = self.last.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let pre = pre.and_then(|_| {
             layout
