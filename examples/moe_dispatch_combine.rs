@@ -54,7 +54,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let weights: Vec<f32> = routes.iter().flatten().map(|r| r.1).collect();
 
     let start = Instant::now();
-    let (rows, layout) = moe.dispatch(&tokens, &ids, &s)?;
+    let (rows, layout) = moe.dispatch(&tokens, &ids, &weights, &s)?;
     // The experts: each local expert scales its block of rows in place.
     let mut received = rows.copy_to_host(&s)?;
     for e in 0..EXPERTS_PER_PE {
@@ -71,13 +71,25 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     rows.copy_from_host(&received, &s)?;
-    let out = moe.combine(rows, &layout, &weights, &s)?;
+    let out = moe.combine(rows, &layout, &s)?;
     let took = start.elapsed();
 
     for (t, route) in routes.iter().enumerate() {
         for i in 0..HIDDEN {
             let x = token(me, t, i);
-            let sum = route.iter().fold(0.0f32, |acc, &(g, w)| acc + w * expert(g as usize, x).to_f32());
+            // Each expert PE weighs its experts' outputs (rounded to bf16),
+            // then the partials are summed in PE order.
+            let mut sum = 0.0f32;
+            for pe in 0..n {
+                let mine = route.iter().filter(|r| r.0 as usize / EXPERTS_PER_PE == pe);
+                let mut partial = None;
+                for &(g, w) in mine {
+                    partial = Some(partial.unwrap_or(0.0f32) + w * expert(g as usize, x).to_f32());
+                }
+                if let Some(p) = partial {
+                    sum += bf16::from_f32(p).to_f32();
+                }
+            }
             let want = bf16::from_f32(sum);
             if out[t * HIDDEN + i] != want {
                 return Err(

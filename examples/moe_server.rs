@@ -152,7 +152,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         // One step, captured: dispatch, experts, combine.
         stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
         let captured = (|| -> Result<(), Box<dyn std::error::Error>> {
-            let view = moe.dispatch_on_device(&bufs.tokens, &bufs.ids, &bufs.count, &s)?;
+            let view = moe.dispatch_on_device(&bufs.tokens, &bufs.ids, &bufs.weights, &bufs.count, &s)?;
             let rows = view.device_ptr()?.ok_or("gpu backend")?;
             let so = moe.device_layout().device_ptr()?.ok_or("gpu backend")?;
             let cfg =
@@ -164,7 +164,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             unsafe {
                 stream.launch_builder(&scale).arg(&rows).arg(&so).arg(&np).arg(&ne).arg(&hidden).arg(&pe).launch(cfg)?
             };
-            moe.combine_on_device(view, &bufs.weights, &bufs.count, &bufs.out, &s)?;
+            moe.combine_on_device(view, &bufs.out, &s)?;
             Ok(())
         })();
         let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
@@ -181,7 +181,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         for step in 0..steps {
             let b = batch(step, me, experts);
             bufs.write(&b, &s)?;
-            let view = moe.dispatch_on_device(&bufs.tokens, &bufs.ids, &bufs.count, &s)?;
+            let view = moe.dispatch_on_device(&bufs.tokens, &bufs.ids, &bufs.weights, &bufs.count, &s)?;
             // The experts, on the host.
             let so = moe.device_layout().copy_to_host(&s)?;
             let mut rows = view.copy_to_host(&s)?;
@@ -193,7 +193,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 rows[start * HIDDEN..(start + count as usize) * HIDDEN].iter_mut().for_each(|x| *x *= scale);
             }
             view.copy_from_host(&rows, &s)?;
-            moe.combine_on_device(view, &bufs.weights, &bufs.count, &bufs.out, &s)?;
+            moe.combine_on_device(view, &bufs.out, &s)?;
             bufs.check(&b, step, me, &s)?;
         }
     }

@@ -338,61 +338,72 @@ static_assert(offsetof(AgreeFailure, rows) == 304, "AgreeFailure::rows");
 
 // ---- The MoE layer's kernels (moe_layer.cu); heap offsets ----
 
-// `shmem_moe_route` and `shmem_moe_gather`.
-struct MoeRoute {
-    uint64_t ids;        // max_tokens × top_k i64 global expert ids
-    uint64_t n_tokens;   // one i64: this call's tokens
-    uint64_t splits;     // experts i64: rows for each global expert (out)
-    uint64_t slot_rows;  // max_tokens × top_k i64: each slot's send row (out)
-    uint64_t scratch;    // blockDim.x × experts u32
-    uint64_t tokens;     // max_tokens rows of row_bytes (gather's source)
-    uint64_t send;       // the send buffer (gather's destination)
-    uint64_t row_bytes;
-    int64_t max_tokens;
-    int top_k;
-    int experts;
-};
-static_assert(sizeof(MoeRoute) == 80, "MoeRoute: size");
-static_assert(offsetof(MoeRoute, ids) == 0, "MoeRoute::ids");
-static_assert(offsetof(MoeRoute, n_tokens) == 8, "MoeRoute::n_tokens");
-static_assert(offsetof(MoeRoute, splits) == 16, "MoeRoute::splits");
-static_assert(offsetof(MoeRoute, slot_rows) == 24, "MoeRoute::slot_rows");
-static_assert(offsetof(MoeRoute, scratch) == 32, "MoeRoute::scratch");
-static_assert(offsetof(MoeRoute, tokens) == 40, "MoeRoute::tokens");
-static_assert(offsetof(MoeRoute, send) == 48, "MoeRoute::send");
-static_assert(offsetof(MoeRoute, row_bytes) == 56, "MoeRoute::row_bytes");
-static_assert(offsetof(MoeRoute, max_tokens) == 64, "MoeRoute::max_tokens");
-static_assert(offsetof(MoeRoute, top_k) == 72, "MoeRoute::top_k");
-static_assert(offsetof(MoeRoute, experts) == 76, "MoeRoute::experts");
-
-// The marker of a bad routing in the first split, which fails the
-// dispatch's check (class NegativeSplit) on every PE: below it,
-// `kRouteBad - 1 - slot` names a slot with a bad expert id, `kRouteBad`
-// itself a bad token count (`ROUTE_BAD` in moe.rs).
-constexpr int64_t kRouteBad = -(1ll << 62);
-
-// `shmem_moe_combine_<dtype>`.
-struct MoeCombine {
-    uint64_t back;       // the rows the combine brought back, in send order
-    uint64_t slot_rows;  // each slot's send row
-    uint64_t weights;    // max_tokens × top_k f32
-    uint64_t n_tokens;   // one i64
-    uint64_t out;        // n_tokens rows of `hidden`
+// The MoE layer's kernels (`shmem_moe_route`, `shmem_moe_gather`,
+// `shmem_moe_combine_<dtype>`), each in two phases; see moe_layer.cu and
+// shmem/src/moe/layer.rs for the wire row's layout.
+struct MoeLayer {
+    uint64_t tokens;  // the caller's tokens: max_tokens rows of data_bytes
+    uint64_t ids;  // max_tokens × top_k i64 global expert ids
+    uint64_t weights;  // max_tokens × top_k f32 weights
+    uint64_t n_tokens;  // one i64: the dispatch's token count
+    uint64_t send;  // wire rows out; the partials that come back
+    uint64_t stage;  // wire rows in; the partials that go back
+    uint64_t recv;  // the dispatched view: rows of data_bytes
+    uint64_t send_splits;  // n i64: wire rows to each PE
+    uint64_t stage_so;  // 2n i64: the dispatch exchange's out splits/offsets
+    uint64_t back_so;  // 2n i64: the combine exchange's out splits/offsets
+    uint64_t view_so;  // 2 × ne × n i64: the view's splits and offsets
+    uint64_t slot_rows;  // max_tokens × top_k i64: each slot's wire row
+    uint64_t state;  // i64: the last dispatch's token count, -1 after a bad one
+    uint64_t scratch;  // u32 counters: blockDim.x × (n + ne), then ne × n
+    uint64_t outputs;  // the experts' outputs, laid out as the view
+    uint64_t out;  // the combine's result: n_tokens rows
+    int64_t data_bytes;  // a token's bytes
+    int64_t meta;  // where a wire row's metadata starts
+    int64_t stride;  // a wire row's bytes
     int64_t max_tokens;
     int64_t hidden;
     int top_k;
-    int pad;
+    int ne;  // experts per PE
+    int major_align;
+    int phase;  // 0: the source side; 1: the receiving side (see moe_layer.cu)
 };
-static_assert(sizeof(MoeCombine) == 64, "MoeCombine: size");
-static_assert(offsetof(MoeCombine, back) == 0, "MoeCombine::back");
-static_assert(offsetof(MoeCombine, slot_rows) == 8, "MoeCombine::slot_rows");
-static_assert(offsetof(MoeCombine, weights) == 16, "MoeCombine::weights");
-static_assert(offsetof(MoeCombine, n_tokens) == 24, "MoeCombine::n_tokens");
-static_assert(offsetof(MoeCombine, out) == 32, "MoeCombine::out");
-static_assert(offsetof(MoeCombine, max_tokens) == 40, "MoeCombine::max_tokens");
-static_assert(offsetof(MoeCombine, hidden) == 48, "MoeCombine::hidden");
-static_assert(offsetof(MoeCombine, top_k) == 56, "MoeCombine::top_k");
-static_assert(offsetof(MoeCombine, pad) == 60, "MoeCombine::pad");
+static_assert(sizeof(MoeLayer) == 184, "MoeLayer: size");
+static_assert(offsetof(MoeLayer, tokens) == 0, "MoeLayer::tokens");
+static_assert(offsetof(MoeLayer, ids) == 8, "MoeLayer::ids");
+static_assert(offsetof(MoeLayer, weights) == 16, "MoeLayer::weights");
+static_assert(offsetof(MoeLayer, n_tokens) == 24, "MoeLayer::n_tokens");
+static_assert(offsetof(MoeLayer, send) == 32, "MoeLayer::send");
+static_assert(offsetof(MoeLayer, stage) == 40, "MoeLayer::stage");
+static_assert(offsetof(MoeLayer, recv) == 48, "MoeLayer::recv");
+static_assert(offsetof(MoeLayer, send_splits) == 56, "MoeLayer::send_splits");
+static_assert(offsetof(MoeLayer, stage_so) == 64, "MoeLayer::stage_so");
+static_assert(offsetof(MoeLayer, back_so) == 72, "MoeLayer::back_so");
+static_assert(offsetof(MoeLayer, view_so) == 80, "MoeLayer::view_so");
+static_assert(offsetof(MoeLayer, slot_rows) == 88, "MoeLayer::slot_rows");
+static_assert(offsetof(MoeLayer, state) == 96, "MoeLayer::state");
+static_assert(offsetof(MoeLayer, scratch) == 104, "MoeLayer::scratch");
+static_assert(offsetof(MoeLayer, outputs) == 112, "MoeLayer::outputs");
+static_assert(offsetof(MoeLayer, out) == 120, "MoeLayer::out");
+static_assert(offsetof(MoeLayer, data_bytes) == 128, "MoeLayer::data_bytes");
+static_assert(offsetof(MoeLayer, meta) == 136, "MoeLayer::meta");
+static_assert(offsetof(MoeLayer, stride) == 144, "MoeLayer::stride");
+static_assert(offsetof(MoeLayer, max_tokens) == 152, "MoeLayer::max_tokens");
+static_assert(offsetof(MoeLayer, hidden) == 160, "MoeLayer::hidden");
+static_assert(offsetof(MoeLayer, top_k) == 168, "MoeLayer::top_k");
+static_assert(offsetof(MoeLayer, ne) == 172, "MoeLayer::ne");
+static_assert(offsetof(MoeLayer, major_align) == 176, "MoeLayer::major_align");
+static_assert(offsetof(MoeLayer, phase) == 180, "MoeLayer::phase");
+
+// The marker of a bad routing in the first split, which fails the
+// dispatch's check (class NegativeSplit) on every PE: `kRouteBad - code`,
+// where code 0 is a bad token count and `fault << 56 | (slot + 1)` names
+// the first bad (token × top_k + slot), the fault one of
+// `kRouteExpertOutOfRange`, `kRouteRepeatedExpert`, `kRouteBadWeight`
+// (`ROUTE_BAD` and its faults in abi.rs).
+constexpr int64_t kRouteBad = -(1ll << 62);
+constexpr int kRouteFaultShift = 56;
+constexpr unsigned long long kRouteExpertOutOfRange = 0, kRouteRepeatedExpert = 1, kRouteBadWeight = 2;
 
 }  // namespace k
 }  // namespace shmem

@@ -1,137 +1,331 @@
 // The device side of `MoeAllToAll` (shmem/src/moe/layer.rs), so that a
-// whole MoE step can be captured in a CUDA graph: `shmem_moe_route` sorts
-// the (token, slot) pairs by global expert, `shmem_moe_gather` copies the
-// tokens into send order, and `shmem_moe_combine_<dtype>` sums each
-// token's returned rows with its weights. The token count is read on the
-// device. A bad expert id or token count poisons the dispatch's first
-// split with a marker, so the dispatch's check fails on every PE and
-// the host names the token.
+// whole MoE step can be captured in a CUDA graph. Around the two 1D
+// all-to-all-v exchanges of wire rows (one row per (token, destination
+// PE): the token, its index, and per slot the destination's local expert
+// or -1 and the weight), each kernel has two phases (`MoeLayer::phase`):
+//
+// - `shmem_moe_route` (one block). Phase 0, the source: checks the routing
+//   (token count, expert ids, repeated ids, weights), counts each token
+//   once per destination PE, and gives each (token, destination) its wire
+//   row — rank-major, each destination's in token order — in `slot_rows`
+//   (every slot of the token bound to that PE shares the row). Phase 1,
+//   the receiver: counts the staged rows per (local expert, source), lays
+//   the view's expert blocks out with `major_align` padding (`view_so`),
+//   and writes over each staged slot's expert its row in the view.
+// - `shmem_moe_gather` (many blocks). Phase 0: copies each token into its
+//   wire rows and writes their metadata. Phase 1: copies each staged row
+//   into the view rows of its slots.
+// - `shmem_moe_combine_<dtype>` (many blocks). Phase 0, the expert side:
+//   each staged row becomes the weighted sum of its slots' expert outputs,
+//   in slot order, in the accumulator's type, rounded once. Phase 1, the
+//   source: each token's partials summed in ascending PE order (ascending
+//   wire row), rounded once.
+//
+// A bad routing poisons the dispatch's first split with a marker (see
+// `kRouteBad`), so the exchange's check fails on every PE and the host
+// names the PE and the fault. A failed exchange leaves its out splits as
+// the kernel before it poisoned them (-1), and every later phase then
+// writes nothing.
 #include "common.cuh"
 
 namespace shmem {
 namespace k {
 
-// This call's tokens, or -1 when the count is out of range.
-__device__ __forceinline__ int64_t route_tokens(const TeamSync &t, const MoeRoute &r) {
-    int64_t n = *t.mine<int64_t>(r.n_tokens);
-    return n < 0 || n > r.max_tokens ? -1 : n;
+// A slot of a wire row's metadata: the local expert (or, after the
+// receiver's phase 1, the row in the view), -1 for a slot routed elsewhere.
+struct WireSlot {
+    int32_t at;
+    float weight;
+};
+static_assert(sizeof(WireSlot) == 8, "WireSlot: size");
+
+__device__ __forceinline__ int64_t *wire_token(uint8_t *row, const MoeLayer &m) {
+    return reinterpret_cast<int64_t *>(row + m.meta);
 }
 
-}  // namespace k
-}  // namespace shmem
+__device__ __forceinline__ WireSlot *wire_slots(uint8_t *row, const MoeLayer &m) {
+    return reinterpret_cast<WireSlot *>(row + m.meta + 8);
+}
 
-using shmem::k::MoeRoute;
-using shmem::k::TeamSync;
+// Rows staged by the last dispatch exchange, or -1 when it failed.
+__device__ __forceinline__ int64_t staged_rows(const TeamSync &t, const MoeLayer &m) {
+    const int64_t *so = t.mine<int64_t>(m.stage_so);
+    if (so[0] < 0) return -1;
+    int64_t total = 0;
+    for (int s = 0; s < t.n; s++) total += so[s];
+    return total;
+}
 
-// One block: a stable counting sort. Thread o owns a contiguous range of
-// slots; it counts them per expert (column o of the scratch), an exclusive
-// scan in (expert, owner) order turns the counts into first rows, and each
-// owner hands out rows to its slots in order — so each expert's rows are in
-// (token, slot) order.
-extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
-    shmem_moe_route(TeamSync t, MoeRoute r) {
-    using namespace shmem::k;
-    const int owners = blockDim.x, o = threadIdx.x, E = r.experts;
-    const int64_t *ids = t.mine<int64_t>(r.ids);
-    int64_t *splits = t.mine<int64_t>(r.splits);
-    int64_t *slot_rows = t.mine<int64_t>(r.slot_rows);
-    uint32_t *count = t.mine<uint32_t>(r.scratch);  // [expert][owner]
-    const int64_t n = route_tokens(t, r);
-    const uint64_t slots = n < 0 ? 0 : static_cast<uint64_t>(n) * r.top_k;
-    const Range mine = split(slots, o, owners);
-    __shared__ unsigned long long bad;
-    if (o == 0) bad = n < 0 ? 0 : ~0ull;
-    for (int g = 0; g < E; g++) count[static_cast<uint64_t>(g) * owners + o] = 0;
-    __syncthreads();
-    for (uint64_t s = mine.lo; s < mine.hi; s++) {
-        int64_t g = ids[s];
-        if (g < 0 || g >= E) {
-            atomicMin(&bad, s + 1);
+// The first bad slot of token `tok` (a code for `kRouteBad`), or ~0.
+__device__ unsigned long long token_fault(const MoeLayer &m, const int64_t *ids, const float *w, int64_t tok,
+                                          int experts) {
+    unsigned long long fault = ~0ull;
+    for (int j = 0; j < m.top_k && fault == ~0ull; j++) {
+        const int64_t s = tok * m.top_k + j, g = ids[s];
+        const unsigned long long at = static_cast<unsigned long long>(s) + 1;
+        if (g < 0 || g >= experts) {
+            fault = kRouteExpertOutOfRange << kRouteFaultShift | at;
         } else {
-            count[static_cast<uint64_t>(g) * owners + o]++;
+            for (int i = 0; i < j; i++)
+                if (ids[tok * m.top_k + i] == g) fault = kRouteRepeatedExpert << kRouteFaultShift | at;
+            if (fault == ~0ull && !isfinite(w[s])) fault = kRouteBadWeight << kRouteFaultShift | at;
         }
+    }
+    return fault;
+}
+
+// Whether slot j of token `tok` is the first of its destination PE.
+__device__ __forceinline__ bool first_of_dest(const MoeLayer &m, const int64_t *ids, int64_t tok, int j) {
+    const int64_t d = ids[tok * m.top_k + j] / m.ne;
+    for (int i = 0; i < j; i++)
+        if (ids[tok * m.top_k + i] / m.ne == d) return false;
+    return true;
+}
+
+// Exclusive scan, in place, of `count[key × owners + owner]` over the
+// owners of each key, starting at `base(key)` (whole block).
+template <typename Base>
+__device__ void scan_owners(uint32_t *count, int keys, int owners, Base base) {
+    for (int key = threadIdx.x; key < keys; key += blockDim.x) {
+        uint64_t run = base(key);
+        for (int x = 0; x < owners; x++) {
+            uint32_t *c = &count[static_cast<uint64_t>(key) * owners + x];
+            const uint32_t here = *c;
+            *c = static_cast<uint32_t>(run);
+            run += here;
+        }
+    }
+    __syncthreads();
+}
+
+// Phase 0 of the route: the source's wire rows.
+__device__ void route_source(const TeamSync &t, const MoeLayer &m) {
+    const int owners = blockDim.x, o = threadIdx.x, n = t.n, experts = n * m.ne;
+    const int64_t *ids = t.mine<int64_t>(m.ids);
+    const float *w = t.mine<float>(m.weights);
+    int64_t *splits = t.mine<int64_t>(m.send_splits);
+    int64_t *slot_rows = t.mine<int64_t>(m.slot_rows);
+    int64_t *state = t.mine<int64_t>(m.state);
+    uint32_t *count = t.mine<uint32_t>(m.scratch);  // [destination][owner]
+    const int64_t nt = *t.mine<int64_t>(m.n_tokens);
+    const bool count_ok = nt >= 0 && nt <= m.max_tokens;
+    const Range mine = split(count_ok ? static_cast<uint64_t>(nt) : 0, o, owners);
+    __shared__ unsigned long long bad;
+    if (o == 0) bad = count_ok ? ~0ull : 0;
+    for (int d = 0; d < n; d++) count[static_cast<uint64_t>(d) * owners + o] = 0;
+    __syncthreads();
+    for (uint64_t tok = mine.lo; tok < mine.hi; tok++) {
+        const unsigned long long fault = token_fault(m, ids, w, tok, experts);
+        if (fault != ~0ull) {
+            atomicMin(&bad, fault);
+            continue;
+        }
+        for (int j = 0; j < m.top_k; j++)
+            if (first_of_dest(m, ids, tok, j)) count[static_cast<uint64_t>(ids[tok * m.top_k + j] / m.ne) * owners + o]++;
     }
     __syncthreads();
     if (bad != ~0ull) {
-        for (int g = o; g < E; g += owners) splits[g] = g == 0 ? kRouteBad - static_cast<int64_t>(bad) : 0;
+        for (int d = o; d < n; d += owners) splits[d] = d == 0 ? kRouteBad - static_cast<int64_t>(bad) : 0;
+        if (o == 0) {
+            state[0] = -1;
+            t.mine<int64_t>(m.stage_so)[0] = -1;
+        }
         return;
     }
-    for (int g = o; g < E; g += owners) {
+    // Each destination's total, then where each owner's rows for it start.
+    for (int d = o; d < n; d += owners) {
         uint64_t sum = 0;
-        for (int x = 0; x < owners; x++) sum += count[static_cast<uint64_t>(g) * owners + x];
-        splits[g] = static_cast<int64_t>(sum);
+        for (int x = 0; x < owners; x++) sum += count[static_cast<uint64_t>(d) * owners + x];
+        splits[d] = static_cast<int64_t>(sum);
     }
-    // Exclusive scan of the E × owners counts: each thread a segment of E.
-    __shared__ uint64_t seg[kBlockThreads];
-    uint64_t sum = 0;
-    for (int i = 0; i < E; i++) sum += count[static_cast<uint64_t>(o) * E + i];
-    seg[o] = sum;
     __syncthreads();
-    if (o == 0) {
+    scan_owners(count, n, owners, [&](int d) {
         uint64_t at = 0;
-        for (int x = 0; x < owners; x++) {
-            uint64_t c = seg[x];
-            seg[x] = at;
-            at += c;
+        for (int x = 0; x < d; x++) at += static_cast<uint64_t>(splits[x]);
+        return at;
+    });
+    for (uint64_t tok = mine.lo; tok < mine.hi; tok++) {
+        for (int j = 0; j < m.top_k; j++) {
+            const int64_t s = tok * m.top_k + j, d = ids[s] / m.ne;
+            if (first_of_dest(m, ids, tok, j)) {
+                uint32_t *c = &count[static_cast<uint64_t>(d) * owners + o];
+                slot_rows[s] = *c;
+                *c = *c + 1;
+            } else {
+                for (int i = 0; i < j; i++)
+                    if (ids[tok * m.top_k + i] / m.ne == d) {
+                        slot_rows[s] = slot_rows[tok * m.top_k + i];
+                        break;
+                    }
+            }
+        }
+    }
+    if (o == 0) {
+        state[0] = nt;
+        // A good exchange overwrites it.
+        t.mine<int64_t>(m.stage_so)[0] = -1;
+    }
+}
+
+// Phase 1 of the route: the receiver's expert blocks.
+__device__ void route_receiver(const TeamSync &t, const MoeLayer &m) {
+    const int owners = blockDim.x, o = threadIdx.x, n = t.n, ne = m.ne;
+    const int64_t total = staged_rows(t, m);
+    if (total < 0) return;
+    const int64_t *so = t.mine<int64_t>(m.stage_so);
+    int64_t *view_so = t.mine<int64_t>(m.view_so);
+    uint32_t *count = t.mine<uint32_t>(m.scratch);  // [expert][owner]
+    uint32_t *per_source = count + static_cast<uint64_t>(owners) * (n + ne);  // [expert][source]
+    uint8_t *stage = t.mine<uint8_t>(m.stage);
+    const Range mine = split(static_cast<uint64_t>(total), o, owners);
+    for (int e = 0; e < ne; e++) count[static_cast<uint64_t>(e) * owners + o] = 0;
+    for (int i = o; i < ne * n; i += owners) per_source[i] = 0;
+    __syncthreads();
+    // The source of row `r`: rows come source-major.
+    auto source_of = [&](uint64_t r, int from) {
+        int s = from;
+        while (s + 1 < n && r >= static_cast<uint64_t>(so[n + s + 1])) s++;
+        return s;
+    };
+    int s = source_of(mine.lo, 0);
+    for (uint64_t r = mine.lo; r < mine.hi; r++) {
+        s = source_of(r, s);
+        const WireSlot *slots = wire_slots(stage + r * m.stride, m);
+        for (int j = 0; j < m.top_k; j++) {
+            const int e = slots[j].at;
+            if (e < 0 || e >= ne) continue;
+            count[static_cast<uint64_t>(e) * owners + o]++;
+            atomicAdd(&per_source[e * n + s], 1u);
         }
     }
     __syncthreads();
-    uint64_t at = seg[o];
-    for (int i = 0; i < E; i++) {
-        uint32_t *c = &count[static_cast<uint64_t>(o) * E + i];
-        uint32_t here = *c;
-        *c = static_cast<uint32_t>(at);
-        at += here;
+    // The blocks: expert-major, each source's chunk in PE order, each
+    // block padded to major_align (at least major_align long).
+    if (o == 0) {
+        const int64_t mm = static_cast<int64_t>(ne) * n, a = m.major_align;
+        int64_t at = 0;
+        for (int e = 0; e < ne; e++) {
+            const int64_t start = at;
+            for (int src = 0; src < n; src++) {
+                view_so[e * n + src] = per_source[e * n + src];
+                view_so[mm + e * n + src] = at;
+                at += per_source[e * n + src];
+            }
+            const int64_t len = (at - start + a - 1) / a * a;
+            at = start + (len > a ? len : a);
+        }
     }
     __syncthreads();
-    for (uint64_t s = mine.lo; s < mine.hi; s++) {
-        uint32_t *c = &count[static_cast<uint64_t>(ids[s]) * owners + o];
-        slot_rows[s] = *c;
-        *c = *c + 1;
+    const int64_t mm = static_cast<int64_t>(ne) * n;
+    scan_owners(count, ne, owners, [&](int e) { return static_cast<uint64_t>(view_so[mm + e * n]); });
+    for (uint64_t r = mine.lo; r < mine.hi; r++) {
+        WireSlot *slots = wire_slots(stage + r * m.stride, m);
+        for (int j = 0; j < m.top_k; j++) {
+            const int e = slots[j].at;
+            if (e < 0 || e >= ne) {
+                slots[j].at = -1;
+                continue;
+            }
+            uint32_t *c = &count[static_cast<uint64_t>(e) * owners + o];
+            slots[j].at = static_cast<int32_t>(*c);
+            *c = *c + 1;
+        }
     }
 }
 
-// Row of token s / top_k into send row slot_rows[s], a block per slot.
-extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
-    shmem_moe_gather(TeamSync t, MoeRoute r) {
-    using namespace shmem::k;
-    const int64_t n = route_tokens(t, r);
-    if (n < 0) return;
-    const uint64_t slots = static_cast<uint64_t>(n) * r.top_k;
-    const int64_t *slot_rows = t.mine<int64_t>(r.slot_rows);
-    const int64_t *ids = t.mine<int64_t>(r.ids);
+// Phase 0 of the gather: each token into its wire rows, a block a slot.
+__device__ void gather_source(const TeamSync &t, const MoeLayer &m) {
+    const int64_t nt = *t.mine<int64_t>(m.state);
+    if (nt < 0) return;  // the route failed: nothing is sent
+    const int64_t *ids = t.mine<int64_t>(m.ids);
+    const float *w = t.mine<float>(m.weights);
+    const int64_t *slot_rows = t.mine<int64_t>(m.slot_rows);
+    const uint64_t slots = static_cast<uint64_t>(nt) * m.top_k;
     for (uint64_t s = blockIdx.x; s < slots; s += gridDim.x) {
-        if (ids[s] < 0 || ids[s] >= r.experts) continue;  // the route failed: nothing is sent
-        block_copy(t.mine<uint8_t>(r.send + slot_rows[s] * r.row_bytes),
-                   t.mine<uint8_t>(r.tokens + (s / r.top_k) * r.row_bytes), r.row_bytes);
+        const int64_t tok = s / m.top_k;
+        const int j = s % m.top_k;
+        if (!first_of_dest(m, ids, tok, j)) continue;
+        const int64_t d = ids[s] / m.ne;
+        uint8_t *row = t.mine<uint8_t>(m.send + slot_rows[s] * m.stride);
+        block_copy(row, t.mine<uint8_t>(m.tokens + tok * m.data_bytes), m.data_bytes);
+        if (threadIdx.x == 0) *wire_token(row, m) = tok;
+        WireSlot *meta = wire_slots(row, m);
+        for (int i = threadIdx.x; i < m.top_k; i += blockDim.x) {
+            const int64_t g = ids[tok * m.top_k + i];
+            meta[i] = WireSlot{g / m.ne == d ? static_cast<int32_t>(g % m.ne) : -1, w[tok * m.top_k + i]};
+        }
     }
 }
 
-namespace shmem {
-namespace k {
+// Phase 1 of the gather: each staged row into its view rows, a block a row.
+__device__ void gather_receiver(const TeamSync &t, const MoeLayer &m) {
+    const int64_t total = staged_rows(t, m);
+    if (total < 0) return;
+    uint8_t *stage = t.mine<uint8_t>(m.stage);
+    for (int64_t r = blockIdx.x; r < total; r += gridDim.x) {
+        uint8_t *row = stage + r * m.stride;
+        const WireSlot *slots = wire_slots(row, m);
+        for (int j = 0; j < m.top_k; j++) {
+            const int32_t at = slots[j].at;
+            if (at >= 0) block_copy(t.mine<uint8_t>(m.recv + at * m.data_bytes), row, m.data_bytes);
+        }
+    }
+}
 
-// acc + w × x, rounded after each step as the host reference does (no FMA).
+// acc + w × x and acc + x, rounded after each step as the host does (no FMA).
 __device__ __forceinline__ float weigh(float acc, float w, float x) { return __fadd_rn(acc, __fmul_rn(w, x)); }
 __device__ __forceinline__ double weigh(double acc, float w, double x) {
     return __dadd_rn(acc, __dmul_rn(static_cast<double>(w), x));
 }
+__device__ __forceinline__ float add(float acc, float x) { return __fadd_rn(acc, x); }
+__device__ __forceinline__ double add(double acc, double x) { return __dadd_rn(acc, x); }
 
-template <typename T> __device__ void combine_rows(const TeamSync &t, const MoeCombine &c) {
+// Phase 0 of the combine: each staged row's partial, a block a row.
+template <typename T> __device__ void combine_experts(const TeamSync &t, const MoeLayer &m) {
     using A = typename Acc<T>::type;
-    int64_t n = *t.mine<int64_t>(c.n_tokens);
-    if (n < 0 || n > c.max_tokens) return;
-    const T *back = t.mine<T>(c.back);
-    const int64_t *slot_rows = t.mine<int64_t>(c.slot_rows);
-    const float *w = t.mine<float>(c.weights);
-    T *out = t.mine<T>(c.out);
-    for (int64_t tok = blockIdx.x; tok < n; tok += gridDim.x) {
-        for (int64_t h = threadIdx.x; h < c.hidden; h += blockDim.x) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) t.mine<int64_t>(m.back_so)[0] = -1;  // a good exchange overwrites it
+    const int64_t total = staged_rows(t, m);
+    if (total < 0) return;
+    uint8_t *stage = t.mine<uint8_t>(m.stage);
+    const T *outputs = t.mine<T>(m.outputs);
+    for (int64_t r = blockIdx.x; r < total; r += gridDim.x) {
+        uint8_t *row = stage + r * m.stride;
+        const WireSlot *slots = wire_slots(row, m);
+        T *partial = reinterpret_cast<T *>(row);
+        for (int64_t h = threadIdx.x; h < m.hidden; h += blockDim.x) {
             A acc = 0;
-            for (int j = 0; j < c.top_k; j++) {
-                int64_t s = tok * c.top_k + j;
-                acc = weigh(acc, w[s], to_acc(back[slot_rows[s] * c.hidden + h]));
+            for (int j = 0; j < m.top_k; j++) {
+                const WireSlot s = slots[j];
+                if (s.at >= 0) acc = weigh(acc, s.weight, to_acc(outputs[static_cast<int64_t>(s.at) * m.hidden + h]));
             }
-            out[tok * c.hidden + h] = from_acc<T>(acc);
+            partial[h] = from_acc<T>(acc);
+        }
+    }
+}
+
+// Phase 1 of the combine: each token's partials in ascending PE order, a
+// block a token.
+template <typename T> __device__ void combine_source(const TeamSync &t, const MoeLayer &m) {
+    using A = typename Acc<T>::type;
+    const int64_t nt = *t.mine<int64_t>(m.state);
+    if (nt < 0 || t.mine<int64_t>(m.back_so)[0] < 0) return;
+    const int64_t *slot_rows = t.mine<int64_t>(m.slot_rows);
+    const uint8_t *back = t.mine<uint8_t>(m.send);
+    T *out = t.mine<T>(m.out);
+    for (int64_t tok = blockIdx.x; tok < nt; tok += gridDim.x) {
+        const int64_t *rows = slot_rows + tok * m.top_k;
+        for (int64_t h = threadIdx.x; h < m.hidden; h += blockDim.x) {
+            A acc = 0;
+            // The token's distinct wire rows, ascending: ascending PE.
+            for (int64_t last = -1;;) {
+                int64_t next = -1;
+                for (int j = 0; j < m.top_k; j++)
+                    if (rows[j] > last && (next < 0 || rows[j] < next)) next = rows[j];
+                if (next < 0) break;
+                acc = add(acc, to_acc(reinterpret_cast<const T *>(back + next * m.stride)[h]));
+                last = next;
+            }
+            out[tok * m.hidden + h] = from_acc<T>(acc);
         }
     }
 }
@@ -139,12 +333,33 @@ template <typename T> __device__ void combine_rows(const TeamSync &t, const MoeC
 }  // namespace k
 }  // namespace shmem
 
-using shmem::k::MoeCombine;
+using shmem::k::MoeLayer;
+using shmem::k::TeamSync;
+
+extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads) shmem_moe_route(TeamSync t, MoeLayer m) {
+    if (m.phase == 0) {
+        shmem::k::route_source(t, m);
+    } else {
+        shmem::k::route_receiver(t, m);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads) shmem_moe_gather(TeamSync t, MoeLayer m) {
+    if (m.phase == 0) {
+        shmem::k::gather_source(t, m);
+    } else {
+        shmem::k::gather_receiver(t, m);
+    }
+}
 
 #define SHMEM_MOE_COMBINE(name, T)                                        \
     extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads) \
-        shmem_moe_combine_##name(TeamSync t, MoeCombine c) {              \
-        shmem::k::combine_rows<T>(t, c);                                  \
+        shmem_moe_combine_##name(TeamSync t, MoeLayer m) {                \
+        if (m.phase == 0) {                                               \
+            shmem::k::combine_experts<T>(t, m);                           \
+        } else {                                                          \
+            shmem::k::combine_source<T>(t, m);                            \
+        }                                                                 \
     }
 SHMEM_MOE_COMBINE(f32, float)
 SHMEM_MOE_COMBINE(f64, double)

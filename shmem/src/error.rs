@@ -36,6 +36,10 @@ pub enum Error {
     /// Arguments that make no sense together (overlapping buffers, a zero size …).
     #[error("invalid argument: {0}")]
     Invalid(String),
+    /// A Mixture-of-Experts routing that [`crate::MoeAllToAll`] refuses:
+    /// the fault, and where it lies.
+    #[error("bad MoE routing: {detail}")]
+    BadRouting { fault: RoutingFault, detail: String },
     /// An element index outside a buffer.
     #[error("index {index} is out of bounds for a symmetric buffer of {len} elements")]
     IndexOutOfBounds { index: usize, len: usize },
@@ -83,6 +87,41 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// What is wrong with a routing that [`crate::MoeAllToAll::dispatch`]
+/// refuses; the PEs that did not make the mistake learn which one it was
+/// (and which PE made it) through their collective mismatch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RoutingFault {
+    /// A global expert id outside `0..n_pes × experts_per_pe`.
+    ExpertOutOfRange,
+    /// One expert twice among a token's top-k.
+    RepeatedExpert,
+    /// More tokens than the configuration's `max_tokens`.
+    TooManyTokens,
+    /// A routing weight that is NaN or infinite.
+    NonFiniteWeight,
+}
+
+impl RoutingFault {
+    pub(crate) const ALL: [RoutingFault; 4] = [
+        RoutingFault::ExpertOutOfRange,
+        RoutingFault::RepeatedExpert,
+        RoutingFault::TooManyTokens,
+        RoutingFault::NonFiniteWeight,
+    ];
+
+    /// The fault in a few words.
+    pub fn describe(self) -> &'static str {
+        match self {
+            RoutingFault::ExpertOutOfRange => "an MoE expert id out of range",
+            RoutingFault::RepeatedExpert => "an MoE expert repeated in a token's top-k",
+            RoutingFault::TooManyTokens => "more MoE tokens than max_tokens",
+            RoutingFault::NonFiniteWeight => "an MoE routing weight that is NaN or infinite",
+        }
+    }
 }
 
 /// The result type of every fallible shmem call.

@@ -52,7 +52,7 @@ pub use buffer::{SymSlice, SymmetricBuffer};
 pub use config::{BackendKind, Config};
 pub use context::{Context, Stream};
 pub use dtype::{AtomicElement, DType, Element, ReduceOp};
-pub use error::{CudaError, Error, Result};
+pub use error::{CudaError, Error, Result, RoutingFault};
 pub use fp8::{fp8_e4m3, fp8_e5m2};
 pub use half::{bf16, f16};
 pub use handle::{DevicePeerHandle, PeerHandle, DEVICE_HEADER, SIGNAL_PAD_WORDS_PER_PEER};

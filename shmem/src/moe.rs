@@ -74,15 +74,17 @@
 use crate::buffer::{Region, SymSlice};
 use crate::context::{Context, Stream};
 use crate::dtype::Element;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, RoutingFault};
 use crate::gpu::abi::{
     A2avKind, A2AV_NEGATIVE_OFFSET, A2AV_NEGATIVE_SPLIT, A2AV_OFFSET_BACKWARDS, A2AV_PAST_INPUT, ROUTE_BAD,
+    ROUTE_BAD_WEIGHT, ROUTE_EXPERT_OUT_OF_RANGE, ROUTE_FAULT_SHIFT, ROUTE_REPEATED_EXPERT,
 };
 use crate::gpu::kernels::{A2av, DeviceCheckFailure, Kernels};
 use crate::gpu::GpuWorld;
 use crate::team::{Desc, OpKind, Team};
 use rayon::prelude::*;
 
+mod device;
 mod layer;
 pub(crate) mod plan;
 pub use layer::{CombineElement, Layout, MoeAllToAll, MoeConfig};
@@ -154,14 +156,24 @@ pub(crate) fn device_check_error(f: DeviceCheckFailure) -> Error {
         .unwrap_or(OpKind::AllToAllV);
     let (pe, i, v, limit) = (f.pe, f.index, f.value, f.limit);
     let what = match f.class {
-        A2AV_NEGATIVE_SPLIT if i == 0 && v == ROUTE_BAD => {
-            format!("MoeAllToAll::dispatch_on_device: PE {pe}'s token count is negative or above max_tokens")
-        }
-        A2AV_NEGATIVE_SPLIT if i == 0 && v < ROUTE_BAD && v > ROUTE_BAD - (1 << 40) => format!(
-            "MoeAllToAll::dispatch_on_device: on PE {pe}, (token, slot) pair {} (token × top_k + slot) routes to an \
-             expert id out of range",
-            ROUTE_BAD - v - 1
+        A2AV_NEGATIVE_SPLIT if i == 0 && v == ROUTE_BAD => format!(
+            "MoeAllToAll::dispatch_on_device: PE {pe} had {} (its token count is negative or above max_tokens)",
+            RoutingFault::TooManyTokens.describe()
         ),
+        A2AV_NEGATIVE_SPLIT if i == 0 && (ROUTE_BAD - (3 << ROUTE_FAULT_SHIFT)..ROUTE_BAD).contains(&v) => {
+            let code = ROUTE_BAD - v;
+            let fault = match code >> ROUTE_FAULT_SHIFT {
+                ROUTE_EXPERT_OUT_OF_RANGE => RoutingFault::ExpertOutOfRange,
+                ROUTE_REPEATED_EXPERT => RoutingFault::RepeatedExpert,
+                ROUTE_BAD_WEIGHT => RoutingFault::NonFiniteWeight,
+                _ => RoutingFault::NonFiniteWeight,
+            };
+            format!(
+                "MoeAllToAll::dispatch_on_device: PE {pe} had {}, at (token, slot) pair {} (token × top_k + slot)",
+                fault.describe(),
+                (code & ((1 << ROUTE_FAULT_SHIFT) - 1)) - 1
+            )
+        }
         A2AV_NEGATIVE_SPLIT => format!("PE {pe}'s split {i} is negative ({v})"),
         A2AV_NEGATIVE_OFFSET => format!("PE {pe}'s offset {i} is negative ({v})"),
         A2AV_OFFSET_BACKWARDS => format!(

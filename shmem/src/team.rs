@@ -39,7 +39,7 @@
 use crate::context::{Inner, Stream};
 use crate::control::{DescRow, DESC_WORDS, MAX_TEAMS};
 use crate::dtype::{DType, ReduceOp};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, RoutingFault};
 use crate::gpu::abi::{AGREE_ERROR_SHIFT, AGREE_HEAD_WORD, AGREE_PRIVATE_WORD, AGREE_WORDS};
 use crate::gpu::kernels::{AgreementFailure, Kernels};
 use crate::gpu::GpuWorld;
@@ -214,6 +214,8 @@ fn err_code(e: &Error) -> u8 {
         Error::Finalized(_) => 5,
         Error::PeOutOfRange { .. } => 6,
         Error::HeapExhausted { .. } => 7,
+        // 9.. name the routing fault (see `err_reason`).
+        Error::BadRouting { fault, .. } => 9 + RoutingFault::ALL.iter().position(|f| f == fault).unwrap_or(0) as u8,
         _ => 8,
     }
 }
@@ -227,6 +229,7 @@ fn err_reason(code: u64) -> &'static str {
         5 => "a buffer of a finalized context",
         6 => "a PE out of range",
         7 => "heap exhausted",
+        9..=12 => RoutingFault::ALL[code as usize - 9].describe(),
         _ => "invalid arguments",
     }
 }

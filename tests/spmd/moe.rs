@@ -8,7 +8,8 @@
 use crate::util::{assert_bits_eq, mix, needs_gpu, payload, poison, Env, TestElem, TestResult};
 use crate::{assert_err, TestFn};
 use shmem::{
-    bf16, f16, BackendKind, Collectives, CombineElement, Error, MoeAllToAll, MoeConfig, MoeKernels, SymmetricBuffer,
+    bf16, f16, BackendKind, Collectives, CombineElement, Error, MoeAllToAll, MoeConfig, MoeKernels, RoutingFault,
+    SymmetricBuffer,
 };
 
 pub const TESTS: &[(&str, TestFn)] = &[
@@ -19,6 +20,7 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("moe::layer_grouping_and_round_trip", layer_round_trip),
     ("moe::layer_weighted_combine", layer_weighted_combine),
     ("moe::layer_on_device", layer_on_device),
+    ("moe::layer_memory", layer_memory),
     ("moe::errors::negative_split", err_negative_split),
     ("moe::errors::splits_exceed_input", err_splits_exceed_input),
     ("moe::errors::output_overflow", err_output_overflow),
@@ -659,75 +661,256 @@ fn graph_replay(env: &Env) -> TestResult {
 struct Routing<T> {
     tokens: Vec<T>,
     ids: Vec<i64>,
+    weights: Vec<f32>,
 }
 
-/// PE `pe`'s tokens (some PEs none, some the maximum) and top-k expert ids:
-/// distinct experts per token where there are enough, at random, or all
-/// on expert 0 when `hot`.
-fn routing<T: Float>(seed: u64, pe: usize, c: &MoeConfig, experts: usize, hot: bool) -> Routing<T> {
+/// Where the layer tests route tokens.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Spread {
+    /// Distinct experts at random.
+    Random,
+    /// Every token to experts of one PE (the same for every PE).
+    OnePe,
+    /// Every token to experts of every PE (slot `j` on PE `j % n`).
+    EveryPe,
+    /// No PE has tokens.
+    Nothing,
+}
+
+/// PE `pe`'s tokens (some PEs none, some the maximum), top-k distinct
+/// expert ids spread as `spread` says, and weights from `weight`.
+fn routing<T: Float>(
+    seed: u64,
+    pe: usize,
+    n: usize,
+    c: &MoeConfig,
+    spread: Spread,
+    weight: &dyn Fn(&mut Rng, usize) -> f32,
+) -> Routing<T> {
     let mut rng = Rng(seed ^ mix(pe as u64 + 1000));
-    let n_tokens = match pe % 3 {
-        0 => c.max_tokens,
-        1 => rng.below(c.max_tokens + 1),
+    let n_tokens = match (spread, pe % 3) {
+        (Spread::Nothing, _) => 0,
+        (_, 0) => c.max_tokens,
+        (_, 1) => rng.below(c.max_tokens + 1),
         _ => 0,
     };
+    let ne = c.experts_per_pe;
+    let hot = (seed % n as u64) as usize;
     let tokens = (0..n_tokens * c.hidden).map(|i| small(seed, pe, i)).collect();
     let mut ids = Vec::new();
     for _ in 0..n_tokens {
         let mut mine: Vec<i64> = Vec::new();
         while mine.len() < c.top_k {
-            let g = if hot { 0 } else { rng.below(experts) as i64 };
-            if hot || experts < c.top_k || !mine.contains(&g) {
+            let g = match spread {
+                Spread::OnePe => hot * ne + rng.below(ne),
+                Spread::EveryPe => (mine.len() % n) * ne + rng.below(ne),
+                _ => rng.below(n * ne),
+            } as i64;
+            if !mine.contains(&g) {
                 mine.push(g);
             }
         }
         ids.extend(mine);
     }
-    Routing { tokens, ids }
+    let weights = (0..ids.len()).map(|j| weight(&mut rng, j % c.top_k)).collect();
+    Routing { tokens, ids, weights }
+}
+
+/// Whether `n` PEs have the distinct experts each token needs under
+/// `spread` (a world too small for the case skips it).
+fn routable(c: &MoeConfig, n: usize, spread: Spread) -> bool {
+    let reach = if spread == Spread::OnePe { c.experts_per_pe } else { n * c.experts_per_pe };
+    c.top_k <= reach
+}
+
+/// What expert `g` does to a row: scales it by `g + 1`.
+fn expert<T: Float>(g: usize, x: T) -> T {
+    T::from_f32(x.to_f32() * (g + 1) as f32)
+}
+
+/// What the dispatch must give PE `me`, from every PE's routing: each
+/// local expert's rows, from every source in PE order, each in token order
+/// (as (source, token, slot) triples); and what each PE sends to each PE.
+fn expected_blocks<T>(all: &[Routing<T>], c: &MoeConfig, me: usize) -> Vec<Vec<(usize, usize, usize)>> {
+    (0..c.experts_per_pe)
+        .map(|e| {
+            let g = (me * c.experts_per_pe + e) as i64;
+            let mut rows = Vec::new();
+            for (s, r) in all.iter().enumerate() {
+                for (slot, &id) in r.ids.iter().enumerate() {
+                    if id == g {
+                        rows.push((s, slot / c.top_k, slot));
+                    }
+                }
+            }
+            rows
+        })
+        .collect()
+}
+
+/// Distinct tokens PE `r` sends to each of `n` PEs.
+fn expected_sent<T>(r: &Routing<T>, c: &MoeConfig, n: usize) -> Vec<i64> {
+    let mut sent = vec![0i64; n];
+    for t in r.ids.chunks(c.top_k) {
+        let mut d: Vec<usize> = t.iter().map(|&g| g as usize / c.experts_per_pe).collect();
+        d.sort_unstable();
+        d.dedup();
+        d.into_iter().for_each(|d| sent[d] += 1);
+    }
+    sent
+}
+
+/// The combine's result for PE `me`'s tokens as `MoeAllToAll` defines it:
+/// on each expert PE the weighted sum of that PE's slots in slot order,
+/// rounded to `T`; then those partials summed in PE order, rounded.
+fn expected_combine<T: Float>(r: &Routing<T>, c: &MoeConfig, n: usize) -> Vec<T> {
+    let (h, k, ne) = (c.hidden, c.top_k, c.experts_per_pe);
+    let mut out = Vec::with_capacity(r.tokens.len());
+    for t in 0..r.ids.len() / k {
+        for i in 0..h {
+            let x = r.tokens[t * h + i];
+            let mut acc = T::zero();
+            for d in 0..n {
+                let slots: Vec<usize> = (0..k).filter(|&j| r.ids[t * k + j] as usize / ne == d).collect();
+                if slots.is_empty() {
+                    continue;
+                }
+                let partial = slots.iter().fold(T::zero(), |a, &j| {
+                    let g = r.ids[t * k + j] as usize;
+                    T::weigh(a, r.weights[t * k + j], expert(g, x))
+                });
+                acc = T::add(acc, T::from_acc(partial));
+            }
+            out.push(T::from_acc(acc));
+        }
+    }
+    out
+}
+
+/// Dispatches `all[me]`, checks the view, the layout and the traffic
+/// against every PE's routing, runs the experts (`expert`, or the
+/// identity), combines, and checks the sums against the reference.
+fn dispatch_and_combine<T: Float>(
+    env: &Env,
+    moe: &MoeAllToAll<T>,
+    all: &[Routing<T>],
+    identity: bool,
+    what: &str,
+) -> TestResult {
+    let (n, me, s) = (env.n(), env.me(), &env.s);
+    let c = moe.config();
+    let (h, ne) = (c.hidden, c.experts_per_pe);
+    let mine = &all[me];
+    let (view, layout) = moe.dispatch(&mine.tokens, &mine.ids, &mine.weights, s)?;
+    let mut got = view.copy_to_host(s)?;
+    assert_eq!(got.len(), layout.rows() * h, "{what}: view length");
+    assert_eq!(layout.sent(), expected_sent(mine, &c, n), "{what}: distinct tokens sent to each PE");
+    let want_received: Vec<(usize, usize)> = (0..n)
+        .flat_map(|src| {
+            let r = &all[src];
+            (0..r.ids.len() / c.top_k)
+                .filter(move |&t| r.ids[t * c.top_k..(t + 1) * c.top_k].iter().any(|&g| g as usize / ne == me))
+                .map(move |t| (src, t))
+        })
+        .collect();
+    assert_eq!(layout.received(), want_received, "{what}: received tokens");
+    let mut at = 0;
+    for (e, rows) in expected_blocks(all, &c, me).iter().enumerate() {
+        let start = at;
+        for src in 0..n {
+            let from_src = rows.iter().filter(|r| r.0 == src).count();
+            assert_eq!(layout.source_rows(e, src), at..at + from_src, "{what}: expert {e} from PE {src}");
+            at += from_src;
+        }
+        assert_eq!(layout.expert_rows(e), start..at, "{what}: expert {e}'s rows");
+        for (i, &(src, t, _)) in rows.iter().enumerate() {
+            let r = start + i;
+            let want = &all[src].tokens[t * h..(t + 1) * h];
+            assert_bits_eq(&got[r * h..(r + 1) * h], want, &format!("{what}: expert {e} row {i}"));
+        }
+        assert_eq!(start % c.major_align, 0, "{what}: expert {e}'s block is aligned");
+        at = start + (at - start).div_ceil(c.major_align).max(1) * c.major_align;
+    }
+    assert_eq!(layout.rows(), at, "{what}: padded rows");
+    // Every placement names its token's row and weight.
+    for (i, &(src, t)) in layout.received().iter().enumerate() {
+        for (j, row, w) in layout.placements(i) {
+            let slot = t * c.top_k + j;
+            let g = all[src].ids[slot] as usize;
+            assert_eq!(g / ne, me, "{what}: placement of received token {i} slot {j}");
+            assert!(layout.expert_rows(g % ne).contains(&row), "{what}: received token {i} slot {j} at row {row}");
+            assert_eq!(w.to_bits(), all[src].weights[slot].to_bits(), "{what}: weight of token {t} of PE {src}");
+        }
+    }
+    if !identity {
+        for e in 0..ne {
+            let g = me * ne + e;
+            for x in &mut got[layout.expert_rows(e).start * h..layout.expert_rows(e).end * h] {
+                *x = expert(g, *x);
+            }
+        }
+        view.copy_from_host(&got, s)?;
+    }
+    let out = moe.combine(view, &layout, s)?;
+    let want = if identity { mine.tokens.clone() } else { expected_combine(mine, &c, n) };
+    assert_bits_eq(&out, &want, &format!("{what}: combined"));
+    Ok(())
+}
+
+/// Weights that are powers of two summing to 1 (`1/2^c` each, the first
+/// taking the rest): every partial sum of them times a token of few
+/// significant bits is exact, even in bf16.
+fn exact_weight(k: usize) -> impl Fn(&mut Rng, usize) -> f32 {
+    let c = k.next_power_of_two() as f32;
+    move |_, j| if j == 0 { 1.0 - (k - 1) as f32 / c } else { 1.0 / c }
+}
+
+/// Random weights, some negative.
+fn random_weight(rng: &mut Rng, _: usize) -> f32 {
+    [0.5f32, 0.25, 1.0, 2.0, -1.5, 0.3, -0.7][rng.below(7)]
 }
 
 fn layer_round_trip(env: &Env) -> TestResult {
-    for (top_k, ne, align, hot) in [(1, 1, 1, false), (2, 3, 8, false), (4, 2, 16, false), (2, 2, 128, true)] {
-        round_trip::<f32>(env, MoeConfig::new(8, 12, ne, top_k).major_align(align), hot)?;
+    let n = env.n();
+    for (top_k, ne, align) in [(1, 1, 1), (2, 3, 8), (3, 4, 16), (4, 2, 128), (8, 8, 4)] {
+        for spread in [Spread::Random, Spread::OnePe, Spread::Nothing] {
+            round_trip::<f32>(env, MoeConfig::new(8, 12, ne, top_k).major_align(align), spread)?;
+        }
     }
-    round_trip::<bf16>(env, MoeConfig::new(16, 9, 2, 2).major_align(8), false)?;
-    round_trip::<f16>(env, MoeConfig::new(4, 5, 3, 4), false)?;
-    round_trip::<f64>(env, MoeConfig::new(3, 7, 2, 1), false)
+    round_trip::<f32>(env, MoeConfig::new(8, 12, 2, n), Spread::EveryPe)?;
+    round_trip::<bf16>(env, MoeConfig::new(16, 9, 4, 4).major_align(8), Spread::Random)?;
+    round_trip::<bf16>(env, MoeConfig::new(16, 9, 8, 8), Spread::OnePe)?;
+    round_trip::<bf16>(env, MoeConfig::new(16, 9, 2, 2 * n), Spread::EveryPe)?;
+    round_trip::<f16>(env, MoeConfig::new(4, 5, 3, 3), Spread::Random)?;
+    round_trip::<f64>(env, MoeConfig::new(3, 7, 2, 1), Spread::Random)
 }
 
-/// Dispatch, check the grouping by expert against every PE's routing,
-/// combine with identity experts and weights 1/k: the tokens come back
-/// exactly.
-fn round_trip<T: Float>(env: &Env, c: MoeConfig, hot: bool) -> TestResult {
-    let (n, me, seed) = (env.n(), env.me(), env.fresh_seed());
-    let experts = n * c.experts_per_pe;
-    let all: Vec<Routing<T>> = (0..n).map(|pe| routing(seed, pe, &c, experts, hot)).collect();
+/// Tokens of at most 4 significant bits, times a power of two.
+fn coarse<T: Float>(seed: u64, pe: usize, i: usize) -> T {
+    let m = (mix(seed ^ mix((pe as u64) << 40 ^ i as u64 ^ 0xc0a5e)) % 31) as f32 - 15.0;
+    T::from_f32(m * [0.125f32, 1.0, 8.0][i % 3])
+}
+
+/// Dispatch, identity experts, combine with weights summing to 1: the
+/// tokens come back exactly; twice on one exchange.
+fn round_trip<T: Float>(env: &Env, c: MoeConfig, spread: Spread) -> TestResult {
+    let (n, me) = (env.n(), env.me());
+    if !routable(&c, n, spread) {
+        return Ok(());
+    }
     let moe = MoeAllToAll::<T>::new(&env.ctx, c)?;
-    let what = format!("{:?} {} hot {hot}", c, T::DTYPE);
-    for _round in 0..2 {
-        let (view, layout) = moe.dispatch(&all[me].tokens, &all[me].ids, &env.s)?;
-        let got = view.copy_to_host(&env.s)?;
-        let h = c.hidden;
-        assert_eq!(got.len(), layout.rows() * h, "{what}: view length");
-        let mut at = 0;
-        for e in 0..c.experts_per_pe {
-            let g = (me * c.experts_per_pe + e) as i64;
-            let start = at;
-            for (s, r) in all.iter().enumerate() {
-                let rows: Vec<usize> =
-                    (0..r.ids.len()).filter(|&slot| r.ids[slot] == g).map(|slot| slot / c.top_k).collect();
-                assert_eq!(layout.source_rows(e, s), at..at + rows.len(), "{what}: expert {e} from PE {s}");
-                let want: Vec<T> = rows.iter().flat_map(|&t| r.tokens[t * h..(t + 1) * h].to_vec()).collect();
-                assert_bits_eq(&got[at * h..(at + rows.len()) * h], &want, &format!("{what}: expert {e} from PE {s}"));
-                at += rows.len();
-            }
-            assert_eq!(layout.expert_rows(e), start..at, "{what}: expert {e}'s rows");
-            at = start + (at - start).div_ceil(c.major_align).max(1) * c.major_align;
-        }
-        assert_eq!(layout.rows(), at, "{what}: padded rows");
-        let weights = vec![1.0 / c.top_k as f32; all[me].ids.len()];
-        let out = moe.combine(view, &layout, &weights, &env.s)?;
-        assert_bits_eq(&out, &all[me].tokens, &format!("{what}: combined"));
+    for round in 0..2 {
+        let seed = env.fresh_seed();
+        let weight = exact_weight(c.top_k);
+        let all: Vec<Routing<T>> = (0..n)
+            .map(|pe| {
+                let mut r = routing::<T>(seed, pe, n, &c, spread, &weight);
+                r.tokens.iter_mut().enumerate().for_each(|(i, x)| *x = coarse(seed, pe, i));
+                r
+            })
+            .collect();
+        let what = format!("round trip {c:?} {} {spread:?} round {round} on PE {me}", T::DTYPE);
+        dispatch_and_combine(env, &moe, &all, true, &what)?;
     }
     Ok(())
 }
@@ -774,10 +957,23 @@ impl Float for f16 {
     }
 }
 
+/// Top-1 … top-8, 1 … 32 experts per PE, tokens to one PE, every PE or
+/// none: experts that scale, random weights, the sums checked bit for bit
+/// against the reference.
 fn layer_weighted_combine(env: &Env) -> TestResult {
-    weighted::<f32>(env, MoeConfig::new(8, 10, 2, 2).major_align(8))?;
-    weighted::<bf16>(env, MoeConfig::new(12, 6, 3, 3))?;
-    weighted::<f16>(env, MoeConfig::new(5, 4, 1, 2).major_align(16))
+    let n = env.n();
+    for (top_k, ne, align) in [(1, 1, 1), (2, 2, 8), (3, 5, 1), (5, 7, 16), (6, 32, 4), (8, 32, 1), (8, 8, 2)] {
+        for spread in [Spread::Random, Spread::OnePe, Spread::Nothing] {
+            weighted::<f32>(env, MoeConfig::new(8, 10, ne, top_k).major_align(align), spread)?;
+        }
+        weighted::<bf16>(env, MoeConfig::new(12, 6, ne, top_k).major_align(align), Spread::Random)?;
+    }
+    for top_k in [n, 2 * n, 8.max(n)] {
+        weighted::<f32>(env, MoeConfig::new(8, 10, 8, top_k), Spread::EveryPe)?;
+        weighted::<bf16>(env, MoeConfig::new(12, 6, 8, top_k).major_align(8), Spread::EveryPe)?;
+    }
+    weighted::<f16>(env, MoeConfig::new(5, 4, 1, 1).major_align(16), Spread::Random)?;
+    weighted::<f64>(env, MoeConfig::new(5, 4, 3, 2), Spread::Random)
 }
 
 /// Token values: small floats, exact under the tests' scalings (random
@@ -786,39 +982,45 @@ fn small<T: Float>(seed: u64, pe: usize, i: usize) -> T {
     T::from_f32(((mix(seed ^ mix((pe as u64) << 40 ^ i as u64)) % 2001) as f32 - 1000.0) / 64.0)
 }
 
-/// Expert `g` multiplies its tokens by `g + 1`; combine must return
-/// `Σ_j w_j × (g_j + 1) × x`, summed in slot order in f32.
-fn weighted<T: Float>(env: &Env, c: MoeConfig) -> TestResult {
+fn weighted<T: Float>(env: &Env, c: MoeConfig, spread: Spread) -> TestResult {
     let (n, me, seed) = (env.n(), env.me(), env.fresh_seed());
-    let (h, experts) = (c.hidden, n * c.experts_per_pe);
-    let mine: Routing<T> = routing(seed, me, &c, experts, false);
-    let weights: Vec<f32> = (0..mine.ids.len()).map(|i| small::<f32>(seed, me + 100, i)).collect();
-    let moe = MoeAllToAll::<T>::new(&env.ctx, c)?;
-    let (view, layout) = moe.dispatch(&mine.tokens, &mine.ids, &env.s)?;
-    let mut rows = view.copy_to_host(&env.s)?;
-    for e in 0..c.experts_per_pe {
-        let scale = (me * c.experts_per_pe + e + 1) as f32;
-        for x in &mut rows[layout.expert_rows(e).start * h..layout.expert_rows(e).end * h] {
-            *x = T::from_f32(x.to_f32() * scale);
-        }
+    if !routable(&c, n, spread) {
+        return Ok(());
     }
-    view.copy_from_host(&rows, &env.s)?;
-    let out = moe.combine(view, &layout, &weights, &env.s)?;
-    let want: Vec<T> = (0..mine.tokens.len())
-        .map(|i| {
-            let t = i / h;
-            let acc = (0..c.top_k).fold(0.0f32, |acc, j| {
-                let slot = t * c.top_k + j;
-                let y = T::from_f32(mine.tokens[i].to_f32() * (mine.ids[slot] + 1) as f32);
-                acc + weights[slot] * y.to_f32()
-            });
-            T::from_f32(acc)
-        })
-        .collect();
-    assert_bits_eq(&out, &want, &format!("weighted combine {c:?} {}", T::DTYPE));
+    let all: Vec<Routing<T>> = (0..n).map(|pe| routing(seed, pe, n, &c, spread, &random_weight)).collect();
+    let moe = MoeAllToAll::<T>::new(&env.ctx, c)?;
+    let what = format!("weighted {c:?} {} {spread:?} on PE {me}", T::DTYPE);
+    dispatch_and_combine(env, &moe, &all, false, &what)
+}
+
+/// The buffers are sized from the configuration, and within twice what
+/// the largest dispatch sends, receives and returns.
+fn layer_memory(env: &Env) -> TestResult {
+    let n = env.n();
+    for (c, elem) in [
+        (MoeConfig::new(1024, 64, 4, 2).major_align(16), 2),
+        (MoeConfig::new(7168, 128, 8, 8).major_align(128), 2),
+        (MoeConfig::new(256, 32, 32, 8), 4),
+    ] {
+        let bytes = if elem == 2 {
+            MoeAllToAll::<bf16>::new(&env.ctx, c)?.memory_bytes()
+        } else {
+            MoeAllToAll::<f32>::new(&env.ctx, c)?.memory_bytes()
+        };
+        let row = c.hidden * elem;
+        let sent = c.max_tokens * c.top_k.min(n) * row;
+        let received = n * c.max_tokens * row;
+        let view = (n * c.max_tokens * c.top_k.min(c.experts_per_pe) + c.experts_per_pe * c.major_align) * row;
+        let moved = sent + received + view;
+        assert!(bytes >= moved, "{c:?}: {bytes} bytes hold less than the largest dispatch's {moved}");
+        assert!(bytes <= 2 * moved, "{c:?}: {bytes} bytes, more than twice the largest dispatch's {moved}");
+    }
     Ok(())
 }
 
+/// Every refusal of a bad routing: the fault on the PE that made it, a
+/// collective mismatch naming that PE and the fault on the others, and
+/// the last dispatch's view and layout unchanged.
 fn err_layer(env: &Env) -> TestResult {
     let (n, me, s) = (env.n(), env.me(), &env.s);
     let c = MoeConfig::new(4, 3, 2, 2);
@@ -831,34 +1033,58 @@ fn err_layer(env: &Env) -> TestResult {
     let bad_config = if me == n - 1 { MoeConfig { hidden: 0, ..c } } else { c };
     let r = MoeAllToAll::<f32>::new(&env.ctx, bad_config);
     assert_err!(r, Error::Invalid(_) | Error::CollectiveMismatch(_));
+    // More experts per token than there are experts.
+    let r = MoeAllToAll::<f32>::new(&env.ctx, MoeConfig { top_k: 2 * n + 1, ..c });
+    assert_err!(r, Error::Invalid(_));
 
     let moe = MoeAllToAll::<f32>::new(&env.ctx, c)?;
     let tokens: Vec<f32> = (0..3 * 4).map(|i| (me * 100 + i) as f32).collect();
     let ids = vec![0i64, 1, 1, 0, (2 * n - 1) as i64, 0];
-    let (view, layout) = moe.dispatch(&tokens, &ids, s)?;
+    let weights = vec![0.5f32; 6];
+    let (view, layout) = moe.dispatch(&tokens, &ids, &weights, s)?;
     let before = view.copy_to_host(s)?;
-    // An expert id out of range on the last PE: nothing moves anywhere.
-    let mut bad_ids = ids.clone();
-    if me == n - 1 {
-        bad_ids[3] = (2 * n) as i64;
+    let splits_before = moe.device_layout().copy_to_host(s)?;
+    let bad = n - 1;
+    // (the fault, and the bad PE's tokens, ids and weights)
+    type BadCase = (RoutingFault, Vec<f32>, Vec<i64>, Vec<f32>);
+    let mut cases: Vec<BadCase> = vec![
+        (RoutingFault::ExpertOutOfRange, tokens.clone(), vec![0, 1, 1, (2 * n) as i64, 0, 1], weights.clone()),
+        (RoutingFault::ExpertOutOfRange, tokens.clone(), vec![-1; 6], weights.clone()),
+        (RoutingFault::RepeatedExpert, tokens.clone(), vec![0, 1, 1, 1, 0, 1], weights.clone()),
+        (RoutingFault::TooManyTokens, vec![0.0; 4 * 4], vec![0, 1, 1, 0, 0, 1, 1, 0], vec![0.5; 8]),
+    ];
+    for w in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let mut weights = weights.clone();
+        weights[3] = w;
+        cases.push((RoutingFault::NonFiniteWeight, tokens.clone(), ids.clone(), weights));
     }
-    match moe.dispatch(&tokens, &bad_ids, s) {
-        Err(e @ Error::Invalid(_)) if me == n - 1 => assert!(e.to_string().contains("expert"), "{e}"),
-        Err(Error::CollectiveMismatch(_)) if me != n - 1 => {}
-        Err(e) => panic!("unexpected error on PE {me}: {e}"),
-        Ok(_) => panic!("a dispatch with an expert id out of range succeeded on PE {me}"),
+    for (fault, bad_tokens, bad_ids, bad_weights) in cases {
+        let r = if me == bad {
+            moe.dispatch(&bad_tokens, &bad_ids, &bad_weights, s)
+        } else {
+            moe.dispatch(&tokens, &ids, &weights, s)
+        };
+        match r {
+            Err(Error::BadRouting { fault: f, detail }) if me == bad => {
+                assert_eq!(f, fault, "PE {me}: {detail}")
+            }
+            Err(Error::CollectiveMismatch(m)) if me != bad => {
+                assert!(m.contains(&format!("PE {bad} ")) && m.contains(fault.describe()), "PE {me}: {m}")
+            }
+            Err(e) => panic!("{fault:?}: unexpected error on PE {me}: {e}"),
+            Ok(_) => panic!("{fault:?}: a bad dispatch succeeded on PE {me}"),
+        }
+        assert_bits_eq(&view.copy_to_host(s)?, &before, &format!("{fault:?}: the view after a refused dispatch"));
+        assert_eq!(moe.device_layout().copy_to_host(s)?, splits_before, "{fault:?}: the layout after a refusal");
     }
-    assert_bits_eq(&view.copy_to_host(s)?, &before, "the dispatched rows after a refused dispatch");
-    let negative = vec![-1i64; 6];
-    assert_err!(moe.dispatch(&tokens, &negative, s), Error::Invalid(_));
-    assert_err!(moe.dispatch(&tokens, &ids[..5], s), Error::LengthMismatch(_));
-    assert_err!(moe.dispatch(&[0.0; 4 * 4], &[0; 8], s), Error::LengthMismatch(_));
-    // Weights of the wrong length on PE 0.
-    let weights = vec![0.5f32; if me == 0 { 5 } else { 6 }];
-    let r = moe.combine(view, &layout, &weights, s);
+    assert_err!(moe.dispatch(&tokens, &ids[..5], &weights[..5], s), Error::LengthMismatch(_));
+    assert_err!(moe.dispatch(&tokens, &ids, &weights[..5], s), Error::LengthMismatch(_));
+    // Expert outputs too short on PE 0.
+    let tiny = env.ctx.alloc::<f32>(4)?;
+    let r = if me == 0 { moe.combine(&tiny, &layout, s) } else { moe.combine(view, &layout, s) };
     assert_err!(r, Error::LengthMismatch(_) | Error::CollectiveMismatch(_));
-    // The layout still combines.
-    let out = moe.combine(view, &layout, &[0.5; 6], s)?;
+    // The layout still combines (identity experts, weights 1/2).
+    let out = moe.combine(view, &layout, s)?;
     assert_bits_eq(&out, &tokens, "combine after refusals");
     Ok(())
 }
@@ -868,20 +1094,23 @@ fn err_layer(env: &Env) -> TestResult {
 /// the same dispatched rows and layout, bit for bit the same sums with
 /// random weights; twice, with another token count the second time.
 fn layer_on_device(env: &Env) -> TestResult {
-    for (c, hot) in [
-        (MoeConfig::new(8, 12, 2, 2).major_align(8), false),
-        (MoeConfig::new(5, 9, 3, 3), true),
-        (MoeConfig::new(16, 7, 1, 1).major_align(16), false),
+    for (c, spread) in [
+        (MoeConfig::new(8, 12, 2, 2).major_align(8), Spread::Random),
+        (MoeConfig::new(5, 9, 3, 3), Spread::OnePe),
+        (MoeConfig::new(16, 7, 1, 1).major_align(16), Spread::Random),
+        (MoeConfig::new(16, 7, 4, 4).major_align(4), Spread::Nothing),
     ] {
-        on_device::<f32>(env, c, hot)?;
-        on_device::<bf16>(env, c, hot)?;
+        on_device::<f32>(env, c, spread)?;
+        on_device::<bf16>(env, c, spread)?;
     }
-    on_device::<f64>(env, MoeConfig::new(3, 6, 2, 2), false)
+    on_device::<f64>(env, MoeConfig::new(3, 6, 2, 2), Spread::Random)
 }
 
-fn on_device<T: Float>(env: &Env, c: MoeConfig, hot: bool) -> TestResult {
+fn on_device<T: Float>(env: &Env, c: MoeConfig, spread: Spread) -> TestResult {
     let (n, me, s) = (env.n(), env.me(), &env.s);
-    let experts = n * c.experts_per_pe;
+    if !routable(&c, n, spread) {
+        return Ok(());
+    }
     let moe = MoeAllToAll::<T>::new(&env.ctx, c)?;
     let tokens = env.ctx.alloc::<T>(c.max_tokens * c.hidden)?;
     let ids = env.ctx.alloc::<i64>(c.max_tokens * c.top_k)?;
@@ -890,31 +1119,30 @@ fn on_device<T: Float>(env: &Env, c: MoeConfig, hot: bool) -> TestResult {
     let out = env.ctx.alloc::<T>(c.max_tokens * c.hidden)?;
     for round in 0..2 {
         let seed = env.fresh_seed();
-        let what = format!("{c:?} {} hot {hot} round {round}", T::DTYPE);
-        let mut r = routing::<T>(seed, me, &c, experts, hot);
+        let what = format!("{c:?} {} {spread:?} round {round}", T::DTYPE);
+        let mut r = routing::<T>(seed, me, n, &c, spread, &random_weight);
         if round == 1 {
             // Fewer tokens than before: the rest of the buffers is stale.
             let keep = r.ids.len() / c.top_k / 2;
             r.ids.truncate(keep * c.top_k);
+            r.weights.truncate(keep * c.top_k);
             r.tokens.truncate(keep * c.hidden);
         }
         let nt = r.ids.len() / c.top_k;
-        let mut rng = Rng(seed ^ 0x5eed);
-        let w: Vec<f32> = (0..nt * c.top_k).map(|_| [0.5f32, 0.25, 1.0, 2.0, -1.5][rng.below(5)]).collect();
         tokens.slice(..r.tokens.len()).copy_from_host(&r.tokens, s)?;
         ids.slice(..r.ids.len()).copy_from_host(&r.ids, s)?;
-        weights.slice(..w.len()).copy_from_host(&w, s)?;
+        weights.slice(..r.weights.len()).copy_from_host(&r.weights, s)?;
         count.copy_from_host(&[nt as i64], s)?;
         out.fill(poison(), s)?;
-        let view = moe.dispatch_on_device(&tokens, &ids, &count, s)?;
+        let view = moe.dispatch_on_device(&tokens, &ids, &weights, &count, s)?;
         let got = view.copy_to_host(s)?;
         let so = moe.device_layout().copy_to_host(s)?;
-        let (want_view, layout) = moe.dispatch(&r.tokens, &r.ids, s)?;
+        let (want_view, layout) = moe.dispatch(&r.tokens, &r.ids, &r.weights, s)?;
         let want_rows = want_view.copy_to_host(s)?;
         let m = n * c.experts_per_pe;
         assert_eq!(so[..m], layout.splits()[..], "{what}: splits");
         assert_eq!(so[m..], layout.offsets()[..], "{what}: offsets");
-        // Padding rows are never written: compare the chunks only.
+        // Padding rows are never written: compare the blocks only.
         for e in 0..c.experts_per_pe {
             let rows = layout.expert_rows(e);
             let (a, b) = (rows.start * c.hidden, rows.end * c.hidden);
@@ -922,9 +1150,9 @@ fn on_device<T: Float>(env: &Env, c: MoeConfig, hot: bool) -> TestResult {
         }
         // The host path's dispatch left the same rows in the receive
         // buffer: combine them with both paths.
-        let want = moe.combine(want_view, &layout, &w, s)?;
-        moe.dispatch_on_device(&tokens, &ids, &count, s)?;
-        moe.combine_on_device(want_view, &weights, &count, &out, s)?;
+        let want = moe.combine(want_view, &layout, s)?;
+        moe.dispatch_on_device(&tokens, &ids, &weights, &count, s)?;
+        moe.combine_on_device(view, &out, s)?;
         let got = out.copy_to_host(s)?;
         assert_bits_eq(&got[..nt * c.hidden], &want, &format!("{what}: combined"));
         let poisoned = vec![poison::<T>(); (c.max_tokens - nt) * c.hidden];

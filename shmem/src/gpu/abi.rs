@@ -415,83 +415,98 @@ pub(crate) const A2AV_PAST_INPUT: u32 = 4;
 pub(crate) const A2AV_PAST_OUTPUT: u32 = 5;
 
 /// The route kernel's marker of a bad routing in the first split
-/// (`kRouteBad` of `moe_layer.cu`, reported as an
-/// [`A2AV_NEGATIVE_SPLIT`]): the marker itself is a bad token count, and
-/// `ROUTE_BAD - 1 - slot` names a (token, slot) pair with an expert id out
-/// of range.
+/// (`kRouteBad` of `moe_layer.cu`, reported as an [`A2AV_NEGATIVE_SPLIT`]):
+/// `ROUTE_BAD - code`, where code 0 is a bad token count and `fault <<
+/// ROUTE_FAULT_SHIFT | (slot + 1)` names the first bad `token × top_k +
+/// slot`, `fault` one of the `ROUTE_*` faults below.
 pub(crate) const ROUTE_BAD: i64 = -(1 << 62);
+pub(crate) const ROUTE_FAULT_SHIFT: u32 = 56;
+pub(crate) const ROUTE_EXPERT_OUT_OF_RANGE: i64 = 0;
+pub(crate) const ROUTE_REPEATED_EXPERT: i64 = 1;
+pub(crate) const ROUTE_BAD_WEIGHT: i64 = 2;
 
-/// `MoeRoute` of `moe_layer.cu`: heap offsets.
+/// `MoeLayer` of `abi.cuh`: the MoE layer's kernels' arguments (heap
+/// offsets and sizes), passed by value.
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct MoeRoute {
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct MoeLayer {
+    /// The caller's tokens: `max_tokens` rows of `data_bytes`.
+    pub tokens: u64,
     /// `max_tokens × top_k` i64 global expert ids.
     pub ids: u64,
-    /// One i64: this call's tokens.
-    pub n_tokens: u64,
-    /// `experts` i64: rows for each global expert (out).
-    pub splits: u64,
-    /// `max_tokens × top_k` i64: each slot's send row (out).
-    pub slot_rows: u64,
-    /// [`ROUTE_THREADS`] × `experts` u32.
-    pub scratch: u64,
-    /// `max_tokens` rows of `row_bytes` (the gather's source).
-    pub tokens: u64,
-    /// The send buffer (the gather's destination).
-    pub send: u64,
-    pub row_bytes: u64,
-    pub max_tokens: i64,
-    pub top_k: i32,
-    pub experts: i32,
-}
-
-const _: () = assert!(size_of::<MoeRoute>() == 80);
-const _: () = assert!(offset_of!(MoeRoute, ids) == 0);
-const _: () = assert!(offset_of!(MoeRoute, n_tokens) == 8);
-const _: () = assert!(offset_of!(MoeRoute, splits) == 16);
-const _: () = assert!(offset_of!(MoeRoute, slot_rows) == 24);
-const _: () = assert!(offset_of!(MoeRoute, scratch) == 32);
-const _: () = assert!(offset_of!(MoeRoute, tokens) == 40);
-const _: () = assert!(offset_of!(MoeRoute, send) == 48);
-const _: () = assert!(offset_of!(MoeRoute, row_bytes) == 56);
-const _: () = assert!(offset_of!(MoeRoute, max_tokens) == 64);
-const _: () = assert!(offset_of!(MoeRoute, top_k) == 72);
-const _: () = assert!(offset_of!(MoeRoute, experts) == 76);
-
-/// Threads of the route kernel (its `blockDim.x`): its scratch is this ×
-/// experts `u32`s.
-pub(crate) const ROUTE_THREADS: usize = THREADS as usize;
-
-/// `MoeCombine` of `moe_layer.cu`: heap offsets.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct MoeCombine {
-    /// The rows the combine brought back, in send order.
-    pub back: u64,
-    /// Each slot's send row.
-    pub slot_rows: u64,
-    /// `max_tokens × top_k` f32.
+    /// `max_tokens × top_k` f32 weights.
     pub weights: u64,
-    /// One i64.
+    /// One i64: the dispatch's token count.
     pub n_tokens: u64,
-    /// `n_tokens` rows of `hidden`.
+    /// Wire rows out; the partials that come back.
+    pub send: u64,
+    /// Wire rows in; the partials that go back.
+    pub stage: u64,
+    /// The dispatched view.
+    pub recv: u64,
+    /// `n` i64: wire rows to each PE.
+    pub send_splits: u64,
+    /// `2n` i64: the dispatch exchange's out splits/offsets.
+    pub stage_so: u64,
+    /// `2n` i64: the combine exchange's out splits/offsets.
+    pub back_so: u64,
+    /// `2 × ne × n` i64: the view's splits and offsets.
+    pub view_so: u64,
+    /// `max_tokens × top_k` i64: each slot's wire row.
+    pub slot_rows: u64,
+    /// i64: the last dispatch's token count, -1 after a bad one.
+    pub state: u64,
+    /// u32 counters: [`ROUTE_THREADS`] × (`n + ne`), then `ne × n`.
+    pub scratch: u64,
+    /// The experts' outputs, laid out as the view.
+    pub outputs: u64,
+    /// The combine's result: `n_tokens` rows.
     pub out: u64,
+    /// A token's bytes.
+    pub data_bytes: i64,
+    /// Where a wire row's metadata starts.
+    pub meta: i64,
+    /// A wire row's bytes.
+    pub stride: i64,
     pub max_tokens: i64,
     pub hidden: i64,
     pub top_k: i32,
-    pub _pad: i32,
+    /// Experts per PE.
+    pub ne: i32,
+    pub major_align: i32,
+    /// 0: the source side; 1: the receiving side.
+    pub phase: i32,
 }
 
-const _: () = assert!(size_of::<MoeCombine>() == 64);
-const _: () = assert!(offset_of!(MoeCombine, back) == 0);
-const _: () = assert!(offset_of!(MoeCombine, slot_rows) == 8);
-const _: () = assert!(offset_of!(MoeCombine, weights) == 16);
-const _: () = assert!(offset_of!(MoeCombine, n_tokens) == 24);
-const _: () = assert!(offset_of!(MoeCombine, out) == 32);
-const _: () = assert!(offset_of!(MoeCombine, max_tokens) == 40);
-const _: () = assert!(offset_of!(MoeCombine, hidden) == 48);
-const _: () = assert!(offset_of!(MoeCombine, top_k) == 56);
-const _: () = assert!(offset_of!(MoeCombine, _pad) == 60);
+const _: () = assert!(size_of::<MoeLayer>() == 184);
+const _: () = assert!(offset_of!(MoeLayer, tokens) == 0);
+const _: () = assert!(offset_of!(MoeLayer, ids) == 8);
+const _: () = assert!(offset_of!(MoeLayer, weights) == 16);
+const _: () = assert!(offset_of!(MoeLayer, n_tokens) == 24);
+const _: () = assert!(offset_of!(MoeLayer, send) == 32);
+const _: () = assert!(offset_of!(MoeLayer, stage) == 40);
+const _: () = assert!(offset_of!(MoeLayer, recv) == 48);
+const _: () = assert!(offset_of!(MoeLayer, send_splits) == 56);
+const _: () = assert!(offset_of!(MoeLayer, stage_so) == 64);
+const _: () = assert!(offset_of!(MoeLayer, back_so) == 72);
+const _: () = assert!(offset_of!(MoeLayer, view_so) == 80);
+const _: () = assert!(offset_of!(MoeLayer, slot_rows) == 88);
+const _: () = assert!(offset_of!(MoeLayer, state) == 96);
+const _: () = assert!(offset_of!(MoeLayer, scratch) == 104);
+const _: () = assert!(offset_of!(MoeLayer, outputs) == 112);
+const _: () = assert!(offset_of!(MoeLayer, out) == 120);
+const _: () = assert!(offset_of!(MoeLayer, data_bytes) == 128);
+const _: () = assert!(offset_of!(MoeLayer, meta) == 136);
+const _: () = assert!(offset_of!(MoeLayer, stride) == 144);
+const _: () = assert!(offset_of!(MoeLayer, max_tokens) == 152);
+const _: () = assert!(offset_of!(MoeLayer, hidden) == 160);
+const _: () = assert!(offset_of!(MoeLayer, top_k) == 168);
+const _: () = assert!(offset_of!(MoeLayer, ne) == 172);
+const _: () = assert!(offset_of!(MoeLayer, major_align) == 176);
+const _: () = assert!(offset_of!(MoeLayer, phase) == 180);
+
+/// Threads of the route kernel (its `blockDim.x`), which sizes its scratch.
+pub(crate) const ROUTE_THREADS: usize = THREADS as usize;
 
 /// 64-bit words of one PE's splits in the MoE all-to-all-v's table
 /// (`split_words` of `moe.cuh`): `n × ne`, twice that with offsets.

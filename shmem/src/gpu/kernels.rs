@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Mutex;
 
-pub(crate) use super::abi::{A2av, MoeCombine, MoeRoute, MAX_TEAM, ROUTE_THREADS};
+pub(crate) use super::abi::{A2av, MoeLayer, MAX_TEAM, ROUTE_THREADS};
 pub(crate) use super::layout::Layout;
 pub(crate) use super::module::not_built;
 pub(crate) use super::record::{AgreementFailure, DeviceCheckFailure};

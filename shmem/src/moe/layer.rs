@@ -1,10 +1,28 @@
-//! [`MoeAllToAll`]: token dispatch and combine for a Mixture-of-Experts
-//! layer, on top of `all_to_all_v_2d` and `all_to_all_v_2d_offset`.
+//! [`MoeAllToAll`]: deduplicated token dispatch and reducing combine for a
+//! Mixture-of-Experts layer, on top of the 1D `all_to_all_v`.
+//!
+//! # What travels
+//!
+//! A token routed to several experts of one PE crosses the link to that PE
+//! once: the dispatch sends one *wire row* per (token, destination PE) —
+//! the token's `hidden` elements, then its metadata (the token's index and,
+//! for each of its `top_k` slots, the destination's local expert or -1,
+//! and the slot's weight) — rank-major and in token order, through
+//! `all_to_all_v`, into the destination's staging area. The destination
+//! expands each staged row into the block of every local expert it is
+//! routed to. The combine reverses it: for each staged (source, token)
+//! row the expert PE sums the token's local experts' outputs with their
+//! weights and sends that one partial row back; the source sums the
+//! partials of its destinations.
+//!
+//! ```text
+//! wire row:  | hidden × T | pad to 8 | token: i64 | top_k × {local expert or -1: i32, weight: f32} | pad to 16 |
+//! ```
 
 use crate::buffer::{SymSlice, SymmetricBuffer};
 use crate::context::{Context, Stream};
 use crate::dtype::Element;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, RoutingFault};
 use crate::team::{Desc, OpKind, Team};
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -20,7 +38,8 @@ pub struct MoeConfig {
     pub max_tokens: usize,
     /// Experts on each PE; expert `g` lives on PE `g / experts_per_pe`.
     pub experts_per_pe: usize,
-    /// Experts each token is routed to.
+    /// Experts each token is routed to: distinct experts, so at most
+    /// `n_pes × experts_per_pe`.
     pub top_k: usize,
     /// Each expert's block of received rows starts at a multiple of this,
     /// and is at least this long (see [`Team::all_to_all_v_2d`]). 1 by default.
@@ -38,28 +57,111 @@ impl MoeConfig {
         MoeConfig { major_align, ..self }
     }
 
-    /// Rows one PE sends at most: one per (token, slot).
-    fn send_rows(&self) -> Option<usize> {
-        self.max_tokens.checked_mul(self.top_k)
+    /// Wire rows one PE sends at most: one per (token, destination PE).
+    fn send_rows(&self, n: usize) -> Option<usize> {
+        self.max_tokens.checked_mul(self.top_k.min(n))
     }
 
-    /// Rows one PE may receive: every PE's rows, plus each expert's padding
+    /// Wire rows one PE may stage: each source sends each token once.
+    fn stage_rows(&self, n: usize) -> Option<usize> {
+        self.max_tokens.checked_mul(n)
+    }
+
+    /// Rows of the dispatched view at most: each staged token in at most
+    /// `min(top_k, experts_per_pe)` blocks, plus each block's padding
     /// (`max(round_up(r, a), a) ≤ r + a`).
     fn recv_rows(&self, n: usize) -> Option<usize> {
-        self.send_rows()?.checked_mul(n)?.checked_add(self.experts_per_pe.checked_mul(self.major_align)?)
+        self.stage_rows(n)?
+            .checked_mul(self.top_k.min(self.experts_per_pe))?
+            .checked_add(self.experts_per_pe.checked_mul(self.major_align)?)
     }
 
-    fn check(&self, n: usize) -> Result<()> {
+    fn check(&self, n: usize, elem: usize) -> Result<()> {
         let c = self;
         if c.hidden == 0 || c.max_tokens == 0 || c.experts_per_pe == 0 || c.top_k == 0 || c.major_align == 0 {
             return Err(Error::Invalid(format!("MoeAllToAll::new: every size must be at least 1, got {c:?}")));
         }
-        let elems = |rows: Option<usize>| rows.and_then(|r| r.checked_mul(c.hidden));
-        if elems(c.recv_rows(n)).is_none() || c.experts_per_pe.checked_mul(2 * n).is_none() {
+        if c.top_k > n.saturating_mul(c.experts_per_pe) {
+            return Err(Error::Invalid(format!(
+                "MoeAllToAll::new: top_k {} is more than the {} experts of {n} PEs (a token's experts must differ)",
+                c.top_k,
+                n.saturating_mul(c.experts_per_pe)
+            )));
+        }
+        // The device keeps rows, tokens and slots in 32-bit fields.
+        let fits = |x: Option<usize>| x.filter(|&x| x < i32::MAX as usize);
+        let bytes = c.hidden.checked_mul(elem).and_then(|b| Wire::stride_of(b, c.top_k));
+        let ok = fits(c.recv_rows(n)).is_some()
+            && fits(c.max_tokens.checked_mul(c.top_k)).is_some()
+            && bytes.and_then(|b| b.checked_mul(c.stage_rows(n)?)).is_some()
+            && c.recv_rows(n).and_then(|r| r.checked_mul(c.hidden)?.checked_mul(elem)).is_some()
+            && c.experts_per_pe.checked_mul(2 * n).is_some();
+        if !ok {
             return Err(Error::Invalid(format!("MoeAllToAll::new: the buffers of {c:?} on {n} PEs overflow")));
         }
         Ok(())
     }
+}
+
+/// Where the parts of a wire row lie, in bytes (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Wire {
+    /// The token's elements: `hidden × size_of::<T>()`.
+    pub(crate) data: usize,
+    /// Where the metadata starts: `data` rounded up to 8.
+    pub(crate) meta: usize,
+    /// The row's length: a multiple of 16.
+    pub(crate) stride: usize,
+    pub(crate) top_k: usize,
+}
+
+impl Wire {
+    fn new<T: Element>(c: &MoeConfig) -> Wire {
+        let data = c.hidden * size_of::<T>();
+        let stride = Wire::stride_of(data, c.top_k).expect("checked by MoeConfig::check");
+        Wire { data, meta: data.next_multiple_of(8), stride, top_k: c.top_k }
+    }
+
+    fn stride_of(data: usize, top_k: usize) -> Option<usize> {
+        data.checked_next_multiple_of(8)?.checked_add(8 + 8 * top_k)?.checked_next_multiple_of(16)
+    }
+
+    fn token(&self, row: &[u8]) -> usize {
+        i64::from_ne_bytes(row[self.meta..self.meta + 8].try_into().expect("8 bytes")) as usize
+    }
+
+    /// Slot `j`: the destination's local expert (or -1) and the weight.
+    fn slot(&self, row: &[u8], j: usize) -> (i32, f32) {
+        let at = self.meta + 8 + 8 * j;
+        let e = i32::from_ne_bytes(row[at..at + 4].try_into().expect("4 bytes"));
+        (e, f32::from_ne_bytes(row[at + 4..at + 8].try_into().expect("4 bytes")))
+    }
+
+    fn set_meta(&self, row: &mut [u8], token: usize, slots: impl Iterator<Item = (i32, f32)>) {
+        row[self.meta..self.meta + 8].copy_from_slice(&(token as i64).to_ne_bytes());
+        for (j, (e, w)) in slots.enumerate() {
+            let at = self.meta + 8 + 8 * j;
+            row[at..at + 4].copy_from_slice(&e.to_ne_bytes());
+            row[at + 4..at + 8].copy_from_slice(&w.to_ne_bytes());
+        }
+    }
+}
+
+/// The bytes of `xs`.
+fn bytes_of<T: Element>(xs: &[T]) -> &[u8] {
+    // SAFETY: Element types are plain data without padding (the trait's
+    // contract), so every byte of `xs` is initialised; u8 needs no alignment.
+    unsafe { std::slice::from_raw_parts(xs.as_ptr().cast::<u8>(), size_of_val(xs)) }
+}
+
+/// Fills `out` from the first bytes of `bytes` (any alignment).
+fn read_elems<T: Element>(bytes: &[u8], out: &mut [T]) {
+    let len = size_of_val(out);
+    assert!(bytes.len() >= len, "a wire row holds the token's elements");
+    // SAFETY: `bytes` holds `len` bytes (checked) and does not overlap
+    // `out`; every bit pattern is a value of an Element type; the copy is
+    // bytewise, so the source needs no alignment.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), out.as_mut_ptr().cast::<u8>(), len) }
 }
 
 /// The element types [`MoeAllToAll::combine`] can weigh: the floats. Sums
@@ -68,6 +170,9 @@ pub trait CombineElement: Element + sealed::Sealed {
     /// `acc + weight × x`, in the accumulator's type (not fused).
     #[doc(hidden)]
     fn weigh(acc: Self::Acc, weight: f32, x: Self) -> Self::Acc;
+    /// `acc + x`, in the accumulator's type.
+    #[doc(hidden)]
+    fn add(acc: Self::Acc, x: Self) -> Self::Acc;
     #[doc(hidden)]
     fn zero() -> Self::Acc;
 }
@@ -85,6 +190,10 @@ macro_rules! combine_element {
                 acc + <$acc>::from(weight) * x.to_acc()
             }
             #[inline]
+            fn add(acc: $acc, x: $t) -> $acc {
+                acc + x.to_acc()
+            }
+            #[inline]
             fn zero() -> $acc {
                 0.0
             }
@@ -97,23 +206,41 @@ combine_element!(f64, f64);
 combine_element!(f16, f32);
 combine_element!(bf16, f32);
 
-/// Where a dispatch put every row: what [`MoeAllToAll::combine`] needs to
-/// send the experts' outputs back and undo the routing.
+/// Where a dispatch put every row, on both sides: what
+/// [`MoeAllToAll::combine`] needs to weigh the experts' outputs, send them
+/// back and finish each token's sum.
+///
+/// The receiving side: the dispatched view is expert-major — local expert
+/// `e`'s block holds the tokens routed to it from every source PE in PE
+/// order, each source's in token order, padded to `major_align` — and a
+/// received token routed to several local experts is in each of their
+/// blocks. [`Layout::received`] lists the distinct (source, token) pairs
+/// that arrived, [`Layout::placements`] where each landed and with which
+/// weight.
 #[derive(Clone, Debug)]
 pub struct Layout {
     n_pes: usize,
     config: MoeConfig,
     n_tokens: usize,
-    /// Rows received, expert-major: entry `e × n_pes + src`.
+    /// View rows per chunk, expert-major: entry `e × n_pes + src`.
     splits: Vec<i64>,
-    /// Where each of those chunks starts in the received rows.
+    /// Where each of those chunks starts in the view.
     offsets: Vec<i64>,
-    /// Received rows, padding included.
+    /// View rows, padding included.
     rows: usize,
-    /// Rows this PE sent to each global expert (rank-major).
+    /// Wire rows this PE sent to each PE (distinct tokens).
     sent: Vec<i64>,
-    /// For each (token, slot) `t × top_k + j`, its row in the send order.
-    slot_rows: Vec<usize>,
+    /// For token `t`, `token_rows[token_start[t]..token_start[t + 1]]`:
+    /// its wire rows in send order, which is ascending destination PE.
+    token_start: Vec<usize>,
+    token_rows: Vec<usize>,
+    /// Wire rows received from each PE.
+    received: Vec<i64>,
+    /// Each received row's (source PE, token), in arrival order.
+    arrivals: Vec<(usize, usize)>,
+    /// For each received row, `top_k` entries: the view row of the slot
+    /// and its weight, or `None` for a slot routed elsewhere.
+    placements: Vec<Option<(usize, f32)>>,
 }
 
 impl Layout {
@@ -127,15 +254,15 @@ impl Layout {
         self.rows
     }
 
-    /// Rows received per chunk, expert-major: entry `e × n_pes + src` is
-    /// what PE `src` sent to local expert `e` (row 0 of the dispatch's
-    /// `out_splits_offsets`).
+    /// View rows per chunk, expert-major: entry `e × n_pes + src` is how
+    /// many of PE `src`'s tokens local expert `e` received (row 0 of
+    /// [`MoeAllToAll::device_layout`]).
     pub fn splits(&self) -> &[i64] {
         &self.splits
     }
 
-    /// Where each chunk starts in the dispatched view (row 1 of the
-    /// dispatch's `out_splits_offsets`).
+    /// Where each chunk starts in the dispatched view (row 1 of
+    /// [`MoeAllToAll::device_layout`]).
     pub fn offsets(&self) -> &[i64] {
         &self.offsets
     }
@@ -149,21 +276,73 @@ impl Layout {
         start..start + count as usize
     }
 
-    /// The rows PE `src` sent to local expert `e`, in the dispatched view.
+    /// The rows PE `src` sent to local expert `e`, in the dispatched view,
+    /// in that PE's token order.
     pub fn source_rows(&self, e: usize, src: usize) -> Range<usize> {
         let i = e * self.n_pes + src;
         let start = self.offsets[i] as usize;
         start..start + self.splits[i] as usize
     }
+
+    /// Distinct tokens (wire rows) this PE sent to each PE: what crossed
+    /// the links.
+    pub fn sent(&self) -> &[i64] {
+        &self.sent
+    }
+
+    /// The distinct tokens this PE received, as (source PE, the source's
+    /// token index), by source PE and then token: one entry per wire row.
+    pub fn received(&self) -> &[(usize, usize)] {
+        &self.arrivals
+    }
+
+    /// Where received token `i` (an index into [`Layout::received`]) lies
+    /// in the dispatched view: for each of its slots routed to this PE, in
+    /// slot order, `(slot, view row, weight)`.
+    pub fn placements(&self, i: usize) -> impl Iterator<Item = (usize, usize, f32)> + '_ {
+        let k = self.config.top_k;
+        self.placements[i * k..(i + 1) * k].iter().enumerate().filter_map(|(j, p)| p.map(|(r, w)| (j, r, w)))
+    }
 }
 
-/// A Mixture-of-Experts token exchange: [`dispatch`](MoeAllToAll::dispatch)
-/// sends each token to the PEs of its top-k experts, grouped by expert;
-/// [`combine`](MoeAllToAll::combine) brings the experts' outputs back and
-/// sums them with the routing weights.
+/// This PE's routing, checked: what it sends where.
+struct Route {
+    /// Wire rows to each PE.
+    sent: Vec<i64>,
+    /// Each wire row's (token, destination), in send order.
+    rows: Vec<(usize, usize)>,
+    /// As [`Layout::token_start`] and [`Layout::token_rows`].
+    token_start: Vec<usize>,
+    token_rows: Vec<usize>,
+}
+
+/// A Mixture-of-Experts token exchange with deduplicated dispatch and
+/// reducing combine: [`dispatch`](MoeAllToAll::dispatch) sends each token
+/// once to each PE that holds one of its top-k experts, and that PE places
+/// it in every one of its experts' blocks; [`combine`](MoeAllToAll::combine)
+/// weighs and sums a token's experts on each expert PE, sends one row per
+/// (token, PE) back, and finishes the sum at the token's PE.
 ///
-/// Its symmetric buffers are allocated once, by [`MoeAllToAll::new`]; a
-/// call allocates nothing on the symmetric heap. Expert `g` (of
+/// # The combine's result, exactly
+///
+/// With `Acc` the accumulator type ([`Element::Acc`]: `f32` for `f16` and
+/// `bf16`), for token `t` of this PE:
+///
+/// 1. on each PE `d` holding some of its experts: `partial_d = T(Σ_j w_j ×
+///    out_j)` over the slots `j` routed to `d` in slot order, where `out_j`
+///    is expert `j`'s output row for the token, each step `acc + Acc(w_j) ×
+///    Acc(out_j)` in `Acc` (a multiply then an add, not fused) from 0, and
+///    the sum rounded to `T` once;
+/// 2. on this PE: `out[t] = T(Σ_d partial_d)` over those PEs in ascending PE
+///    order, each step `acc + Acc(partial_d)` in `Acc` from 0, rounded once.
+///
+/// Both backends compute exactly this, so results match bit for bit.
+///
+/// # Memory
+///
+/// Every buffer is a symmetric allocation made by [`MoeAllToAll::new`] and
+/// sized from the [`MoeConfig`]; a call allocates nothing on the symmetric
+/// heap. [`MoeAllToAll::memory_bytes`] gives their sum. Expert `g` (of
 /// `n_pes × experts_per_pe`) lives on PE `g / experts_per_pe` as its local
 /// expert `g % experts_per_pe`.
 ///
@@ -175,27 +354,40 @@ impl Layout {
 /// let moe = MoeAllToAll::<f32>::new(&ctx, MoeConfig::new(64, 128, 2, 2))?;
 /// let tokens = vec![1.0f32; 4 * 64]; // 4 tokens
 /// let ids = vec![0i64, 1, 1, 0, 0, 1, 1, 0]; // top-2 experts per token
-/// let (rows, layout) = moe.dispatch(&tokens, &ids, &s)?;
+/// let weights = vec![0.5f32; 8];
+/// let (rows, layout) = moe.dispatch(&tokens, &ids, &weights, &s)?;
 /// // … run local expert e on rows layout.expert_rows(e), write the outputs back into `rows` …
-/// let out = moe.combine(rows, &layout, &[0.5; 8], &s)?;
+/// let out = moe.combine(rows, &layout, &s)?;
 /// assert_eq!(out, tokens); // identity experts, weights 1/k
 /// # Ok(()) }
 /// ```
 pub struct MoeAllToAll<T: Element> {
-    team: Team,
-    config: MoeConfig,
-    /// The dispatch's input, and the combine's output.
-    send: SymmetricBuffer<T>,
-    /// The dispatch's output: the dispatched view.
-    recv: SymmetricBuffer<T>,
-    in_splits: SymmetricBuffer<i64>,
-    /// The dispatch's out splits/offsets, which the combine takes as input.
-    dispatch_splits: SymmetricBuffer<i64>,
-    combine_splits: SymmetricBuffer<i64>,
-    /// Each (token, slot)'s row in send order (the device path's layout).
-    slot_rows: SymmetricBuffer<i64>,
-    /// The route kernel's counts: `ROUTE_THREADS × experts` `u32`s.
-    route_scratch: SymmetricBuffer<u32>,
+    pub(super) team: Team,
+    pub(super) config: MoeConfig,
+    pub(super) wire: Wire,
+    /// Wire rows out (the dispatch), and the partials that come back (the
+    /// combine): `send_rows` rows of `wire.stride` bytes.
+    pub(super) send: SymmetricBuffer<u8>,
+    /// Wire rows in (the dispatch), and the partials that go back (the
+    /// combine): `stage_rows` rows.
+    pub(super) stage: SymmetricBuffer<u8>,
+    /// The dispatched view: `recv_rows` rows of `hidden`.
+    pub(super) recv: SymmetricBuffer<T>,
+    /// The dispatch's `in_splits` (`n_pes`).
+    pub(super) send_splits: SymmetricBuffer<i64>,
+    /// The dispatch's out splits/offsets (`2 × n_pes`); its splits are the
+    /// combine's `in_splits`.
+    pub(super) stage_so: SymmetricBuffer<i64>,
+    /// The combine's out splits/offsets (`2 × n_pes`).
+    pub(super) back_so: SymmetricBuffer<i64>,
+    /// The view's splits and offsets (`2 × n_pes × experts_per_pe`).
+    pub(super) dispatch_splits: SymmetricBuffer<i64>,
+    /// The device path's wire row of each (token, slot).
+    pub(super) slot_rows: SymmetricBuffer<i64>,
+    /// The device path's state: the token count of the last dispatch.
+    pub(super) state: SymmetricBuffer<i64>,
+    /// The device path's counting scratch.
+    pub(super) scratch: SymmetricBuffer<u32>,
     /// The host backend's layout of the last `dispatch_on_device`.
     last: Mutex<Option<Layout>>,
 }
@@ -204,6 +396,11 @@ impl<T: Element> std::fmt::Debug for MoeAllToAll<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MoeAllToAll").field("dtype", &T::DTYPE).field("config", &self.config).finish()
     }
+}
+
+/// `u32`s of the device path's counting scratch on `n` PEs.
+pub(super) fn scratch_len(c: &MoeConfig, n: usize) -> usize {
+    crate::gpu::kernels::ROUTE_THREADS * (n + c.experts_per_pe) + n * c.experts_per_pe
 }
 
 impl<T: Element> MoeAllToAll<T> {
@@ -215,7 +412,7 @@ impl<T: Element> MoeAllToAll<T> {
         let team = ctx.world();
         team.check()?;
         let n = team.n_pes();
-        let valid = config.check(n);
+        let valid = config.check(n, size_of::<T>());
         let c = config;
         let mut desc = Desc::new(OpKind::MoeSetup);
         desc.dtype = Some(T::DTYPE);
@@ -223,17 +420,22 @@ impl<T: Element> MoeAllToAll<T> {
         let rows = team.exchange(&desc, valid.as_ref().err())?;
         valid?;
         team.agree(&rows)?;
-        let (send_rows, recv_rows) = (c.send_rows().unwrap_or(0), c.recv_rows(n).unwrap_or(0));
+        let wire = Wire::new::<T>(&c);
+        let rows = |r: Option<usize>| r.expect("checked by MoeConfig::check");
         let entries = n * c.experts_per_pe;
         Ok(MoeAllToAll {
-            send: ctx.alloc(send_rows * c.hidden)?,
-            recv: ctx.alloc(recv_rows * c.hidden)?,
-            in_splits: ctx.alloc(entries)?,
+            send: ctx.alloc(rows(c.send_rows(n)) * wire.stride)?,
+            stage: ctx.alloc(rows(c.stage_rows(n)) * wire.stride)?,
+            recv: ctx.alloc(rows(c.recv_rows(n)) * c.hidden)?,
+            send_splits: ctx.alloc(n)?,
+            stage_so: ctx.alloc(2 * n)?,
+            back_so: ctx.alloc(2 * n)?,
             dispatch_splits: ctx.alloc(2 * entries)?,
-            combine_splits: ctx.alloc(2 * entries)?,
-            slot_rows: ctx.alloc(send_rows)?,
-            route_scratch: ctx.alloc(crate::gpu::kernels::ROUTE_THREADS * entries)?,
+            slot_rows: ctx.alloc(c.max_tokens * c.top_k)?,
+            state: ctx.alloc(2)?,
+            scratch: ctx.alloc(scratch_len(&c, n))?,
             last: Mutex::new(None),
+            wire,
             team,
             config,
         })
@@ -244,21 +446,48 @@ impl<T: Element> MoeAllToAll<T> {
         self.config
     }
 
-    /// Sends each token to the PEs of its experts and returns what this PE
-    /// received, grouped by local expert, as a view of the receive buffer
-    /// (valid until the next dispatch), with its [`Layout`].
+    /// Bytes of symmetric memory this exchange holds on each PE: the sum of
+    /// the buffers [`MoeAllToAll::new`] allocated.
+    ///
+    /// The bulk is three buffers, each as large as the largest dispatch
+    /// needs: the wire rows out (`max_tokens × min(top_k, n_pes)`), the
+    /// wire rows in (`max_tokens × n_pes`) and the dispatched view (every
+    /// staged token in up to `min(top_k, experts_per_pe)` blocks, plus each
+    /// block's padding). The rest (splits, the device path's slot map and
+    /// counting scratch) is small: for rows of a few hundred elements or
+    /// more the total stays within twice the bytes the largest dispatch
+    /// sends, receives and returns as its view.
+    pub fn memory_bytes(&self) -> usize {
+        let i64s =
+            self.send_splits.len + self.stage_so.len + self.back_so.len + self.dispatch_splits.len + self.state.len;
+        self.send.len
+            + self.stage.len
+            + self.recv.len * size_of::<T>()
+            + (i64s + self.slot_rows.len) * size_of::<i64>()
+            + self.scratch.len * size_of::<u32>()
+    }
+
+    /// Sends each token once to each PE that holds one of its experts and
+    /// returns what this PE received, grouped by local expert, as a view of
+    /// the receive buffer (valid until the next dispatch), with its
+    /// [`Layout`].
     ///
     /// `tokens` holds `n_tokens ≤ max_tokens` rows of `hidden` elements;
     /// `topk_expert_ids[t × top_k + j]` is the global expert of token `t`'s
-    /// slot `j`. In the view, local expert `e`'s rows are
-    /// [`Layout::expert_rows`]: the rows from every source PE in PE order,
-    /// each source's in (token, slot) order, as `all_to_all_v_2d` lays
-    /// them out (with `major_align` padding after each expert).
+    /// slot `j` (a token's experts distinct), `topk_weights[t × top_k + j]`
+    /// its weight (finite), which travels with the token for the combine.
+    /// In the view, local expert `e`'s rows are [`Layout::expert_rows`]:
+    /// the tokens from every source PE in PE order, each source's in token
+    /// order, with `major_align` padding after each expert (as
+    /// `all_to_all_v_2d` lays them out); a token routed to several local
+    /// experts is in each of their blocks, but crossed the link once.
     ///
     /// # Errors
-    /// An expert id out of range, or sizes that do not fit the
-    /// configuration: the error on this PE, and a collective mismatch on
-    /// the others; nothing is sent.
+    /// An expert id out of range or repeated within a token's top-k, more
+    /// tokens than `max_tokens`, a weight that is NaN or infinite
+    /// ([`Error::BadRouting`]), or sizes that do not fit the configuration:
+    /// the error on this PE, and on the others a collective mismatch that
+    /// names this PE and the fault; nothing is sent or written.
     ///
     /// # Collective
     /// Every PE calls it (with its own tokens).
@@ -266,127 +495,89 @@ impl<T: Element> MoeAllToAll<T> {
         &self,
         tokens: &[T],
         topk_expert_ids: &[i64],
+        topk_weights: &[f32],
         stream: &Stream,
     ) -> Result<(SymSlice<'_, T>, Layout)> {
-        let (pre, routed) = match self.route(tokens, topk_expert_ids) {
-            Ok((sent, slot_rows)) => (self.fill_send(tokens, &sent, &slot_rows, stream), Some((sent, slot_rows))),
-            Err(e) => (Err(e), None),
+        let route = self.route(tokens, topk_expert_ids, topk_weights);
+        let pre = match &route {
+            Ok(r) => self.fill_send(tokens, topk_expert_ids, topk_weights, r, stream),
+            Err(e) => Err(clone_error(e)),
         };
-        let buffers =
-            ((&self.send).into(), (&self.recv).into(), (&self.in_splits).into(), (&self.dispatch_splits).into());
-        let c = &self.config;
-        self.team.all_to_all_v_any(OpKind::AllToAllV2d, buffers, c.hidden, c.major_align, pre, stream)?;
-        let (sent, slot_rows) = routed.expect("the exchange fails on a PE whose routing failed");
-        let n = self.team.n_pes();
-        let entries = n * c.experts_per_pe;
-        let so = self.dispatch_splits.copy_to_host(stream)?;
-        let (splits, offsets) = (so[..entries].to_vec(), so[entries..].to_vec());
-        // The last expert's block ends the received rows: it starts where
-        // its first chunk does and is padded as every block is.
-        let last = (c.experts_per_pe - 1) * n;
-        let tail = splits[last..].iter().sum::<i64>() as usize;
-        let rows = offsets[last] as usize + tail.div_ceil(c.major_align).max(1) * c.major_align;
-        let layout = Layout {
-            n_pes: n,
-            config: *c,
-            n_tokens: topk_expert_ids.len() / c.top_k,
-            splits,
-            offsets,
-            rows,
-            sent,
-            slot_rows,
-        };
-        Ok((self.recv.slice(0..rows * c.hidden), layout))
+        let buffers = ((&self.send).into(), (&self.stage).into(), (&self.send_splits).into(), (&self.stage_so).into());
+        self.team.all_to_all_v_any(OpKind::AllToAllV, buffers, self.wire.stride, 0, pre, stream)?;
+        let route = route.expect("the exchange fails on a PE whose routing failed");
+        let layout = self.expand(route, topk_expert_ids.len() / self.config.top_k, stream)?;
+        Ok((self.recv.slice(0..layout.rows * self.config.hidden), layout))
     }
 
     /// [`MoeAllToAll::dispatch`] with everything on the device, so that it
     /// can be captured in a CUDA graph: `tokens` holds `max_tokens` rows,
-    /// `topk_expert_ids` `max_tokens × top_k` ids, and `n_tokens` one
-    /// count, all read on the device when the operation runs. Returns the
-    /// whole receive buffer; [`MoeAllToAll::device_layout`] says where each
-    /// expert's rows lie in it. Pair with [`MoeAllToAll::combine_on_device`].
+    /// `topk_expert_ids` and `topk_weights` `max_tokens × top_k` entries,
+    /// and `n_tokens` one count, all read on the device when the operation
+    /// runs. Returns the whole receive buffer; [`MoeAllToAll::device_layout`]
+    /// says where each expert's rows lie in it. Pair with
+    /// [`MoeAllToAll::combine_on_device`], which takes the weights and the
+    /// token count from this dispatch.
     ///
     /// # Errors
-    /// Buffers too small for the configuration, at once. On the GPU backend
-    /// a token count above `max_tokens` or an expert id out of range is
-    /// found on the device: nothing is sent, and the next MoE call (or
-    /// [`Context::check_device`]) fails on every PE, naming the pair.
+    /// Buffers too small for the configuration, at once. A bad routing (as
+    /// for [`MoeAllToAll::dispatch`]): on the host backend at once, as
+    /// `dispatch` reports it; on the GPU backend it is found on the device:
+    /// nothing is sent or written, and the next MoE call (or
+    /// [`Context::check_device`]) fails on every PE, naming the PE and the
+    /// fault.
     ///
     /// # Collective
     /// Every PE calls it.
-    pub fn dispatch_on_device<'a, 'b, 'c>(
+    pub fn dispatch_on_device<'a, 'b, 'c, 'd>(
         &self,
         tokens: impl Into<SymSlice<'a, T>>,
         topk_expert_ids: impl Into<SymSlice<'b, i64>>,
-        n_tokens: impl Into<SymSlice<'c, i64>>,
+        topk_weights: impl Into<SymSlice<'c, f32>>,
+        n_tokens: impl Into<SymSlice<'d, i64>>,
         stream: &Stream,
     ) -> Result<SymSlice<'_, T>> {
-        let (tokens, ids, count) = (tokens.into(), topk_expert_ids.into(), n_tokens.into());
+        let (tokens, ids, weights, count) =
+            (tokens.into(), topk_expert_ids.into(), topk_weights.into(), n_tokens.into());
         let c = self.config;
         let slots = c.max_tokens * c.top_k;
         let pre = self.check_sizes(&[
             ("tokens", tokens.len(), c.max_tokens * c.hidden, "max_tokens × hidden"),
             ("topk_expert_ids", ids.len(), slots, "max_tokens × top_k"),
+            ("topk_weights", weights.len(), slots, "max_tokens × top_k"),
             ("n_tokens", count.len(), 1, "one count"),
         ]);
-        let buffers =
-            ((&self.send).into(), (&self.recv).into(), (&self.in_splits).into(), (&self.dispatch_splits).into());
-        let Some(g) = self.team.ctx.gpu.as_ref() else {
-            // The host backend: the host path on the buffers' contents.
-            let n = match pre.and_then(|_| self.host_count(count, stream)) {
-                Ok(n) => n,
-                Err(e) => {
-                    self.team.all_to_all_v_any(
-                        OpKind::AllToAllV2d,
-                        buffers,
-                        c.hidden,
-                        c.major_align,
-                        Err(e),
-                        stream,
-                    )?;
-                    unreachable!("the exchange fails on a PE whose arguments failed");
-                }
-            };
-            let host_tokens = tokens.buf.slice(tokens.start..tokens.start + n * c.hidden).copy_to_host(stream)?;
-            let host_ids = ids.buf.slice(ids.start..ids.start + n * c.top_k).copy_to_host(stream)?;
-            let (_, layout) = self.dispatch(&host_tokens, &host_ids, stream)?;
-            let rows: Vec<i64> = layout.slot_rows.iter().map(|&r| r as i64).collect();
-            self.slot_rows.slice(0..rows.len()).copy_from_host(&rows, stream)?;
-            *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(layout);
-            return Ok((&self.recv).into());
+        if let Some(g) = self.team.ctx.gpu.as_ref() {
+            return self.dispatch_gpu(g, pre, tokens, ids, weights, count, stream);
+        }
+        // The host backend: the host path on the buffers' contents.
+        let n = match pre.and_then(|_| self.host_count(count, stream)) {
+            Ok(n) => n,
+            Err(e) => {
+                let buffers =
+                    ((&self.send).into(), (&self.stage).into(), (&self.send_splits).into(), (&self.stage_so).into());
+                self.team.all_to_all_v_any(OpKind::AllToAllV, buffers, self.wire.stride, 0, Err(e), stream)?;
+                unreachable!("the exchange fails on a PE whose arguments failed");
+            }
         };
-        let pre = pre.and_then(|_| {
-            let k = g.kernels.as_ref().ok_or_else(crate::gpu::kernels::not_built)?;
-            let t = k.team(self.team.state.slot, &self.team.state.members, false)?;
-            let r = crate::gpu::kernels::MoeRoute {
-                ids: ids.region(&self.team.ctx)?.offset as u64,
-                n_tokens: count.region(&self.team.ctx)?.offset as u64,
-                splits: self.in_splits.offset as u64,
-                slot_rows: self.slot_rows.offset as u64,
-                scratch: self.route_scratch.offset as u64,
-                tokens: tokens.region(&self.team.ctx)?.offset as u64,
-                send: self.send.offset as u64,
-                row_bytes: (c.hidden * size_of::<T>()) as u64,
-                max_tokens: c.max_tokens as i64,
-                top_k: c.top_k as i32,
-                experts: (self.team.n_pes() * c.experts_per_pe) as i32,
-            };
-            k.moe_route(t, r, g.stream(stream).cu_stream())
-        });
-        self.team.all_to_all_v_any(OpKind::AllToAllV2d, buffers, c.hidden, c.major_align, pre, stream)?;
+        let host_tokens = head(&tokens, n * c.hidden).copy_to_host(stream)?;
+        let host_ids = head(&ids, n * c.top_k).copy_to_host(stream)?;
+        let host_weights = head(&weights, n * c.top_k).copy_to_host(stream)?;
+        let (_, layout) = self.dispatch(&host_tokens, &host_ids, &host_weights, stream)?;
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(layout);
         Ok((&self.recv).into())
     }
 
-    /// The last dispatch's out_splits_offsets, on the device: entry
-    /// `e × n_pes + src` of row 0 is what PE `src` sent to local expert `e`,
-    /// of row 1 where those rows start in the dispatched view (see
-    /// [`Layout`]).
+    /// The last dispatch's view layout, on the device: entry
+    /// `e × n_pes + src` of row 0 is how many of PE `src`'s tokens local
+    /// expert `e` received, of row 1 where those rows start in the
+    /// dispatched view (see [`Layout::splits`] and [`Layout::offsets`]).
     pub fn device_layout(&self) -> SymSlice<'_, i64> {
         (&self.dispatch_splits).into()
     }
 
     /// `Ok` when every buffer holds at least what the configuration needs.
-    fn check_sizes(&self, sizes: &[(&str, usize, usize, &str)]) -> Result<()> {
+    pub(super) fn check_sizes(&self, sizes: &[(&str, usize, usize, &str)]) -> Result<()> {
         for &(name, len, want, what) in sizes {
             if len < want {
                 return Err(Error::LengthMismatch(format!(
@@ -401,168 +592,288 @@ impl<T: Element> MoeAllToAll<T> {
     /// The token count in `count` (host backend), checked.
     fn host_count(&self, count: SymSlice<'_, i64>, stream: &Stream) -> Result<usize> {
         let n = count.buf.slice(count.start..count.start + 1).copy_to_host(stream)?[0];
-        usize::try_from(n).ok().filter(|&n| n <= self.config.max_tokens).ok_or_else(|| {
-            Error::Invalid(format!(
-                "MoeAllToAll::dispatch_on_device: n_tokens is {n}, not in 0..={}",
-                self.config.max_tokens
-            ))
+        usize::try_from(n).ok().filter(|&n| n <= self.config.max_tokens).ok_or_else(|| Error::BadRouting {
+            fault: RoutingFault::TooManyTokens,
+            detail: format!("MoeAllToAll::dispatch_on_device: n_tokens is {n}, not in 0..={}", self.config.max_tokens),
         })
     }
 
-    /// Checks the routing and sorts the (token, slot) pairs by global
-    /// expert: returns the rows per expert and each slot's send row.
-    fn route(&self, tokens: &[T], ids: &[i64]) -> Result<(Vec<i64>, Vec<usize>)> {
+    /// Checks the routing and orders the wire rows: by destination PE,
+    /// each destination's in token order.
+    fn route(&self, tokens: &[T], ids: &[i64], weights: &[f32]) -> Result<Route> {
         let c = &self.config;
-        let experts = self.team.n_pes() * c.experts_per_pe;
+        let n = self.team.n_pes();
+        let experts = n * c.experts_per_pe;
         let n_tokens = tokens.len() / c.hidden;
-        if tokens.len() % c.hidden != 0 || n_tokens > c.max_tokens {
+        if tokens.len() % c.hidden != 0 {
             return Err(Error::LengthMismatch(format!(
-                "MoeAllToAll::dispatch: {} token elements are not at most max_tokens ({}) rows of hidden ({})",
+                "MoeAllToAll::dispatch: {} token elements are not whole rows of hidden ({})",
                 tokens.len(),
-                c.max_tokens,
                 c.hidden
             )));
         }
-        if ids.len() != n_tokens * c.top_k {
-            return Err(Error::LengthMismatch(format!(
-                "MoeAllToAll::dispatch: {} expert ids for {n_tokens} tokens, expected {n_tokens} × top_k ({})",
-                ids.len(),
-                c.top_k
-            )));
+        if n_tokens > c.max_tokens {
+            return Err(Error::BadRouting {
+                fault: RoutingFault::TooManyTokens,
+                detail: format!("MoeAllToAll::dispatch: {n_tokens} tokens, more than max_tokens ({})", c.max_tokens),
+            });
         }
-        let mut sent = vec![0i64; experts];
-        for (slot, &id) in ids.iter().enumerate() {
-            let g = usize::try_from(id).ok().filter(|&g| g < experts).ok_or_else(|| {
-                Error::Invalid(format!(
-                    "MoeAllToAll::dispatch: token {} slot {} routes to expert {id}, but experts are 0..{experts} \
-                     ({} PEs × {} experts per PE)",
-                    slot / c.top_k,
-                    slot % c.top_k,
-                    self.team.n_pes(),
-                    c.experts_per_pe
-                ))
-            })?;
-            sent[g] += 1;
+        for (what, len) in [("expert ids", ids.len()), ("weights", weights.len())] {
+            if len != n_tokens * c.top_k {
+                return Err(Error::LengthMismatch(format!(
+                    "MoeAllToAll::dispatch: {len} {what} for {n_tokens} tokens, expected {n_tokens} × top_k ({})",
+                    c.top_k
+                )));
+            }
         }
-        // A counting sort, stable in (token, slot) order.
+        let k = c.top_k;
+        for (slot, (&id, &w)) in ids.iter().zip(weights).enumerate() {
+            let (t, j) = (slot / k, slot % k);
+            if usize::try_from(id).ok().filter(|&g| g < experts).is_none() {
+                return Err(Error::BadRouting {
+                    fault: RoutingFault::ExpertOutOfRange,
+                    detail: format!(
+                        "MoeAllToAll::dispatch: token {t} slot {j} routes to expert {id}, but experts are \
+                         0..{experts} ({n} PEs × {} experts per PE)",
+                        c.experts_per_pe
+                    ),
+                });
+            }
+            if let Some(i) = ids[t * k..slot].iter().position(|&x| x == id) {
+                return Err(Error::BadRouting {
+                    fault: RoutingFault::RepeatedExpert,
+                    detail: format!(
+                        "MoeAllToAll::dispatch: token {t} routes to expert {id} in slots {i} and {j}: a token's \
+                         top-k experts must differ"
+                    ),
+                });
+            }
+            if !w.is_finite() {
+                return Err(Error::BadRouting {
+                    fault: RoutingFault::NonFiniteWeight,
+                    detail: format!("MoeAllToAll::dispatch: token {t} slot {j} has weight {w}: weights must be finite"),
+                });
+            }
+        }
+        // Each token's destinations, ascending.
+        let dests = |t: usize| {
+            let mut d: Vec<usize> = ids[t * k..(t + 1) * k].iter().map(|&g| g as usize / c.experts_per_pe).collect();
+            d.sort_unstable();
+            d.dedup();
+            d
+        };
+        let mut sent = vec![0i64; n];
+        for t in 0..n_tokens {
+            dests(t).into_iter().for_each(|d| sent[d] += 1);
+        }
         let mut next: Vec<usize> = sent
             .iter()
-            .scan(0usize, |at, &k| {
+            .scan(0usize, |at, &x| {
                 let start = *at;
-                *at += k as usize;
+                *at += x as usize;
                 Some(start)
             })
             .collect();
-        let slot_rows = ids
-            .iter()
-            .map(|&g| {
-                let row = next[g as usize];
-                next[g as usize] += 1;
-                row
-            })
-            .collect();
-        Ok((sent, slot_rows))
+        let total = sent.iter().sum::<i64>() as usize;
+        let mut rows = vec![(0, 0); total];
+        let (mut token_start, mut token_rows) = (Vec::with_capacity(n_tokens + 1), Vec::with_capacity(total));
+        for t in 0..n_tokens {
+            token_start.push(token_rows.len());
+            for d in dests(t) {
+                rows[next[d]] = (t, d);
+                token_rows.push(next[d]);
+                next[d] += 1;
+            }
+        }
+        token_start.push(token_rows.len());
+        Ok(Route { sent, rows, token_start, token_rows })
     }
 
-    /// Writes the tokens in send order and the splits.
-    fn fill_send(&self, tokens: &[T], sent: &[i64], slot_rows: &[usize], stream: &Stream) -> Result<()> {
-        let (h, k) = (self.config.hidden, self.config.top_k);
-        let mut rows = crate::dtype::zeroed_vec::<T>(slot_rows.len() * h);
-        for (slot, &r) in slot_rows.iter().enumerate() {
-            let t = slot / k;
-            rows[r * h..(r + 1) * h].copy_from_slice(&tokens[t * h..(t + 1) * h]);
+    /// Writes the wire rows in send order and the splits.
+    fn fill_send(&self, tokens: &[T], ids: &[i64], weights: &[f32], r: &Route, stream: &Stream) -> Result<()> {
+        let (c, w) = (&self.config, self.wire);
+        let (h, k, ne) = (c.hidden, c.top_k, c.experts_per_pe);
+        let mut bytes = vec![0u8; r.rows.len() * w.stride];
+        let fill = |(row, out): (usize, &mut [u8])| {
+            let (t, d) = r.rows[row];
+            out[..w.data].copy_from_slice(bytes_of(&tokens[t * h..(t + 1) * h]));
+            let slots = (0..k).map(|j| {
+                let g = ids[t * k + j] as usize;
+                (if g / ne == d { (g % ne) as i32 } else { -1 }, weights[t * k + j])
+            });
+            w.set_meta(out, t, slots);
+        };
+        if bytes.len() < PARALLEL_BYTES {
+            bytes.chunks_mut(w.stride).enumerate().for_each(fill);
+        } else {
+            self.team.ctx.pool.install(|| bytes.par_chunks_mut(w.stride).enumerate().for_each(fill));
         }
-        self.send.slice(0..rows.len()).copy_from_host(&rows, stream)?;
-        self.in_splits.copy_from_host(sent, stream)
+        self.send.slice(0..bytes.len()).copy_from_host(&bytes, stream)?;
+        self.send_splits.copy_from_host(&r.sent, stream)
+    }
+
+    /// After the exchange: places every staged row in the blocks of its
+    /// local experts, writes the view's splits and offsets, and returns
+    /// the layout.
+    fn expand(&self, route: Route, n_tokens: usize, stream: &Stream) -> Result<Layout> {
+        let (c, w, n) = (&self.config, self.wire, self.team.n_pes());
+        let (h, k, ne) = (c.hidden, c.top_k, c.experts_per_pe);
+        let received = self.stage_so.slice(0..n).copy_to_host(stream)?;
+        let total = received.iter().sum::<i64>() as usize;
+        let staged = self.stage.slice(0..total * w.stride).copy_to_host(stream)?;
+        let sources = received.iter().enumerate().flat_map(|(s, &r)| std::iter::repeat_n(s, r as usize));
+        let arrivals: Vec<(usize, usize)> =
+            sources.zip(staged.chunks(w.stride)).map(|(s, row)| (s, w.token(row))).collect();
+        // Rows per (expert, source), then the blocks' offsets with padding.
+        let mut splits = vec![0i64; ne * n];
+        for (row, &(s, _)) in staged.chunks(w.stride).zip(&arrivals) {
+            for j in 0..k {
+                let (e, _) = w.slot(row, j);
+                if e >= 0 {
+                    splits[e as usize * n + s] += 1;
+                }
+            }
+        }
+        let mut offsets = vec![0i64; ne * n];
+        let mut at = 0usize;
+        for e in 0..ne {
+            let start = at;
+            for s in 0..n {
+                offsets[e * n + s] = at as i64;
+                at += splits[e * n + s] as usize;
+            }
+            at = start + (at - start).div_ceil(c.major_align).max(1) * c.major_align;
+        }
+        let rows = at;
+        // Staging order is source-major, token order: each block's rows
+        // come in the same order.
+        let mut next = offsets.clone();
+        let mut placements = vec![None; total * k];
+        let mut view = crate::dtype::zeroed_vec::<T>(rows * h);
+        for (i, (row, &(s, _))) in staged.chunks(w.stride).zip(&arrivals).enumerate() {
+            for j in 0..k {
+                let (e, weight) = w.slot(row, j);
+                if e >= 0 {
+                    let at = &mut next[e as usize * n + s];
+                    read_elems(row, &mut view[*at as usize * h..(*at as usize + 1) * h]);
+                    placements[i * k + j] = Some((*at as usize, weight));
+                    *at += 1;
+                }
+            }
+        }
+        let layout = Layout {
+            n_pes: n,
+            config: *c,
+            n_tokens,
+            splits,
+            offsets,
+            rows,
+            sent: route.sent,
+            token_start: route.token_start,
+            token_rows: route.token_rows,
+            received,
+            arrivals,
+            placements,
+        };
+        // The blocks' rows, not the padding (which is never written).
+        for e in 0..ne {
+            let r = layout.expert_rows(e);
+            self.recv.slice(r.start * h..r.end * h).copy_from_host(&view[r.start * h..r.end * h], stream)?;
+        }
+        self.dispatch_splits.copy_from_host(&[&layout.splits[..], &layout.offsets[..]].concat(), stream)?;
+        Ok(layout)
+    }
+}
+
+/// The first `len` elements of `s`.
+fn head<'a, E: Element>(s: &SymSlice<'a, E>, len: usize) -> SymSlice<'a, E> {
+    s.buf.slice(s.start..s.start + len)
+}
+
+/// Bytes of wire rows above which the host fills them in parallel.
+const PARALLEL_BYTES: usize = 1 << 17;
+
+/// A copy of a routing error, for the exchange (which reports it) while
+/// the routing result is kept.
+fn clone_error(e: &Error) -> Error {
+    match e {
+        Error::BadRouting { fault, detail } => Error::BadRouting { fault: *fault, detail: detail.clone() },
+        Error::LengthMismatch(m) => Error::LengthMismatch(m.clone()),
+        other => Error::Invalid(other.to_string()),
     }
 }
 
 impl<T: CombineElement> MoeAllToAll<T> {
     /// [`MoeAllToAll::combine`] with everything on the device, after
     /// [`MoeAllToAll::dispatch_on_device`] (capturable in a CUDA graph with
-    /// it): `expert_outputs` as for `combine`, `topk_weights` holds
-    /// `max_tokens × top_k` weights, `n_tokens` the same count the dispatch
-    /// read, and `out` (at least `max_tokens` rows) gets each token's
-    /// weighted sum, in token order.
+    /// it): `expert_outputs` has the dispatched layout and holds at least
+    /// as many rows as the whole receive buffer (the dispatch's returned
+    /// view, written in place, does); the weights and the token count are
+    /// the dispatch's. `out` (at least `max_tokens` rows) gets each token's
+    /// result (see [`MoeAllToAll`] for the exact sum), in token order; the
+    /// rows past the token count are not written.
     ///
     /// # Errors
     /// Buffers too small for the configuration; on the host backend, no
-    /// `dispatch_on_device` before.
+    /// `dispatch_on_device` before. After a dispatch that failed on the
+    /// device, nothing is written, and the failure is reported as the
+    /// dispatch says.
     ///
     /// # Collective
     /// Every PE calls it.
-    pub fn combine_on_device<'a, 'b, 'c, 'd>(
+    pub fn combine_on_device<'a, 'b>(
         &self,
         expert_outputs: impl Into<SymSlice<'a, T>>,
-        topk_weights: impl Into<SymSlice<'b, f32>>,
-        n_tokens: impl Into<SymSlice<'c, i64>>,
-        out: impl Into<SymSlice<'d, T>>,
+        out: impl Into<SymSlice<'b, T>>,
         stream: &Stream,
     ) -> Result<()> {
-        let (outputs, weights, count, out) = (expert_outputs.into(), topk_weights.into(), n_tokens.into(), out.into());
+        let (outputs, out) = (expert_outputs.into(), out.into());
         let c = self.config;
         let pre = self.check_sizes(&[
-            ("topk_weights", weights.len(), c.max_tokens * c.top_k, "max_tokens × top_k"),
-            ("n_tokens", count.len(), 1, "one count"),
+            ("expert_outputs", outputs.len(), self.recv.len, "the receive buffer's rows × hidden"),
             ("out", out.len(), c.max_tokens * c.hidden, "max_tokens × hidden"),
         ]);
-        let Some(g) = self.team.ctx.gpu.as_ref() else {
-            let layout = self.last.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            let pre = pre.and_then(|_| {
-                layout.clone().ok_or_else(|| {
-                    Error::Invalid("MoeAllToAll::combine_on_device: no dispatch_on_device before it".into())
-                })
-            });
-            let layout = match pre {
-                Ok(l) => l,
-                Err(e) => {
-                    let buffers =
-                        (outputs, (&self.send).into(), (&self.dispatch_splits).into(), (&self.combine_splits).into());
-                    self.team.all_to_all_v_any(OpKind::AllToAllV2dOffset, buffers, c.hidden, 0, Err(e), stream)?;
-                    unreachable!("the exchange fails on a PE whose arguments failed");
-                }
-            };
-            let n = layout.n_tokens;
-            let w = weights.buf.slice(weights.start..weights.start + n * c.top_k).copy_to_host(stream)?;
-            let sums = self.combine(outputs, &layout, &w, stream)?;
-            return out.buf.slice(out.start..out.start + sums.len()).copy_from_host(&sums, stream);
+        if let Some(g) = self.team.ctx.gpu.as_ref() {
+            return self.combine_gpu(g, pre, outputs, out, stream);
+        }
+        let layout = self.last.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let pre = pre.and_then(|_| {
+            layout
+                .ok_or_else(|| Error::Invalid("MoeAllToAll::combine_on_device: no dispatch_on_device before it".into()))
+        });
+        let layout = match pre {
+            Ok(l) => l,
+            Err(e) => {
+                let buffers = (
+                    (&self.stage).into(),
+                    (&self.send).into(),
+                    self.stage_so.slice(0..self.team.n_pes()),
+                    (&self.back_so).into(),
+                );
+                self.team.all_to_all_v_any(OpKind::AllToAllV, buffers, self.wire.stride, 0, Err(e), stream)?;
+                unreachable!("the exchange fails on a PE whose arguments failed");
+            }
         };
-        let whole_rows = outputs.buf.len.saturating_sub(outputs.start) / c.hidden * c.hidden;
-        let outputs = outputs.buf.slice(outputs.start..outputs.start + whole_rows);
-        let buffers = (outputs, (&self.send).into(), (&self.dispatch_splits).into(), (&self.combine_splits).into());
-        self.team.all_to_all_v_any(OpKind::AllToAllV2dOffset, buffers, c.hidden, 0, pre, stream)?;
-        let k = g.kernels.as_ref().ok_or_else(crate::gpu::kernels::not_built)?;
-        let ctx = &self.team.ctx;
-        let m = crate::gpu::kernels::MoeCombine {
-            back: self.send.offset as u64,
-            slot_rows: self.slot_rows.offset as u64,
-            weights: weights.region(ctx)?.offset as u64,
-            n_tokens: count.region(ctx)?.offset as u64,
-            out: out.region(ctx)?.offset as u64,
-            max_tokens: c.max_tokens as i64,
-            hidden: c.hidden as i64,
-            top_k: c.top_k as i32,
-            _pad: 0,
-        };
-        let t = k.team(self.team.state.slot, &self.team.state.members, false)?;
-        k.moe_combine(T::DTYPE, t, m, g.stream(stream).cu_stream())
+        let sums = self.combine(outputs, &layout, stream)?;
+        out.buf.slice(out.start..out.start + sums.len()).copy_from_host(&sums, stream)
     }
 
-    /// Sends the experts' outputs back to the PEs that dispatched the
-    /// tokens and returns, for each of this PE's tokens in its original
-    /// order, `Σ_j topk_weights[t × top_k + j] × output(t, j)`, summed over
-    /// the slots `j = 0..top_k` in order, in `f32` for `f16`/`bf16`.
+    /// Weighs and sums each received token's local experts' outputs, sends
+    /// one row per (token, PE) back to the PEs that dispatched them, and
+    /// returns, for each of this PE's tokens in its original order, the sum
+    /// of those rows: `Σ_j topk_weights[t × top_k + j] × output(t, j)`,
+    /// computed exactly as the [type's docs](MoeAllToAll) define it.
     ///
-    /// `expert_outputs` has the dispatched layout: the row of every token
-    /// where the dispatch put it. It is the dispatched view itself, written
-    /// in place, or a slice of another symmetric buffer that starts at the
-    /// same element on every PE and holds at least [`Layout::rows`] rows;
-    /// only the rows of tokens are read, not the padding.
+    /// `expert_outputs` has the dispatched layout: each token's output where
+    /// the dispatch put the token, in the block of each of its experts. It
+    /// is the dispatched view itself, written in place, or a slice of
+    /// another buffer holding at least [`Layout::rows`] rows; only the rows
+    /// of tokens are read, not the padding.
     ///
     /// # Errors
-    /// A layout of another configuration, or weights of the wrong length:
-    /// the error on this PE, a collective mismatch on the others; layouts
-    /// of different dispatches on different PEs: an error where it shows.
+    /// A layout of another configuration, or too few expert outputs: the
+    /// error on this PE, a collective mismatch on the others; layouts of
+    /// different dispatches on different PEs: an error where it shows.
     ///
     /// # Collective
     /// Every PE calls it, with the layout of the same dispatch.
@@ -570,10 +881,10 @@ impl<T: CombineElement> MoeAllToAll<T> {
         &self,
         expert_outputs: impl Into<SymSlice<'a, T>>,
         layout: &Layout,
-        topk_weights: &[f32],
         stream: &Stream,
     ) -> Result<Vec<T>> {
-        let (c, n) = (&self.config, self.team.n_pes());
+        let (c, w, n) = (&self.config, self.wire, self.team.n_pes());
+        let h = c.hidden;
         let outputs: SymSlice<'a, T> = expert_outputs.into();
         let pre = if layout.config != *c || layout.n_pes != n {
             Err(Error::Invalid(format!(
@@ -581,62 +892,69 @@ impl<T: CombineElement> MoeAllToAll<T> {
                  {n} PEs",
                 layout.config, layout.n_pes
             )))
-        } else if topk_weights.len() != layout.n_tokens * c.top_k {
+        } else if outputs.len() < layout.rows * h {
             Err(Error::LengthMismatch(format!(
-                "MoeAllToAll::combine: {} weights for {} tokens, expected tokens × top_k ({})",
-                topk_weights.len(),
-                layout.n_tokens,
-                c.top_k
-            )))
-        } else if outputs.len() < layout.rows * c.hidden {
-            Err(Error::LengthMismatch(format!(
-                "MoeAllToAll::combine: expert_outputs has {} elements, the layout needs {} rows of {}",
+                "MoeAllToAll::combine: expert_outputs has {} elements, the layout needs {} rows of {h}",
                 outputs.len(),
                 layout.rows,
-                c.hidden
             )))
         } else {
-            self.dispatch_splits.copy_from_host(&[&layout.splits[..], &layout.offsets[..]].concat(), stream)
+            self.expert_partials(outputs, layout, stream)
         };
-        // The PEs' views differ in length; the operation wants the same
-        // region everywhere: the whole rows up to the buffer's end (only
-        // the rows the layout names, checked above to lie in the view, are read).
-        let whole_rows = outputs.buf.len.saturating_sub(outputs.start) / c.hidden * c.hidden;
-        let outputs = outputs.buf.slice(outputs.start..outputs.start + whole_rows);
-        let buffers = (outputs, (&self.send).into(), (&self.dispatch_splits).into(), (&self.combine_splits).into());
-        self.team.all_to_all_v_any(OpKind::AllToAllV2dOffset, buffers, c.hidden, 0, pre, stream)?;
+        let buffers = ((&self.stage).into(), (&self.send).into(), self.stage_so.slice(0..n), (&self.back_so).into());
+        self.team.all_to_all_v_any(OpKind::AllToAllV, buffers, w.stride, 0, pre, stream)?;
         // What came back must be what this PE sent: otherwise the PEs
         // combined layouts of different dispatches.
-        let back = self.combine_splits.slice(0..layout.sent.len()).copy_to_host(stream)?;
+        let back = self.back_so.slice(0..n).copy_to_host(stream)?;
         if back != layout.sent {
             return Err(Error::CollectiveMismatch(format!(
-                "MoeAllToAll::combine: PE {} got back {back:?} rows per expert but sent {:?}: the PEs passed layouts \
-                 of different dispatches",
+                "MoeAllToAll::combine: PE {} got back {back:?} rows from each PE but sent {:?}: the PEs passed \
+                 layouts of different dispatches",
                 self.team.my_pe(),
                 layout.sent
             )));
         }
-        let h = c.hidden;
-        let rows = self.send.slice(0..layout.slot_rows.len() * h).copy_to_host(stream)?;
+        let partials = self.send.slice(0..layout.token_rows.len() * w.stride).copy_to_host(stream)?;
         let mut out = crate::dtype::zeroed_vec::<T>(layout.n_tokens * h);
-        let weigh = |(t, token): (usize, &mut [T])| {
+        let finish = |(t, token): (usize, &mut [T])| {
             let mut acc = vec![T::zero(); h];
-            for j in 0..c.top_k {
-                let slot = t * c.top_k + j;
-                let (w, r) = (topk_weights[slot], layout.slot_rows[slot]);
-                for (a, &x) in acc.iter_mut().zip(&rows[r * h..(r + 1) * h]) {
-                    *a = T::weigh(*a, w, x);
-                }
+            let mut row = crate::dtype::zeroed_vec::<T>(h);
+            for &r in &layout.token_rows[layout.token_start[t]..layout.token_start[t + 1]] {
+                read_elems(&partials[r * w.stride..(r + 1) * w.stride], &mut row);
+                acc.iter_mut().zip(&row).for_each(|(a, &x)| *a = T::add(*a, x));
             }
-            for (o, a) in token.iter_mut().zip(acc) {
-                *o = T::from_acc(a);
-            }
+            token.iter_mut().zip(acc).for_each(|(o, a)| *o = T::from_acc(a));
         };
         if out.len() < 1 << 15 {
-            out.chunks_mut(h).enumerate().for_each(weigh);
+            out.chunks_mut(h).enumerate().for_each(finish);
         } else {
-            self.team.ctx.pool.install(|| out.par_chunks_mut(h).enumerate().for_each(weigh));
+            self.team.ctx.pool.install(|| out.par_chunks_mut(h).enumerate().for_each(finish));
         }
         Ok(out)
+    }
+
+    /// The expert side: each received token's weighted sum of its local
+    /// experts' outputs, into its staged row, and the splits to send back.
+    fn expert_partials(&self, outputs: SymSlice<'_, T>, layout: &Layout, stream: &Stream) -> Result<()> {
+        let (c, w, n) = (&self.config, self.wire, self.team.n_pes());
+        let h = c.hidden;
+        let rows = outputs.buf.slice(outputs.start..outputs.start + layout.rows * h).copy_to_host(stream)?;
+        let mut bytes = vec![0u8; layout.arrivals.len() * w.stride];
+        let weigh = |(i, out): (usize, &mut [u8])| {
+            let mut acc = vec![T::zero(); h];
+            for (_, r, weight) in layout.placements(i) {
+                acc.iter_mut().zip(&rows[r * h..(r + 1) * h]).for_each(|(a, &x)| *a = T::weigh(*a, weight, x));
+            }
+            let partial: Vec<T> = acc.into_iter().map(T::from_acc).collect();
+            out[..w.data].copy_from_slice(bytes_of(&partial));
+        };
+        if bytes.len() < PARALLEL_BYTES {
+            bytes.chunks_mut(w.stride).enumerate().for_each(weigh);
+        } else {
+            self.team.ctx.pool.install(|| bytes.par_chunks_mut(w.stride).enumerate().for_each(weigh));
+        }
+        self.stage.slice(0..bytes.len()).copy_from_host(&bytes, stream)?;
+        debug_assert_eq!(layout.received.len(), n);
+        self.stage_so.slice(0..n).copy_from_host(&layout.received, stream)
     }
 }

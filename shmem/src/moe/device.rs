@@ -1,0 +1,110 @@
+//! [`MoeAllToAll`]'s device path on the GPU backend: the route and gather
+//! kernels, the 1D all-to-all-v of wire rows, the receiver's expansion,
+//! the combine's two phases (see `kernels/moe_layer.cu`). Nothing waits on
+//! the host, so a dispatch and a combine can be captured in a CUDA graph.
+
+use super::layer::{CombineElement, MoeAllToAll};
+use crate::buffer::SymSlice;
+use crate::context::Stream;
+use crate::dtype::Element;
+use crate::error::Result;
+use crate::gpu::kernels::{not_built, MoeLayer};
+use crate::gpu::GpuWorld;
+use crate::team::OpKind;
+
+impl<T: Element> MoeAllToAll<T> {
+    /// The kernels' arguments for `phase`, with this exchange's buffers.
+    fn layer_args(&self, phase: i32) -> MoeLayer {
+        let (c, w) = (self.config, self.wire);
+        MoeLayer {
+            send: self.send.offset as u64,
+            stage: self.stage.offset as u64,
+            recv: self.recv.offset as u64,
+            send_splits: self.send_splits.offset as u64,
+            stage_so: self.stage_so.offset as u64,
+            back_so: self.back_so.offset as u64,
+            view_so: self.dispatch_splits.offset as u64,
+            slot_rows: self.slot_rows.offset as u64,
+            state: self.state.offset as u64,
+            scratch: self.scratch.offset as u64,
+            data_bytes: w.data as i64,
+            meta: w.meta as i64,
+            stride: w.stride as i64,
+            max_tokens: c.max_tokens as i64,
+            hidden: c.hidden as i64,
+            top_k: c.top_k as i32,
+            ne: c.experts_per_pe as i32,
+            major_align: c.major_align as i32,
+            phase,
+            ..MoeLayer::default()
+        }
+    }
+
+    /// `dispatch_on_device` on the GPU backend: route and gather, the
+    /// exchange of wire rows, the expansion into the view.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn dispatch_gpu(
+        &self,
+        g: &GpuWorld,
+        pre: Result<()>,
+        tokens: SymSlice<'_, T>,
+        ids: SymSlice<'_, i64>,
+        weights: SymSlice<'_, f32>,
+        count: SymSlice<'_, i64>,
+        stream: &Stream,
+    ) -> Result<SymSlice<'_, T>> {
+        let (c, n, ctx) = (self.config, self.team.n_pes(), &self.team.ctx);
+        let st = g.stream(stream).cu_stream();
+        let pre = pre.and_then(|_| {
+            let k = g.kernels.as_ref().ok_or_else(not_built)?;
+            let t = k.team(self.team.state.slot, &self.team.state.members, false)?;
+            let m = MoeLayer {
+                tokens: tokens.region(ctx)?.offset as u64,
+                ids: ids.region(ctx)?.offset as u64,
+                weights: weights.region(ctx)?.offset as u64,
+                n_tokens: count.region(ctx)?.offset as u64,
+                ..self.layer_args(0)
+            };
+            k.moe_route(t, m, c.max_tokens * c.top_k, st)
+        });
+        let buffers = ((&self.send).into(), (&self.stage).into(), (&self.send_splits).into(), (&self.stage_so).into());
+        self.team.all_to_all_v_any(OpKind::AllToAllV, buffers, self.wire.stride, 0, pre, stream)?;
+        let k = g.kernels.as_ref().ok_or_else(not_built)?;
+        let t = k.team(self.team.state.slot, &self.team.state.members, false)?;
+        k.moe_route(t, self.layer_args(1), n * c.max_tokens, st)?;
+        Ok((&self.recv).into())
+    }
+}
+
+impl<T: CombineElement> MoeAllToAll<T> {
+    /// `combine_on_device` on the GPU backend: the expert side's partials,
+    /// the exchange back, the source's sums.
+    pub(super) fn combine_gpu(
+        &self,
+        g: &GpuWorld,
+        pre: Result<()>,
+        outputs: SymSlice<'_, T>,
+        out: SymSlice<'_, T>,
+        stream: &Stream,
+    ) -> Result<()> {
+        let (c, n, ctx) = (self.config, self.team.n_pes(), &self.team.ctx);
+        let st = g.stream(stream).cu_stream();
+        let args = |phase| -> Result<MoeLayer> {
+            Ok(MoeLayer {
+                outputs: outputs.region(ctx)?.offset as u64,
+                out: out.region(ctx)?.offset as u64,
+                ..self.layer_args(phase)
+            })
+        };
+        let pre = pre.and_then(|_| {
+            let k = g.kernels.as_ref().ok_or_else(not_built)?;
+            let t = k.team(self.team.state.slot, &self.team.state.members, false)?;
+            k.moe_combine(T::DTYPE, t, args(0)?, n * c.max_tokens, st)
+        });
+        let buffers = ((&self.stage).into(), (&self.send).into(), self.stage_so.slice(0..n), (&self.back_so).into());
+        self.team.all_to_all_v_any(OpKind::AllToAllV, buffers, self.wire.stride, 0, pre, stream)?;
+        let k = g.kernels.as_ref().ok_or_else(not_built)?;
+        let t = k.team(self.team.state.slot, &self.team.state.members, false)?;
+        k.moe_combine(T::DTYPE, t, args(1)?, c.max_tokens, st)
+    }
+}
