@@ -1,0 +1,89 @@
+// Block-scaled FP8 quantization on the device, bit for bit the host's
+// reference (shmem/src/quant.rs, whose module docs define it): groups of
+// kQuantGroup consecutive elements, one f32 scale a group (amax / 448, or
+// 1 where that is zero), each element `x / scale` in e4m3, rounded to
+// nearest even and saturated to ±448; a NaN quotient is code 0x7f.
+//
+// The reference's arithmetic, exactly: amax is a maximum (exact, NaNs
+// ignored as `fmaxf` ignores them), both divisions are IEEE divisions
+// rounded to nearest (`__fdiv_rn`, whatever the compiler's flags), and the
+// conversion is the hardware's round-to-nearest-even with `__NV_SATFINITE`.
+#pragma once
+#include <cuda_fp8.h>
+#include <cstdint>
+#include "elem.cuh"
+
+namespace shmem {
+namespace k {
+
+constexpr int kQuantGroup = 128;
+constexpr float kE4m3Max = 448.0f;
+
+// The value of an element of the types quantization reads, exactly.
+template <typename T> __device__ __forceinline__ float quant_in(T x) { return static_cast<float>(to_acc(x)); }
+
+// The code of `x` in a group of scale `scale`.
+__device__ __forceinline__ uint8_t quantize_one(float x, float scale) {
+    const float y = __fdiv_rn(x, scale);
+    if (isnan(y)) return 0x7f;
+    return static_cast<uint8_t>(__nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3));
+}
+
+// The value code `q` of a group of scale `scale` stands for, in `T`
+// (one f32 multiplication, then rounded to T).
+template <typename T> __device__ __forceinline__ T dequantize_one(uint8_t q, float scale) {
+    const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(q), __NV_E4M3);
+    return from_acc<T>(static_cast<typename Acc<T>::type>(__fmul_rn(__half2float(__half(h)), scale)));
+}
+
+// One group of `len` (≤ kQuantGroup) elements of `x` into `q` and its
+// scale into `*scale_out`, by a whole warp: lane l takes elements l,
+// l + 32, l + 64 and l + 96. Returns the scale on every lane.
+template <typename T>
+__device__ __forceinline__ float quantize_group(const T *x, int len, uint8_t *q, float *scale_out) {
+    const int lane = threadIdx.x % 32;
+    float v[kQuantGroup / 32];
+    float amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kQuantGroup / 32; j++) {
+        const int i = lane + 32 * j;
+        v[j] = i < len ? quant_in(x[i]) : 0.0f;
+        amax = fmaxf(amax, fabsf(v[j]));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    float scale = __fdiv_rn(amax, kE4m3Max);
+    if (scale == 0.0f) scale = 1.0f;
+#pragma unroll
+    for (int j = 0; j < kQuantGroup / 32; j++) {
+        const int i = lane + 32 * j;
+        if (i < len) q[i] = quantize_one(v[j], scale);
+    }
+    if (lane == 0) *scale_out = scale;
+    return scale;
+}
+
+// `len` elements of `x` (`scales`: one a group) into `q`, by the whole
+// grid: warp w of the grid takes groups w, w + warps, ….
+template <typename T>
+__device__ void quantize_rows(const T *x, uint64_t len, uint8_t *q, float *scales) {
+    const uint64_t groups = (len + kQuantGroup - 1) / kQuantGroup;
+    const uint64_t warps = static_cast<uint64_t>(gridDim.x) * blockDim.x / 32;
+    for (uint64_t g = (static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; g < groups; g += warps) {
+        const uint64_t at = g * kQuantGroup;
+        const int n = static_cast<int>(len - at < kQuantGroup ? len - at : kQuantGroup);
+        quantize_group(x + at, n, q + at, scales + g);
+    }
+}
+
+// The inverse: `len` elements into `x` from `q` and `scales`, by the
+// whole grid.
+template <typename T>
+__device__ void dequantize_rows(const uint8_t *q, const float *scales, uint64_t len, T *x) {
+    const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+    for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < len; i += stride)
+        x[i] = dequantize_one<T>(q[i], scales[i / kQuantGroup]);
+}
+
+}  // namespace k
+}  // namespace shmem
