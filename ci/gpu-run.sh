@@ -532,6 +532,25 @@ for arg in "$@"; do
         STEP_TIMEOUT=${BENCH_TIMEOUT:-300} step bench-ag-target "${run[@]}" "$bin/shmem-bench" --backend gpu \
             --op all_gather --dtype bf16 --min-bytes "$((pes * 256))M" --max-bytes "$((pes * 256))M" --impl shmem,nccl \
             --json "$out/bench-ag-target.jsonl"
+        # PyTorch SymmMem's one-shot and two-shot all-reduce (and torch's
+        # NCCL) at the same sizes, checked and timed as the bench's rows, in
+        # its format: torch-symm.jsonl, which perf_tables.py, plot_perf.py
+        # and targets.py read beside bench.jsonl. One node only.
+        torch_symm=$here/torch_symm_bench.py
+        [[ -f $torch_symm ]] || torch_symm=$here/../ci/torch_symm_bench.py
+        torchrun=$(ls /opt/*/.venv/bin/torchrun 2>/dev/null | head -n 1)
+        if ((pes < 2 || nodes > 1)); then
+            echo "gpu-run: PyTorch's all-reduce rows need 2 PEs or more on one node: skipped" | tee -a "$log"
+        elif [[ -z $torchrun ]]; then
+            echo "gpu-run: no torchrun under /opt/*/.venv: no PyTorch all-reduce rows" | tee -a "$log"
+        elif [[ ! -f $torch_symm ]]; then
+            echo "gpu-run: torch_symm_bench.py is in neither the bundle nor ../ci: no PyTorch all-reduce rows" |
+                tee -a "$log"
+        else
+            STEP_TIMEOUT=${TORCH_TIMEOUT:-300} step torch-symm "$torchrun" --nproc-per-node "$pes" "$torch_symm" \
+                --dtype f32,bf16 --max-bytes "${BENCH_MAX_BYTES:-256M}" \
+                --graph-max-bytes "${BENCH_GRAPH_MAX_BYTES:-1M}" --json "$out/torch-symm.jsonl"
+        fi
     fi
 done
 

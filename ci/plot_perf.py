@@ -9,7 +9,10 @@ RESULT: a JSON-lines file of shmem-bench (`--json`), or a folder whose
 which gpu-run.sh --tune writes under the same names), such as the `$OUT/NAME-PES/` folders that
 ci/gpu-compare.sh leaves (bench.jsonl, moe-top1.jsonl, moe-top8.jsonl);
 give as many as there are, e.g. `out/main-2 out/main-4`. Rows of
-ci/torch_a2av_2d.py (`dispatch_2d`) count as PyTorch's dispatch.
+ci/torch_a2av_2d.py (`dispatch_2d`) count as PyTorch's dispatch; those of
+ci/torch_symm_bench.py (gpu-run.sh --bench's torch-symm.jsonl:
+`torch-oneshot`, `torch-twoshot`, `torch-nccl`, in shmem-bench's format)
+are drawn in the all-reduce plots beside NCCL.
 
 Writes into SVG_DIR:
 - OP_DTYPE.svg for each collective (and put/get) and element type: time
@@ -50,7 +53,9 @@ MOE_OPS = ["dispatch", "combine", "all_to_all_v"]
 # The overlapped matmuls are timed in operations, the barrier moves nothing.
 NOT_BY_SIZE = {"barrier", "ag_matmul", "matmul_rs"}
 DEFAULT_IMPLS = ["shmem", "nccl", "nvshmem"]
-COLOURS = {"shmem": "#1f77b4", "nccl": "#2ca02c", "nvshmem": "#ff7f0e", "torch": "#d62728"}
+COLOURS = {"shmem": "#1f77b4", "nccl": "#2ca02c", "nvshmem": "#ff7f0e", "torch": "#d62728",
+           # ci/torch_symm_bench.py's all-reduce
+           "torch-oneshot": "#d62728", "torch-twoshot": "#e377c2", "torch-nccl": "#8c564b"}
 OTHER_COLOURS = ["#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#637939"]
 
 
@@ -301,14 +306,24 @@ def bench_line(op, impl, dtype, nbytes, pes, graph, time_us, moe=None, vs=None):
 
 def model_time(impl, nbytes, pes, graph):
     """A made-up time: a latency and a link rate per implementation."""
-    latency = {"shmem": 3.0, "shmem-oneshot": 3.5, "nccl": 8.0, "nvshmem": 12.0}[impl] * (1 + 0.3 * (pes - 2))
+    latency = {"shmem": 3.0, "shmem-oneshot": 3.5, "nccl": 8.0, "nvshmem": 12.0, "torch-oneshot": 4.0,
+               "torch-twoshot": 6.0, "torch-nccl": 9.0}[impl] * (1 + 0.3 * (pes - 2))
     latency *= 1.0 if graph else 1.6
-    rate = {"shmem": 330e3, "shmem-oneshot": 250e3, "nccl": 310e3, "nvshmem": 200e3}[impl] / (1 + 0.1 * (pes - 2))
+    rate = {"shmem": 330e3, "shmem-oneshot": 250e3, "nccl": 310e3, "nvshmem": 200e3, "torch-oneshot": 150e3,
+            "torch-twoshot": 300e3, "torch-nccl": 305e3}[impl] / (1 + 0.1 * (pes - 2))
     return latency + nbytes / rate
 
 
-def write_synthetic(folder, pes, run="main"):
-    """gpu-compare.sh's files for one run at `pes` PEs, made up."""
+def torch_symm_line(impl, dtype, nbytes, pes, graph, time_us):
+    """A row as ci/torch_symm_bench.py writes it: shmem-bench's fields,
+    backend "torch", its vs_* null, and the torch version."""
+    s = bench_line("all_reduce", impl, dtype, nbytes, pes, graph, time_us)
+    return s.replace('"backend":"gpu"', '"backend":"torch"')[:-1] + ',"torch":"2.9.0"}'
+
+
+def write_synthetic(folder, pes, run="main", with_torch=False):
+    """gpu-compare.sh's files for one run at `pes` PEs, made up (with
+    `with_torch`, gpu-run.sh --bench's torch-symm.jsonl too)."""
     dest = os.path.join(folder, f"{run}-{pes}")
     os.makedirs(dest, exist_ok=True)
     lines = []
@@ -329,6 +344,17 @@ def write_synthetic(folder, pes, run="main"):
                 b *= 2
     with open(os.path.join(dest, "bench.jsonl"), "w") as f:
         f.write("\n".join(lines) + "\n")
+    if with_torch:  # gpu-run.sh --bench's torch-symm.jsonl: all-reduce, f32 and bf16
+        lines = []
+        for dtype in ("f32", "bf16"):
+            b = 8
+            while b <= 256 << 20:
+                for graph in (False, True) if b <= 1 << 20 else (False,):
+                    for impl in ("torch-oneshot", "torch-twoshot", "torch-nccl"):
+                        lines.append(torch_symm_line(impl, dtype, b, pes, graph, model_time(impl, b, pes, graph)))
+                b *= 2
+        with open(os.path.join(dest, "torch-symm.jsonl"), "w") as f:
+            f.write("\n".join(lines) + "\n")
     hidden = 7168
     for topk in (1, 8):
         lines = []
@@ -349,7 +375,8 @@ def write_synthetic(folder, pes, run="main"):
 
 def self_test(svg_dir):
     with tempfile.TemporaryDirectory(prefix="plot_perf.") as tmp:
-        results = [write_synthetic(tmp, pes) for pes in (2, 4)]
+        # PyTorch's all-reduce rows at 2 PEs only: a plot draws what there is.
+        results = [write_synthetic(tmp, pes, with_torch=pes == 2) for pes in (2, 4)]
         rows = load(results)
         for r in rows:  # the synthetic rows parse into the bench's fields
             assert {"op", "impl", "backend", "dtype", "bytes", "pes", "graph", "time_us", "busbw_gbps"} <= r.keys(), r
@@ -366,6 +393,20 @@ def self_test(svg_dir):
             assert "<text" in svg, f"{p}: text drawn as paths (svg.fonttype)"
             assert "2 PEs" in svg and "4 PEs" in svg, f"{p}: a PE count is missing"
             assert "shmem, graph" in svg and "nccl, eager" in svg, f"{p}: a line is missing from the legend"
+            torch_lines = [f"{i}, {m}" for i in ("torch-oneshot", "torch-twoshot", "torch-nccl")
+                           for m in ("graph", "eager")]
+            if os.path.basename(p).startswith("all_reduce_"):
+                missing = [t for t in torch_lines if t not in svg]
+                assert not missing, f"{p}: PyTorch's lines {missing} are missing from the legend"
+            else:
+                assert "torch-" not in svg, f"{p}: PyTorch's all-reduce drawn in another op's plot"
+        torch_rows = [r for r in rows if r["impl"].startswith("torch-")]
+        assert torch_rows and all(r["backend"] == "torch" and r["op"] == "all_reduce" for r in torch_rows)
+        # --impl shmem,nccl leaves them out; the default draws them in their own colours.
+        palette = {}
+        assert len({colour(i, i, palette) for i in ("shmem", "nccl", "torch-oneshot", "torch-twoshot",
+                                                    "torch-nccl")}) == 5, palette
+        assert not any(wanted_impl(i, ["shmem", "nccl"]) for i in ("torch-oneshot", "torch-twoshot"))
         sizes = sorted(os.path.getsize(p) for p in written)
         where = out if svg_dir else "a temporary folder (give SVG_DIR to keep them)"
         print(f"plot_perf: self-test drew {len(written)} plots from {len(rows)} rows into {where} "

@@ -12,6 +12,10 @@ prints:
   time), met or missed, with the row that decides it and NCCL's time from
   the same file where it ran;
 - the sizes where shmem's default is slower than NCCL in the same file;
+- where the rows hold PyTorch SymmMem's all-reduce (ci/torch_symm_bench.py,
+  gpu-run.sh --bench's torch-symm.jsonl: `torch-oneshot`, `torch-twoshot`),
+  its faster time beside each target's row, and the sizes where shmem's
+  default is slower than it in the same run;
 - from the tuning sweep (tune-*.jsonl), the fastest setting at each size,
   and what the two defaults that wait for a two-GPU run would be:
   `Tuning::low_latency_lines_min_bytes` (the smallest all-reduce size from
@@ -23,6 +27,8 @@ Times are medians in µs as shmem-bench reports them; graph rows where both
 exist, as the targets were set on graph replays (the bandwidth targets on
 the faster of the two). Nothing is averaged across files: each row names
 its file.
+
+    python3 ci/targets.py --self-test    # made-up rows, no GPU
 """
 import collections
 import glob
@@ -32,6 +38,8 @@ import sys
 
 KIB, MIB = 1 << 10, 1 << 20
 ROW_BYTES = 7168 * 2  # the MoE rows of the targets: 7168 bf16
+# PyTorch SymmMem's all-reduce (ci/torch_symm_bench.py), in its own file.
+TORCH_IMPLS = ("torch-oneshot", "torch-twoshot")
 
 
 def load(paths):
@@ -91,6 +99,14 @@ class Rows:
         same = [x for x in same if x.get("dtype") == r.get("dtype") and x.get("tokens") == r.get("tokens")]
         return same[0] if same else None
 
+    def torch_beside(self, r):
+        """PyTorch SymmMem's faster row of r's measurement (op, dtype,
+        size, mode, PEs), from any file: ci/torch_symm_bench.py writes its own."""
+        same = [x for x in self.rows if x["impl"] in TORCH_IMPLS and x["op"] == r["op"] and x["bytes"] == r["bytes"]
+                and x.get("graph") == r.get("graph") and x.get("dtype") == r.get("dtype")
+                and x.get("pes") == r.get("pes")]
+        return min(same, key=lambda x: x["time_us"]) if same else None
+
 
 def is_default(r):
     """Whether a row is of shmem's default settings (gpu-run.sh's tune-*
@@ -107,6 +123,9 @@ def describe(rs, r):
     n = rs.beside(r)
     if n is not None:
         s += f"; NCCL {n['time_us']:.2f} µs"
+    t = rs.torch_beside(r)
+    if t is not None:
+        s += f"; PyTorch {t['time_us']:.2f} µs ({t['impl']})"
     return s
 
 
@@ -200,6 +219,27 @@ def against_nccl(rs, pes):
               f"({n['time_us'] / r['time_us']:.2f}×, {r['file']})")
 
 
+def against_torch(rs, pes):
+    """Sizes where shmem's default is slower than PyTorch SymmMem's faster
+    all-reduce in the same run (only where there are PyTorch rows)."""
+    if not rs.pick(pes=pes, impl=TORCH_IMPLS[0]) and not rs.pick(pes=pes, impl=TORCH_IMPLS[1]):
+        return
+    slower, total = [], 0
+    for r in filter(is_default, rs.pick(impl="shmem", pes=pes)):
+        t = rs.torch_beside(r)
+        if t is None:
+            continue
+        total += 1
+        if r["time_us"] > t["time_us"]:
+            slower.append((r, t))
+    print(f"\n# shmem's default against PyTorch SymmMem (the faster of one-shot and two-shot) in the same run: "
+          f"{total - len(slower)} of {total} at least as fast\n")
+    for r, t in sorted(slower, key=lambda x: (x[0]["op"], x[0].get("dtype", ""), x[0]["bytes"], x[0].get("graph"))):
+        mode = "graph" if r.get("graph") else "eager"
+        print(f"- {r['op']} {r.get('dtype', '')} {fmt_bytes(r['bytes'])} {mode}: {r['time_us']:.2f} against "
+              f"{t['time_us']:.2f} µs ({t['impl']}, {t['time_us'] / r['time_us']:.2f}×, {r['file']})")
+
+
 def tuning(rs, pes):
     tune = [r for r in rs.rows if r["file"].startswith("tune-") and r.get("pes") == pes and r.get("graph")]
     if not tune:
@@ -260,7 +300,45 @@ def tuning(rs, pes):
                   f"({upto} tokens of 7168 bf16){below}")
 
 
+def self_test():
+    """targets() and the comparisons on made-up rows, with and without PyTorch's."""
+    import contextlib
+    import io
+
+    def row(impl, b, graph, t, file="bench.jsonl"):
+        return {"op": "all_reduce", "impl": impl, "dtype": "bf16", "bytes": b, "pes": 2, "graph": graph,
+                "time_us": t, "busbw_gbps": b / (t * 1e3), "file": file}
+
+    ours = [row(i, b, g, (2.0 if i == "shmem" else 6.0) + b / 4e5)
+            for i in ("shmem", "nccl") for b in (8, 4 * KIB, MIB, 256 * MIB) for g in (True, False)]
+    pt = [row(i, b, g, (1.5 if i == "torch-oneshot" else 9.0) + b / 2e5, "torch-symm.jsonl")
+          for i in TORCH_IMPLS for b in (8, 4 * KIB, MIB) for g in (True, False)]
+
+    def text(rows):
+        rs = Rows(rows)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            targets(rs, 2)
+            against_nccl(rs, 2)
+            against_torch(rs, 2)
+        return out.getvalue()
+
+    plain, with_torch = text(ours), text(ours + pt)
+    assert "PyTorch" not in plain and "against NCCL in the same run: 8 of 8" in plain, plain
+    assert "all-reduce ≤ 3 µs at ≤ 4 KiB: met" in with_torch, with_torch
+    assert "; NCCL 6.01 µs; PyTorch 1.52 µs (torch-oneshot)" in with_torch, with_torch
+    assert "against PyTorch SymmMem (the faster of one-shot and two-shot) in the same run: 2 of 6" in with_torch
+    assert "- all_reduce bf16 8 B graph: 2.00 against 1.50 µs (torch-oneshot, 0.75×, bench.jsonl)" in with_torch
+    # What was there before, as before.
+    import re
+    assert re.sub(r"; PyTorch [0-9.]+ µs \(torch-\w+\)", "", with_torch).startswith(plain), with_torch
+    print("targets: self-test passed")
+
+
 def main(argv):
+    if len(argv) == 2 and argv[1] == "--self-test":
+        self_test()
+        return 0
     if len(argv) < 2 or argv[1] in ("-h", "--help"):
         print(__doc__.strip())
         return 0 if len(argv) >= 2 else 2
@@ -272,6 +350,7 @@ def main(argv):
     rs.rows = [r for r in rs.rows if r.get("pes", 1) == pes]
     targets(rs, pes)
     against_nccl(rs, pes)
+    against_torch(rs, pes)
     tuning(rs, pes)
     return 0
 
