@@ -42,6 +42,6 @@ if [[ -n $archive ]]; then
     rm -rf .gpu-bundle/bin
 fi
 cp ci/gpu-run.sh ci/gpu-env.sh ci/gpu-compare.sh ci/targets.py ci/perf_tables.py .gpu-bundle/
-# PyTorch's MoE dispatch, which moe_torch_check compares ours with (run there under torchrun).
-cp ci/torch_a2av_2d.py .gpu-bundle/
+# PyTorch's MoE dispatch, which moe_torch_check compares ours with, and its SymmMem all-reduces (run there under torchrun).
+cp ci/torch_a2av_2d.py ci/torch_symm_bench.py .gpu-bundle/
 du -sh .gpu-bundle
