@@ -110,9 +110,21 @@ fn headers(kernels: &Path) -> Vec<PathBuf> {
     h
 }
 
-/// Compiles every source for every architecture (sources in parallel),
-/// links each architecture's objects with the NVSHMEM device library, and
-/// packs several architectures into one fat binary. Returns the image.
+/// How many nvcc run at once: cargo's job count for this build script
+/// (`NUM_JOBS`, which `-j` and `CARGO_BUILD_JOBS` set), else the cores.
+fn nvcc_jobs() -> usize {
+    std::env::var("NUM_JOBS")
+        .ok()
+        .and_then(|j| j.parse().ok())
+        .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// Compiles every source for every architecture (sources in parallel, up
+/// to [`nvcc_jobs`] at once), links each architecture's objects with the
+/// NVSHMEM device library, and packs several architectures into one fat
+/// binary. Returns the image.
 fn build(
     nvcc: &Path,
     nvshmem: &Path,
@@ -126,35 +138,48 @@ fn build(
     let phases = phases();
     let mut images = Vec::new();
     for arch in archs {
+        // At most `jobs` nvcc at once: each takes most of a GiB, and cargo
+        // may run several builds beside this one; more than the cores
+        // brings nothing anyway.
+        let next = std::sync::atomic::AtomicUsize::new(0);
         let objects: Vec<PathBuf> = std::thread::scope(|scope| {
-            let jobs: Vec<_> = sources
-                .iter()
-                .map(|src| {
-                    let obj = out.join(format!("{}.sm_{arch}.cubin", src.file_stem().unwrap().to_string_lossy()));
-                    scope.spawn(move || {
-                        run(Command::new(nvcc)
-                            .args([
-                                &format!("-arch=sm_{arch}"),
-                                "-rdc=true",
-                                "-cubin",
-                                "-O3",
-                                "-std=c++17",
-                                "-lineinfo",
-                            ])
-                            // A profiling build: phase stamps (kernels/phases.cuh).
-                            .args(phases.then_some("-DSHMEM_PHASES"))
-                            .arg("-I")
-                            .arg(kernels)
-                            .arg("-I")
-                            .arg(nvshmem.join("include"))
-                            .arg(src)
-                            .arg("-o")
-                            .arg(&obj));
-                        obj
+            let workers: Vec<_> = (0..nvcc_jobs().min(sources.len()))
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut done = Vec::new();
+                        loop {
+                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let Some(src) = sources.get(i) else { return done };
+                            let stem = src.file_stem().unwrap().to_string_lossy();
+                            let obj = out.join(format!("{stem}.sm_{arch}.cubin"));
+                            run(Command::new(nvcc)
+                                .args([
+                                    &format!("-arch=sm_{arch}"),
+                                    "-rdc=true",
+                                    "-cubin",
+                                    "-O3",
+                                    "-std=c++17",
+                                    "-lineinfo",
+                                ])
+                                // A profiling build: phase stamps (kernels/phases.cuh).
+                                .args(phases.then_some("-DSHMEM_PHASES"))
+                                .arg("-I")
+                                .arg(kernels)
+                                .arg("-I")
+                                .arg(nvshmem.join("include"))
+                                .arg(src)
+                                .arg("-o")
+                                .arg(&obj));
+                            done.push((i, obj));
+                        }
                     })
                 })
                 .collect();
-            jobs.into_iter().map(|j| j.join().expect("an nvcc job")).collect()
+            let mut all: Vec<(usize, PathBuf)> =
+                workers.into_iter().flat_map(|w| w.join().expect("an nvcc worker")).collect();
+            // The sources' order, whichever worker compiled each.
+            all.sort();
+            all.into_iter().map(|(_, obj)| obj).collect()
         });
         let linked = out.join(format!("shmem_kernels.sm_{arch}.cubin"));
         run(Command::new(&nvlink)
