@@ -374,10 +374,11 @@ pub struct Collectives {
 /// path's test) and one node.
 ///
 /// The host backend takes every node-aware form. The gpu backend takes
-/// them for the all-gather, the broadcast, and the all-reduce and
-/// reduce-scatter under [`ReduceOrder::PeOrder`] (its kernels over the rail
-/// pipes, which stream pipelined chunks between the PEs of a rail); its
-/// all-to-all, and its reductions under [`ReduceOrder::NodeGrouped`], run
+/// them for the all-gather, the broadcast, the all-to-all (in place through
+/// a copy of the source, which a CUDA graph cannot capture), and the
+/// all-reduce and reduce-scatter under [`ReduceOrder::PeOrder`] (its
+/// kernels over the rail pipes, which stream pipelined chunks between the
+/// PEs of a rail); its reductions under [`ReduceOrder::NodeGrouped`] run
 /// flat, in PE order. Node-aware collectives of the world must not run on
 /// two streams at once (they share the world's pipes, as the low-latency
 /// kernels share their buffers). Every PE must choose alike, between

@@ -161,8 +161,8 @@ impl Team {
     /// the settings and the team's shape say so; on the gpu backend also
     /// where shmem's own kernels run the collectives, the node's PEs reach
     /// each other over NVLink and two blocks of a kernel are resident at
-    /// once. The gpu backend's all-to-all, and its reductions under
-    /// [`ReduceOrder::NodeGrouped`], still run flat.
+    /// once. The gpu backend's reductions under
+    /// [`ReduceOrder::NodeGrouped`] still run flat.
     pub fn node_aware(&self) -> bool {
         match &self.ctx.gpu {
             None => self.rails().is_some(),
@@ -509,7 +509,8 @@ impl Team {
             let cu = st.cu_stream();
             let (dt, op) = (T::DTYPE, op.unwrap_or(ReduceOp::Sum));
             let p = Protocols::new(team.slot == 0, &cfg.tuning);
-            if let Some(per_node) = self.gpu_rails(g) {
+            let rails = self.gpu_rails(g);
+            if let Some(per_node) = rails {
                 let pe_order = cfg.reduce_order == ReduceOrder::PeOrder;
                 match kind {
                     OpKind::AllGather => {
@@ -525,7 +526,12 @@ impl Team {
                     OpKind::ReduceScatter if pe_order => {
                         return k.reduce_scatter_nodes(t, per_node, dt, op, d.offset, s.offset, d.len, cu);
                     }
-                    // The all-to-all, and the node-grouped order: flat.
+                    OpKind::AllToAll if !overlap(d, s, elem) => {
+                        let per_pe = d.len / self.n_pes() * elem;
+                        return k.all_to_all_nodes(t, per_node, d.offset, s.offset, per_pe, cu);
+                    }
+                    // The in-place all-to-all (below), and the node-grouped
+                    // order (flat).
                     _ => {}
                 }
             }
@@ -568,7 +574,8 @@ impl Team {
                         return k.all_to_all(t, p, d.offset, s.offset, per_pe, cu);
                     }
                     // In place: this PE's blocks go out from a copy, as peers
-                    // write into the same buffer.
+                    // write into the same buffer (by the node-aware kernel
+                    // where the world takes it).
                     if self.capturing(stream) {
                         return Err(Error::Invalid(
                             "an in-place all_to_all cannot be captured in a CUDA graph (it goes through a \
@@ -589,7 +596,10 @@ impl Team {
                         }
                     };
                     g.copy(g.addr(sc.offset), g.addr(s.offset), s.len * elem, st)?;
-                    k.all_to_all(t, p, d.offset, sc.offset, per_pe, cu)?;
+                    match rails {
+                        Some(per_node) => k.all_to_all_nodes(t, per_node, d.offset, sc.offset, per_pe, cu)?,
+                        None => k.all_to_all(t, p, d.offset, sc.offset, per_pe, cu)?,
+                    }
                     st.synchronize().cuda("cuStreamSynchronize")?;
                     drop(sc);
                     // Synchronised anyway: the call itself reports its

@@ -581,7 +581,7 @@ fn world(env: &Env, coll: Coll, v: Variant) -> TestResult {
 /// flat); the world takes the node-aware forms where it should, on either
 /// backend: spanning nodes of consecutive ranks, not under forced RMA, not
 /// [`Variant::Flat`]. On the gpu backend that means its node-aware kernels
-/// ran the all-gather, broadcast, all-reduce and reduce-scatter.
+/// ran the all-gather, broadcast, all-to-all, all-reduce and reduce-scatter.
 fn nodes_taken(env: &Env, v: Variant, rep: &mut Report) -> TestResult {
     let gpu = env.ctx.backend() == BackendKind::Gpu;
     if v == Variant::NodeGrouped && gpu {

@@ -384,6 +384,21 @@ impl Kernels {
         self.launch_nodes(KernelId::BroadcastNodes, t, rail_op(dst, src, bytes, per_node, root), s)
     }
 
+    /// All-to-all across nodes of `bytes` per member, `src` and `dst`
+    /// apart: rows for another node through the rail pipes, one a node.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn all_to_all_nodes(
+        &self,
+        t: TeamSync,
+        per_node: usize,
+        dst: usize,
+        src: usize,
+        bytes: usize,
+        s: CUstream,
+    ) -> Result<()> {
+        self.launch_nodes(KernelId::AllToAllNodes, t, rail_op(dst, src, bytes, per_node, 0), s)
+    }
+
     /// All-reduce across nodes in PE order, `count` elements (`dst` equal
     /// to `src` for in place).
     #[allow(clippy::too_many_arguments)]

@@ -163,10 +163,12 @@ pub(crate) enum KernelId {
     MoeGather,
     /// `shmem_amo`: a host-initiated atomic through NVSHMEM.
     Amo,
-    /// `shmem_allgather_nodes`, `shmem_broadcast_nodes` of `move_nodes.cu`:
-    /// the node-aware data movement.
+    /// `shmem_allgather_nodes`, `shmem_broadcast_nodes`,
+    /// `shmem_alltoall_nodes` of `move_nodes.cu`: the node-aware data
+    /// movement.
     AllGatherNodes,
     BroadcastNodes,
+    AllToAllNodes,
     /// `shmem_sum_slots_{dtype}` of `overlap.cu` (f32, f16, bf16).
     SumSlots(DType),
     /// `shmem_moe_combine_{dtype}` (f32, f64, f16, bf16).
@@ -182,7 +184,7 @@ pub(crate) enum KernelId {
 }
 
 /// Kernels without arguments of their own, in [`KernelId::index`] order.
-const SINGLES: [KernelId; 12] = [
+const SINGLES: [KernelId; 13] = [
     KernelId::SelfCheck,
     KernelId::Barrier,
     KernelId::Agree,
@@ -195,6 +197,7 @@ const SINGLES: [KernelId; 12] = [
     KernelId::Amo,
     KernelId::AllGatherNodes,
     KernelId::BroadcastNodes,
+    KernelId::AllToAllNodes,
 ];
 
 const DTYPES: usize = DType::ALL.len();
@@ -239,6 +242,7 @@ impl KernelId {
             KernelId::Amo => 9,
             KernelId::AllGatherNodes => 10,
             KernelId::BroadcastNodes => 11,
+            KernelId::AllToAllNodes => 12,
             KernelId::SumSlots(d) => SUM_SLOTS_AT + dtype(d),
             KernelId::MoeCombine(d) => MOE_COMBINE_AT + dtype(d),
             KernelId::A2avFused(k) => A2AV_FUSED_AT + k as usize,
@@ -270,6 +274,7 @@ impl KernelId {
             KernelId::Amo => "shmem_amo".into(),
             KernelId::AllGatherNodes => "shmem_allgather_nodes".into(),
             KernelId::BroadcastNodes => "shmem_broadcast_nodes".into(),
+            KernelId::AllToAllNodes => "shmem_alltoall_nodes".into(),
             KernelId::SumSlots(d) => format!("shmem_sum_slots_{}", d.name()),
             KernelId::MoeCombine(d) => format!("shmem_moe_combine_{}", d.name()),
             KernelId::A2avFused(k) => format!("shmem_a2av_fused_{}", a2av(k)),
@@ -408,6 +413,7 @@ mod tests {
         );
         assert_eq!(KernelId::AllGatherNodes.symbol(), "shmem_allgather_nodes");
         assert_eq!(KernelId::BroadcastNodes.symbol(), "shmem_broadcast_nodes");
+        assert_eq!(KernelId::AllToAllNodes.symbol(), "shmem_alltoall_nodes");
     }
 
     #[test]
@@ -506,6 +512,7 @@ mod tests {
         assert_eq!(makers("shmem_moe_combine_bf16"), 1);
         assert_eq!(makers("shmem_allreduce_nodes_f32_sum"), 1);
         assert_eq!(makers("shmem_broadcast_nodes"), 1);
+        assert_eq!(makers("shmem_alltoall_nodes"), 1);
         assert_eq!(makers("shmem_nothing"), 0);
     }
 
