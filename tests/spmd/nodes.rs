@@ -23,6 +23,7 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("nodes::rma_counts_other_nodes_only", rma_counts_other_nodes_only),
     ("nodes::gpu_kernels_count_other_nodes_only", gpu_kernels_count_other_nodes_only),
     ("nodes::node_aware_all_to_all_eager_and_replayed", node_aware_all_to_all),
+    ("nodes::gpu_node_grouped_reductions_count_their_formula", gpu_node_grouped_reductions),
 ];
 
 /// The world's nodes: the same number of PEs on each, in PE order (as
@@ -543,6 +544,100 @@ fn a2a_replay(env: &Env, stream: &std::sync::Arc<cudarc::driver::CudaStream>, sh
         words.check(env, seed, &what)?;
         assert_eq!((got.bytes_put, got.bytes_got), (want.bytes_put, 0), "{what}: traffic {got:?}");
         // No PE writes the next replay's inputs while a peer still reads.
+        ctx.barrier_all(s)?;
+    }
+    drop(graph);
+    ctx.barrier_all(s)?;
+    Ok(())
+}
+
+/// The gpu backend's node-grouped all-reduce and reduce-scatter
+/// (`shmem_allreduce_grouped`, `shmem_reducescatter_grouped`) on the world
+/// across nodes: sums of f32, bf16 and u64, eager and replayed from a CUDA
+/// graph, results bit for bit the node-grouped fold, and the bytes each PE
+/// puts to other nodes [`host_node_traffic`]'s (`2 (N−1)/N·S/L` and
+/// `(N−1)/N·S/L`): exactly in replays, plus the agreement's rows in eager
+/// calls. The host backend's forms are checked by
+/// `node_grouped_collectives_count_their_formula`.
+fn gpu_node_grouped_reductions(env: &Env) -> TestResult {
+    let stream = needs_gpu(env)?;
+    let shape = shape(env)?;
+    if shape.nodes < 2 {
+        return Err(NotApplicable("needs two nodes or more (SHMEM_TEST_NODES)".into()).into());
+    }
+    with_settings(env, AcrossNodes::NodeAware, ReduceOrder::NodeGrouped, || {
+        if !env.ctx.world().node_aware() {
+            return Err(NotApplicable("the world does not take the node-aware kernels here".into()).into());
+        }
+        let mut agreement = None;
+        for count in [1, 5, 4099, 150_001] {
+            grouped_sums::<f32>(env, stream, shape, count, &mut agreement)?;
+            grouped_sums::<bf16>(env, stream, shape, count, &mut agreement)?;
+            grouped_sums::<u64>(env, stream, shape, count, &mut agreement)?;
+        }
+        Ok(())
+    })
+}
+
+/// An all-reduce of `count` elements and a reduce-scatter of `count` a
+/// PE, eager, then captured and replayed three times.
+fn grouped_sums<T: TestElem>(
+    env: &Env,
+    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    shape: NodeShape,
+    count: usize,
+    agreement: &mut Option<u64>,
+) -> TestResult {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let (me, n, s, ctx) = (env.me(), env.n(), &env.s, &env.ctx);
+    let world = ctx.world();
+    let seed = env.fresh_seed();
+    let value = |pe: usize, i: usize| {
+        T::random(crate::util::mix(seed ^ crate::util::mix((pe as u64) << 40 ^ i as u64)), ReduceOp::Sum)
+    };
+    let sum_of = |i: usize| {
+        let xs: Vec<T> = (0..n).map(|pe| value(pe, i)).collect();
+        reduce_grouped(ReduceOp::Sum, &xs, shape.per_node)
+    };
+    let src = ctx.alloc::<T>(n * count)?;
+    let ar = ctx.alloc::<T>(count)?;
+    let rs = ctx.alloc::<T>(count)?;
+    src.copy_from_host(&(0..n * count).map(|i| value(me, i)).collect::<Vec<_>>(), s)?;
+    let ar_want: Vec<T> = (0..count).map(sum_of).collect();
+    let rs_want: Vec<T> = (me * count..(me + 1) * count).map(sum_of).collect();
+    let grouped = ReduceOrder::NodeGrouped;
+    let ar_formula = host_node_traffic(Collective::AllReduce, shape, me, count, T::DTYPE, grouped);
+    let rs_formula = host_node_traffic(Collective::ReduceScatter, shape, me, n * count, T::DTYPE, grouped);
+    let what = format!("node-grouped sums of {count} {:?} on {shape:?}, PE {me}", T::DTYPE);
+    ar.fill(poison(), s)?;
+    rs.fill(poison(), s)?;
+    world.barrier(s)?;
+    let got = measure(env, || world.all_reduce(&ar, src.slice(..count), ReduceOp::Sum, s))?;
+    assert_bits_eq(&ar.copy_to_host(s)?, &ar_want, &format!("{what}: all_reduce"));
+    eager_bytes(got, ar_formula, agreement, &format!("{what}: all_reduce"));
+    let got = measure(env, || world.reduce_scatter(&rs, &src, ReduceOp::Sum, s))?;
+    assert_bits_eq(&rs.copy_to_host(s)?, &rs_want, &format!("{what}: reduce_scatter"));
+    eager_bytes(got, rs_formula, agreement, &format!("{what}: reduce_scatter"));
+    world.barrier(s)?;
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    let captured = world
+        .all_reduce(&ar, src.slice(..count), ReduceOp::Sum, s)
+        .and_then(|()| world.reduce_scatter(&rs, &src, ReduceOp::Sum, s));
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
+    captured?;
+    let graph = graph.ok_or("capture gave no graph")?;
+    for replay in 0..3 {
+        ar.fill(poison(), s)?;
+        rs.fill(poison(), s)?;
+        ctx.barrier_all(s)?;
+        let before = ctx.net_traffic(s)?;
+        graph.launch()?;
+        let got = ctx.net_traffic(s)?.since(&before);
+        let what = format!("{what}, replay {replay}");
+        assert_bits_eq(&ar.copy_to_host(s)?, &ar_want, &format!("{what}: all_reduce"));
+        assert_bits_eq(&rs.copy_to_host(s)?, &rs_want, &format!("{what}: reduce_scatter"));
+        let want = ar_formula.bytes_put + rs_formula.bytes_put;
+        assert_eq!((got.bytes_put, got.bytes_got), (want, 0), "{what}: traffic {got:?}");
         ctx.barrier_all(s)?;
     }
     drop(graph);

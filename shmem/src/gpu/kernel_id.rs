@@ -57,10 +57,13 @@ pub(crate) enum ReduceKernel {
     /// The node-aware chain in PE order (`reduce_nodes.cuh`).
     AllReduceNodes,
     ReduceScatterNodes,
+    /// The node-aware forms in the node-grouped order (`reduce_nodes.cuh`).
+    AllReduceGrouped,
+    ReduceScatterGrouped,
 }
 
 impl ReduceKernel {
-    const ALL: [ReduceKernel; 12] = [
+    const ALL: [ReduceKernel; 14] = [
         ReduceKernel::AllReduceLowLatency,
         ReduceKernel::AllReduceLowLatency128,
         ReduceKernel::AllReducePush,
@@ -73,6 +76,8 @@ impl ReduceKernel {
         ReduceKernel::ReduceScatterPush,
         ReduceKernel::AllReduceNodes,
         ReduceKernel::ReduceScatterNodes,
+        ReduceKernel::AllReduceGrouped,
+        ReduceKernel::ReduceScatterGrouped,
     ];
 
     fn symbol(self) -> &'static str {
@@ -89,11 +94,13 @@ impl ReduceKernel {
             ReduceKernel::ReduceScatterPush => "shmem_reducescatter_push",
             ReduceKernel::AllReduceNodes => "shmem_allreduce_nodes",
             ReduceKernel::ReduceScatterNodes => "shmem_reducescatter_nodes",
+            ReduceKernel::AllReduceGrouped => "shmem_allreduce_grouped",
+            ReduceKernel::ReduceScatterGrouped => "shmem_reducescatter_grouped",
         }
     }
 
     /// Whether the family is built for fixed team sizes (a `_{np}`
-    /// suffix); the low-latency ones and the node-aware chain take any
+    /// suffix); the low-latency ones and the node-aware forms take any
     /// world.
     fn sized(self) -> bool {
         !matches!(
@@ -104,6 +111,8 @@ impl ReduceKernel {
                 | ReduceKernel::ReduceScatterLowLatency128
                 | ReduceKernel::AllReduceNodes
                 | ReduceKernel::ReduceScatterNodes
+                | ReduceKernel::AllReduceGrouped
+                | ReduceKernel::ReduceScatterGrouped
         )
     }
 }
@@ -411,6 +420,11 @@ mod tests {
             r(ReduceScatterNodes, DType::U32, ReduceOp::Xor, TeamSize::Any),
             "shmem_reducescatter_nodes_u32_xor"
         );
+        assert_eq!(r(AllReduceGrouped, DType::F16, ReduceOp::Max, TeamSize::Any), "shmem_allreduce_grouped_f16_max");
+        assert_eq!(
+            r(ReduceScatterGrouped, DType::I64, ReduceOp::Sum, TeamSize::Any),
+            "shmem_reducescatter_grouped_i64_sum"
+        );
         assert_eq!(KernelId::AllGatherNodes.symbol(), "shmem_allgather_nodes");
         assert_eq!(KernelId::BroadcastNodes.symbol(), "shmem_broadcast_nodes");
         assert_eq!(KernelId::AllToAllNodes.symbol(), "shmem_alltoall_nodes");
@@ -511,6 +525,7 @@ mod tests {
         assert_eq!(makers("shmem_a2av_lines_2d"), 1);
         assert_eq!(makers("shmem_moe_combine_bf16"), 1);
         assert_eq!(makers("shmem_allreduce_nodes_f32_sum"), 1);
+        assert_eq!(makers("shmem_allreduce_grouped_bf16_sum"), 1);
         assert_eq!(makers("shmem_broadcast_nodes"), 1);
         assert_eq!(makers("shmem_alltoall_nodes"), 1);
         assert_eq!(makers("shmem_nothing"), 0);
