@@ -218,7 +218,7 @@ static_assert(offsetof(NetCounters, signals) == 32, "NetCounters::signals");
 // by node: member a·L + i is PE (node a, local rank i).
 struct RailOp {
     uint64_t dst, src;  // heap offsets (the same on every member)
-    uint64_t count;     // bytes (all-gather: per member; broadcast), or elements (all-reduce; reduce-scatter: per member)
+    uint64_t count;     // bytes (all-gather, all-to-all: per member; broadcast), or elements (all-reduce; reduce-scatter: per member)
     uint64_t rail;      // heap offset of the rail pipes' state (`Layout::rail`)
     int per_node;       // L: members on each node
     int channels;       // C: pipe channels of each role; the grid is 2C blocks

@@ -1,7 +1,7 @@
-// The node-aware all-gather and broadcast, for the world team laid out
-// node by node (see prims_rail.cuh): a byte crosses between nodes once,
-// between two PEs of one rail, by the rail pipes; inside a node it goes by
-// NVLink stores. The same route as the host backend's forms
+// The node-aware all-gather, broadcast and all-to-all, for the world team
+// laid out node by node (see prims_rail.cuh): a byte crosses between nodes
+// once, between two PEs of one rail, by the rail pipes; inside a node it
+// goes by NVLink stores. The same routes as the host backend's forms
 // (`host/nodes.rs`).
 //
 // Each kernel has 2C blocks: C senders and C receivers, channel c of each
@@ -145,6 +145,78 @@ extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
             block_copy_pairs<true>(dsts, srcs, nd, n);
             rail_release(r, c, from);
             if (forwards) rail_send(r, c, next, mine + x, n);
+        }
+    }
+    rail_finish(r, epoch);
+}
+
+// Bytes [lo, hi) of a row of L blocks of `block` bytes each (block k for
+// node peer k), read at `from` (byte lo of the row), into heap offset
+// `at` of each block's node peer, plus the offset within its block (whole
+// block of threads): the pieces one after another, as a range may end
+// and begin blocks anywhere.
+__device__ __forceinline__ void scatter_row(const shmem::k::Rail &r, const uint8_t *from, uint64_t lo, uint64_t hi,
+                                            uint64_t block, uint64_t at) {
+    if (block == 0) return;
+    for (uint64_t k = lo / block; k < static_cast<uint64_t>(r.L) && k * block < hi; k++) {
+        const uint64_t plo = max(lo, k * block), phi = min(hi, (k + 1) * block);
+        const int pe = r.local(static_cast<int>(k));
+        const uint64_t off = at + (plo - k * block);
+        uint8_t *to = pe == r.t.rank ? r.t.mine<uint8_t>(off) : r.t.at<uint8_t>(pe, off);
+        shmem::k::block_copy(to, from + (plo - lo), phi - plo);
+    }
+}
+
+// All-to-all: block j of this PE's source (heap `src`, n blocks of `count`
+// bytes) goes to block `rank` of member j's destination (heap `dst`,
+// apart from `src`). The source's blocks for node b, members b·L ..
+// b·L+L−1, are contiguous: node b's row, L·count bytes. Channel c takes
+// the c-th part of every row (whole 16-byte units).
+//   - Sender c: its part of this node's row into its node peers' (and its
+//     own) destinations by NVLink stores, then its part of node b's row,
+//     straight from the source, through the pipes to the PE of its rail
+//     on node b, for b = a+1, a+2, … in turn.
+//   - Receiver c: its part of the row from the PE of its rail on node
+//     a−1, a−2, … in turn (the order in which each sends to this node),
+//     each block's piece from the inbox into block (sender's rank) of the
+//     destination of that block's node peer.
+// Bytes out of a node per PE: (N−1)·L·count = (N−1)/N of the source, as
+// the host backend's form, in (N−1) rows (each as chunks of the pipe).
+// Not in place: a PE's destination may be written before its source is
+// read (the host goes through a copy of the source).
+extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
+    shmem_alltoall_nodes(TeamSync t, RailOp op) {
+    shmem::k::follow_stream();
+    if (!shmem::k::agree(t)) return;
+    using namespace shmem::k;
+    const Rail r(t, op);
+    const int C = op.channels;
+    const bool sender = static_cast<int>(blockIdx.x) < C;
+    const int c = sender ? blockIdx.x : blockIdx.x - C;
+    const uint64_t epoch = rail_start(r);
+    const uint64_t block = op.count;
+    const uint64_t row = static_cast<uint64_t>(r.L) * block;
+    const Range part = rail_bytes(row, c, C);
+    const uint64_t len = part.hi - part.lo;
+    if (sender && len > 0) {
+        const uint8_t *src = t.mine<uint8_t>(op.src);
+        const uint64_t slot = op.dst + t.rank * block;
+        scatter_row(r, src + r.node * row + part.lo, part.lo, part.hi, block, slot);
+        for (int k = 1; k < r.N; k++) {
+            const int to = (r.node + k) % r.N;
+            const uint8_t *from = src + to * row + part.lo;
+            for (uint64_t x = 0; x < len; x += kRailChunk) rail_send(r, c, to, from + x, min(kRailChunk, len - x));
+        }
+    } else if (!sender && len > 0) {
+        for (int k = 1; k < r.N; k++) {
+            const int a = (r.node + r.N - k) % r.N;
+            const uint64_t slot = op.dst + r.on_node(a) * block;
+            for (uint64_t x = 0; x < len; x += kRailChunk) {
+                const uint64_t lo = part.lo + x;
+                const uint8_t *in = rail_wait<uint8_t>(r, c, a);
+                scatter_row(r, in, lo, lo + min(kRailChunk, len - x), block, slot);
+                rail_release(r, c, a);
+            }
         }
     }
     rail_finish(r, epoch);

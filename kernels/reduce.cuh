@@ -428,7 +428,8 @@ __device__ void reduce_scatter_ll(const TeamSync &t, uint64_t dst_off, uint64_t 
         shmem::k::allreduce_twoshot_stores<T, shmem::k::OP, NP>(t, dst, src, count);                               \
     }
 
-// The node-aware chain (reduce_nodes.cuh): any world laid out node by node.
+// The node-aware chain and the node-grouped order (reduce_nodes.cuh): any
+// world laid out node by node.
 #define SHMEM_REDUCE_NODES(NAME, T, OP)                                                                           \
     extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)                                         \
         shmem_allreduce_nodes_##NAME(shmem::k::TeamSync t, shmem::k::RailOp op) {                                 \
@@ -441,6 +442,18 @@ __device__ void reduce_scatter_ll(const TeamSync &t, uint64_t dst_off, uint64_t 
         shmem::k::follow_stream();                                                                                \
         if (!shmem::k::agree(t)) return;                                                                          \
         shmem::k::reduce_scatter_nodes<T, shmem::k::OP>(t, op);                                                   \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)                                         \
+        shmem_allreduce_grouped_##NAME(shmem::k::TeamSync t, shmem::k::RailOp op) {                               \
+        shmem::k::follow_stream();                                                                                \
+        if (!shmem::k::agree(t)) return;                                                                          \
+        shmem::k::allreduce_grouped<T, shmem::k::OP>(t, op);                                                      \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)                                         \
+        shmem_reducescatter_grouped_##NAME(shmem::k::TeamSync t, shmem::k::RailOp op) {                           \
+        shmem::k::follow_stream();                                                                                \
+        if (!shmem::k::agree(t)) return;                                                                          \
+        shmem::k::reduce_scatter_grouped<T, shmem::k::OP>(t, op);                                                 \
     }
 
 // Every op on T: kernels for any team size (suffix _0), the low-latency

@@ -373,12 +373,10 @@ pub struct Collectives {
 /// cross the network at every PE), forced RMA (the flat form is the RMA
 /// path's test) and one node.
 ///
-/// The host backend takes every node-aware form. The gpu backend takes
-/// them for the all-gather, the broadcast, and the all-reduce and
-/// reduce-scatter under [`ReduceOrder::PeOrder`] (its kernels over the rail
-/// pipes, which stream pipelined chunks between the PEs of a rail); its
-/// all-to-all, and its reductions under [`ReduceOrder::NodeGrouped`], run
-/// flat, in PE order. Node-aware collectives of the world must not run on
+/// Both backends take every node-aware form: the gpu backend in kernels
+/// over the rail pipes, which stream pipelined chunks between the PEs of a
+/// rail (its all-to-all in place goes through a copy of the source, which
+/// a CUDA graph cannot capture). Node-aware collectives of the world must not run on
 /// two streams at once (they share the world's pipes, as the low-latency
 /// kernels share their buffers). Every PE must choose alike, between
 /// collectives.
@@ -398,9 +396,7 @@ pub enum AcrossNodes {
 /// order. Integer and bitwise reductions give the same bits in either
 /// order; so do floats on one node.
 ///
-/// The gpu backend has node-aware kernels for [`ReduceOrder::PeOrder`]
-/// only: under [`ReduceOrder::NodeGrouped`] its reductions run flat, so its
-/// results are [`ReduceOrder::PeOrder`]'s under either setting.
+/// Both backends give the same bits in either order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ReduceOrder {
     /// The flat fold `x0 ⊕ x1 ⊕ … ⊕ x(n−1)` in PE order, in the accumulator

@@ -7,7 +7,7 @@
 //! Across nodes the host backend takes the node-aware forms where they
 //! apply ([`crate::AcrossNodes`], `host/nodes.rs`).
 
-use crate::algo::{self, ReduceOrder, Solo};
+use crate::algo::{self, Solo};
 use crate::buffer::{Region, SymSlice};
 use crate::context::{Context, Stream};
 use crate::control::DescRow;
@@ -161,8 +161,7 @@ impl Team {
     /// the settings and the team's shape say so; on the gpu backend also
     /// where shmem's own kernels run the collectives, the node's PEs reach
     /// each other over NVLink and two blocks of a kernel are resident at
-    /// once. The gpu backend's all-to-all, and its reductions under
-    /// [`ReduceOrder::NodeGrouped`], still run flat.
+    /// once.
     pub fn node_aware(&self) -> bool {
         match &self.ctx.gpu {
             None => self.rails().is_some(),
@@ -509,8 +508,9 @@ impl Team {
             let cu = st.cu_stream();
             let (dt, op) = (T::DTYPE, op.unwrap_or(ReduceOp::Sum));
             let p = Protocols::new(team.slot == 0, &cfg.tuning);
-            if let Some(per_node) = self.gpu_rails(g) {
-                let pe_order = cfg.reduce_order == ReduceOrder::PeOrder;
+            let rails = self.gpu_rails(g);
+            if let Some(per_node) = rails {
+                let order = cfg.reduce_order;
                 match kind {
                     OpKind::AllGather => {
                         let (bytes, in_place) = (s.len * elem, overlap(d, s, elem));
@@ -519,13 +519,17 @@ impl Team {
                     OpKind::Broadcast => {
                         return k.broadcast_nodes(t, per_node, d.offset, s.offset, d.len * elem, root, cu);
                     }
-                    OpKind::AllReduce if pe_order => {
-                        return k.all_reduce_nodes(t, per_node, dt, op, d.offset, s.offset, d.len, cu);
+                    OpKind::AllReduce => {
+                        return k.all_reduce_nodes(t, per_node, order, dt, op, d.offset, s.offset, d.len, cu);
                     }
-                    OpKind::ReduceScatter if pe_order => {
-                        return k.reduce_scatter_nodes(t, per_node, dt, op, d.offset, s.offset, d.len, cu);
+                    OpKind::ReduceScatter => {
+                        return k.reduce_scatter_nodes(t, per_node, order, dt, op, d.offset, s.offset, d.len, cu);
                     }
-                    // The all-to-all, and the node-grouped order: flat.
+                    OpKind::AllToAll if !overlap(d, s, elem) => {
+                        let per_pe = d.len / self.n_pes() * elem;
+                        return k.all_to_all_nodes(t, per_node, d.offset, s.offset, per_pe, cu);
+                    }
+                    // The in-place all-to-all: below.
                     _ => {}
                 }
             }
@@ -568,7 +572,8 @@ impl Team {
                         return k.all_to_all(t, p, d.offset, s.offset, per_pe, cu);
                     }
                     // In place: this PE's blocks go out from a copy, as peers
-                    // write into the same buffer.
+                    // write into the same buffer (by the node-aware kernel
+                    // where the world takes it).
                     if self.capturing(stream) {
                         return Err(Error::Invalid(
                             "an in-place all_to_all cannot be captured in a CUDA graph (it goes through a \
@@ -589,7 +594,10 @@ impl Team {
                         }
                     };
                     g.copy(g.addr(sc.offset), g.addr(s.offset), s.len * elem, st)?;
-                    k.all_to_all(t, p, d.offset, sc.offset, per_pe, cu)?;
+                    match rails {
+                        Some(per_node) => k.all_to_all_nodes(t, per_node, d.offset, sc.offset, per_pe, cu)?,
+                        None => k.all_to_all(t, p, d.offset, sc.offset, per_pe, cu)?,
+                    }
                     st.synchronize().cuda("cuStreamSynchronize")?;
                     drop(sc);
                     // Synchronised anyway: the call itself reports its

@@ -16,7 +16,7 @@
 //! region must keep their poison.
 
 use crate::kernels::{self, Settings, Variant};
-use crate::util::{mix, par_fill, payload, poison, Env, NotApplicable, TestElem, TestResult};
+use crate::util::{mix, par_fill, payload, poison, Env, TestElem, TestResult};
 use crate::{each_dtype, TestFn};
 use shmem::{BackendKind, Context, DType, Element, ReduceOp, Stream, SymSlice, SymmetricBuffer, Team};
 use std::ops::Range;
@@ -575,24 +575,13 @@ fn world(env: &Env, coll: Coll, v: Variant) -> TestResult {
     rep.finish()
 }
 
-/// Under the settings of the route across nodes: the node-grouped order
-/// applies on the host backend only (the gpu backend's node-aware kernels
-/// are in PE order, and its reductions under the node-grouped order run
-/// flat); the world takes the node-aware forms where it should, on either
-/// backend: spanning nodes of consecutive ranks, not under forced RMA, not
-/// [`Variant::Flat`]. On the gpu backend that means its node-aware kernels
-/// ran the all-gather, broadcast, all-reduce and reduce-scatter.
+/// Under the settings of the route across nodes: the world takes the
+/// node-aware forms where it should, on either backend: spanning nodes of
+/// consecutive ranks, not under forced RMA, not [`Variant::Flat`]. On the
+/// gpu backend that means its node-aware kernels ran the all-gather,
+/// broadcast, all-to-all, all-reduce and reduce-scatter (the reductions in
+/// the order the variant asks for).
 fn nodes_taken(env: &Env, v: Variant, rep: &mut Report) -> TestResult {
-    let gpu = env.ctx.backend() == BackendKind::Gpu;
-    if v == Variant::NodeGrouped && gpu {
-        return Err(NotApplicable(
-            "the node-grouped order needs node-grouped kernels, which the gpu backend lacks: its reductions \
-             under it run flat, in PE order (its PE-order node-aware kernels are checked by the node_aware \
-             tests)"
-                .into(),
-        )
-        .into());
-    }
     // This PE's node is ranks a·L .. a·L + L.
     let node = env.ctx.node();
     let per_node = node.n_pes();

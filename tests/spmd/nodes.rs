@@ -7,10 +7,10 @@
 //! Run across nodes with `SHMEM_TEST_NODES=2` (or 3, 4, …).
 
 use crate::coll::{reduce, reduce_grouped};
-use crate::util::{needs_gpu, Env, NotApplicable, TestElem, TestResult};
+use crate::util::{assert_bits_eq, needs_gpu, payload, poison, Env, NotApplicable, TestElem, TestResult};
 use crate::TestFn;
 use shmem::net::{host_flat_traffic, host_node_traffic, Collective, NodeShape};
-use shmem::{bf16, AcrossNodes, Collectives, DType, NetTraffic, ReduceOp, ReduceOrder, SignalOp};
+use shmem::{bf16, AcrossNodes, Collectives, DType, NetTraffic, ReduceOp, ReduceOrder, SignalOp, SymmetricBuffer};
 
 pub const TESTS: &[(&str, TestFn)] = &[
     ("nodes::host_collectives_count_their_formula", host_collectives_count_their_formula),
@@ -22,6 +22,8 @@ pub const TESTS: &[(&str, TestFn)] = &[
     }),
     ("nodes::rma_counts_other_nodes_only", rma_counts_other_nodes_only),
     ("nodes::gpu_kernels_count_other_nodes_only", gpu_kernels_count_other_nodes_only),
+    ("nodes::node_aware_all_to_all_eager_and_replayed", node_aware_all_to_all),
+    ("nodes::gpu_node_grouped_reductions_count_their_formula", gpu_node_grouped_reductions),
 ];
 
 /// The world's nodes: the same number of PEs on each, in PE order (as
@@ -61,7 +63,12 @@ fn host_collectives_count_their_formula(env: &Env) -> TestResult {
 /// `order`.
 fn node_aware_collectives_count_their_formula(env: &Env, order: ReduceOrder) -> TestResult {
     if env.s.cuda_stream().is_some() {
-        return Err(NotApplicable("the host backend's node-aware forms; the gpu backend runs flat".into()).into());
+        return Err(NotApplicable(
+            "the host backend's node-aware forms (the kernels' counts vary by size and path; \
+             node_aware_all_to_all_eager_and_replayed checks the gpu backend's all-to-all)"
+                .into(),
+        )
+        .into());
     }
     let shape = shape(env)?;
     if shape.nodes < 2 {
@@ -361,5 +368,279 @@ fn gpu_kernels_count_other_nodes_only(env: &Env) -> TestResult {
         ctx.barrier_all(s)?;
     }
     ctx.set_force_rma(force);
+    Ok(())
+}
+
+/// The node-aware all-to-all on the world across nodes
+/// ([`AcrossNodes::NodeAware`], so one PE a node takes it too): on the gpu
+/// backend its kernel (`shmem_alltoall_nodes`), on the host backend the
+/// host form. Every element size (1, 2, 4 and 8 bytes), blocks from one
+/// element (a row shorter than a 16-byte vector) up, out of place and in
+/// place (through a copy on the gpu backend), every result exact; on the
+/// gpu backend also blocks of 4 MiB (rows of many pipe chunks a channel)
+/// and the calls replayed from a CUDA graph with fresh inputs. The bytes
+/// each PE puts to other nodes are [`host_node_traffic`]'s, `(N−1)/N` of
+/// the source: exactly on the host backend and in graph replays; an eager
+/// call on the gpu backend also puts its agreement's rows (`agree.cuh`),
+/// the same bytes at every size. Nothing is read from other nodes.
+fn node_aware_all_to_all(env: &Env) -> TestResult {
+    let shape = shape(env)?;
+    if shape.nodes < 2 {
+        return Err(NotApplicable("needs two nodes or more (SHMEM_TEST_NODES)".into()).into());
+    }
+    let gpu = env.s.cuda_stream();
+    with_settings(env, AcrossNodes::NodeAware, ReduceOrder::PeOrder, || {
+        if !env.ctx.world().node_aware() {
+            return Err(NotApplicable(
+                "the world does not take the node-aware forms here (forced RMA, a node's PEs without NVLink \
+                 addresses, or shmem's kernels not running the collectives)"
+                    .into(),
+            )
+            .into());
+        }
+        // The host backend puts no agreement rows.
+        let mut agreement = if gpu.is_some() { None } else { Some(0) };
+        for count in [1, 5, 4099, 65_541] {
+            a2a_eager::<u8>(env, shape, count, &mut agreement)?;
+            a2a_eager::<bf16>(env, shape, count, &mut agreement)?;
+            a2a_eager::<f32>(env, shape, count, &mut agreement)?;
+            a2a_eager::<u64>(env, shape, count, &mut agreement)?;
+        }
+        match gpu {
+            Some(stream) => {
+                a2a_eager::<f32>(env, shape, (1 << 20) + 3, &mut agreement)?;
+                a2a_replay(env, stream, shape)
+            }
+            None => {
+                if env.me() == 0 {
+                    eprintln!("nodes::node_aware_all_to_all_eager_and_replayed: graph replays skipped: they need the gpu backend");
+                }
+                Ok(())
+            }
+        }
+    })
+}
+
+/// Checks an eager call's bytes put: the formula's, plus the agreement's
+/// rows, which must be the same in every call (`agreement`: the first
+/// call's, or none on the host backend); nothing read.
+fn eager_bytes(got: NetTraffic, want: NetTraffic, agreement: &mut Option<u64>, what: &str) {
+    assert_eq!(got.bytes_got, 0, "{what}: bytes read from other nodes ({got:?})");
+    assert!(got.bytes_put >= want.bytes_put, "{what}: {got:?} puts less than {want:?}");
+    let rows = got.bytes_put - want.bytes_put;
+    assert_eq!(*agreement.get_or_insert(rows), rows, "{what}: {got:?} against {want:?}");
+}
+
+/// One all-to-all of `count` elements a block, out of place then in
+/// place, eager.
+fn a2a_eager<T: TestElem>(env: &Env, shape: NodeShape, count: usize, agreement: &mut Option<u64>) -> TestResult {
+    let (me, n, s) = (env.me(), env.n(), &env.s);
+    let world = env.ctx.world();
+    let seed = env.fresh_seed();
+    let src = env.ctx.alloc::<T>(n * count)?;
+    let dst = env.ctx.alloc::<T>(n * count)?;
+    let mine: Vec<T> = (0..n * count).map(|i| payload(seed, me, i)).collect();
+    // Block p of the output is block `me` of PE p's input.
+    let want: Vec<T> = (0..n * count).map(|i| payload(seed, i / count, me * count + i % count)).collect();
+    let formula = host_node_traffic(Collective::AllToAll, shape, me, n * count, T::DTYPE, ReduceOrder::PeOrder);
+    let what = format!("all_to_all of {count} {:?} a block on {shape:?}, PE {me}", T::DTYPE);
+    src.copy_from_host(&mine, s)?;
+    dst.fill(poison(), s)?;
+    world.barrier(s)?;
+    let got = measure(env, || world.all_to_all(&dst, &src, s))?;
+    assert_bits_eq(&dst.copy_to_host(s)?, &want, &what);
+    assert_bits_eq(&src.copy_to_host(s)?, &mine, &format!("{what}: source afterwards"));
+    eager_bytes(got, formula, agreement, &what);
+    world.barrier(s)?;
+    let got = measure(env, || world.all_to_all(&src, &src, s))?;
+    let what = format!("{what}, in place");
+    assert_bits_eq(&src.copy_to_host(s)?, &want, &what);
+    eager_bytes(got, formula, agreement, &what);
+    world.barrier(s)?;
+    Ok(())
+}
+
+/// One all-to-all captured in a graph: its buffers and element count a
+/// block.
+struct Captured<T: TestElem> {
+    count: usize,
+    salt: u64,
+    src: SymmetricBuffer<T>,
+    dst: SymmetricBuffer<T>,
+}
+
+impl<T: TestElem> Captured<T> {
+    fn new(env: &Env, count: usize, salt: u64) -> shmem::Result<Captured<T>> {
+        let n = env.n();
+        Ok(Captured { count, salt, src: env.ctx.alloc(n * count)?, dst: env.ctx.alloc(n * count)? })
+    }
+
+    fn call(&self, env: &Env) -> shmem::Result<()> {
+        env.ctx.world().all_to_all(&self.dst, &self.src, &env.s)
+    }
+
+    /// Fresh input from `seed`; the output poisoned.
+    fn write(&self, env: &Env, seed: u64) -> TestResult {
+        let (me, n) = (env.me(), env.n());
+        let mine: Vec<T> = (0..n * self.count).map(|i| payload(seed ^ self.salt, me, i)).collect();
+        self.src.copy_from_host(&mine, &env.s)?;
+        self.dst.fill(poison(), &env.s)?;
+        Ok(())
+    }
+
+    fn check(&self, env: &Env, seed: u64, what: &str) -> TestResult {
+        let (me, n, c) = (env.me(), env.n(), self.count);
+        let want: Vec<T> = (0..n * c).map(|i| payload(seed ^ self.salt, i / c, me * c + i % c)).collect();
+        assert_bits_eq(&self.dst.copy_to_host(&env.s)?, &want, &format!("{what}: {:?} × {c} a block", T::DTYPE));
+        Ok(())
+    }
+
+    fn formula(&self, env: &Env, shape: NodeShape) -> NetTraffic {
+        let total = env.n() * self.count;
+        host_node_traffic(Collective::AllToAll, shape, env.me(), total, T::DTYPE, ReduceOrder::PeOrder)
+    }
+}
+
+/// All-to-alls of every element size captured once into a CUDA graph,
+/// then replayed with fresh inputs (`SHMEM_TEST_REPLAYS`, by default 100):
+/// every result exact, and each replay's bytes put exactly the formula's
+/// (a replay agrees nowhere).
+fn a2a_replay(env: &Env, stream: &std::sync::Arc<cudarc::driver::CudaStream>, shape: NodeShape) -> TestResult {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let (me, s, ctx) = (env.me(), &env.s, &env.ctx);
+    let bytes = Captured::<u8>::new(env, 4099, 1)?;
+    let halves = Captured::<bf16>::new(env, 33, 2)?;
+    let floats = Captured::<f32>::new(env, 65_541, 3)?;
+    let words = Captured::<u64>::new(env, 7, 4)?;
+    ctx.barrier_all(s)?;
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    let captured =
+        bytes.call(env).and_then(|()| halves.call(env)).and_then(|()| floats.call(env)).and_then(|()| words.call(env));
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
+    captured?;
+    let graph = graph.ok_or("capture gave no graph")?;
+    let f =
+        [bytes.formula(env, shape), halves.formula(env, shape), floats.formula(env, shape), words.formula(env, shape)];
+    let want = NetTraffic { bytes_put: f.iter().map(|t| t.bytes_put).sum(), ..NetTraffic::default() };
+    let replays: usize = match std::env::var("SHMEM_TEST_REPLAYS") {
+        Ok(v) => v.parse().map_err(|_| format!("SHMEM_TEST_REPLAYS={v:?}: not a count"))?,
+        Err(_) => 100,
+    };
+    for replay in 0..replays {
+        let seed = env.fresh_seed();
+        bytes.write(env, seed)?;
+        halves.write(env, seed)?;
+        floats.write(env, seed)?;
+        words.write(env, seed)?;
+        // Every PE's inputs are written before any replay reads them.
+        ctx.barrier_all(s)?;
+        let before = ctx.net_traffic(s)?;
+        graph.launch()?;
+        let got = ctx.net_traffic(s)?.since(&before);
+        let what = format!("graph of all_to_alls on {shape:?}, replay {replay}, PE {me}");
+        bytes.check(env, seed, &what)?;
+        halves.check(env, seed, &what)?;
+        floats.check(env, seed, &what)?;
+        words.check(env, seed, &what)?;
+        assert_eq!((got.bytes_put, got.bytes_got), (want.bytes_put, 0), "{what}: traffic {got:?}");
+        // No PE writes the next replay's inputs while a peer still reads.
+        ctx.barrier_all(s)?;
+    }
+    drop(graph);
+    ctx.barrier_all(s)?;
+    Ok(())
+}
+
+/// The gpu backend's node-grouped all-reduce and reduce-scatter
+/// (`shmem_allreduce_grouped`, `shmem_reducescatter_grouped`) on the world
+/// across nodes: sums of f32, bf16 and u64, eager and replayed from a CUDA
+/// graph, results bit for bit the node-grouped fold, and the bytes each PE
+/// puts to other nodes [`host_node_traffic`]'s (`2 (N−1)/N·S/L` and
+/// `(N−1)/N·S/L`): exactly in replays, plus the agreement's rows in eager
+/// calls. The host backend's forms are checked by
+/// `node_grouped_collectives_count_their_formula`.
+fn gpu_node_grouped_reductions(env: &Env) -> TestResult {
+    let stream = needs_gpu(env)?;
+    let shape = shape(env)?;
+    if shape.nodes < 2 {
+        return Err(NotApplicable("needs two nodes or more (SHMEM_TEST_NODES)".into()).into());
+    }
+    with_settings(env, AcrossNodes::NodeAware, ReduceOrder::NodeGrouped, || {
+        if !env.ctx.world().node_aware() {
+            return Err(NotApplicable("the world does not take the node-aware kernels here".into()).into());
+        }
+        let mut agreement = None;
+        for count in [1, 5, 4099, 150_001] {
+            grouped_sums::<f32>(env, stream, shape, count, &mut agreement)?;
+            grouped_sums::<bf16>(env, stream, shape, count, &mut agreement)?;
+            grouped_sums::<u64>(env, stream, shape, count, &mut agreement)?;
+        }
+        Ok(())
+    })
+}
+
+/// An all-reduce of `count` elements and a reduce-scatter of `count` a
+/// PE, eager, then captured and replayed three times.
+fn grouped_sums<T: TestElem>(
+    env: &Env,
+    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    shape: NodeShape,
+    count: usize,
+    agreement: &mut Option<u64>,
+) -> TestResult {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let (me, n, s, ctx) = (env.me(), env.n(), &env.s, &env.ctx);
+    let world = ctx.world();
+    let seed = env.fresh_seed();
+    let value = |pe: usize, i: usize| {
+        T::random(crate::util::mix(seed ^ crate::util::mix((pe as u64) << 40 ^ i as u64)), ReduceOp::Sum)
+    };
+    let sum_of = |i: usize| {
+        let xs: Vec<T> = (0..n).map(|pe| value(pe, i)).collect();
+        reduce_grouped(ReduceOp::Sum, &xs, shape.per_node)
+    };
+    let src = ctx.alloc::<T>(n * count)?;
+    let ar = ctx.alloc::<T>(count)?;
+    let rs = ctx.alloc::<T>(count)?;
+    src.copy_from_host(&(0..n * count).map(|i| value(me, i)).collect::<Vec<_>>(), s)?;
+    let ar_want: Vec<T> = (0..count).map(sum_of).collect();
+    let rs_want: Vec<T> = (me * count..(me + 1) * count).map(sum_of).collect();
+    let grouped = ReduceOrder::NodeGrouped;
+    let ar_formula = host_node_traffic(Collective::AllReduce, shape, me, count, T::DTYPE, grouped);
+    let rs_formula = host_node_traffic(Collective::ReduceScatter, shape, me, n * count, T::DTYPE, grouped);
+    let what = format!("node-grouped sums of {count} {:?} on {shape:?}, PE {me}", T::DTYPE);
+    ar.fill(poison(), s)?;
+    rs.fill(poison(), s)?;
+    world.barrier(s)?;
+    let got = measure(env, || world.all_reduce(&ar, src.slice(..count), ReduceOp::Sum, s))?;
+    assert_bits_eq(&ar.copy_to_host(s)?, &ar_want, &format!("{what}: all_reduce"));
+    eager_bytes(got, ar_formula, agreement, &format!("{what}: all_reduce"));
+    let got = measure(env, || world.reduce_scatter(&rs, &src, ReduceOp::Sum, s))?;
+    assert_bits_eq(&rs.copy_to_host(s)?, &rs_want, &format!("{what}: reduce_scatter"));
+    eager_bytes(got, rs_formula, agreement, &format!("{what}: reduce_scatter"));
+    world.barrier(s)?;
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    let captured = world
+        .all_reduce(&ar, src.slice(..count), ReduceOp::Sum, s)
+        .and_then(|()| world.reduce_scatter(&rs, &src, ReduceOp::Sum, s));
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
+    captured?;
+    let graph = graph.ok_or("capture gave no graph")?;
+    for replay in 0..3 {
+        ar.fill(poison(), s)?;
+        rs.fill(poison(), s)?;
+        ctx.barrier_all(s)?;
+        let before = ctx.net_traffic(s)?;
+        graph.launch()?;
+        let got = ctx.net_traffic(s)?.since(&before);
+        let what = format!("{what}, replay {replay}");
+        assert_bits_eq(&ar.copy_to_host(s)?, &ar_want, &format!("{what}: all_reduce"));
+        assert_bits_eq(&rs.copy_to_host(s)?, &rs_want, &format!("{what}: reduce_scatter"));
+        let want = ar_formula.bytes_put + rs_formula.bytes_put;
+        assert_eq!((got.bytes_put, got.bytes_got), (want, 0), "{what}: traffic {got:?}");
+        ctx.barrier_all(s)?;
+    }
+    drop(graph);
+    ctx.barrier_all(s)?;
     Ok(())
 }

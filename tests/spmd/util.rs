@@ -262,6 +262,21 @@ int_elem!(i64);
 int_elem!(u32);
 int_elem!(u64);
 
+/// Moved only: no reduction takes 8-bit types (`bytes.rs` checks that
+/// each is refused).
+impl TestElem for u8 {
+    const OPS: &'static [ReduceOp] = &[];
+    fn from_bits(bits: u64) -> Self {
+        bits as u8
+    }
+    fn bits(self) -> u64 {
+        self as u64
+    }
+    fn random(r: u64, _op: ReduceOp) -> Self {
+        r as u8
+    }
+}
+
 /// The payload element `i` of PE `pe` for a given seed: random bits that
 /// differ by sender and index, so a wrong source or offset shows.
 pub fn payload<T: TestElem>(seed: u64, pe: usize, i: usize) -> T {

@@ -226,8 +226,8 @@ pub(crate) struct RailOp {
     /// Heap offsets of the destination and the source.
     pub dst: u64,
     pub src: u64,
-    /// Bytes (all-gather: per member; broadcast) or elements (all-reduce;
-    /// reduce-scatter: per member).
+    /// Bytes (all-gather, all-to-all: per member; broadcast) or elements
+    /// (all-reduce; reduce-scatter: per member).
     pub count: u64,
     /// Heap offset of the rail pipes' state (set by the launcher).
     pub(in crate::gpu) rail: u64,

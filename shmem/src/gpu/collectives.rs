@@ -10,7 +10,7 @@ use super::module::Grid;
 use super::{CUstream, CudaCall, GpuWorld};
 use crate::algo::{
     all_reduce_choice, low_latency_blocks, low_latency_threads, protocol, push_blocks, reduce_line_data_bytes,
-    AllReduceAlgo, AllReduceChoice, Protocol, TeamShape, Tuning,
+    AllReduceAlgo, AllReduceChoice, Protocol, ReduceOrder, TeamShape, Tuning,
 };
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
@@ -392,13 +392,29 @@ impl Kernels {
         self.launch_nodes(KernelId::BroadcastNodes, t, rail_op(dst, src, bytes, per_node, root), s)
     }
 
-    /// All-reduce across nodes in PE order, `count` elements (`dst` equal
+    /// All-to-all across nodes of `bytes` per member, `src` and `dst`
+    /// apart: rows for another node through the rail pipes, one a node.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn all_to_all_nodes(
+        &self,
+        t: TeamSync,
+        per_node: usize,
+        dst: usize,
+        src: usize,
+        bytes: usize,
+        s: CUstream,
+    ) -> Result<()> {
+        self.launch_nodes(KernelId::AllToAllNodes, t, rail_op(dst, src, bytes, per_node, 0), s)
+    }
+
+    /// All-reduce across nodes in `order`, `count` elements (`dst` equal
     /// to `src` for in place).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn all_reduce_nodes(
         &self,
         t: TeamSync,
         per_node: usize,
+        order: ReduceOrder,
         dtype: DType,
         op: ReduceOp,
         dst: usize,
@@ -406,11 +422,15 @@ impl Kernels {
         count: usize,
         s: CUstream,
     ) -> Result<()> {
-        let id = KernelId::reduce(ReduceKernel::AllReduceNodes, dtype, op, t.n_pes());
+        let kernel = match order {
+            ReduceOrder::PeOrder => ReduceKernel::AllReduceNodes,
+            ReduceOrder::NodeGrouped => ReduceKernel::AllReduceGrouped,
+        };
+        let id = KernelId::reduce(kernel, dtype, op, t.n_pes());
         self.launch_nodes(id, t, rail_op(dst, src, count, per_node, 0), s)
     }
 
-    /// Reduce-scatter across nodes in PE order: `count` elements into this
+    /// Reduce-scatter across nodes in `order`: `count` elements into this
     /// PE's `dst` (which in place is its block of `src`, at an offset that
     /// differs by PE) from block `rank` of every member's `src`.
     #[allow(clippy::too_many_arguments)]
@@ -418,6 +438,7 @@ impl Kernels {
         &self,
         t: TeamSync,
         per_node: usize,
+        order: ReduceOrder,
         dtype: DType,
         op: ReduceOp,
         dst: usize,
@@ -425,7 +446,11 @@ impl Kernels {
         count: usize,
         s: CUstream,
     ) -> Result<()> {
-        let id = KernelId::reduce(ReduceKernel::ReduceScatterNodes, dtype, op, t.n_pes());
+        let kernel = match order {
+            ReduceOrder::PeOrder => ReduceKernel::ReduceScatterNodes,
+            ReduceOrder::NodeGrouped => ReduceKernel::ReduceScatterGrouped,
+        };
+        let id = KernelId::reduce(kernel, dtype, op, t.n_pes());
         self.launch_nodes(id, t, rail_op(dst, src, count, per_node, 0), s)
     }
 }

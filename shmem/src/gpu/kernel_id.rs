@@ -59,10 +59,13 @@ pub(crate) enum ReduceKernel {
     /// The node-aware chain in PE order (`reduce_nodes.cuh`).
     AllReduceNodes,
     ReduceScatterNodes,
+    /// The node-aware forms in the node-grouped order (`reduce_nodes.cuh`).
+    AllReduceGrouped,
+    ReduceScatterGrouped,
 }
 
 impl ReduceKernel {
-    const ALL: [ReduceKernel; 13] = [
+    const ALL: [ReduceKernel; 15] = [
         ReduceKernel::AllReduceLowLatency,
         ReduceKernel::AllReduceAgreed,
         ReduceKernel::AllReduceLowLatency128,
@@ -76,6 +79,8 @@ impl ReduceKernel {
         ReduceKernel::ReduceScatterPush,
         ReduceKernel::AllReduceNodes,
         ReduceKernel::ReduceScatterNodes,
+        ReduceKernel::AllReduceGrouped,
+        ReduceKernel::ReduceScatterGrouped,
     ];
 
     fn symbol(self) -> &'static str {
@@ -93,11 +98,13 @@ impl ReduceKernel {
             ReduceKernel::ReduceScatterPush => "shmem_reducescatter_push",
             ReduceKernel::AllReduceNodes => "shmem_allreduce_nodes",
             ReduceKernel::ReduceScatterNodes => "shmem_reducescatter_nodes",
+            ReduceKernel::AllReduceGrouped => "shmem_allreduce_grouped",
+            ReduceKernel::ReduceScatterGrouped => "shmem_reducescatter_grouped",
         }
     }
 
     /// Whether the family is built for fixed team sizes (a `_{np}`
-    /// suffix); the low-latency ones and the node-aware chain take any
+    /// suffix); the low-latency ones and the node-aware forms take any
     /// world.
     fn sized(self) -> bool {
         !matches!(
@@ -109,6 +116,8 @@ impl ReduceKernel {
                 | ReduceKernel::ReduceScatterLowLatency128
                 | ReduceKernel::AllReduceNodes
                 | ReduceKernel::ReduceScatterNodes
+                | ReduceKernel::AllReduceGrouped
+                | ReduceKernel::ReduceScatterGrouped
         )
     }
 }
@@ -168,10 +177,12 @@ pub(crate) enum KernelId {
     MoeGather,
     /// `shmem_amo`: a host-initiated atomic through NVSHMEM.
     Amo,
-    /// `shmem_allgather_nodes`, `shmem_broadcast_nodes` of `move_nodes.cu`:
-    /// the node-aware data movement.
+    /// `shmem_allgather_nodes`, `shmem_broadcast_nodes`,
+    /// `shmem_alltoall_nodes` of `move_nodes.cu`: the node-aware data
+    /// movement.
     AllGatherNodes,
     BroadcastNodes,
+    AllToAllNodes,
     /// `shmem_sum_slots_{dtype}` of `overlap.cu` (f32, f16, bf16).
     SumSlots(DType),
     /// `shmem_moe_combine_{dtype}` (f32, f64, f16, bf16).
@@ -187,7 +198,7 @@ pub(crate) enum KernelId {
 }
 
 /// Kernels without arguments of their own, in [`KernelId::index`] order.
-const SINGLES: [KernelId; 12] = [
+const SINGLES: [KernelId; 13] = [
     KernelId::SelfCheck,
     KernelId::Barrier,
     KernelId::Agree,
@@ -200,6 +211,7 @@ const SINGLES: [KernelId; 12] = [
     KernelId::Amo,
     KernelId::AllGatherNodes,
     KernelId::BroadcastNodes,
+    KernelId::AllToAllNodes,
 ];
 
 const DTYPES: usize = DType::ALL.len();
@@ -244,6 +256,7 @@ impl KernelId {
             KernelId::Amo => 9,
             KernelId::AllGatherNodes => 10,
             KernelId::BroadcastNodes => 11,
+            KernelId::AllToAllNodes => 12,
             KernelId::SumSlots(d) => SUM_SLOTS_AT + dtype(d),
             KernelId::MoeCombine(d) => MOE_COMBINE_AT + dtype(d),
             KernelId::A2avFused(k) => A2AV_FUSED_AT + k as usize,
@@ -275,6 +288,7 @@ impl KernelId {
             KernelId::Amo => "shmem_amo".into(),
             KernelId::AllGatherNodes => "shmem_allgather_nodes".into(),
             KernelId::BroadcastNodes => "shmem_broadcast_nodes".into(),
+            KernelId::AllToAllNodes => "shmem_alltoall_nodes".into(),
             KernelId::SumSlots(d) => format!("shmem_sum_slots_{}", d.name()),
             KernelId::MoeCombine(d) => format!("shmem_moe_combine_{}", d.name()),
             KernelId::A2avFused(k) => format!("shmem_a2av_fused_{}", a2av(k)),
@@ -411,8 +425,14 @@ mod tests {
             r(ReduceScatterNodes, DType::U32, ReduceOp::Xor, TeamSize::Any),
             "shmem_reducescatter_nodes_u32_xor"
         );
+        assert_eq!(r(AllReduceGrouped, DType::F16, ReduceOp::Max, TeamSize::Any), "shmem_allreduce_grouped_f16_max");
+        assert_eq!(
+            r(ReduceScatterGrouped, DType::I64, ReduceOp::Sum, TeamSize::Any),
+            "shmem_reducescatter_grouped_i64_sum"
+        );
         assert_eq!(KernelId::AllGatherNodes.symbol(), "shmem_allgather_nodes");
         assert_eq!(KernelId::BroadcastNodes.symbol(), "shmem_broadcast_nodes");
+        assert_eq!(KernelId::AllToAllNodes.symbol(), "shmem_alltoall_nodes");
     }
 
     #[test]
@@ -510,7 +530,9 @@ mod tests {
         assert_eq!(makers("shmem_a2av_lines_2d"), 1);
         assert_eq!(makers("shmem_moe_combine_bf16"), 1);
         assert_eq!(makers("shmem_allreduce_nodes_f32_sum"), 1);
+        assert_eq!(makers("shmem_allreduce_grouped_bf16_sum"), 1);
         assert_eq!(makers("shmem_broadcast_nodes"), 1);
+        assert_eq!(makers("shmem_alltoall_nodes"), 1);
         assert_eq!(makers("shmem_nothing"), 0);
     }
 
