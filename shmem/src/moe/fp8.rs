@@ -1,8 +1,9 @@
 //! [`MoeAllToAll`]'s FP8 dispatch: bf16 tokens quantized on the sender (or
 //! tokens already quantized) cross the links as e4m3 codes with one `f32`
 //! scale per [`quant::GROUP`] elements; the receiver gets the codes and
-//! scales in the expert-major layout, and if asked their bf16 values. See
-//! the [`layer` module docs](super::layer) for the wire row.
+//! scales in the expert-major layout, and if asked their bf16 values. The
+//! wire row: `| hidden × e4m3 | pad to 4 | ⌈hidden/128⌉ × f32 scale | pad to
+//! 8 | token: i64 | top_k × {local expert or -1, weight} | pad to 16 |`.
 
 use super::layer::{DeviceTokens, HostTokens, Layout, MoeAllToAll, WireFormat};
 use crate::buffer::SymSlice;

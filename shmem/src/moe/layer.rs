@@ -69,8 +69,9 @@ pub struct MoeConfig {
     pub format: WireFormat,
 }
 
-/// What a [`MoeAllToAll`]'s dispatch sends over the links (see the
-/// [module docs](self)).
+/// What a [`MoeAllToAll`]'s dispatch sends over the links: each wire row
+/// (one per token and destination PE) carries the token, its index and its
+/// slots' experts and weights.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum WireFormat {
     /// The tokens' own elements, bit for bit.
