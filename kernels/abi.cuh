@@ -367,8 +367,27 @@ struct MoeLayer {
     int ne;  // experts per PE
     int major_align;
     int phase;  // 0: the source side; 1: the receiving side (see moe_layer.cu)
+    uint64_t token_scales;  // pre-quantized tokens' scales: max_tokens × ⌈hidden/128⌉ f32
+    uint64_t partials;  // where the combine's expert side writes its partials (stage in the native format)
+    uint64_t recv_codes;  // the FP8 view's codes: rows of hidden bytes
+    uint64_t recv_scales;  // the FP8 view's scales: rows of ⌈hidden/128⌉ f32
+    int64_t back_stride;  // a partial's row in the combine's exchange
+    int64_t scales_at;  // where a wire row's scales start (the FP8 format)
+    int fp8;  // the wire format: 0 native, kFp8Quantize, kFp8PreQuantized
+    int dequantize;  // the receiver's phase of the FP8 format: 1 to write the bf16 view too
 };
-static_assert(sizeof(MoeLayer) == 184, "MoeLayer: size");
+// `MoeLayer::fp8`: e4m3 on the wire, quantized from bf16 tokens in the
+// gather, or from codes and scales the caller gave.
+constexpr int kFp8Quantize = 1, kFp8PreQuantized = 2;
+static_assert(sizeof(MoeLayer) == 240, "MoeLayer: size");
+static_assert(offsetof(MoeLayer, token_scales) == 184, "MoeLayer::token_scales");
+static_assert(offsetof(MoeLayer, partials) == 192, "MoeLayer::partials");
+static_assert(offsetof(MoeLayer, recv_codes) == 200, "MoeLayer::recv_codes");
+static_assert(offsetof(MoeLayer, recv_scales) == 208, "MoeLayer::recv_scales");
+static_assert(offsetof(MoeLayer, back_stride) == 216, "MoeLayer::back_stride");
+static_assert(offsetof(MoeLayer, scales_at) == 224, "MoeLayer::scales_at");
+static_assert(offsetof(MoeLayer, fp8) == 232, "MoeLayer::fp8");
+static_assert(offsetof(MoeLayer, dequantize) == 236, "MoeLayer::dequantize");
 static_assert(offsetof(MoeLayer, tokens) == 0, "MoeLayer::tokens");
 static_assert(offsetof(MoeLayer, ids) == 8, "MoeLayer::ids");
 static_assert(offsetof(MoeLayer, weights) == 16, "MoeLayer::weights");

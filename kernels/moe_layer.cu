@@ -21,12 +21,22 @@
 //   source: each token's partials summed in ascending PE order (ascending
 //   wire row), rounded once.
 //
+// The FP8 format (`MoeLayer::fp8`): the wire row carries `hidden` e4m3
+// codes and, at `scales_at`, one f32 scale per kQuantGroup elements; the
+// gather quantizes bf16 tokens with quant.cuh (bit for bit the host's
+// reference) or copies codes and scales the caller gave; the receiver
+// places codes and scales in `recv_codes` / `recv_scales` and, with
+// `dequantize`, their bf16 values in `recv`. The combine's partials are
+// bf16 rows of `back_stride` bytes in `partials` (the staged rows are too
+// short to hold them).
+//
 // A bad routing poisons the dispatch's first split with a marker (see
 // `kRouteBad`), so the exchange's check fails on every PE and the host
 // names the PE and the fault. A failed exchange leaves its out splits as
 // the kernel before it poisoned them (-1), and every later phase then
 // writes nothing.
 #include "common.cuh"
+#include "quant.cuh"
 
 namespace shmem {
 namespace k {
@@ -233,6 +243,27 @@ __device__ void route_receiver(const TeamSync &t, const MoeLayer &m) {
     }
 }
 
+// The FP8 payload of token `tok`'s wire row `row`, by the whole block:
+// quantized from bf16 (a warp a group) or copied from the caller's codes
+// and scales.
+__device__ void gather_fp8(const TeamSync &t, const MoeLayer &m, int64_t tok, uint8_t *row) {
+    const int64_t groups = (m.hidden + kQuantGroup - 1) / kQuantGroup;
+    float *scales = reinterpret_cast<float *>(row + m.scales_at);
+    if (m.fp8 == kFp8PreQuantized) {
+        block_copy(row, t.mine<uint8_t>(m.tokens + tok * m.hidden), m.hidden);
+        block_copy(reinterpret_cast<uint8_t *>(scales), t.mine<uint8_t>(m.token_scales + tok * groups * 4),
+                   groups * 4);
+        return;
+    }
+    const __nv_bfloat16 *x = t.mine<__nv_bfloat16>(m.tokens + tok * m.hidden * 2);
+    const int warps = blockDim.x / 32;
+    for (int64_t g = threadIdx.x / 32; g < groups; g += warps) {
+        const int64_t at = g * kQuantGroup;
+        const int len = static_cast<int>(m.hidden - at < kQuantGroup ? m.hidden - at : kQuantGroup);
+        quantize_group(x + at, len, row + at, scales + g);
+    }
+}
+
 // Phase 0 of the gather: each token into its wire rows, a block a slot.
 __device__ void gather_source(const TeamSync &t, const MoeLayer &m) {
     const int64_t nt = *t.mine<int64_t>(m.state);
@@ -247,7 +278,11 @@ __device__ void gather_source(const TeamSync &t, const MoeLayer &m) {
         if (!first_of_dest(m, ids, tok, j)) continue;
         const int64_t d = ids[s] / m.ne;
         uint8_t *row = t.mine<uint8_t>(m.send + slot_rows[s] * m.stride);
-        block_copy(row, t.mine<uint8_t>(m.tokens + tok * m.data_bytes), m.data_bytes);
+        if (m.fp8 == 0) {
+            block_copy(row, t.mine<uint8_t>(m.tokens + tok * m.data_bytes), m.data_bytes);
+        } else {
+            gather_fp8(t, m, tok, row);
+        }
         if (threadIdx.x == 0) *wire_token(row, m) = tok;
         WireSlot *meta = wire_slots(row, m);
         for (int i = threadIdx.x; i < m.top_k; i += blockDim.x) {
@@ -255,6 +290,19 @@ __device__ void gather_source(const TeamSync &t, const MoeLayer &m) {
             meta[i] = WireSlot{g / m.ne == d ? static_cast<int32_t>(g % m.ne) : -1, w[tok * m.top_k + i]};
         }
     }
+}
+
+// The FP8 format: staged row `row`'s codes and scales into view row `at`,
+// and with `dequantize` their bf16 values, by the whole block.
+__device__ void place_fp8(const TeamSync &t, const MoeLayer &m, const uint8_t *row, int64_t at) {
+    const int64_t groups = (m.hidden + kQuantGroup - 1) / kQuantGroup;
+    const float *scales = reinterpret_cast<const float *>(row + m.scales_at);
+    block_copy(t.mine<uint8_t>(m.recv_codes + at * m.hidden), row, m.hidden);
+    block_copy(t.mine<uint8_t>(m.recv_scales + at * groups * 4), reinterpret_cast<const uint8_t *>(scales), groups * 4);
+    if (!m.dequantize) return;
+    __nv_bfloat16 *x = t.mine<__nv_bfloat16>(m.recv + at * m.hidden * 2);
+    for (int64_t i = threadIdx.x; i < m.hidden; i += blockDim.x)
+        x[i] = dequantize_one<__nv_bfloat16>(row[i], scales[i / kQuantGroup]);
 }
 
 // Phase 1 of the gather: each staged row into its view rows, a block a row.
@@ -267,7 +315,12 @@ __device__ void gather_receiver(const TeamSync &t, const MoeLayer &m) {
         const WireSlot *slots = wire_slots(row, m);
         for (int j = 0; j < m.top_k; j++) {
             const int32_t at = slots[j].at;
-            if (at >= 0) block_copy(t.mine<uint8_t>(m.recv + at * m.data_bytes), row, m.data_bytes);
+            if (at < 0) continue;
+            if (m.fp8 == 0) {
+                block_copy(t.mine<uint8_t>(m.recv + at * m.data_bytes), row, m.data_bytes);
+            } else {
+                place_fp8(t, m, row, at);
+            }
         }
     }
 }
@@ -289,9 +342,8 @@ template <typename T> __device__ void combine_experts(const TeamSync &t, const M
     uint8_t *stage = t.mine<uint8_t>(m.stage);
     const T *outputs = t.mine<T>(m.outputs);
     for (int64_t r = blockIdx.x; r < total; r += gridDim.x) {
-        uint8_t *row = stage + r * m.stride;
-        const WireSlot *slots = wire_slots(row, m);
-        T *partial = reinterpret_cast<T *>(row);
+        const WireSlot *slots = wire_slots(stage + r * m.stride, m);
+        T *partial = t.mine<T>(m.partials + r * m.back_stride);
         for (int64_t h = threadIdx.x; h < m.hidden; h += blockDim.x) {
             A acc = 0;
             for (int j = 0; j < m.top_k; j++) {
@@ -322,7 +374,7 @@ template <typename T> __device__ void combine_source(const TeamSync &t, const Mo
                 for (int j = 0; j < m.top_k; j++)
                     if (rows[j] > last && (next < 0 || rows[j] < next)) next = rows[j];
                 if (next < 0) break;
-                acc = add(acc, to_acc(reinterpret_cast<const T *>(back + next * m.stride)[h]));
+                acc = add(acc, to_acc(reinterpret_cast<const T *>(back + next * m.back_stride)[h]));
                 last = next;
             }
             out[tok * m.hidden + h] = from_acc<T>(acc);

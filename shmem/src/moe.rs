@@ -85,9 +85,11 @@ use crate::team::{Desc, OpKind, Team};
 use rayon::prelude::*;
 
 mod device;
+mod fp8;
 mod layer;
 pub(crate) mod plan;
-pub use layer::{CombineElement, Layout, MoeAllToAll, MoeConfig};
+pub use fp8::{Fp8DeviceTokens, Fp8Out, Fp8Tokens, Fp8View};
+pub use layer::{CombineElement, Layout, MoeAllToAll, MoeConfig, WireFormat};
 use plan::Plan;
 
 /// Elements per rayon task when copying.

@@ -476,10 +476,40 @@ pub(crate) struct MoeLayer {
     pub major_align: i32,
     /// 0: the source side; 1: the receiving side.
     pub phase: i32,
+    /// Pre-quantized tokens' scales: `max_tokens × ⌈hidden/128⌉` f32.
+    pub token_scales: u64,
+    /// Where the combine's expert side writes its partials (`stage` in the
+    /// native format).
+    pub partials: u64,
+    /// The FP8 view's codes: rows of `hidden` bytes.
+    pub recv_codes: u64,
+    /// The FP8 view's scales: rows of `⌈hidden/128⌉` f32.
+    pub recv_scales: u64,
+    /// A partial's row in the combine's exchange.
+    pub back_stride: i64,
+    /// Where a wire row's scales start (the FP8 format).
+    pub scales_at: i64,
+    /// The wire format: 0 native; [`FP8_QUANTIZE`]; [`FP8_PRE_QUANTIZED`].
+    pub fp8: i32,
+    /// The receiver's phase of the FP8 format: 1 to write the bf16 view too.
+    pub dequantize: i32,
 }
 
-const _: () = assert!(size_of::<MoeLayer>() == 184);
+/// `MoeLayer::fp8`: e4m3 on the wire, quantized from bf16 tokens in the gather.
+pub(crate) const FP8_QUANTIZE: i32 = 1;
+/// `MoeLayer::fp8`: e4m3 on the wire, from codes and scales the caller gave.
+pub(crate) const FP8_PRE_QUANTIZED: i32 = 2;
+
+const _: () = assert!(size_of::<MoeLayer>() == 240);
 const _: () = assert!(offset_of!(MoeLayer, tokens) == 0);
+const _: () = assert!(offset_of!(MoeLayer, token_scales) == 184);
+const _: () = assert!(offset_of!(MoeLayer, partials) == 192);
+const _: () = assert!(offset_of!(MoeLayer, recv_codes) == 200);
+const _: () = assert!(offset_of!(MoeLayer, recv_scales) == 208);
+const _: () = assert!(offset_of!(MoeLayer, back_stride) == 216);
+const _: () = assert!(offset_of!(MoeLayer, scales_at) == 224);
+const _: () = assert!(offset_of!(MoeLayer, fp8) == 232);
+const _: () = assert!(offset_of!(MoeLayer, dequantize) == 236);
 const _: () = assert!(offset_of!(MoeLayer, ids) == 8);
 const _: () = assert!(offset_of!(MoeLayer, weights) == 16);
 const _: () = assert!(offset_of!(MoeLayer, n_tokens) == 24);

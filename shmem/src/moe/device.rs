@@ -3,11 +3,12 @@
 //! the combine's two phases (see `kernels/moe_layer.cu`). Nothing waits on
 //! the host, so a dispatch and a combine can be captured in a CUDA graph.
 
-use super::layer::{CombineElement, MoeAllToAll};
+use super::layer::{CombineElement, DeviceTokens, MoeAllToAll};
 use crate::buffer::SymSlice;
 use crate::context::Stream;
 use crate::dtype::Element;
 use crate::error::Result;
+use crate::gpu::abi::{FP8_PRE_QUANTIZED, FP8_QUANTIZE};
 use crate::gpu::kernels::{not_built, MoeLayer};
 use crate::gpu::GpuWorld;
 use crate::team::OpKind;
@@ -16,7 +17,13 @@ impl<T: Element> MoeAllToAll<T> {
     /// The kernels' arguments for `phase`, with this exchange's buffers.
     fn layer_args(&self, phase: i32) -> MoeLayer {
         let (c, w) = (self.config, self.wire);
+        let fp8 = self.fp8.as_ref();
         MoeLayer {
+            partials: fp8.map_or(self.stage.offset, |f| f.partials.offset) as u64,
+            recv_codes: fp8.map_or(0, |f| f.codes.offset) as u64,
+            recv_scales: fp8.map_or(0, |f| f.scales.offset) as u64,
+            back_stride: w.back_stride as i64,
+            scales_at: w.scales as i64,
             send: self.send.offset as u64,
             stage: self.stage.offset as u64,
             recv: self.recv.offset as u64,
@@ -40,39 +47,49 @@ impl<T: Element> MoeAllToAll<T> {
         }
     }
 
-    /// `dispatch_on_device` on the GPU backend: route and gather, the
-    /// exchange of wire rows, the expansion into the view.
+    /// `dispatch_on_device` (and its FP8 form) on the GPU backend: route
+    /// and gather (quantizing, in the FP8 format, tokens that are not
+    /// yet), the exchange of wire rows, the expansion into the view (the
+    /// FP8 format's codes and scales, and their bf16 values where
+    /// `dequantize`).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn dispatch_gpu(
         &self,
         g: &GpuWorld,
         pre: Result<()>,
-        tokens: SymSlice<'_, T>,
+        tokens: DeviceTokens<'_, T>,
         ids: SymSlice<'_, i64>,
         weights: SymSlice<'_, f32>,
         count: SymSlice<'_, i64>,
+        dequantize: bool,
         stream: &Stream,
-    ) -> Result<SymSlice<'_, T>> {
+    ) -> Result<()> {
         let (c, n, ctx) = (self.config, self.team.n_pes(), &self.team.ctx);
         let st = g.stream(stream).cu_stream();
+        let fp8 = if self.wire.fp8 { FP8_QUANTIZE } else { 0 };
         let pre = pre.and_then(|_| {
             let k = g.kernels.as_ref().ok_or_else(not_built)?;
             let t = k.team(self.team.state.slot, &self.team.state.members, false)?;
+            let (tokens, token_scales, mode) = match tokens {
+                DeviceTokens::Plain(x) => (x.region(ctx)?.offset, 0, fp8),
+                DeviceTokens::Codes(q, s) => (q.region(ctx)?.offset, s.region(ctx)?.offset, FP8_PRE_QUANTIZED),
+            };
             let m = MoeLayer {
-                tokens: tokens.region(ctx)?.offset as u64,
+                tokens: tokens as u64,
+                token_scales: token_scales as u64,
                 ids: ids.region(ctx)?.offset as u64,
                 weights: weights.region(ctx)?.offset as u64,
                 n_tokens: count.region(ctx)?.offset as u64,
+                fp8: mode,
                 ..self.layer_args(0)
             };
             k.moe_route(t, m, c.max_tokens * c.top_k, st)
         });
-        let buffers = ((&self.send).into(), (&self.stage).into(), (&self.send_splits).into(), (&self.stage_so).into());
-        self.team.all_to_all_v_any(OpKind::AllToAllV, buffers, self.wire.stride, 0, pre, stream)?;
+        self.team.all_to_all_v_any(OpKind::AllToAllV, self.out_buffers(), self.wire.stride, 0, pre, stream)?;
         let k = g.kernels.as_ref().ok_or_else(not_built)?;
         let t = k.team(self.team.state.slot, &self.team.state.members, false)?;
-        k.moe_route(t, self.layer_args(1), n * c.max_tokens, st)?;
-        Ok((&self.recv).into())
+        let m = MoeLayer { fp8, dequantize: i32::from(dequantize), ..self.layer_args(1) };
+        k.moe_route(t, m, n * c.max_tokens, st)
     }
 }
 
@@ -101,8 +118,7 @@ impl<T: CombineElement> MoeAllToAll<T> {
             let t = k.team(self.team.state.slot, &self.team.state.members, false)?;
             k.moe_combine(T::DTYPE, t, args(0)?, n * c.max_tokens, st)
         });
-        let buffers = ((&self.stage).into(), (&self.send).into(), self.stage_so.slice(0..n), (&self.back_so).into());
-        self.team.all_to_all_v_any(OpKind::AllToAllV, buffers, self.wire.stride, 0, pre, stream)?;
+        self.team.all_to_all_v_any(OpKind::AllToAllV, self.back_buffers(), self.wire.back_stride, 0, pre, stream)?;
         let k = g.kernels.as_ref().ok_or_else(not_built)?;
         let t = k.team(self.team.state.slot, &self.team.state.members, false)?;
         k.moe_combine(T::DTYPE, t, args(1)?, c.max_tokens, st)

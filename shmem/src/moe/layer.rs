@@ -18,11 +18,31 @@
 //! ```text
 //! wire row:  | hidden × T | pad to 8 | token: i64 | top_k × {local expert or -1: i32, weight: f32} | pad to 16 |
 //! ```
+//!
+//! # FP8 dispatch
+//!
+//! Built with [`MoeConfig::fp8`] (bf16 exchanges only), the wire row
+//! carries the token as e4m3 codes with one `f32` scale per
+//! [`quant::GROUP`] elements, quantized on the sender exactly as
+//! [`crate::quant`] defines it — about half the bytes of bf16:
+//!
+//! ```text
+//! wire row:  | hidden × e4m3 | pad to 4 | ⌈hidden/128⌉ × f32 scale | pad to 8 | token | slots | pad to 16 |
+//! ```
+//!
+//! The receiver places the codes and scales as they came, in the same
+//! expert-major layout ([`Fp8View`]: what an FP8 grouped GEMM takes), and,
+//! if asked, their dequantized bf16 values in the usual view. Tokens may
+//! also come already quantized, with their scales ([`Fp8Tokens`]). The
+//! combine stays in bf16: the experts' outputs go back as bf16 partials,
+//! in rows of their own (`hidden × 2` bytes, padded to 16).
 
 use crate::buffer::{SymSlice, SymmetricBuffer};
 use crate::context::{Context, Stream};
 use crate::dtype::Element;
 use crate::error::{Error, Result, RoutingFault};
+use crate::fp8::fp8_e4m3;
+use crate::quant;
 use crate::team::{Desc, OpKind, Team};
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -44,12 +64,39 @@ pub struct MoeConfig {
     /// Each expert's block of received rows starts at a multiple of this,
     /// and is at least this long (see [`Team::all_to_all_v_2d`]). 1 by default.
     pub major_align: usize,
+    /// What the dispatch's wire rows carry: the tokens' elements
+    /// ([`WireFormat::Native`], the default) or e4m3 codes and scales.
+    pub format: WireFormat,
+}
+
+/// What a [`MoeAllToAll`]'s dispatch sends over the links: each wire row
+/// (one per token and destination PE) carries the token, its index and its
+/// slots' experts and weights.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WireFormat {
+    /// The tokens' own elements, bit for bit.
+    #[default]
+    Native,
+    /// Block-scaled e4m3: per token `hidden` codes and one `f32` scale per
+    /// [`quant::GROUP`] elements, as [`crate::quant`] computes them. For
+    /// `MoeAllToAll<bf16>` only.
+    E4m3,
 }
 
 impl MoeConfig {
     /// A configuration with `major_align` 1.
     pub fn new(hidden: usize, max_tokens: usize, experts_per_pe: usize, top_k: usize) -> MoeConfig {
-        MoeConfig { hidden, max_tokens, experts_per_pe, top_k, major_align: 1 }
+        MoeConfig { hidden, max_tokens, experts_per_pe, top_k, major_align: 1, format: WireFormat::Native }
+    }
+
+    /// Sets [`MoeConfig::format`] to [`WireFormat::E4m3`]: an FP8 dispatch.
+    pub fn fp8(self) -> MoeConfig {
+        MoeConfig { format: WireFormat::E4m3, ..self }
+    }
+
+    /// Scales per token in the FP8 format.
+    pub fn scales_per_token(&self) -> usize {
+        quant::scales_len(self.hidden)
     }
 
     /// Sets [`MoeConfig::major_align`].
@@ -76,10 +123,16 @@ impl MoeConfig {
             .checked_add(self.experts_per_pe.checked_mul(self.major_align)?)
     }
 
-    fn check(&self, n: usize, elem: usize) -> Result<()> {
+    fn check(&self, n: usize, dtype: crate::dtype::DType) -> Result<()> {
         let c = self;
+        let elem = dtype.size();
         if c.hidden == 0 || c.max_tokens == 0 || c.experts_per_pe == 0 || c.top_k == 0 || c.major_align == 0 {
             return Err(Error::Invalid(format!("MoeAllToAll::new: every size must be at least 1, got {c:?}")));
+        }
+        if c.format == WireFormat::E4m3 && dtype != crate::dtype::DType::BF16 {
+            return Err(Error::Invalid(format!(
+                "MoeAllToAll::new: the FP8 dispatch takes bf16 tokens, this exchange is of {dtype}"
+            )));
         }
         if c.top_k > n.saturating_mul(c.experts_per_pe) {
             return Err(Error::Invalid(format!(
@@ -90,7 +143,8 @@ impl MoeConfig {
         }
         // The device keeps rows, tokens and slots in 32-bit fields.
         let fits = |x: Option<usize>| x.filter(|&x| x < i32::MAX as usize);
-        let bytes = c.hidden.checked_mul(elem).and_then(|b| Wire::stride_of(b, c.top_k));
+        let wire = Wire::of(c, elem);
+        let bytes = wire.map(|w| w.stride.max(w.back_stride));
         let ok = fits(c.recv_rows(n)).is_some()
             && fits(c.max_tokens.checked_mul(c.top_k)).is_some()
             && bytes.and_then(|b| b.checked_mul(c.stage_rows(n)?)).is_some()
@@ -106,24 +160,45 @@ impl MoeConfig {
 /// Where the parts of a wire row lie, in bytes (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Wire {
-    /// The token's elements: `hidden × size_of::<T>()`.
+    /// The token's elements: `hidden × size_of::<T>()`; in the FP8
+    /// format its codes, `hidden` bytes.
     pub(crate) data: usize,
-    /// Where the metadata starts: `data` rounded up to 8.
+    /// The FP8 format's scales: where they start (`hidden` rounded up to
+    /// 4); 0 in the native format.
+    pub(crate) scales: usize,
+    /// Where the metadata starts: the payload's end rounded up to 8.
     pub(crate) meta: usize,
     /// The row's length: a multiple of 16.
     pub(crate) stride: usize,
+    /// The combine's rows (a token's bf16 partial): `stride` in the native
+    /// format, `hidden × size_of::<T>()` rounded up to 16 in the FP8 one.
+    pub(crate) back_stride: usize,
     pub(crate) top_k: usize,
+    /// The FP8 format.
+    pub(crate) fp8: bool,
 }
 
 impl Wire {
     fn new<T: Element>(c: &MoeConfig) -> Wire {
-        let data = c.hidden * size_of::<T>();
-        let stride = Wire::stride_of(data, c.top_k).expect("checked by MoeConfig::check");
-        Wire { data, meta: data.next_multiple_of(8), stride, top_k: c.top_k }
+        Wire::of(c, size_of::<T>()).expect("checked by MoeConfig::check")
     }
 
-    fn stride_of(data: usize, top_k: usize) -> Option<usize> {
-        data.checked_next_multiple_of(8)?.checked_add(8 + 8 * top_k)?.checked_next_multiple_of(16)
+    /// The wire row of `c` for elements of `elem` bytes, or `None` when its
+    /// sizes overflow.
+    fn of(c: &MoeConfig, elem: usize) -> Option<Wire> {
+        let row = c.hidden.checked_mul(elem)?;
+        let fp8 = c.format == WireFormat::E4m3;
+        let (data, scales, end) = if fp8 {
+            let scales = c.hidden.checked_next_multiple_of(4)?;
+            (c.hidden, scales, scales.checked_add(4 * c.scales_per_token())?)
+        } else {
+            (row, 0, row)
+        };
+        let meta = end.checked_next_multiple_of(8)?;
+        let stride =
+            meta.checked_add(8usize.checked_add(8usize.checked_mul(c.top_k)?)?)?.checked_next_multiple_of(16)?;
+        let back_stride = if fp8 { row.checked_next_multiple_of(16)? } else { stride };
+        Some(Wire { data, scales, meta, stride, back_stride, top_k: c.top_k, fp8 })
     }
 
     fn token(&self, row: &[u8]) -> usize {
@@ -388,8 +463,24 @@ pub struct MoeAllToAll<T: Element> {
     pub(super) state: SymmetricBuffer<i64>,
     /// The device path's counting scratch.
     pub(super) scratch: SymmetricBuffer<u32>,
+    /// The FP8 format's buffers: the combine's partials before they go
+    /// back (`stage_rows` rows of `wire.back_stride`; the native format
+    /// writes them over the staged rows, which the FP8 format's shorter
+    /// rows cannot hold), and the view's codes (`recv_rows × hidden`) and
+    /// scales (`recv_rows × scales_per_token`).
+    pub(super) fp8: Option<Fp8Buffers>,
     /// The host backend's layout of the last `dispatch_on_device`.
     last: Mutex<Option<Layout>>,
+}
+
+/// An exchange of wire rows: input, output, splits, out splits/offsets.
+pub(super) type WireBuffers<'a> = (SymSlice<'a, u8>, SymSlice<'a, u8>, SymSlice<'a, i64>, SymSlice<'a, i64>);
+
+/// The buffers only the FP8 format needs (see [`MoeAllToAll`]'s fields).
+pub(super) struct Fp8Buffers {
+    pub(super) partials: SymmetricBuffer<u8>,
+    pub(super) codes: SymmetricBuffer<fp8_e4m3>,
+    pub(super) scales: SymmetricBuffer<f32>,
 }
 
 impl<T: Element> std::fmt::Debug for MoeAllToAll<T> {
@@ -412,19 +503,31 @@ impl<T: Element> MoeAllToAll<T> {
         let team = ctx.world();
         team.check()?;
         let n = team.n_pes();
-        let valid = config.check(n, size_of::<T>());
+        let valid = config.check(n, T::DTYPE);
         let c = config;
         let mut desc = Desc::new(OpKind::MoeSetup);
         desc.dtype = Some(T::DTYPE);
         desc.args = [c.hidden, c.max_tokens, c.experts_per_pe, c.top_k, c.major_align].map(|x| x as u64);
+        // The format rides the top bit of the alignment (far above any size).
+        desc.args[4] |= u64::from(c.format == WireFormat::E4m3) << 63;
         let rows = team.exchange(&desc, valid.as_ref().err())?;
         valid?;
         team.agree(&rows)?;
         let wire = Wire::new::<T>(&c);
         let rows = |r: Option<usize>| r.expect("checked by MoeConfig::check");
         let entries = n * c.experts_per_pe;
+        let fp8 = if wire.fp8 {
+            let recv = rows(c.recv_rows(n));
+            Some(Fp8Buffers {
+                partials: ctx.alloc(rows(c.stage_rows(n)) * wire.back_stride)?,
+                codes: ctx.alloc(recv * c.hidden)?,
+                scales: ctx.alloc(recv * c.scales_per_token())?,
+            })
+        } else {
+            None
+        };
         Ok(MoeAllToAll {
-            send: ctx.alloc(rows(c.send_rows(n)) * wire.stride)?,
+            send: ctx.alloc(rows(c.send_rows(n)) * wire.stride.max(wire.back_stride))?,
             stage: ctx.alloc(rows(c.stage_rows(n)) * wire.stride)?,
             recv: ctx.alloc(rows(c.recv_rows(n)) * c.hidden)?,
             send_splits: ctx.alloc(n)?,
@@ -435,6 +538,7 @@ impl<T: Element> MoeAllToAll<T> {
             state: ctx.alloc(2)?,
             scratch: ctx.alloc(scratch_len(&c, n))?,
             last: Mutex::new(None),
+            fp8,
             wire,
             team,
             config,
@@ -460,11 +564,28 @@ impl<T: Element> MoeAllToAll<T> {
     pub fn memory_bytes(&self) -> usize {
         let i64s =
             self.send_splits.len + self.stage_so.len + self.back_so.len + self.dispatch_splits.len + self.state.len;
+        let fp8 = self.fp8.as_ref().map_or(0, |f| f.partials.len + f.codes.len + f.scales.len * size_of::<f32>());
         self.send.len
             + self.stage.len
             + self.recv.len * size_of::<T>()
             + (i64s + self.slot_rows.len) * size_of::<i64>()
             + self.scratch.len * size_of::<u32>()
+            + fp8
+    }
+
+    /// The combine's exchange: the partials (the staged rows in the native
+    /// format) back into `send`.
+    pub(super) fn back_buffers(&self) -> WireBuffers<'_> {
+        let partials = self.fp8.as_ref().map_or(&self.stage, |f| &f.partials);
+        let send =
+            self.send.slice(0..self.send.len / self.wire.stride.max(self.wire.back_stride) * self.wire.back_stride);
+        (partials.into(), send, self.stage_so.slice(0..self.team.n_pes()), (&self.back_so).into())
+    }
+
+    /// The dispatch's exchange: wire rows from `send` into `stage`.
+    pub(super) fn out_buffers(&self) -> WireBuffers<'_> {
+        let send = self.send.slice(0..self.send.len / self.wire.stride.max(self.wire.back_stride) * self.wire.stride);
+        (send, (&self.stage).into(), (&self.send_splits).into(), (&self.stage_so).into())
     }
 
     /// Sends each token once to each PE that holds one of its experts and
@@ -498,16 +619,29 @@ impl<T: Element> MoeAllToAll<T> {
         topk_weights: &[f32],
         stream: &Stream,
     ) -> Result<(SymSlice<'_, T>, Layout)> {
-        let route = self.route(tokens, topk_expert_ids, topk_weights);
+        let layout = self.dispatch_host(HostTokens::Plain(tokens), topk_expert_ids, topk_weights, true, stream)?;
+        Ok((self.recv.slice(0..layout.rows * self.config.hidden), layout))
+    }
+
+    /// The dispatch on the host: route, fill and exchange the wire rows,
+    /// expand them into the view (in the FP8 format: the codes and scales,
+    /// and the bf16 values where `dequantize`).
+    pub(super) fn dispatch_host(
+        &self,
+        tokens: HostTokens<'_, T>,
+        ids: &[i64],
+        weights: &[f32],
+        dequantize: bool,
+        stream: &Stream,
+    ) -> Result<Layout> {
+        let route = self.route(&tokens, ids, weights);
         let pre = match &route {
-            Ok(r) => self.fill_send(tokens, topk_expert_ids, topk_weights, r, stream),
+            Ok(r) => self.fill_send(&tokens, ids, weights, r, stream),
             Err(e) => Err(clone_error(e)),
         };
-        let buffers = ((&self.send).into(), (&self.stage).into(), (&self.send_splits).into(), (&self.stage_so).into());
-        self.team.all_to_all_v_any(OpKind::AllToAllV, buffers, self.wire.stride, 0, pre, stream)?;
+        self.team.all_to_all_v_any(OpKind::AllToAllV, self.out_buffers(), self.wire.stride, 0, pre, stream)?;
         let route = route.expect("the exchange fails on a PE whose routing failed");
-        let layout = self.expand(route, topk_expert_ids.len() / self.config.top_k, stream)?;
-        Ok((self.recv.slice(0..layout.rows * self.config.hidden), layout))
+        self.expand(route, ids.len() / self.config.top_k, dequantize, stream)
     }
 
     /// [`MoeAllToAll::dispatch`] with everything on the device, so that it
@@ -539,33 +673,67 @@ impl<T: Element> MoeAllToAll<T> {
     ) -> Result<SymSlice<'_, T>> {
         let (tokens, ids, weights, count) =
             (tokens.into(), topk_expert_ids.into(), topk_weights.into(), n_tokens.into());
+        self.dispatch_device(DeviceTokens::Plain(tokens), ids, weights, count, true, stream)?;
+        Ok((&self.recv).into())
+    }
+
+    /// The dispatch on the device (the host backend: the host path on the
+    /// buffers' contents).
+    pub(super) fn dispatch_device(
+        &self,
+        tokens: DeviceTokens<'_, T>,
+        ids: SymSlice<'_, i64>,
+        weights: SymSlice<'_, f32>,
+        count: SymSlice<'_, i64>,
+        dequantize: bool,
+        stream: &Stream,
+    ) -> Result<()> {
         let c = self.config;
-        let slots = c.max_tokens * c.top_k;
-        let pre = self.check_sizes(&[
-            ("tokens", tokens.len(), c.max_tokens * c.hidden, "max_tokens × hidden"),
+        let (h, g, slots) = (c.hidden, c.scales_per_token(), c.max_tokens * c.top_k);
+        let mut sizes = vec![
             ("topk_expert_ids", ids.len(), slots, "max_tokens × top_k"),
             ("topk_weights", weights.len(), slots, "max_tokens × top_k"),
             ("n_tokens", count.len(), 1, "one count"),
-        ]);
-        if let Some(g) = self.team.ctx.gpu.as_ref() {
-            return self.dispatch_gpu(g, pre, tokens, ids, weights, count, stream);
+        ];
+        match &tokens {
+            DeviceTokens::Plain(t) => sizes.insert(0, ("tokens", t.len(), c.max_tokens * h, "max_tokens × hidden")),
+            DeviceTokens::Codes(q, sc) => {
+                sizes.insert(0, ("codes", q.len(), c.max_tokens * h, "max_tokens × hidden"));
+                sizes.insert(1, ("scales", sc.len(), c.max_tokens * g, "max_tokens × scales_per_token"));
+            }
         }
-        // The host backend: the host path on the buffers' contents.
+        let pre = self.check_sizes(&sizes);
+        if let Some(gpu) = self.team.ctx.gpu.as_ref() {
+            return self.dispatch_gpu(gpu, pre, tokens, ids, weights, count, dequantize, stream);
+        }
         let n = match pre.and_then(|_| self.host_count(count, stream)) {
             Ok(n) => n,
             Err(e) => {
-                let buffers =
-                    ((&self.send).into(), (&self.stage).into(), (&self.send_splits).into(), (&self.stage_so).into());
-                self.team.all_to_all_v_any(OpKind::AllToAllV, buffers, self.wire.stride, 0, Err(e), stream)?;
+                self.team.all_to_all_v_any(
+                    OpKind::AllToAllV,
+                    self.out_buffers(),
+                    self.wire.stride,
+                    0,
+                    Err(e),
+                    stream,
+                )?;
                 unreachable!("the exchange fails on a PE whose arguments failed");
             }
         };
-        let host_tokens = head(&tokens, n * c.hidden).copy_to_host(stream)?;
         let host_ids = head(&ids, n * c.top_k).copy_to_host(stream)?;
         let host_weights = head(&weights, n * c.top_k).copy_to_host(stream)?;
-        let (_, layout) = self.dispatch(&host_tokens, &host_ids, &host_weights, stream)?;
+        let layout = match tokens {
+            DeviceTokens::Plain(t) => {
+                let t = head(&t, n * h).copy_to_host(stream)?;
+                self.dispatch_host(HostTokens::Plain(&t), &host_ids, &host_weights, dequantize, stream)?
+            }
+            DeviceTokens::Codes(q, sc) => {
+                let (q, sc) = (head(&q, n * h).copy_to_host(stream)?, head(&sc, n * g).copy_to_host(stream)?);
+                self.dispatch_host(HostTokens::Codes(&q, &sc), &host_ids, &host_weights, dequantize, stream)?
+            }
+        };
         *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(layout);
-        Ok((&self.recv).into())
+        Ok(())
     }
 
     /// The last dispatch's view layout, on the device: entry
@@ -600,15 +768,15 @@ impl<T: Element> MoeAllToAll<T> {
 
     /// Checks the routing and orders the wire rows: by destination PE,
     /// each destination's in token order.
-    fn route(&self, tokens: &[T], ids: &[i64], weights: &[f32]) -> Result<Route> {
+    fn route(&self, tokens: &HostTokens<'_, T>, ids: &[i64], weights: &[f32]) -> Result<Route> {
         let c = &self.config;
         let n = self.team.n_pes();
         let experts = n * c.experts_per_pe;
-        let n_tokens = tokens.len() / c.hidden;
-        if tokens.len() % c.hidden != 0 {
+        let len = tokens.len();
+        let n_tokens = len / c.hidden;
+        if len % c.hidden != 0 {
             return Err(Error::LengthMismatch(format!(
-                "MoeAllToAll::dispatch: {} token elements are not whole rows of hidden ({})",
-                tokens.len(),
+                "MoeAllToAll::dispatch: {len} token elements are not whole rows of hidden ({})",
                 c.hidden
             )));
         }
@@ -617,6 +785,17 @@ impl<T: Element> MoeAllToAll<T> {
                 fault: RoutingFault::TooManyTokens,
                 detail: format!("MoeAllToAll::dispatch: {n_tokens} tokens, more than max_tokens ({})", c.max_tokens),
             });
+        }
+        if let HostTokens::Codes(_, scales) = tokens {
+            let want = n_tokens * c.scales_per_token();
+            if scales.len() != want {
+                return Err(Error::LengthMismatch(format!(
+                    "MoeAllToAll::dispatch_fp8: {} scales for {n_tokens} pre-quantized tokens, expected {want} \
+                     (one per {} elements of each token)",
+                    scales.len(),
+                    quant::GROUP
+                )));
+            }
         }
         for (what, len) in [("expert ids", ids.len()), ("weights", weights.len())] {
             if len != n_tokens * c.top_k {
@@ -690,13 +869,32 @@ impl<T: Element> MoeAllToAll<T> {
     }
 
     /// Writes the wire rows in send order and the splits.
-    fn fill_send(&self, tokens: &[T], ids: &[i64], weights: &[f32], r: &Route, stream: &Stream) -> Result<()> {
+    fn fill_send(
+        &self,
+        tokens: &HostTokens<'_, T>,
+        ids: &[i64],
+        weights: &[f32],
+        r: &Route,
+        stream: &Stream,
+    ) -> Result<()> {
         let (c, w) = (&self.config, self.wire);
-        let (h, k, ne) = (c.hidden, c.top_k, c.experts_per_pe);
+        let (h, k, ne, g) = (c.hidden, c.top_k, c.experts_per_pe, c.scales_per_token());
         let mut bytes = vec![0u8; r.rows.len() * w.stride];
         let fill = |(row, out): (usize, &mut [u8])| {
             let (t, d) = r.rows[row];
-            out[..w.data].copy_from_slice(bytes_of(&tokens[t * h..(t + 1) * h]));
+            let scales = w.scales..w.scales + g * size_of::<f32>();
+            match *tokens {
+                HostTokens::Plain(x) if w.fp8 => {
+                    let (q, sc) = quant::quantize_vec(same_type::<T, bf16>(&x[t * h..(t + 1) * h]));
+                    out[..h].copy_from_slice(bytes_of(&q));
+                    out[scales].copy_from_slice(bytes_of(&sc));
+                }
+                HostTokens::Plain(x) => out[..w.data].copy_from_slice(bytes_of(&x[t * h..(t + 1) * h])),
+                HostTokens::Codes(q, sc) => {
+                    out[..h].copy_from_slice(bytes_of(&q[t * h..(t + 1) * h]));
+                    out[scales].copy_from_slice(bytes_of(&sc[t * g..(t + 1) * g]));
+                }
+            }
             let slots = (0..k).map(|j| {
                 let g = ids[t * k + j] as usize;
                 (if g / ne == d { (g % ne) as i32 } else { -1 }, weights[t * k + j])
@@ -715,9 +913,9 @@ impl<T: Element> MoeAllToAll<T> {
     /// After the exchange: places every staged row in the blocks of its
     /// local experts, writes the view's splits and offsets, and returns
     /// the layout.
-    fn expand(&self, route: Route, n_tokens: usize, stream: &Stream) -> Result<Layout> {
+    fn expand(&self, route: Route, n_tokens: usize, dequantize: bool, stream: &Stream) -> Result<Layout> {
         let (c, w, n) = (&self.config, self.wire, self.team.n_pes());
-        let (h, k, ne) = (c.hidden, c.top_k, c.experts_per_pe);
+        let (h, k, ne, g) = (c.hidden, c.top_k, c.experts_per_pe, c.scales_per_token());
         let received = self.stage_so.slice(0..n).copy_to_host(stream)?;
         let total = received.iter().sum::<i64>() as usize;
         let staged = self.stage.slice(0..total * w.stride).copy_to_host(stream)?;
@@ -749,13 +947,23 @@ impl<T: Element> MoeAllToAll<T> {
         // come in the same order.
         let mut next = offsets.clone();
         let mut placements = vec![None; total * k];
-        let mut view = crate::dtype::zeroed_vec::<T>(rows * h);
+        // The view: the elements, or in the FP8 format the codes and scales.
+        let (view_len, codes_len, scales_len) = if w.fp8 { (0, rows * h, rows * g) } else { (rows * h, 0, 0) };
+        let mut view = crate::dtype::zeroed_vec::<T>(view_len);
+        let mut codes = vec![fp8_e4m3::default(); codes_len];
+        let mut scales = vec![0f32; scales_len];
         for (i, (row, &(s, _))) in staged.chunks(w.stride).zip(&arrivals).enumerate() {
             for j in 0..k {
                 let (e, weight) = w.slot(row, j);
                 if e >= 0 {
                     let at = &mut next[e as usize * n + s];
-                    read_elems(row, &mut view[*at as usize * h..(*at as usize + 1) * h]);
+                    let r = *at as usize;
+                    if w.fp8 {
+                        read_elems(row, &mut codes[r * h..(r + 1) * h]);
+                        read_elems(&row[w.scales..], &mut scales[r * g..(r + 1) * g]);
+                    } else {
+                        read_elems(row, &mut view[r * h..(r + 1) * h]);
+                    }
                     placements[i * k + j] = Some((*at as usize, weight));
                     *at += 1;
                 }
@@ -778,11 +986,59 @@ impl<T: Element> MoeAllToAll<T> {
         // The blocks' rows, not the padding (which is never written).
         for e in 0..ne {
             let r = layout.expert_rows(e);
-            self.recv.slice(r.start * h..r.end * h).copy_from_host(&view[r.start * h..r.end * h], stream)?;
+            if let Some(f) = &self.fp8 {
+                f.codes.slice(r.start * h..r.end * h).copy_from_host(&codes[r.start * h..r.end * h], stream)?;
+                f.scales.slice(r.start * g..r.end * g).copy_from_host(&scales[r.start * g..r.end * g], stream)?;
+                if dequantize {
+                    let mut x = vec![bf16::ZERO; r.len() * h];
+                    for (i, out) in r.clone().zip(x.chunks_mut(h)) {
+                        quant::dequantize(&codes[i * h..(i + 1) * h], &scales[i * g..(i + 1) * g], out)?;
+                    }
+                    self.recv.slice(r.start * h..r.end * h).copy_from_host(same_type::<bf16, T>(&x), stream)?;
+                }
+            } else {
+                self.recv.slice(r.start * h..r.end * h).copy_from_host(&view[r.start * h..r.end * h], stream)?;
+            }
         }
         self.dispatch_splits.copy_from_host(&[&layout.splits[..], &layout.offsets[..]].concat(), stream)?;
         Ok(layout)
     }
+}
+
+/// A dispatch's tokens on the host.
+pub(super) enum HostTokens<'a, T> {
+    /// Rows of the exchange's elements.
+    Plain(&'a [T]),
+    /// e4m3 codes and their scales (the FP8 format).
+    Codes(&'a [fp8_e4m3], &'a [f32]),
+}
+
+impl<T> HostTokens<'_, T> {
+    /// Elements (codes) of the tokens.
+    fn len(&self) -> usize {
+        match self {
+            HostTokens::Plain(x) => x.len(),
+            HostTokens::Codes(q, _) => q.len(),
+        }
+    }
+}
+
+/// A dispatch's tokens in device buffers.
+pub(super) enum DeviceTokens<'a, T: Element> {
+    /// Rows of the exchange's elements.
+    Plain(SymSlice<'a, T>),
+    /// e4m3 codes and their scales (the FP8 format).
+    Codes(SymSlice<'a, fp8_e4m3>, SymSlice<'a, f32>),
+}
+
+/// `xs` as a slice of `B`, which is `A`: the FP8 format is for bf16
+/// exchanges only (checked at construction), where the generic code meets
+/// the quantizer's bf16.
+fn same_type<A: Element, B: Element>(xs: &[A]) -> &[B] {
+    assert_eq!(A::DTYPE, B::DTYPE, "the FP8 format is for bf16 exchanges");
+    // SAFETY: A and B are the same type (an Element's DTYPE names its
+    // type, checked just above), so the cast changes nothing.
+    unsafe { std::slice::from_raw_parts(xs.as_ptr().cast::<B>(), xs.len()) }
 }
 
 /// The first `len` elements of `s`.
@@ -844,13 +1100,8 @@ impl<T: CombineElement> MoeAllToAll<T> {
         let layout = match pre {
             Ok(l) => l,
             Err(e) => {
-                let buffers = (
-                    (&self.stage).into(),
-                    (&self.send).into(),
-                    self.stage_so.slice(0..self.team.n_pes()),
-                    (&self.back_so).into(),
-                );
-                self.team.all_to_all_v_any(OpKind::AllToAllV, buffers, self.wire.stride, 0, Err(e), stream)?;
+                let (buffers, stride) = (self.back_buffers(), self.wire.back_stride);
+                self.team.all_to_all_v_any(OpKind::AllToAllV, buffers, stride, 0, Err(e), stream)?;
                 unreachable!("the exchange fails on a PE whose arguments failed");
             }
         };
@@ -901,8 +1152,7 @@ impl<T: CombineElement> MoeAllToAll<T> {
         } else {
             self.expert_partials(outputs, layout, stream)
         };
-        let buffers = ((&self.stage).into(), (&self.send).into(), self.stage_so.slice(0..n), (&self.back_so).into());
-        self.team.all_to_all_v_any(OpKind::AllToAllV, buffers, w.stride, 0, pre, stream)?;
+        self.team.all_to_all_v_any(OpKind::AllToAllV, self.back_buffers(), w.back_stride, 0, pre, stream)?;
         // What came back must be what this PE sent: otherwise the PEs
         // combined layouts of different dispatches.
         let back = self.back_so.slice(0..n).copy_to_host(stream)?;
@@ -914,13 +1164,13 @@ impl<T: CombineElement> MoeAllToAll<T> {
                 layout.sent
             )));
         }
-        let partials = self.send.slice(0..layout.token_rows.len() * w.stride).copy_to_host(stream)?;
+        let partials = self.send.slice(0..layout.token_rows.len() * w.back_stride).copy_to_host(stream)?;
         let mut out = crate::dtype::zeroed_vec::<T>(layout.n_tokens * h);
         let finish = |(t, token): (usize, &mut [T])| {
             let mut acc = vec![T::zero(); h];
             let mut row = crate::dtype::zeroed_vec::<T>(h);
             for &r in &layout.token_rows[layout.token_start[t]..layout.token_start[t + 1]] {
-                read_elems(&partials[r * w.stride..(r + 1) * w.stride], &mut row);
+                read_elems(&partials[r * w.back_stride..(r + 1) * w.back_stride], &mut row);
                 acc.iter_mut().zip(&row).for_each(|(a, &x)| *a = T::add(*a, x));
             }
             token.iter_mut().zip(acc).for_each(|(o, a)| *o = T::from_acc(a));
@@ -939,21 +1189,21 @@ impl<T: CombineElement> MoeAllToAll<T> {
         let (c, w, n) = (&self.config, self.wire, self.team.n_pes());
         let h = c.hidden;
         let rows = outputs.buf.slice(outputs.start..outputs.start + layout.rows * h).copy_to_host(stream)?;
-        let mut bytes = vec![0u8; layout.arrivals.len() * w.stride];
+        let mut bytes = vec![0u8; layout.arrivals.len() * w.back_stride];
         let weigh = |(i, out): (usize, &mut [u8])| {
             let mut acc = vec![T::zero(); h];
             for (_, r, weight) in layout.placements(i) {
                 acc.iter_mut().zip(&rows[r * h..(r + 1) * h]).for_each(|(a, &x)| *a = T::weigh(*a, weight, x));
             }
             let partial: Vec<T> = acc.into_iter().map(T::from_acc).collect();
-            out[..w.data].copy_from_slice(bytes_of(&partial));
+            out[..h * size_of::<T>()].copy_from_slice(bytes_of(&partial));
         };
         if bytes.len() < PARALLEL_BYTES {
-            bytes.chunks_mut(w.stride).enumerate().for_each(weigh);
+            bytes.chunks_mut(w.back_stride).enumerate().for_each(weigh);
         } else {
-            self.team.ctx.pool.install(|| bytes.par_chunks_mut(w.stride).enumerate().for_each(weigh));
+            self.team.ctx.pool.install(|| bytes.par_chunks_mut(w.back_stride).enumerate().for_each(weigh));
         }
-        self.stage.slice(0..bytes.len()).copy_from_host(&bytes, stream)?;
+        self.back_buffers().0.buf.slice(0..bytes.len()).copy_from_host(&bytes, stream)?;
         debug_assert_eq!(layout.received.len(), n);
         self.stage_so.slice(0..n).copy_from_host(&layout.received, stream)
     }
