@@ -55,6 +55,11 @@ fn wire_stride(hidden: usize, elem: usize, topk: usize) -> usize {
     ((hidden * elem).next_multiple_of(8) + 8 + 8 * topk).next_multiple_of(16)
 }
 
+/// A case's parts: run, poison, read, what to find, and the splits'
+/// reader and values.
+type Parts<'a, T> = (Action<'a>, Action<'a>, Reader<'a, T>, &'a [T], Option<(Reader<'a, i64>, &'a [i64])>);
+type Action<'a> = &'a dyn Fn() -> Res;
+
 /// At least the layer kernels' threads a block (its counting scratch is
 /// that many u32 per PE and local expert).
 const ROUTE_THREADS_BOUND: usize = 1024;
@@ -288,14 +293,7 @@ impl Bench<'_> {
                 if !self.runs(Imp::Shmem, op, shape.bytes(elem)) {
                     continue;
                 }
-                type Splits<'a> = Option<(Reader<'a, i64>, &'a [i64])>;
-                let (run, poison, read, want, splits): (
-                    &dyn Fn() -> Res,
-                    &dyn Fn() -> Res,
-                    Reader<'_, T>,
-                    &[T],
-                    Splits<'_>,
-                ) = match op {
+                let (run, poison, read, want, splits): Parts<'_, T> = match op {
                     Op::LayerDispatch => (
                         &|| Ok(dispatch().map(|_| ())?),
                         &|| {
