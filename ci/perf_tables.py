@@ -8,7 +8,8 @@ in the *.jsonl files of the folders given, and prints one Markdown table
 per operation family and PE count: shmem's default against NCCL (and
 NVSHMEM's own collective, eager, where measured) at a fixed set of sizes,
 graph-replayed up to the bench's `--graph-max-bytes` and eager throughout;
-then the MoE all-to-all-v by tokens. Times are the bench's medians in µs;
+then the MoE all-to-all-v by tokens, and the MoE layer by tokens beside
+the 2D ops and NCCL of the same file. Times are the bench's medians in µs;
 "NCCL / shmem" above 1 means shmem is faster.
 
 Where the rows hold PyTorch SymmMem's all-reduce (ci/torch_symm_bench.py's
@@ -29,6 +30,7 @@ COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_t
 MOE_OPS = ["dispatch", "combine", "all_to_all_v"]
 # PyTorch SymmMem's all-reduce (ci/torch_symm_bench.py), by its mark in the tables.
 TORCH_IMPLS = {"torch-oneshot": "1", "torch-twoshot": "2"}
+LAYER_OPS = ["layer_dispatch", "layer_combine"]
 
 
 def find(rows, **want):
@@ -110,12 +112,35 @@ def moe_table(rows, pes):
     print()
 
 
+def layer_table(rows, pes):
+    mine = [r for r in rows if r["op"] in LAYER_OPS and r["pes"] == pes]
+    if not mine:
+        return
+    hidden = mine[0].get("hidden")
+    print(f"#### MoE layer (deduplicated), hidden {hidden}, {pes} PEs, graph replays\n")
+    print("| op | dtype | tokens | top-k | layer | 2D | NCCL | NCCL / layer | link bytes/PE | logical GB/s (DeepEP) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    keys = sorted({(LAYER_OPS.index(r["op"]), r["op"], r.get("dtype"), r.get("tokens"), r.get("topk")) for r in mine})
+    for _, op, dtype, tokens, topk in keys:
+        k = dict(pes=pes, dtype=dtype, tokens=tokens, topk=topk, hidden=hidden)
+        # Graph rows where measured, else eager ones.
+        graph = find(mine, op=op, impl="shmem", graph=True, **k) is not None
+        lr = find(mine, op=op, impl="shmem", graph=graph, **k)
+        base = op[len("layer_"):]
+        sr, nr = find(rows, op=base, impl="shmem", graph=graph, **k), find(rows, op=base, impl="nccl", graph=graph, **k)
+        gbps = f"{lr['logical_gbps']:.1f}" if lr.get("logical_gbps") is not None else "—"
+        print(f"| {op}{'' if graph else ' (eager)'} | {dtype} | {tokens} | {topk} | {cell(lr)} | {cell(sr)} | {cell(nr)} "
+              f"| {ratio(lr, nr)} | {lr.get('link_bytes', '—')} | {gbps} |")
+    print()
+
+
 def tables(rows):
     for pes in sorted({r["pes"] for r in rows}):
         for op in COLLECTIVES:
             for dtype in sorted({r.get("dtype") for r in rows if r["op"] == op and r["pes"] == pes}):
                 collective_table(rows, op, dtype, pes)
         moe_table(rows, pes)
+        layer_table(rows, pes)
 
 
 def self_test():

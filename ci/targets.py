@@ -11,6 +11,9 @@ prints:
 - each target (the collectives' latency and bandwidth, the MoE exchange's
   time), met or missed, with the row that decides it and NCCL's time from
   the same file where it ran;
+- the MoE layer's targets (issue 34, set for 4 PEs: graph-replayed bf16,
+  hidden 7168, top-8: 128 tokens dispatch ≤ 20 µs and combine ≤ 25 µs,
+  1 token ≤ 6 µs each), with the 2D op's and NCCL's time beside;
 - the sizes where shmem's default is slower than NCCL in the same file;
 - where the rows hold PyTorch SymmMem's all-reduce (ci/torch_symm_bench.py,
   gpu-run.sh --bench's torch-symm.jsonl: `torch-oneshot`, `torch-twoshot`),
@@ -201,6 +204,36 @@ def targets(rs, pes):
         print(f"- {name}: {mark}: {what}")
 
 
+LAYER_TARGETS = (("layer_dispatch", 128, 20.0), ("layer_combine", 128, 25.0),
+                 ("layer_dispatch", 1, 6.0), ("layer_combine", 1, 6.0))
+LAYER_PES = 4
+
+
+def layer_targets(rs, pes):
+    """The MoE layer's targets: graph rows of shmem's default, bf16, hidden
+    7168, top-8; judged at LAYER_PES only."""
+    print(f"\n# MoE layer targets at {pes} PEs (set for {LAYER_PES})\n")
+    for op, tokens, limit in LAYER_TARGETS:
+        want = dict(op=op, impl="shmem", dtype="bf16", hidden=7168, topk=8, tokens=tokens, pes=pes, graph=True)
+        got = rs.pick(**want)
+        r = min(got, key=lambda x: x["time_us"]) if got else None
+        name = f"{op} of {tokens} token{'s' * (tokens != 1)}, top-8, graph ≤ {limit:g} µs"
+        if r is None:
+            print(f"- {name}: -: not measured")
+            continue
+        what = f"{r['time_us']:.2f} µs ({r['file']})"
+        if r.get("logical_gbps") is not None:
+            what += f", {r['logical_gbps']:.1f} GB/s as DeepEP counts, {r.get('link_bytes')} B on the link"
+        base = op[len("layer_"):]
+        for impl, label in (("shmem", "2D"), ("nccl", "NCCL")):
+            same = [x for x in rs.pick(file=r["file"], op=base, impl=impl, dtype="bf16", graph=True, tokens=tokens, topk=8)
+                    if x.get("hidden") == 7168]
+            if same:
+                what += f"; {label} {same[0]['time_us']:.2f} µs"
+        mark = verdict(r["time_us"] <= limit) if pes == LAYER_PES else "-"
+        print(f"- {name}: {mark}: {what}")
+
+
 def against_nccl(rs, pes):
     """Sizes where shmem's default is slower than NCCL in the same file."""
     slower, total = [], 0
@@ -349,6 +382,7 @@ def main(argv):
     pes = max(r.get("pes", 1) for r in rs.rows)
     rs.rows = [r for r in rs.rows if r.get("pes", 1) == pes]
     targets(rs, pes)
+    layer_targets(rs, pes)
     against_nccl(rs, pes)
     against_torch(rs, pes)
     tuning(rs, pes)

@@ -3,7 +3,7 @@
 
 use crate::args::{Args, Dtype};
 use crate::data::Value;
-use crate::ops::{Imp, Op, COLLECTIVES, MOE};
+use crate::ops::{Imp, Op, COLLECTIVES, LAYER, MOE};
 use crate::report::{note, Row};
 use crate::{moe, overlap, Res};
 use cudarc::driver::CudaStream;
@@ -70,7 +70,7 @@ impl Bench<'_> {
     pub(super) fn dtypes(&self, op: Op) -> Vec<Dtype> {
         let default = match op {
             Op::AllReduce | Op::ReduceScatter => Dtype::F32,
-            _ if op.is_moe() => Dtype::Bf16,
+            _ if op.is_moe() || op.is_layer() => Dtype::Bf16,
             _ if op.is_overlap() => Dtype::F16,
             _ => return vec![Dtype::F32],
         };
@@ -90,7 +90,8 @@ impl Bench<'_> {
     pub(super) fn all(&self) -> Res<Vec<Row>> {
         let mut rows = Vec::new();
         let moe_ops: Vec<Op> = MOE.into_iter().filter(|&op| self.selected(op)).collect();
-        if !moe_ops.is_empty() {
+        let layer_ops: Vec<Op> = LAYER.into_iter().filter(|&op| self.selected(op)).collect();
+        if !moe_ops.is_empty() || !layer_ops.is_empty() {
             moe::check(self.args, self.ctx.n_pes())?;
         }
         if self.selected(Op::Put) || self.selected(Op::Get) {
@@ -110,6 +111,9 @@ impl Bench<'_> {
         }
         if !moe_ops.is_empty() {
             rows.extend(self.moe(&moe_ops)?);
+        }
+        if !layer_ops.is_empty() {
+            rows.extend(self.moe_layer(&layer_ops)?);
         }
         let overlap_ops: Vec<Op> = overlap::OPS.into_iter().filter(|&op| self.selected(op)).collect();
         if !overlap_ops.is_empty() {

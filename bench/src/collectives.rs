@@ -67,6 +67,7 @@ impl Bench<'_> {
                     moe: None,
                     splits: None,
                     matmul: None,
+                    layer: None,
                 };
                 let measured = self.measure(&case, &mut rows);
                 self.ctx.set_collectives(Collectives::default());
@@ -94,6 +95,7 @@ impl Bench<'_> {
             moe: None,
             splits: None,
             matmul: None,
+            layer: None,
         };
         self.measure(&case, &mut rows)?;
         Ok(rows)

@@ -5,6 +5,7 @@
 
 use crate::bench::Bench;
 use crate::data::{difference, Value};
+use crate::layer::LayerBytes;
 use crate::moe::MoeShape;
 use crate::ops::{Imp, Op};
 use crate::overlap::MatmulShape;
@@ -36,6 +37,9 @@ pub(super) struct Case<'a, T> {
     pub(super) splits: Option<(Reader<'a, i64>, &'a [i64])>,
     /// The overlapped matmuls' parameters (`None` for the others).
     pub(super) matmul: Option<MatmulShape>,
+    /// The MoE layer's bytes on the link and DeepEP's count (`None` for
+    /// the others).
+    pub(super) layer: Option<LayerBytes>,
 }
 
 /// Reads an output of a [`Case`] into host memory.
@@ -52,7 +56,7 @@ impl<T> Case<'_, T> {
 
     pub(super) fn row(&self, graph: bool, time_us: f64) -> Row {
         let (op, imp, dtype, bytes, moe, matmul) = (self.op, self.imp, self.dtype, self.bytes, self.moe, self.matmul);
-        Row { op, imp, dtype, bytes, graph, time_us, moe, matmul, net_pes: None, issue_us: None }
+        Row { op, imp, dtype, bytes, graph, time_us, moe, matmul, layer: self.layer, net_pes: None, issue_us: None }
     }
 }
 

@@ -1,8 +1,9 @@
 //! shmem-bench: time per message size of every collective (and of the
 //! barrier, put and get), next to the same operation through NCCL and
 //! through NVSHMEM's own collectives in the same run; time per token
-//! count of the MoE all-to-all-v ops, next to NCCL; and the overlapped
-//! matmuls, sequential against overlapped.
+//! count of the MoE all-to-all-v ops, next to NCCL, and of the MoE layer's
+//! deduplicated dispatch and combine; and the overlapped matmuls,
+//! sequential against overlapped.
 //!
 //! Built on its own: `cargo build --release -p shmem-bench` (add
 //! `--features mpi` to run it under `mpirun`), as
@@ -13,14 +14,15 @@
 //! `impl`, `backend`, `dtype`, `bytes`, `pes`, `graph`, `time_us`,
 //! `algbw_gbps`, `busbw_gbps`, `vs_nccl`, `vs_nvshmem`, `vs_memcpy`, for
 //! the MoE ops `tokens`, `hidden`, `experts_per_pe`, `topk`,
-//! `major_align`, and for the overlapped matmuls `m`, `n`, `k`, `chunks`,
+//! `major_align`, for the MoE layer's also `link_bytes`, `link_gbps`,
+//! `logical_bytes`, `logical_gbps`, `vs_2d`, and for the overlapped matmuls `m`, `n`, `k`, `chunks`,
 //! `tflops`, `vs_sequential`); rows go to `PATH.partial` as they are
 //! measured, so a crash keeps what was done.
 //!
 //! ```text
 //! shmem-bench [--backend host|gpu|auto] [--pes N] [--op all|barrier,put,get,all_reduce,all_gather,
 //!             reduce_scatter,broadcast,all_to_all|moe|dispatch,combine,all_to_all_v|
-//!             overlap|ag_matmul,matmul_rs]
+//!             moe_layer|layer_dispatch,layer_combine|overlap|ag_matmul,matmul_rs]
 //!             [--dtype f32,f16,bf16] [--impl shmem,nccl,...]
 //!             [--min-bytes 8] [--max-bytes 64M] [--iters N] [--warmup 5]
 //!             [--graph [--graph-max-bytes 64M]] [--json PATH]
@@ -29,10 +31,12 @@
 //! ```
 //!
 //! `--op all` is every operation but the MoE ones, which `--op moe`
-//! selects, and the overlapped matmuls, which `--op overlap` selects (at
+//! selects, the MoE layer's, which `--op moe_layer` selects (`--op
+//! moe,moe_layer` puts the layer beside the 2D ops and NCCL on the same
+//! routes), and the overlapped matmuls, which `--op overlap` selects (at
 //! their default size they need about 640 MiB of heap and, on the host
-//! backend, minutes of CPU); `--op all,moe,overlap`: everything. Names and
-//! groups mix freely.
+//! backend, minutes of CPU); `--op all,moe,moe_layer,overlap`: everything.
+//! Names and groups mix freely.
 //!
 //! **Sizes and bandwidths** follow nccl-tests. `bytes` is per PE: the
 //! buffer of all_reduce, broadcast and all_to_all, the whole output of
@@ -61,6 +65,30 @@
 //! per peer, packed by peer (what `torch.distributed.all_to_all_single`
 //! with splits does; the combine's permutation back to expert order is not
 //! timed); they have no `nvshmem` row.
+//!
+//! **MoE layer** ([`shmem::MoeAllToAll`], deduplicated: one wire row per
+//! (token, destination PE)): `layer_dispatch` is
+//! [`MoeAllToAll::dispatch_on_device`], `layer_combine`
+//! [`MoeAllToAll::combine_on_device`] of identity experts (the dispatch's
+//! view as their output), both capturable, so with graph rows. shmem's
+//! default only (`impl` `shmem`), one exchange built per token count for
+//! that many tokens, on the same routes as the 2D rows (each token's
+//! `--topk` experts are its ids, in the order drawn), so `bytes` is the
+//! same `tokens × topk × hidden × element`: the 2D ops' count and
+//! DeepEP's low-latency one (`num_selections × hidden × 2` a token, on
+//! the sending side) for bf16; algbw and busbw as the MoE ops'. Besides,
+//! for PE 0: `link_bytes`, the wire bytes it sends to other PEs (the
+//! dispatch: one wire row, `hidden × element` padded to 8 + 8 + 8 ×
+//! topk, padded to 16, per (token, distinct destination PE other than
+//! itself); the combine: one per token received from another PE, the
+//! partial sum going back), `link_gbps` that over the time;
+//! `logical_bytes`, DeepEP's normal-mode count (its intranode test's
+//! `dispatch_bf16_nvl_recv_bytes = recv_x.numel() × 2`, and
+//! `combine_bf16_nvl_send_bytes` the same): the distinct (source PE,
+//! token) rows PE 0 receives, its own included, × `hidden × element`, and
+//! `logical_gbps` that over the time. `vs_nccl` and `vs_2d` compare
+//! with NCCL's and shmem's default row of the 2D counterpart (dispatch,
+//! combine) of the same run. Their checks are in `layer.rs`.
 //!
 //! **Overlapped matmuls** ([`shmem::overlap`]): `ag_matmul` is
 //! [`Context::all_gather_matmul`] (each PE's shard of `--m / n` rows of
@@ -115,7 +143,11 @@
 //! `r` takes as many values as stay exact, since nothing is summed). The
 //! MoE ops' data rows are compared (padding rows, never written, are not),
 //! and so is their out_splits_offsets (poisoned to -1), with the values
-//! the host computes from the known splits.
+//! the host computes from the known splits. The MoE layer's dispatch is
+//! checked the same way (its view's data rows, and its splits and offsets,
+//! `device_layout`); its combine's output against the sums the layer
+//! defines, computed on the host (with its weights, powers of two summing
+//! to 1, the tokens themselves in f32).
 //! A wrong result is reported with the op, impl, size and PE, its row is
 //! left out, and the run exits non-zero. An implementation that fails (an
 //! unsupported size, a capture it cannot be part of) is noted on stderr and
@@ -134,9 +166,16 @@
 //! widest dtype: ag_matmul `m k + m n + (m / n_pes) k + k n` elements
 //! (a_out, out, shard, b: 448 MiB at the defaults in f16 over 2 PEs),
 //! matmul_rs `m k + k n + (m / n_pes) n + 2 m n` (a, b, out, workspace:
-//! 576 MiB). Rows that do not fit are noted (with what they need) and
+//! 576 MiB). The MoE layer takes, at the largest token count, in the
+//! widest dtype, what `MoeAllToAll::new` allocates (`memory_bytes`: wire
+//! rows out, `tokens × min(topk, n)`, and in, `tokens × n`; the view,
+//! `tokens × n × min(topk, experts_per_pe)` rows of `hidden` and each
+//! expert's padding) and the bench's inputs and output (`2 × tokens`
+//! rows). Rows that do not fit are noted (with what they need) and
 //! left out.
 //!
+//! [`MoeAllToAll::dispatch_on_device`]: shmem::MoeAllToAll::dispatch_on_device
+//! [`MoeAllToAll::combine_on_device`]: shmem::MoeAllToAll::combine_on_device
 //! [`Context::all_gather_matmul`]: shmem::Context::all_gather_matmul
 //! [`Context::matmul_reduce_scatter`]: shmem::Context::matmul_reduce_scatter
 
@@ -151,6 +190,7 @@ mod bench;
 mod collectives;
 mod data;
 mod harness;
+mod layer;
 mod moe;
 mod nccl;
 mod ops;
@@ -160,7 +200,7 @@ mod report;
 
 use args::{Args, Backend};
 use bench::Bench;
-use ops::{Op, COLLECTIVES, MOE};
+use ops::{Op, COLLECTIVES, LAYER, MOE};
 use report::{note, print_table};
 
 type Res<T = ()> = Result<T, Box<dyn std::error::Error>>;
@@ -170,8 +210,9 @@ const HEAP_ENV: &str = "SHMEM_HEAP_SIZE";
 /// The symmetric heap the bench needs over `n` PEs, and some slack: for
 /// the `--op all` group, source, destination and the collectives' scratch,
 /// each up to the largest message; for the MoE ops, see
-/// [`moe::heap_bytes`]; for the overlapped matmuls, [`overlap::heap_bytes`]
-/// (rows made one group after the other, so the largest of the three).
+/// [`moe::heap_bytes`]; for the MoE layer, [`layer::heap_bytes`]; for the
+/// overlapped matmuls, [`overlap::heap_bytes`] (rows made one group after
+/// the other, so the largest of them).
 fn heap_bytes(args: &Args, n: usize) -> usize {
     let all = match COLLECTIVES.iter().chain(&[Op::Barrier, Op::Put, Op::Get]).any(|op| op.selected_by(&args.op)) {
         true => args.max_bytes.saturating_mul(4),
@@ -181,7 +222,11 @@ fn heap_bytes(args: &Args, n: usize) -> usize {
         true => moe::heap_bytes(args, n),
         false => 0,
     };
-    all.max(moe).max(overlap::heap_bytes(args, n)).saturating_add(64 << 20)
+    let layer = match LAYER.iter().any(|op| op.selected_by(&args.op)) {
+        true => layer::heap_bytes(args, n),
+        false => 0,
+    };
+    all.max(moe).max(layer).max(overlap::heap_bytes(args, n)).saturating_add(64 << 20)
 }
 
 /// The world's size before `init`, for the heap: from the launcher's

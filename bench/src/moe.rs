@@ -37,7 +37,7 @@ pub(super) struct MoeShape {
 }
 
 impl MoeShape {
-    fn new(args: &Args, tokens: u64) -> MoeShape {
+    pub(super) fn new(args: &Args, tokens: u64) -> MoeShape {
         MoeShape {
             tokens: tokens as usize,
             hidden: args.hidden as usize,
@@ -53,7 +53,7 @@ impl MoeShape {
     }
 
     /// The rows' `bytes`: what each PE sends in the dispatch.
-    fn bytes(&self, elem: usize) -> usize {
+    pub(super) fn bytes(&self, elem: usize) -> usize {
         self.rows() * self.hidden * elem
     }
 }
@@ -64,21 +64,24 @@ const ROUTE_SEED: u64 = 0x6d6f_655f_726f_7574;
 /// A run of rows in an output: `rows` rows of PE `src`'s dispatch input
 /// from row `from` lie at row `to`.
 #[derive(Clone, Copy, Debug)]
-struct Chunk {
-    src: usize,
-    from: usize,
-    to: usize,
-    rows: usize,
+pub(super) struct Chunk {
+    pub(super) src: usize,
+    pub(super) from: usize,
+    pub(super) to: usize,
+    pub(super) rows: usize,
 }
 
 /// Every PE's routing at one token count.
-struct Routing {
-    shape: MoeShape,
-    n: usize,
+pub(super) struct Routing {
+    pub(super) shape: MoeShape,
+    pub(super) n: usize,
     /// `counts[p][g]`: rows PE `p` sends to global expert `g`, which is
     /// expert `g % experts_per_pe` of PE `g / experts_per_pe` (the
     /// dispatch's rank-major order).
     counts: Vec<Vec<usize>>,
+    /// `picks[p][t × topk + j]`: the global expert of PE `p`'s token `t`
+    /// in slot `j`, in the order drawn (the MoE layer's expert ids).
+    pub(super) picks: Vec<Vec<usize>>,
 }
 
 /// Whether the MoE rows can be made over `n` PEs: a token's experts
@@ -101,8 +104,9 @@ impl Routing {
         let shape = MoeShape::new(args, tokens);
         let experts = n * shape.experts_per_pe;
         let mut counts = vec![vec![0; experts]; n];
+        let mut picks = vec![Vec::with_capacity(shape.tokens * shape.topk); n];
         let mut picked = Vec::with_capacity(shape.topk);
-        for (p, counts) in counts.iter_mut().enumerate() {
+        for (p, (counts, picks)) in counts.iter_mut().zip(&mut picks).enumerate() {
             for t in 0..shape.tokens {
                 let key = mix(mix(ROUTE_SEED ^ p as u64) ^ t as u64);
                 picked.clear();
@@ -115,9 +119,10 @@ impl Routing {
                         counts[g] += 1;
                     }
                 }
+                picks.extend_from_slice(&picked);
             }
         }
-        Ok(Routing { shape, n, counts })
+        Ok(Routing { shape, n, counts, picks })
     }
 
     /// First row of PE `p`'s dispatch input that goes to global expert `g`.
@@ -180,7 +185,7 @@ impl Routing {
 }
 
 /// The routings of the token counts.
-fn routings(args: &Args, n: usize) -> Res<Vec<Routing>> {
+pub(super) fn routings(args: &Args, n: usize) -> Res<Vec<Routing>> {
     args.tokens.iter().map(|&t| Routing::new(args, t, n)).collect()
 }
 
@@ -204,14 +209,14 @@ pub(super) fn heap_bytes(args: &Args, n: usize) -> usize {
 }
 
 /// `out_splits_offsets` of an output of `chunks`: splits, then offsets.
-fn splits_offsets(chunks: &[Chunk]) -> Vec<i64> {
+pub(super) fn splits_offsets(chunks: &[Chunk]) -> Vec<i64> {
     chunks.iter().map(|c| c.rows as i64).chain(chunks.iter().map(|c| c.to as i64)).collect()
 }
 
 impl Pattern {
     /// A pattern for data that is moved, never summed: `r` takes as many
     /// values (up to 2^16) as stay exact in `T`.
-    fn moved<T: Value>(n: usize, seed: u64) -> Res<Pattern> {
+    pub(super) fn moved<T: Value>(n: usize, seed: u64) -> Res<Pattern> {
         if n >= T::EXACT {
             return Err(format!("{n} PEs cannot be told apart in {}: use f32", T::NAME).into());
         }
@@ -220,18 +225,24 @@ impl Pattern {
     }
 
     /// `rows` rows of `hidden` elements of PE `pe`'s input, from row `from`.
-    fn rows<T: Value>(&self, pe: usize, from: usize, rows: usize, hidden: usize) -> impl Iterator<Item = T> + '_ {
+    pub(super) fn rows<T: Value>(
+        &self,
+        pe: usize,
+        from: usize,
+        rows: usize,
+        hidden: usize,
+    ) -> impl Iterator<Item = T> + '_ {
         (from * hidden..(from + rows) * hidden).map(move |i| self.value(pe, i))
     }
 
     /// The data rows of `chunks`, in order.
-    fn chunks<T: Value>(&self, chunks: &[Chunk], hidden: usize) -> Vec<T> {
+    pub(super) fn chunks<T: Value>(&self, chunks: &[Chunk], hidden: usize) -> Vec<T> {
         chunks.iter().flat_map(|c| self.rows(c.src, c.from, c.rows, hidden)).collect()
     }
 }
 
 /// The data rows of `chunks` in `out`, in order (padding left out).
-fn gather<T: Value>(out: &[T], chunks: &[Chunk], hidden: usize) -> Res<Vec<T>> {
+pub(super) fn gather<T: Value>(out: &[T], chunks: &[Chunk], hidden: usize) -> Res<Vec<T>> {
     let mut rows = Vec::with_capacity(chunks.iter().map(|c| c.rows * hidden).sum());
     for c in chunks {
         rows.extend_from_slice(out.get(c.to * hidden..(c.to + c.rows) * hidden).ok_or("output too short")?);
@@ -384,6 +395,7 @@ impl Bench<'_> {
                         moe: Some(shape),
                         splits: Some((&read_so, &want_so)),
                         matmul: None,
+                        layer: None,
                     };
                     let measured = self.measure(&case, &mut rows);
                     ctx.set_collectives(Collectives::default());
@@ -450,6 +462,7 @@ impl Bench<'_> {
                     moe: Some(shape),
                     splits: None,
                     matmul: None,
+                    layer: None,
                 };
                 self.measure(&case, &mut rows)?;
             }

@@ -62,6 +62,7 @@ impl Bench<'_> {
                 moe: None,
                 splits: None,
                 matmul: None,
+                layer: None,
             };
             self.measure(&case, &mut rows)?;
         }

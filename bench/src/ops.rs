@@ -31,6 +31,12 @@ pub(super) enum Op {
     /// The MoE ops' 1D all_to_all_v
     #[value(name = "all_to_all_v", alias = "all-to-all-v")]
     AllToAllV,
+    /// The MoE layer's deduplicated dispatch: MoeAllToAll::dispatch_on_device
+    #[value(name = "layer_dispatch", alias = "layer-dispatch")]
+    LayerDispatch,
+    /// The MoE layer's reducing combine: MoeAllToAll::combine_on_device
+    #[value(name = "layer_combine", alias = "layer-combine")]
+    LayerCombine,
     /// all_gather_matmul: the all-gather of a, overlapped with the GEMM
     #[value(name = "ag_matmul", alias = "ag-matmul")]
     AgMatmul,
@@ -41,6 +47,9 @@ pub(super) enum Op {
     All,
     /// The MoE ops: dispatch, combine, all_to_all_v
     Moe,
+    /// The MoE layer (MoeAllToAll): layer_dispatch, layer_combine
+    #[value(name = "moe_layer", alias = "moe-layer")]
+    MoeLayer,
     /// The overlapped matmuls: ag_matmul, matmul_rs
     Overlap,
 }
@@ -49,6 +58,9 @@ pub(super) enum Op {
 pub(super) const COLLECTIVES: [Op; 5] = [Op::AllReduce, Op::AllGather, Op::ReduceScatter, Op::Broadcast, Op::AllToAll];
 /// The MoE ops (`--op moe`), which NCCL also runs.
 pub(super) const MOE: [Op; 3] = [Op::Dispatch, Op::Combine, Op::AllToAllV];
+/// The MoE layer's ops (`--op moe_layer`): shmem's rows only; their 2D
+/// and NCCL counterparts are [`Op::Dispatch`] and [`Op::Combine`].
+pub(super) const LAYER: [Op; 2] = [Op::LayerDispatch, Op::LayerCombine];
 
 impl Op {
     pub(super) fn name(self) -> &'static str {
@@ -64,10 +76,13 @@ impl Op {
             Op::Dispatch => "dispatch",
             Op::Combine => "combine",
             Op::AllToAllV => "all_to_all_v",
+            Op::LayerDispatch => "layer_dispatch",
+            Op::LayerCombine => "layer_combine",
             Op::AgMatmul => "ag_matmul",
             Op::MatmulRs => "matmul_rs",
             Op::All => "all",
             Op::Moe => "moe",
+            Op::MoeLayer => "moe_layer",
             Op::Overlap => "overlap",
         }
     }
@@ -80,6 +95,21 @@ impl Op {
         MOE.contains(&self)
     }
 
+    pub(super) fn is_layer(self) -> bool {
+        LAYER.contains(&self)
+    }
+
+    /// The 2D op a layer op is compared with (itself for the others): the
+    /// same token exchange, rows per (token, expert) rather than per
+    /// (token, PE).
+    pub(super) fn counterpart(self) -> Op {
+        match self {
+            Op::LayerDispatch => Op::Dispatch,
+            Op::LayerCombine => Op::Combine,
+            op => op,
+        }
+    }
+
     pub(super) fn is_overlap(self) -> bool {
         overlap::OPS.contains(&self)
     }
@@ -88,6 +118,7 @@ impl Op {
     pub(super) fn selected_by(self, ops: &[Op]) -> bool {
         let group = match self {
             _ if self.is_moe() => Op::Moe,
+            _ if self.is_layer() => Op::MoeLayer,
             _ if self.is_overlap() => Op::Overlap,
             _ => Op::All,
         };
@@ -99,9 +130,14 @@ impl Op {
         let n = n as f64;
         match self {
             Op::AllReduce => 2.0 * (n - 1.0) / n,
-            Op::AllGather | Op::ReduceScatter | Op::AllToAll | Op::Dispatch | Op::Combine | Op::AllToAllV => {
-                (n - 1.0) / n
-            }
+            Op::AllGather
+            | Op::ReduceScatter
+            | Op::AllToAll
+            | Op::Dispatch
+            | Op::Combine
+            | Op::AllToAllV
+            | Op::LayerDispatch
+            | Op::LayerCombine => (n - 1.0) / n,
             _ => 1.0,
         }
     }

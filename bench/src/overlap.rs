@@ -488,6 +488,7 @@ impl Bench<'_> {
             moe: None,
             splits: None,
             matmul: Some(mm.p.shape(None)),
+            layer: None,
         };
 
         // The exact inputs: sequential against the host, the others against it.

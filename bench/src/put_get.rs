@@ -50,6 +50,7 @@ impl Bench<'_> {
                     moe: None,
                     splits: None,
                     matmul: None,
+                    layer: None,
                 };
                 // PE 0 transfers, timed or not (untimed: counting its bytes
                 // to and from other nodes); the barrier makes the transfer

@@ -2,6 +2,7 @@
 
 use crate::args::Args;
 use crate::harness::PER_GRAPH;
+use crate::layer::LayerBytes;
 use crate::moe::MoeShape;
 use crate::ops::{Imp, Op, REFERENCES};
 use crate::overlap::{self, MatmulShape};
@@ -23,6 +24,9 @@ pub(super) struct Row {
     pub(super) moe: Option<MoeShape>,
     /// The overlapped matmuls' parameters (`None` for the others).
     pub(super) matmul: Option<MatmulShape>,
+    /// The MoE layer's bytes on the link and DeepEP's count (`None` for
+    /// the others).
+    pub(super) layer: Option<LayerBytes>,
     /// Each PE's bytes to and from other nodes' PEs in one operation
     /// (`Context::net_traffic`, around the eager check run); `None` where
     /// not counted (NCCL, NVSHMEM's collectives, memcpy, the overlapped
@@ -50,19 +54,38 @@ impl Row {
         self.algbw_gbps().map(|a| a * self.op.bus_factor(n))
     }
 
-    /// The same operation, element type, size and timing mode.
+    /// `other` is of the same operation (for a layer op of ours: its 2D
+    /// counterpart), element type, size and timing mode.
     pub(super) fn same_case(&self, other: &Row) -> bool {
-        (self.op, self.dtype, self.bytes, self.graph, self.moe, self.matmul)
+        (self.op.counterpart(), self.dtype, self.bytes, self.graph, self.moe, self.matmul)
             == (other.op, other.dtype, other.bytes, other.graph, other.moe, other.matmul)
     }
 
-    /// `reference`'s time over ours, for shmem's rows.
+    /// `reference`'s time over ours, for shmem's rows (the MoE layer's
+    /// against the reference's row of the 2D counterpart).
     pub(super) fn vs(&self, rows: &[Row], reference: Imp) -> Option<f64> {
         if !self.imp.is_shmem() {
             return None;
         }
-        let r = rows.iter().find(|r| r.imp == reference && r.same_case(self))?;
+        let r = rows.iter().find(|r| r.imp == reference && self.same_case(r))?;
         Some(r.time_us / self.time_us)
+    }
+
+    /// For the MoE layer's rows: the 2D counterpart's default shmem row's
+    /// time over ours (above 1: the layer is faster).
+    pub(super) fn vs_2d(&self, rows: &[Row]) -> Option<f64> {
+        self.layer?;
+        self.vs(rows, Imp::Shmem)
+    }
+
+    /// The MoE layer's bytes on the link over the time.
+    pub(super) fn link_gbps(&self) -> Option<f64> {
+        self.layer.map(|l| l.link as f64 / (self.time_us * 1e3))
+    }
+
+    /// The MoE layer's DeepEP-counted bytes over the time.
+    pub(super) fn logical_gbps(&self) -> Option<f64> {
+        self.layer.map(|l| l.logical as f64 / (self.time_us * 1e3))
     }
 
     /// One JSON object; the ratios need every row (`None`: left out).
@@ -86,6 +109,16 @@ impl Row {
                 m.tokens, m.hidden, m.experts_per_pe, m.topk, m.major_align
             );
         }
+        if let Some(l) = self.layer {
+            let _ = write!(
+                s,
+                ",\"link_bytes\":{},\"link_gbps\":{},\"logical_bytes\":{},\"logical_gbps\":{}",
+                l.link,
+                num(self.link_gbps()),
+                l.logical,
+                num(self.logical_gbps())
+            );
+        }
         if let Some(m) = self.matmul {
             let chunks = m.chunks.map_or("null".into(), |c| c.to_string());
             let tflops = num(Some(m.flops() / (self.time_us * 1e6)));
@@ -100,6 +133,9 @@ impl Row {
         if let Some(rows) = rows {
             for reference in REFERENCES {
                 let _ = write!(s, ",\"vs_{}\":{}", reference.name(), num(self.vs(rows, reference)));
+            }
+            if self.layer.is_some() {
+                let _ = write!(s, ",\"vs_2d\":{}", num(self.vs_2d(rows)));
             }
             if self.matmul.is_some() {
                 let _ = write!(s, ",\"vs_sequential\":{}", num(overlap::vs_sequential(self, rows)));
@@ -152,6 +188,10 @@ pub(super) fn print_table(rows: &[Row], n: usize, backend: &str, args: &Args) {
     if rows.iter().any(|r| r.moe.is_some()) {
         println!("# MoE ops: bytes sent per PE (tokens × topk × hidden × element), busbw = algbw × (n-1)/n");
     }
+    if rows.iter().any(|r| r.layer.is_some()) {
+        println!("# MoE layer: link/PE = PE 0's wire bytes to other PEs; logical = DeepEP's count (distinct tokens");
+        println!("#   PE 0 receives × hidden × element) over the time; vs_2d: the 2D op's shmem time / the layer's");
+    }
     if rows.iter().any(|r| r.matmul.is_some()) {
         println!("# overlapped matmuls: bytes = one PE's block (ag_matmul: its shard; matmul_rs: its output)");
     }
@@ -170,7 +210,12 @@ pub(super) fn print_table(rows: &[Row], n: usize, backend: &str, args: &Args) {
     for (op, dtype, graph) in sections {
         let mut section: Vec<&Row> = rows.iter().filter(|r| (r.op, r.dtype, r.graph) == (op, dtype, graph)).collect();
         section.sort_by_key(|r| (r.bytes, r.imp));
-        let refs: Vec<Imp> = REFERENCES.into_iter().filter(|&i| section.iter().any(|r| r.imp == i)).collect();
+        // The layer's references are its 2D counterpart's rows.
+        let layer = section.iter().any(|r| r.layer.is_some());
+        let refs: Vec<Imp> = match layer {
+            true => REFERENCES.into_iter().filter(|&i| section.iter().any(|r| r.vs(rows, i).is_some())).collect(),
+            false => REFERENCES.into_iter().filter(|&i| section.iter().any(|r| r.imp == i)).collect(),
+        };
         let mode = if graph { "graph" } else { "eager" };
         let moe = section.first().and_then(|r| r.moe);
         let shape = moe.map_or(String::new(), |m| {
@@ -189,6 +234,9 @@ pub(super) fn print_table(rows: &[Row], n: usize, backend: &str, args: &Args) {
             "busbw_GBps",
             "net/PE"
         );
+        if layer {
+            let _ = write!(head, "{:>10}{:>14}{:>8}", "link/PE", "logical_GBps", "vs_2d");
+        }
         for i in &refs {
             let _ = write!(head, "{:>12}", format!("vs_{}", i.name()));
         }
@@ -204,6 +252,10 @@ pub(super) fn print_table(rows: &[Row], n: usize, backend: &str, args: &Args) {
                 cell(r.busbw_gbps(n), 12),
                 r.net_bytes().map_or("-".into(), |b| human(b as usize))
             );
+            if layer {
+                let link = r.layer.map_or("-".into(), |l| human(l.link));
+                let _ = write!(line, "{link:>10}{}{}", cell(r.logical_gbps(), 14), cell(r.vs_2d(rows), 8));
+            }
             for &i in &refs {
                 line += &cell(r.vs(rows, i), 12);
             }
