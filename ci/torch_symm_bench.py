@@ -336,8 +336,17 @@ def run(args):
                 sys.exit(f"{NAME}: PyTorch's symmetric memory refuses a group of one rank: run 2 or more")
             set_backend = getattr(symm_mem, "set_backend", None)
             if set_backend is not None:
-                # Before the first symmetric allocation.
-                set_backend("CUDA")
+                # Before the first symmetric allocation. Some builds register
+                # the CUDA allocator as the default without offering it by
+                # name ("does not find allocation backend CUDA"): then the
+                # default is the one wanted.
+                try:
+                    set_backend("CUDA")
+                except RuntimeError as e:
+                    get_backend = getattr(symm_mem, "get_backend", None)
+                    now = get_backend(self.device) if get_backend is not None else "unknown"
+                    if self.rank == 0:
+                        print(f"{NAME}: set_backend('CUDA'): {e}; SymmMem's backend stays {now!r}", file=sys.stderr)
             self.name = dist.group.WORLD.group_name
             # Needed by older torch, deprecated by newer (hence the filter).
             with warnings.catch_warnings():
