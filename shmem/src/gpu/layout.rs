@@ -127,14 +127,15 @@ mod tests {
     fn state_of_a_pair() {
         let l = Layout::new(1 << 20, 2, 1);
         // 3 × 128 × 2 + 256 words, rounded to 256 bytes, + 256 + 2 × 1024 × 16,
-        // + 2 × (2 × 8 × 24 + 8) rounded to 256.
-        assert_eq!(l.slot_bytes(), 8192 + 256 + 32768 + 1024);
+        // + 2 × (2 × ((8 + 32) × 16 + 8 × 8) + 8) rounded to 256 (the
+        // agreement: its rows' packets and 256 bytes of data's, its rows).
+        assert_eq!(l.slot_bytes(), 8192 + 256 + 32768 + 3072);
         assert_eq!(l.slot(0), 1 << 20);
-        assert_eq!(l.ll(), (1 << 20) + 64 * 42240);
+        assert_eq!(l.ll(), (1 << 20) + 64 * 44288);
         assert_eq!(l.push(), l.ll() + 2 * 2 * ((2 << 20) + (64 << 10)));
         assert_eq!(l.temp(), l.push() + 2048 + 2 * 2 * (1 << 20));
         assert_eq!(l.a2av(), l.temp() + 32 * 2 * 8192);
-        assert_eq!(l.a2av(), 17_057_792 + 64 * 1024);
+        assert_eq!(l.a2av(), 17_057_792 + 64 * 3072);
         assert_eq!(l.net(), l.a2av() + A2AV_TABLE_WORDS * 8);
         assert_eq!(l.bytes(), l.net() + 256 - (1 << 20));
         assert_eq!(l.rail(), None);
