@@ -92,6 +92,19 @@ __device__ __forceinline__ bool first_of_dest(const MoeLayer &m, const int64_t *
     return true;
 }
 
+// Owners of `units` pieces of work in a one-block scan: one a thread, as
+// many as there are pieces (at least one), so that the serial passes over
+// the owners below cost what the work needs (a decode step's one token,
+// one owner), not the block's width.
+__device__ __forceinline__ int owners_of(int64_t units) {
+    return static_cast<int>(units < 1 ? 1 : units < blockDim.x ? units : blockDim.x);
+}
+
+// The part of `units` that owner `o` of `owners` takes (nothing past them).
+__device__ __forceinline__ Range owned(uint64_t units, int o, int owners) {
+    return o < owners ? split(units, o, owners) : Range{0, 0};
+}
+
 // Exclusive scan, in place, of `count[key × owners + owner]` over the
 // owners of each key, starting at `base(key)` (whole block).
 template <typename Base>
@@ -110,7 +123,7 @@ __device__ void scan_owners(uint32_t *count, int keys, int owners, Base base) {
 
 // Phase 0 of the route: the source's wire rows.
 __device__ void route_source(const TeamSync &t, const MoeLayer &m) {
-    const int owners = blockDim.x, o = threadIdx.x, n = t.n, experts = n * m.ne;
+    const int o = threadIdx.x, n = t.n, experts = n * m.ne;
     const int64_t *ids = t.mine<int64_t>(m.ids);
     const float *w = t.mine<float>(m.weights);
     int64_t *splits = t.mine<int64_t>(m.send_splits);
@@ -119,10 +132,12 @@ __device__ void route_source(const TeamSync &t, const MoeLayer &m) {
     uint32_t *count = t.mine<uint32_t>(m.scratch);  // [destination][owner]
     const int64_t nt = *t.mine<int64_t>(m.n_tokens);
     const bool count_ok = nt >= 0 && nt <= m.max_tokens;
-    const Range mine = split(count_ok ? static_cast<uint64_t>(nt) : 0, o, owners);
+    const int owners = owners_of(count_ok ? nt : 0);
+    const Range mine = owned(count_ok ? static_cast<uint64_t>(nt) : 0, o, owners);
     __shared__ unsigned long long bad;
     if (o == 0) bad = count_ok ? ~0ull : 0;
-    for (int d = 0; d < n; d++) count[static_cast<uint64_t>(d) * owners + o] = 0;
+    if (o < owners)
+        for (int d = 0; d < n; d++) count[static_cast<uint64_t>(d) * owners + o] = 0;
     __syncthreads();
     for (uint64_t tok = mine.lo; tok < mine.hi; tok++) {
         const unsigned long long fault = token_fault(m, ids, w, tok, experts);
@@ -135,7 +150,7 @@ __device__ void route_source(const TeamSync &t, const MoeLayer &m) {
     }
     __syncthreads();
     if (bad != ~0ull) {
-        for (int d = o; d < n; d += owners) splits[d] = d == 0 ? kRouteBad - static_cast<int64_t>(bad) : 0;
+        for (int d = o; d < n; d += blockDim.x) splits[d] = d == 0 ? kRouteBad - static_cast<int64_t>(bad) : 0;
         if (o == 0) {
             state[0] = -1;
             t.mine<int64_t>(m.stage_so)[0] = -1;
@@ -143,7 +158,7 @@ __device__ void route_source(const TeamSync &t, const MoeLayer &m) {
         return;
     }
     // Each destination's total, then where each owner's rows for it start.
-    for (int d = o; d < n; d += owners) {
+    for (int d = o; d < n; d += blockDim.x) {
         uint64_t sum = 0;
         for (int x = 0; x < owners; x++) sum += count[static_cast<uint64_t>(d) * owners + x];
         splits[d] = static_cast<int64_t>(sum);
@@ -179,17 +194,19 @@ __device__ void route_source(const TeamSync &t, const MoeLayer &m) {
 
 // Phase 1 of the route: the receiver's expert blocks.
 __device__ void route_receiver(const TeamSync &t, const MoeLayer &m) {
-    const int owners = blockDim.x, o = threadIdx.x, n = t.n, ne = m.ne;
+    const int o = threadIdx.x, n = t.n, ne = m.ne;
     const int64_t total = staged_rows(t, m);
     if (total < 0) return;
+    const int owners = owners_of(total);
     const int64_t *so = t.mine<int64_t>(m.stage_so);
     int64_t *view_so = t.mine<int64_t>(m.view_so);
     uint32_t *count = t.mine<uint32_t>(m.scratch);  // [expert][owner]
     uint32_t *per_source = count + static_cast<uint64_t>(owners) * (n + ne);  // [expert][source]
     uint8_t *stage = t.mine<uint8_t>(m.stage);
-    const Range mine = split(static_cast<uint64_t>(total), o, owners);
-    for (int e = 0; e < ne; e++) count[static_cast<uint64_t>(e) * owners + o] = 0;
-    for (int i = o; i < ne * n; i += owners) per_source[i] = 0;
+    const Range mine = owned(static_cast<uint64_t>(total), o, owners);
+    if (o < owners)
+        for (int e = 0; e < ne; e++) count[static_cast<uint64_t>(e) * owners + o] = 0;
+    for (int i = o; i < ne * n; i += blockDim.x) per_source[i] = 0;
     __syncthreads();
     // The source of row `r`: rows come source-major.
     auto source_of = [&](uint64_t r, int from) {
