@@ -116,21 +116,26 @@ __device__ __forceinline__ void agree_report(const TeamSync &t, uint64_t e) {
     }
 }
 
-// Whether every member made this call (whole block, every block of the
-// kernel; at once where `t.agree` is 0). Compared: every word of the rows
-// but the per-PE one, the error code included, so that a PE whose own
+// Whether every member's row of agreement `e` equals this PE's, once all
+// are in (whole block; a barrier). Compared: every word of the rows but
+// the per-PE one, the error code included, so that a PE whose own
 // arguments were bad fails its peers.
+__device__ __forceinline__ bool rows_agree(const TeamSync &t, uint64_t e) {
+    bool differs = false;
+    for (int i = threadIdx.x; i < t.n * kAgreeWords; i += blockDim.x) {
+        const int pe = i / kAgreeWords, w = i % kAgreeWords;
+        differs |= w != kAgreePrivateWord && agree_word(t, e, pe, w) != own_word(t, w);
+    }
+    return !__syncthreads_or(differs);
+}
+
+// Whether every member made this call (whole block, every block of the
+// kernel; at once where `t.agree` is 0).
 __device__ __forceinline__ bool agree(const TeamSync &t) {
     if (t.agree == 0) return true;
     const uint64_t e = t.agree;
     if (blockIdx.x == 0) agree_send(t, e);
-    bool differs = false;
-    for (int i = threadIdx.x; i < t.n * kAgreeWords; i += blockDim.x) {
-        const int pe = i / kAgreeWords, w = i % kAgreeWords;
-        const uint64_t v = agree_word(t, e, pe, w);
-        differs |= w != kAgreePrivateWord && v != own_word(t, w);
-    }
-    if (!__syncthreads_or(differs)) return true;
+    if (rows_agree(t, e)) return true;
     if (blockIdx.x == 0) agree_report(t, e);
     return false;
 }

@@ -215,7 +215,7 @@ __device__ void allreduce_ll(const TeamSync &t, uint64_t dst_off, uint64_t src_o
 // agree.cuh), behind this PE's row, so that the call is agreed and its
 // data moved in one round trip instead of two. Every thread sends its
 // share of the row's and the data's packets to every peer, then the
-// rows are compared as `agree` compares them; on a difference the kernel
+// rows are compared (`rows_agree`, as `agree` does); on a difference the kernel
 // returns having written nothing (it touches no low-latency buffer or
 // epoch counter either way). Else thread c reduces chunk c of every
 // member's data in team order into the destination. The choice of this
@@ -241,12 +241,7 @@ __device__ void allreduce_agreed(const TeamSync &t, uint64_t dst_off, uint64_t s
         const uint64_t v = w < kAgreeWords ? own_word(t, w) : load8(src, w - kAgreeWords, bytes);
         packet_store(t.at<uint4>(pe, t.agree_packet(e & 1, t.rank, w)), v, flag);
     }
-    bool differs = false;
-    for (int i = threadIdx.x; i < t.n * kAgreeWords; i += blockDim.x) {
-        const int pe = i / kAgreeWords, w = i % kAgreeWords;
-        differs |= w != kAgreePrivateWord && agree_word(t, e, pe, w) != own_word(t, w);
-    }
-    if (__syncthreads_or(differs)) {
+    if (!rows_agree(t, e)) {
         agree_report(t, e);
         return;
     }
