@@ -63,27 +63,5 @@ __device__ __forceinline__ float quantize_group(const T *x, int len, uint8_t *q,
     return scale;
 }
 
-// `len` elements of `x` (`scales`: one a group) into `q`, by the whole
-// grid: warp w of the grid takes groups w, w + warps, ….
-template <typename T>
-__device__ void quantize_rows(const T *x, uint64_t len, uint8_t *q, float *scales) {
-    const uint64_t groups = (len + kQuantGroup - 1) / kQuantGroup;
-    const uint64_t warps = static_cast<uint64_t>(gridDim.x) * blockDim.x / 32;
-    for (uint64_t g = (static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; g < groups; g += warps) {
-        const uint64_t at = g * kQuantGroup;
-        const int n = static_cast<int>(len - at < kQuantGroup ? len - at : kQuantGroup);
-        quantize_group(x + at, n, q + at, scales + g);
-    }
-}
-
-// The inverse: `len` elements into `x` from `q` and `scales`, by the
-// whole grid.
-template <typename T>
-__device__ void dequantize_rows(const uint8_t *q, const float *scales, uint64_t len, T *x) {
-    const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
-    for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < len; i += stride)
-        x[i] = dequantize_one<T>(q[i], scales[i / kQuantGroup]);
-}
-
 }  // namespace k
 }  // namespace shmem
