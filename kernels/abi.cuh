@@ -375,11 +375,13 @@ struct MoeLayer {
     int64_t scales_at;  // where a wire row's scales start (the FP8 format)
     int fp8;  // the wire format: 0 native, kFp8Quantize, kFp8PreQuantized
     int dequantize;  // the receiver's phase of the FP8 format: 1 to write the bf16 view too
+    uint64_t arrivals;  // ne × n u64 arrival flags, entry expert × n + source, then the epoch word
 };
 // `MoeLayer::fp8`: e4m3 on the wire, quantized from bf16 tokens in the
 // gather, or from codes and scales the caller gave.
 constexpr int kFp8Quantize = 1, kFp8PreQuantized = 2;
-static_assert(sizeof(MoeLayer) == 240, "MoeLayer: size");
+static_assert(sizeof(MoeLayer) == 248, "MoeLayer: size");
+static_assert(offsetof(MoeLayer, arrivals) == 240, "MoeLayer::arrivals");
 static_assert(offsetof(MoeLayer, token_scales) == 184, "MoeLayer::token_scales");
 static_assert(offsetof(MoeLayer, partials) == 192, "MoeLayer::partials");
 static_assert(offsetof(MoeLayer, recv_codes) == 200, "MoeLayer::recv_codes");

@@ -493,6 +493,9 @@ pub(crate) struct MoeLayer {
     pub fp8: i32,
     /// The receiver's phase of the FP8 format: 1 to write the bf16 view too.
     pub dequantize: i32,
+    /// `ne × n` u64 arrival flags (entry `expert × n + source`), then the
+    /// epoch word (see `MoeAllToAll::arrivals`).
+    pub arrivals: u64,
 }
 
 /// `MoeLayer::fp8`: e4m3 on the wire, quantized from bf16 tokens in the gather.
@@ -500,7 +503,8 @@ pub(crate) const FP8_QUANTIZE: i32 = 1;
 /// `MoeLayer::fp8`: e4m3 on the wire, from codes and scales the caller gave.
 pub(crate) const FP8_PRE_QUANTIZED: i32 = 2;
 
-const _: () = assert!(size_of::<MoeLayer>() == 240);
+const _: () = assert!(size_of::<MoeLayer>() == 248);
+const _: () = assert!(offset_of!(MoeLayer, arrivals) == 240);
 const _: () = assert!(offset_of!(MoeLayer, tokens) == 0);
 const _: () = assert!(offset_of!(MoeLayer, token_scales) == 184);
 const _: () = assert!(offset_of!(MoeLayer, partials) == 192);

@@ -36,6 +36,20 @@
 //! also come already quantized, with their scales ([`Fp8Tokens`]). The
 //! combine stays in bf16: the experts' outputs go back as bf16 partials,
 //! in rows of their own (`hidden × 2` bytes, padded to 16).
+//!
+//! # Arrivals: starting on rows as they land
+//!
+//! [`MoeAllToAll::arrivals`] gives each PE's `experts_per_pe × n_pes`
+//! `u64` flags, one per (local expert, source PE), and the epoch word. The
+//! k-th dispatch of an exchange marks k: on the device path the placement
+//! kernel stores a pair's flag with release semantics once that source's
+//! rows for that expert are all in the expert's block, so an expert
+//! kernel on another stream can wait on it (`shmem::moe_wait_arrival` of
+//! [`DEVICE_HEADER`](crate::DEVICE_HEADER)) and start on those rows while
+//! the dispatch places the others. A pair that receives no row is marked
+//! as well, so a waiter never waits for rows that will not come. Flags
+//! only grow: nothing is reset, and replays of a CUDA graph advance the
+//! epoch on the device. See [`Arrivals`](super::Arrivals).
 
 use crate::buffer::{SymSlice, SymmetricBuffer};
 use crate::context::{Context, Stream};
@@ -469,6 +483,9 @@ pub struct MoeAllToAll<T: Element> {
     /// rows cannot hold), and the view's codes (`recv_rows × hidden`) and
     /// scales (`recv_rows × scales_per_token`).
     pub(super) fp8: Option<Fp8Buffers>,
+    /// The arrival flags, the epoch word and the device path's placement
+    /// counters (see [`MoeAllToAll::arrivals`]).
+    pub(super) arrivals: SymmetricBuffer<u64>,
     /// The host backend's layout of the last `dispatch_on_device`.
     last: Mutex<Option<Layout>>,
 }
@@ -537,6 +554,7 @@ impl<T: Element> MoeAllToAll<T> {
             slot_rows: ctx.alloc(c.max_tokens * c.top_k)?,
             state: ctx.alloc(2)?,
             scratch: ctx.alloc(scratch_len(&c, n))?,
+            arrivals: ctx.alloc_zeroed(super::arrivals::arrival_words(c.experts_per_pe, n))?,
             last: Mutex::new(None),
             fp8,
             wire,
@@ -568,7 +586,7 @@ impl<T: Element> MoeAllToAll<T> {
         self.send.len
             + self.stage.len
             + self.recv.len * size_of::<T>()
-            + (i64s + self.slot_rows.len) * size_of::<i64>()
+            + (i64s + self.slot_rows.len + self.arrivals.len) * size_of::<i64>()
             + self.scratch.len * size_of::<u32>()
             + fp8
     }
@@ -1001,6 +1019,7 @@ impl<T: Element> MoeAllToAll<T> {
             }
         }
         self.dispatch_splits.copy_from_host(&[&layout.splits[..], &layout.offsets[..]].concat(), stream)?;
+        self.mark_arrivals(stream)?;
         Ok(layout)
     }
 }
