@@ -218,21 +218,18 @@ impl Waiter {
         Ok(())
     }
 
-    /// After the dispatch: the copy against the device view, the view
-    /// against the host path's (`want`), block by block, and the flags
-    /// the blocks saw.
+    /// After the dispatch and the waiter: the copy against the device
+    /// view, the view against the host path's (`want`), block by block,
+    /// and the flags the blocks saw.
     fn check(
         &self,
         env: &Env,
-        view: &[u8],
-        want: &[u8],
+        (view, want): (&[u8], &[u8]),
         layout: &Layout,
         row_bytes: usize,
         epoch: u64,
         what: &str,
     ) -> TestResult {
-        env.s.synchronize()?;
-        self.side.synchronize()?;
         let got = self.out.copy_to_host(&env.s)?;
         for (i, (&rows, &at)) in layout.splits().iter().zip(layout.offsets()).enumerate() {
             let (a, b) = (at as usize * row_bytes, (at + rows) as usize * row_bytes);
@@ -305,9 +302,10 @@ fn waiter_native(env: &Env, w: &Waiter, c: MoeConfig, spread: Spread) -> TestRes
         env.ctx.barrier_all(s)?;
         moe.dispatch_on_device(&tokens, &ids, &weights, &count, s)?;
         let got = bytes_of(&view.copy_to_host(s)?);
+        w.side.synchronize()?;
         let (want, layout) = moe.dispatch(&r.tokens, &r.ids, &r.weights, s)?;
         let want = bytes_of(&want.copy_to_host(s)?);
-        w.check(env, &got, &want[..], &layout, row_bytes, epoch, &what)?;
+        w.check(env, (&got, &want), &layout, row_bytes, epoch, &what)?;
     }
     Ok(())
 }
@@ -333,8 +331,9 @@ fn waiter_fp8(env: &Env, w: &Waiter, c: MoeConfig) -> TestResult {
         let from = Fp8DeviceTokens::Bf16((&tokens).into());
         moe.dispatch_fp8_on_device(from, &ids, &weights, &count, Fp8Out::E4m3, s)?;
         let got = bits(codes)?;
+        w.side.synchronize()?;
         let (want, layout) = moe.dispatch_fp8(Fp8Tokens::Bf16(&r.tokens), &r.ids, &r.weights, Fp8Out::E4m3, s)?;
-        w.check(env, &got, &bits(want.rows)?, &layout, c.hidden, epoch, &what)?;
+        w.check(env, (&got, &bits(want.rows)?), &layout, c.hidden, epoch, &what)?;
     }
     Ok(())
 }
