@@ -158,3 +158,17 @@ impl<T: Element> MoeAllToAll<T> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_agrees_with_the_rust_side() {
+        let h = crate::DEVICE_HEADER;
+        assert!(h.contains("const uint64_t *flags;"), "MoeArrivals::flags");
+        assert!(h.contains("const uint64_t *epoch;"), "MoeArrivals::epoch");
+        assert!(h.contains("static_assert(sizeof(MoeArrivals) == 24"), "MoeArrivals: size");
+        assert_eq!(size_of::<DeviceMoeArrivals>(), 24);
+    }
+}
