@@ -4,7 +4,8 @@
 //! too — the epoch grows by one per dispatch and a refused dispatch leaves
 //! both; on the GPU a kernel on a second stream, launched before the
 //! dispatch, waits on each pair's flag and copies the pair's rows as they
-//! land, and its copy equals the view exactly.
+//! land, and its copy equals the view exactly, eagerly and in replays of
+//! a CUDA graph of both (the waiter counting its epochs on the device).
 
 use super::{random_weight, routable, routing, Spread};
 use crate::util::{needs_gpu, poison, Env, TestResult};
@@ -15,6 +16,7 @@ use shmem::{bf16, Fp8DeviceTokens, Fp8Out, Fp8Tokens, Layout, MoeAllToAll, MoeCo
 pub const TESTS: &[(&str, TestFn)] = &[
     ("moe::arrivals::marked_after_dispatch", marked_after_dispatch),
     ("moe::arrivals::waiter_kernel_gpu_only", waiter_kernel),
+    ("moe::arrivals::waiter_in_graph_gpu_only", waiter_in_graph),
 ];
 
 /// Every pair's flag is `epoch`, and so is the epoch word; `layout` (the
@@ -144,19 +146,23 @@ fn write_inputs<T: shmem::Element>(
 const WAITER: &str = r#"
 #include "shmem_device.cuh"
 
-// Block (e, s) waits until source s's rows for local expert e are placed,
-// then copies them (rows of `row_bytes`, where the view's splits and
-// offsets `so` say; read after the wait, as the dispatch writes them)
-// from the view into `out`, and notes the flag it saw.
-extern "C" __global__ void take_rows(shmem::MoeArrivals a, unsigned long long epoch, const long long *so,
+// Block (e, s) waits until source s's rows for local expert e of the
+// dispatch of epoch `*epoch` are placed, then copies them (rows of
+// `row_bytes`, where the view's splits and offsets `so` say; read after
+// the wait, as the dispatch writes them) from the view into `out`, and
+// notes the flag it saw.
+extern "C" __global__ void take_rows(shmem::MoeArrivals a, const unsigned long long *epoch, const long long *so,
                                      const unsigned char *view, unsigned char *out,
                                      unsigned long long row_bytes, unsigned long long *seen) {
     const int e = blockIdx.x, s = blockIdx.y, n = a.n_pes, m = a.experts_per_pe * n;
-    shmem::block_moe_wait_arrival(a, e, s, epoch);
+    shmem::block_moe_wait_arrival(a, e, s, *epoch);
     const long long rows = so[e * n + s], at = so[m + e * n + s];
     shmem::block_copy(out + at * row_bytes, view + at * row_bytes, rows * row_bytes);
     if (threadIdx.x == 0) seen[e * n + s] = shmem::ld_acquire_u64(a.flags + e * n + s);
 }
+
+// The next step's epoch: a graph's waiter counts its steps on the device.
+extern "C" __global__ void advance(unsigned long long *epoch) { *epoch += 1; }
 "#;
 
 /// The waiter's PTX, compiled against the device header.
@@ -175,37 +181,73 @@ fn compile(cuda: &cudarc::driver::CudaContext) -> Result<cudarc::nvrtc::Ptx, Box
     Ok(ptx?)
 }
 
-/// The waiter's kernel and the stream it runs on.
+/// The waiter's kernels and the stream it runs on.
 struct Waiter {
     take: cudarc::driver::CudaFunction,
+    advance: cudarc::driver::CudaFunction,
     side: std::sync::Arc<cudarc::driver::CudaStream>,
-    /// Its copy of the view's rows, and the flag each block saw.
+    /// The epoch it waits for, on the device; its copy of the view's
+    /// rows, and the flag each block saw.
+    epoch: shmem::SymmetricBuffer<u64>,
     out: shmem::SymmetricBuffer<u8>,
     seen: shmem::SymmetricBuffer<u64>,
 }
 
 impl Waiter {
-    /// Poisons the copy and launches one block per (local expert,
-    /// source) on the side stream, waiting for `epoch`, copying rows of
-    /// `row_bytes` from `view`.
-    fn launch(&self, env: &Env, a: &shmem::Arrivals, so: u64, view: u64, row_bytes: usize, epoch: u64) -> TestResult {
+    /// The waiter's buffers for exchanges of `c`, its stream a new one.
+    fn new(
+        env: &Env,
+        cuda: &std::sync::Arc<cudarc::driver::CudaContext>,
+        module: &std::sync::Arc<cudarc::driver::CudaModule>,
+        c: &MoeConfig,
+    ) -> Result<Waiter, Box<dyn std::error::Error>> {
+        let n = env.n();
+        Ok(Waiter {
+            take: module.load_function("take_rows")?,
+            advance: module.load_function("advance")?,
+            side: cuda.new_stream()?,
+            epoch: env.ctx.alloc(1)?,
+            // The most view rows (every staged token in up to top_k blocks,
+            // each block's padding), of f32 (the FP8 codes take fewer bytes).
+            out: env.ctx.alloc(
+                (c.max_tokens * n * c.top_k.min(c.experts_per_pe) + c.experts_per_pe * c.major_align) * c.hidden * 4,
+            )?,
+            seen: env.ctx.alloc(c.experts_per_pe * n)?,
+        })
+    }
+
+    /// Poisons the copy and the flags seen, and sets the epoch to wait for.
+    fn reset(&self, env: &Env, epoch: u64) -> TestResult {
         let s = &env.s;
         self.out.fill(0xa5, s)?;
         self.seen.fill(0, s)?;
-        env.s.synchronize()?;
+        self.epoch.copy_from_host(&[epoch], s)?;
+        Ok(env.s.synchronize()?)
+    }
+
+    /// Launches one block per (local expert, source) on `on`, waiting for
+    /// the epoch in `self.epoch`, copying rows of `row_bytes` from `view`.
+    fn launch(
+        &self,
+        env: &Env,
+        on: &cudarc::driver::CudaStream,
+        a: &shmem::Arrivals,
+        (so, view): (u64, u64),
+        row_bytes: usize,
+    ) -> TestResult {
         let arg = a.device_arg()?;
-        let (out, seen) =
-            (self.out.slice(..).device_ptr()?.expect("gpu"), self.seen.slice(..).device_ptr()?.expect("gpu"));
+        let ptr = |b: shmem::SymSlice<'_, u64>| -> shmem::Result<u64> { Ok(b.device_ptr()?.expect("gpu")) };
+        let (epoch, seen, out) =
+            (ptr(self.epoch.slice(..))?, ptr(self.seen.slice(..))?, self.out.slice(..).device_ptr()?.expect("gpu"));
         let (rb, ne, n) = (row_bytes as u64, self.seen.len() / env.n(), env.n());
         let cfg = LaunchConfig { grid_dim: (ne as u32, n as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: the arguments match the kernel's parameters: the
-        // arrivals of a live exchange, its view's splits and offsets
-        // (2 × ne × n i64), its view and `out` (as many bytes), `seen`
-        // (ne × n u64); both streams are synchronized before any of them
-        // is read, written or dropped.
+        // arrivals of a live exchange, one u64 epoch, the view's splits and
+        // offsets (2 × ne × n i64), its view and `out` (as many bytes),
+        // `seen` (ne × n u64); the streams are synchronized before any of
+        // them is read, written or dropped.
         unsafe {
-            self.side
-                .launch_builder(&self.take)
+            on.launch_builder(&self.take)
                 .arg(&arg)
                 .arg(&epoch)
                 .arg(&so)
@@ -215,6 +257,15 @@ impl Waiter {
                 .arg(&seen)
                 .launch(cfg)?
         };
+        Ok(())
+    }
+
+    /// Advances the epoch in `self.epoch` by one, on `on`.
+    fn advance(&self, on: &cudarc::driver::CudaStream) -> TestResult {
+        let epoch = self.epoch.slice(..).device_ptr()?.expect("gpu");
+        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: one u64 of a live buffer, as the kernel takes.
+        unsafe { on.launch_builder(&self.advance).arg(&epoch).launch(cfg)? };
         Ok(())
     }
 
@@ -255,18 +306,7 @@ fn waiter_kernel(env: &Env) -> TestResult {
     let n = env.n();
     let cuda = env.ctx.cuda_context().expect("gpu backend");
     let module = cuda.load_module(compile(cuda)?)?;
-    let waiter = |c: &MoeConfig| -> shmem::Result<Waiter> {
-        Ok(Waiter {
-            take: module.load_function("take_rows").map_err(|e| shmem::Error::Invalid(e.to_string()))?,
-            side: cuda.new_stream().map_err(|e| shmem::Error::Invalid(e.to_string()))?,
-            // The most view rows (every staged token in up to top_k blocks,
-            // each block's padding), of f32 (the FP8 codes take fewer bytes).
-            out: env.ctx.alloc(
-                (c.max_tokens * n * c.top_k.min(c.experts_per_pe) + c.experts_per_pe * c.major_align) * c.hidden * 4,
-            )?,
-            seen: env.ctx.alloc(c.experts_per_pe * n)?,
-        })
-    };
+    let waiter = |c: &MoeConfig| Waiter::new(env, cuda, &module, c);
     for (c, spread) in [
         (MoeConfig::new(64, 16, 2, 2).major_align(8), Spread::Random),
         (MoeConfig::new(33, 9, 3, 3), Spread::OnePe),
@@ -298,7 +338,8 @@ fn waiter_native(env: &Env, w: &Waiter, c: MoeConfig, spread: Spread) -> TestRes
         let epoch = a.last_epoch(s)? + 1;
         // Every PE's waiter is up before any PE dispatches.
         let (so, v) = (moe.device_layout().device_ptr()?.expect("gpu"), view.device_ptr()?.expect("gpu"));
-        w.launch(env, &a, so, v, row_bytes, epoch)?;
+        w.reset(env, epoch)?;
+        w.launch(env, &w.side, &a, (so, v), row_bytes)?;
         env.ctx.barrier_all(s)?;
         moe.dispatch_on_device(&tokens, &ids, &weights, &count, s)?;
         let got = bytes_of(&view.copy_to_host(s)?);
@@ -326,7 +367,8 @@ fn waiter_fp8(env: &Env, w: &Waiter, c: MoeConfig) -> TestResult {
         codes.copy_from_host(&vec![shmem::fp8_e4m3::from_bits(0x7f); codes.len()], s)?;
         let epoch = a.last_epoch(s)? + 1;
         let (so, v) = (moe.device_layout().device_ptr()?.expect("gpu"), codes.device_ptr()?.expect("gpu"));
-        w.launch(env, &a, so, v, c.hidden, epoch)?;
+        w.reset(env, epoch)?;
+        w.launch(env, &w.side, &a, (so, v), c.hidden)?;
         env.ctx.barrier_all(s)?;
         let from = Fp8DeviceTokens::Bf16((&tokens).into());
         moe.dispatch_fp8_on_device(from, &ids, &weights, &count, Fp8Out::E4m3, s)?;
@@ -335,6 +377,67 @@ fn waiter_fp8(env: &Env, w: &Waiter, c: MoeConfig) -> TestResult {
         let (want, layout) = moe.dispatch_fp8(Fp8Tokens::Bf16(&r.tokens), &r.ids, &r.weights, Fp8Out::E4m3, s)?;
         w.check(env, (&got, &bits(want.rows)?), &layout, c.hidden, epoch, &what)?;
     }
+    Ok(())
+}
+
+/// A step as one CUDA graph, replayed with fresh tokens: the waiter on a
+/// stream forked inside the capture, waiting for the epoch in a device
+/// word that it advances itself after each step, beside the dispatch on
+/// the main stream. Each replay's copy equals the view, and every flag the
+/// waiter saw holds that replay's epoch; nothing is reset between them.
+fn waiter_in_graph(env: &Env) -> TestResult {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let stream = needs_gpu(env)?.clone();
+    let (n, me, s) = (env.n(), env.me(), &env.s);
+    let cuda = env.ctx.cuda_context().expect("gpu backend");
+    let module = cuda.load_module(compile(cuda)?)?;
+    let c = MoeConfig::new(48, 10, 2, 2.min(2 * n)).major_align(4);
+    let w = Waiter::new(env, cuda, &module, &c)?;
+    let moe = MoeAllToAll::<f32>::new(&env.ctx, c)?;
+    // The host path's reference, on an exchange of its own (whose
+    // dispatches do not advance this one's epoch).
+    let reference = MoeAllToAll::<f32>::new(&env.ctx, c)?;
+    let (tokens, ids, weights, count) = device_inputs::<f32>(env, &c)?;
+    // A dispatch of nothing, for the whole receive buffer.
+    count.copy_from_host(&[0], s)?;
+    let view = moe.dispatch_on_device(&tokens, &ids, &weights, &count, s)?;
+    let a = moe.arrivals();
+    let (so, v) = (moe.device_layout().device_ptr()?.expect("gpu"), view.device_ptr()?.expect("gpu"));
+    let row_bytes = c.hidden * 4;
+    env.ctx.barrier_all(s)?;
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    let captured = (|| -> TestResult {
+        let side = stream.fork()?;
+        w.launch(env, &side, &a, (so, v), row_bytes)?;
+        w.advance(&side)?;
+        moe.dispatch_on_device(&tokens, &ids, &weights, &count, s)?;
+        stream.join(&side)?;
+        Ok(())
+    })();
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
+    captured?;
+    let graph = graph.ok_or("the capture gave no graph")?;
+    let base = a.last_epoch(s)?;
+    w.reset(env, base + 1)?;
+    for replay in 0..5u64 {
+        let what = format!("{c:?} replay {replay} on PE {me}");
+        let r = routing::<f32>(env.fresh_seed(), me, n, &c, Spread::Random, &random_weight);
+        write_inputs(env, &r.tokens, &r.ids, &r.weights, c.top_k, (&tokens, &ids, &weights, &count))?;
+        view.copy_from_host(&vec![poison(); view.len()], s)?;
+        w.out.fill(0xa5, s)?;
+        w.seen.fill(0, s)?;
+        env.ctx.barrier_all(s)?;
+        graph.launch()?;
+        stream.synchronize()?;
+        let epoch = base + 1 + replay;
+        assert_eq!(a.last_epoch(s)?, epoch, "{what}: the exchange's epoch");
+        assert_eq!(w.epoch.copy_to_host(s)?, [epoch + 1], "{what}: the waiter's next epoch");
+        let got = bytes_of(&view.copy_to_host(s)?);
+        let (want, layout) = reference.dispatch(&r.tokens, &r.ids, &r.weights, s)?;
+        let want = bytes_of(&want.copy_to_host(s)?);
+        w.check(env, (&got, &want), &layout, row_bytes, epoch, &what)?;
+    }
+    env.ctx.check_device()?;
     Ok(())
 }
 
