@@ -109,13 +109,12 @@ __device__ __forceinline__ int view_expert(const TeamSync &t, const MoeLayer &m,
     return -1;
 }
 
-// Thread: one more row of pair (e, s) placed, by this block, whose writes
-// the __syncthreads before made visible to this thread. The fence makes
-// them visible on the GPU before the count; the counter's acq_rel add
-// orders every block's earlier counts (and rows) before the last one's
-// release of the flag.
+// Thread: one more row of pair (e, s) placed, by this thread's block,
+// whose writes the __syncthreads before put ahead of this thread's. The
+// counter's acq_rel add releases them (cumulatively) and acquires the
+// earlier counts of the pair, so the block that counts its last row
+// releases every row of the pair with the flag.
 __device__ __forceinline__ void count_placed(const ArrivalWords &a, int pair, uint32_t rows, uint64_t epoch) {
-    __threadfence();
     uint32_t before;
     asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(a.placed + pair) : "memory");
     if (before + 1 == rows) st_release64(a.flags + pair, epoch);
@@ -407,17 +406,16 @@ __device__ void gather_receiver(const TeamSync &t, const MoeLayer &m) {
                 place_fp8(t, m, row, at);
             }
         }
-        // The row is in every block it goes to: count it for each.
+        // The row is in every block it goes to: count it for each, a
+        // thread a slot (each slot's expert differs, so does its pair).
         __syncthreads();
-        if (threadIdx.x == 0) {
+        for (int j = threadIdx.x; j < m.top_k; j += blockDim.x) {
+            if (slots[j].at < 0) continue;
             const int s = staged_source(t, m, r);
-            for (int j = 0; j < m.top_k; j++) {
-                if (slots[j].at < 0) continue;
-                const int e = view_expert(t, m, s, slots[j].at);
-                if (e < 0) continue;
-                const int pair = e * t.n + s;
-                count_placed(arrivals, pair, static_cast<uint32_t>(view_so[pair]), epoch);
-            }
+            const int e = view_expert(t, m, s, slots[j].at);
+            if (e < 0) continue;
+            const int pair = e * t.n + s;
+            count_placed(arrivals, pair, static_cast<uint32_t>(view_so[pair]), epoch);
         }
     }
 }
