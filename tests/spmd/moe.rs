@@ -762,26 +762,44 @@ fn expected_sent<T>(r: &Routing<T>, c: &MoeConfig, n: usize) -> Vec<i64> {
     sent
 }
 
+/// PEs a node as `moe`'s combine groups them: the node's in the
+/// node-aware form, the world's (one group) in the flat one.
+pub fn combine_group<T: shmem::Element>(env: &Env, moe: &MoeAllToAll<T>) -> usize {
+    if moe.node_aware() {
+        env.ctx.node().n_pes()
+    } else {
+        env.n()
+    }
+}
+
 /// The combine's result for PE `me`'s tokens as `MoeAllToAll` defines it:
 /// on each expert PE the weighted sum of that PE's slots in slot order,
-/// rounded to `T`; then those partials summed in PE order, rounded.
-fn expected_combine<T: Float>(r: &Routing<T>, c: &MoeConfig, n: usize) -> Vec<T> {
+/// rounded to `T`; those partials summed by groups of `group` PEs (the
+/// nodes in the node-aware form) in PE order, rounded; those sums in
+/// group order, rounded.
+fn expected_combine<T: Float>(r: &Routing<T>, c: &MoeConfig, n: usize, group: usize) -> Vec<T> {
     let (h, k, ne) = (c.hidden, c.top_k, c.experts_per_pe);
     let mut out = Vec::with_capacity(r.tokens.len());
     for t in 0..r.ids.len() / k {
         for i in 0..h {
             let x = r.tokens[t * h + i];
             let mut acc = T::zero();
-            for d in 0..n {
-                let slots: Vec<usize> = (0..k).filter(|&j| r.ids[t * k + j] as usize / ne == d).collect();
-                if slots.is_empty() {
-                    continue;
+            for node in 0..n / group {
+                let mut node_acc = None;
+                for d in node * group..(node + 1) * group {
+                    let slots: Vec<usize> = (0..k).filter(|&j| r.ids[t * k + j] as usize / ne == d).collect();
+                    if slots.is_empty() {
+                        continue;
+                    }
+                    let partial = slots.iter().fold(T::zero(), |a, &j| {
+                        let g = r.ids[t * k + j] as usize;
+                        T::weigh(a, r.weights[t * k + j], expert(g, x))
+                    });
+                    node_acc = Some(T::add(node_acc.unwrap_or(T::zero()), T::from_acc(partial)));
                 }
-                let partial = slots.iter().fold(T::zero(), |a, &j| {
-                    let g = r.ids[t * k + j] as usize;
-                    T::weigh(a, r.weights[t * k + j], expert(g, x))
-                });
-                acc = T::add(acc, T::from_acc(partial));
+                if let Some(sum) = node_acc {
+                    acc = T::add(acc, T::from_acc(sum));
+                }
             }
             out.push(T::from_acc(acc));
         }
@@ -854,7 +872,7 @@ fn dispatch_and_combine<T: Float>(
         view.copy_from_host(&got, s)?;
     }
     let out = moe.combine(view, &layout, s)?;
-    let want = if identity { mine.tokens.clone() } else { expected_combine(mine, &c, n) };
+    let want = if identity { mine.tokens.clone() } else { expected_combine(mine, &c, n, combine_group(env, moe)) };
     assert_bits_eq(&out, &want, &format!("{what}: combined"));
     Ok(())
 }
