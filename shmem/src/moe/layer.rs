@@ -37,6 +37,7 @@
 //! combine stays in bf16: the experts' outputs go back as bf16 partials,
 //! in rows of their own (`hidden × 2` bytes, padded to 16).
 
+use super::nodes::{node_aware_shape, Rails};
 use crate::buffer::{SymSlice, SymmetricBuffer};
 use crate::context::{Context, Stream};
 use crate::dtype::Element;
@@ -44,7 +45,6 @@ use crate::error::{Error, Result, RoutingFault};
 use crate::fp8::fp8_e4m3;
 use crate::quant;
 use crate::team::{Desc, OpKind, Team};
-use super::nodes::{node_aware_shape, Rails};
 use half::{bf16, f16};
 use rayon::prelude::*;
 use std::ops::Range;
@@ -457,6 +457,24 @@ pub(super) struct Route {
 /// 2. on this PE: `out[t] = T(Σ_d partial_d)` over those PEs in ascending PE
 ///    order, each step `acc + Acc(partial_d)` in `Acc` from 0, rounded once.
 ///
+/// In the node-aware form ([`MoeAllToAll::node_aware`]) step 2 runs in two:
+/// on the forwarding PE of each node `b`, `sum_b = T(Σ_{d on b}
+/// partial_d)` in ascending PE order, rounded once; on this PE, `out[t] =
+/// T(Σ_b sum_b)` in ascending node order, rounded once. For a token whose
+/// experts are all on one node that is step 2's value; in `f32` and `f64`
+/// only the association of the sum changes.
+///
+/// # Across nodes
+///
+/// Where the world spans two nodes or more, its ranks node by node, the
+/// exchange takes the node-aware form (as the node-aware collectives
+/// choose, see [`crate::AcrossNodes`]; [`crate::AcrossNodes::Flat`] at
+/// construction keeps the flat one): the dispatch sends one wire row per
+/// (token, destination node) to the PE of the same local rank there,
+/// which passes it on to the node's PEs that hold the token's experts; the
+/// combine sums each node's partials on that PE and sends one row per
+/// (token, node) back. The view and the [`Layout`] are the flat form's.
+///
 /// Both backends compute exactly this, so results match bit for bit.
 ///
 /// # Memory
@@ -573,7 +591,9 @@ impl<T: Element> MoeAllToAll<T> {
                 if fits(rows) && fits(slots) && bytes.is_some() {
                     Ok(())
                 } else {
-                    Err(Error::Invalid(format!("MoeAllToAll::new: the buffers of {config:?} on {nodes} nodes overflow")))
+                    Err(Error::Invalid(format!(
+                        "MoeAllToAll::new: the buffers of {config:?} on {nodes} nodes overflow"
+                    )))
                 }
             }
             None => Ok(()),
