@@ -87,6 +87,7 @@ use rayon::prelude::*;
 mod device;
 mod fp8;
 mod layer;
+mod nodes;
 pub(crate) mod plan;
 pub use fp8::{Fp8DeviceTokens, Fp8Out, Fp8Tokens, Fp8View};
 pub use layer::{CombineElement, Layout, MoeAllToAll, MoeConfig, WireFormat};
