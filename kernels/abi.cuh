@@ -375,13 +375,30 @@ struct MoeLayer {
     int64_t scales_at;  // where a wire row's scales start (the FP8 format)
     int fp8;  // the wire format: 0 native, kFp8Quantize, kFp8PreQuantized
     int dequantize;  // the receiver's phase of the FP8 format: 1 to write the bf16 view too
-    uint64_t arrivals;  // ne × n u64 arrival flags, entry expert × n + source, then the epoch word
+    // The node-aware form (moe_layer.cu); all 0 in the flat form.
+    uint64_t forward_in;  // the forwarder's input: the rail stage's rows (the route and gather, phase 0)
+    uint64_t forward_so;  // 2 × nodes i64: the rail exchange's out splits/offsets
+    uint64_t next_so;  // the forwarder's combine: the rail combine exchange's out splits/offsets, poisoned
+    uint64_t fail_splits;  // the forwarder's combine: the rail combine's in_splits, poisoned when it must fail
+    int64_t out_stride;  // bytes between the combine's result rows; 0: hidden elements
+    int origin;  // the rail route: 1 + this PE, carried in the token field (kOriginShift); 0 in the flat form
+    int view_n;  // the node stage's receiver: source PEs of the view (the world); 0: the team's
+    uint64_t arrivals;  // ne × n u64 arrival flags (n: the view's sources), entry e × n + source, then the epoch
 };
+// Where the node-aware form's token field carries its source PE.
+constexpr int kOriginShift = 32;
 // `MoeLayer::fp8`: e4m3 on the wire, quantized from bf16 tokens in the
 // gather, or from codes and scales the caller gave.
 constexpr int kFp8Quantize = 1, kFp8PreQuantized = 2;
-static_assert(sizeof(MoeLayer) == 248, "MoeLayer: size");
-static_assert(offsetof(MoeLayer, arrivals) == 240, "MoeLayer::arrivals");
+static_assert(sizeof(MoeLayer) == 296, "MoeLayer: size");
+static_assert(offsetof(MoeLayer, forward_in) == 240, "MoeLayer::forward_in");
+static_assert(offsetof(MoeLayer, forward_so) == 248, "MoeLayer::forward_so");
+static_assert(offsetof(MoeLayer, next_so) == 256, "MoeLayer::next_so");
+static_assert(offsetof(MoeLayer, fail_splits) == 264, "MoeLayer::fail_splits");
+static_assert(offsetof(MoeLayer, out_stride) == 272, "MoeLayer::out_stride");
+static_assert(offsetof(MoeLayer, origin) == 280, "MoeLayer::origin");
+static_assert(offsetof(MoeLayer, view_n) == 284, "MoeLayer::view_n");
+static_assert(offsetof(MoeLayer, arrivals) == 288, "MoeLayer::arrivals");
 static_assert(offsetof(MoeLayer, token_scales) == 184, "MoeLayer::token_scales");
 static_assert(offsetof(MoeLayer, partials) == 192, "MoeLayer::partials");
 static_assert(offsetof(MoeLayer, recv_codes) == 200, "MoeLayer::recv_codes");

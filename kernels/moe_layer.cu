@@ -30,8 +30,18 @@
 // bf16 rows of `back_stride` bytes in `partials` (the staged rows are too
 // short to hold them).
 //
+// The node-aware form (`nodes.rs`) runs the route and gather twice: over
+// the rail (`MoeLayer::origin`: destinations are nodes, `ne` a node's
+// experts, the token field carries the source PE), then on the forwarder
+// over the node with the rail's staged rows as its tokens
+// (`MoeLayer::forward_in`: each row's slots name the node's experts or
+// -1); the receiver places rows by the source PE each names
+// (`MoeLayer::view_n`), staged by forwarder. Its combine's source phase
+// also runs twice: on the forwarder, summing the node's partials of each
+// rail row into rows of `out_stride` bytes, then on the source.
+//
 // Arrivals (`MoeLayer::arrivals`, `MoeAllToAll::arrivals`): one u64 flag
-// per (local expert, source PE), then the epoch word, then a placement
+// per (local expert, source PE of the view), then the epoch word, then a placement
 // counter per (local expert, source). The receiver's route advances the
 // epoch, zeroes the counters and marks at once the pairs that receive no
 // row; the receiver's gather counts each placed row of a pair and the
@@ -76,8 +86,14 @@ __device__ __forceinline__ int64_t staged_rows(const TeamSync &t, const MoeLayer
     return total;
 }
 
-// The arrival flags (ne × n), the epoch word after them, then the
-// placement counters (ne × n u32).
+// The source PEs of the receiver's view: the world in the node-aware
+// form (`view_n`), else the team's.
+__device__ __forceinline__ int view_sources(const TeamSync &t, const MoeLayer &m) {
+    return m.view_n > 0 ? m.view_n : t.n;
+}
+
+// The arrival flags (ne × the view's sources), the epoch word after them,
+// then the placement counters (as many u32).
 struct ArrivalWords {
     uint64_t *flags;
     uint64_t *epoch;
@@ -86,12 +102,19 @@ struct ArrivalWords {
 
 __device__ __forceinline__ ArrivalWords arrival_words(const TeamSync &t, const MoeLayer &m) {
     uint64_t *base = t.mine<uint64_t>(m.arrivals);
-    const int64_t pairs = static_cast<int64_t>(m.ne) * t.n;
+    const int64_t pairs = static_cast<int64_t>(m.ne) * view_sources(t, m);
     return ArrivalWords{base, base + pairs, reinterpret_cast<uint32_t *>(base + pairs + 1)};
 }
 
-// The source PE of staged row `r`: rows come source-major.
+// The source PE of staged row `r` in the view: the one its token field
+// names in the node-aware form; else by position, rows coming
+// source-major.
 __device__ __forceinline__ int staged_source(const TeamSync &t, const MoeLayer &m, int64_t r) {
+    if (m.view_n > 0) {
+        const uint8_t *row = t.mine<uint8_t>(m.stage) + r * m.stride;
+        return static_cast<int>(static_cast<uint64_t>(*reinterpret_cast<const int64_t *>(row + m.meta)) >>
+                                kOriginShift);
+    }
     const int64_t *so = t.mine<int64_t>(m.stage_so);
     int s = 0;
     while (s + 1 < t.n && r >= so[t.n + s + 1]) s++;
@@ -101,10 +124,11 @@ __device__ __forceinline__ int staged_source(const TeamSync &t, const MoeLayer &
 // The local expert whose block holds view row `at` of source `s`'s rows.
 __device__ __forceinline__ int view_expert(const TeamSync &t, const MoeLayer &m, int s, int64_t at) {
     const int64_t *view_so = t.mine<int64_t>(m.view_so);
-    const int64_t mm = static_cast<int64_t>(m.ne) * t.n;
+    const int n = view_sources(t, m);
+    const int64_t mm = static_cast<int64_t>(m.ne) * n;
     for (int e = 0; e < m.ne; e++) {
-        const int64_t start = view_so[mm + e * t.n + s];
-        if (at >= start && at < start + view_so[e * t.n + s]) return e;
+        const int64_t start = view_so[mm + e * n + s];
+        if (at >= start && at < start + view_so[e * n + s]) return e;
     }
     return -1;
 }
@@ -146,6 +170,33 @@ __device__ __forceinline__ bool first_of_dest(const MoeLayer &m, const int64_t *
     return true;
 }
 
+// The forwarder's tokens: the rail stage's rows, whose slots name an
+// expert of the node (or -1).
+struct ForwardSlots {
+    const uint8_t *rows;
+    const MoeLayer *m;
+    // Slot j of row `tok`'s destination PE in the node, or -1.
+    __device__ __forceinline__ int64_t dest(int64_t tok, int j) const {
+        const int32_t e = reinterpret_cast<const WireSlot *>(rows + tok * m->stride + m->meta + 8)[j].at;
+        return e < 0 ? -1 : e / m->ne;
+    }
+    __device__ __forceinline__ bool first(int64_t tok, int j) const {
+        const int64_t d = dest(tok, j);
+        if (d < 0) return false;
+        for (int i = 0; i < j; i++)
+            if (dest(tok, i) == d) return false;
+        return true;
+    }
+};
+
+// The caller's tokens: their expert ids.
+struct IdSlots {
+    const int64_t *ids;
+    const MoeLayer *m;
+    __device__ __forceinline__ int64_t dest(int64_t tok, int j) const { return ids[tok * m->top_k + j] / m->ne; }
+    __device__ __forceinline__ bool first(int64_t tok, int j) const { return first_of_dest(*m, ids, tok, j); }
+};
+
 // Owners of `units` pieces of work in a one-block scan: one a thread, as
 // many as there are pieces (at least one), so that the serial passes over
 // the owners below cost what the work needs (a decode step's one token,
@@ -175,17 +226,17 @@ __device__ void scan_owners(uint32_t *count, int keys, int owners, Base base) {
     __syncthreads();
 }
 
-// Phase 0 of the route: the source's wire rows.
-__device__ void route_source(const TeamSync &t, const MoeLayer &m) {
+// Phase 0 of the route: the source's wire rows, from the caller's tokens
+// (checked: `ids` and `w`) or, on the forwarder of the node-aware form,
+// from the rail's staged rows (`ids` null).
+template <typename Slots>
+__device__ void route_tokens(const TeamSync &t, const MoeLayer &m, int64_t nt, bool count_ok, Slots slots,
+                             const int64_t *ids, const float *w) {
     const int o = threadIdx.x, n = t.n, experts = n * m.ne;
-    const int64_t *ids = t.mine<int64_t>(m.ids);
-    const float *w = t.mine<float>(m.weights);
     int64_t *splits = t.mine<int64_t>(m.send_splits);
     int64_t *slot_rows = t.mine<int64_t>(m.slot_rows);
     int64_t *state = t.mine<int64_t>(m.state);
     uint32_t *count = t.mine<uint32_t>(m.scratch);  // [destination][owner]
-    const int64_t nt = *t.mine<int64_t>(m.n_tokens);
-    const bool count_ok = nt >= 0 && nt <= m.max_tokens;
     const int owners = owners_of(count_ok ? nt : 0);
     const Range mine = owned(count_ok ? static_cast<uint64_t>(nt) : 0, o, owners);
     __shared__ unsigned long long bad;
@@ -194,17 +245,22 @@ __device__ void route_source(const TeamSync &t, const MoeLayer &m) {
         for (int d = 0; d < n; d++) count[static_cast<uint64_t>(d) * owners + o] = 0;
     __syncthreads();
     for (uint64_t tok = mine.lo; tok < mine.hi; tok++) {
-        const unsigned long long fault = token_fault(m, ids, w, tok, experts);
-        if (fault != ~0ull) {
-            atomicMin(&bad, fault);
-            continue;
+        if (ids != nullptr) {
+            const unsigned long long fault = token_fault(m, ids, w, tok, experts);
+            if (fault != ~0ull) {
+                atomicMin(&bad, fault);
+                continue;
+            }
         }
         for (int j = 0; j < m.top_k; j++)
-            if (first_of_dest(m, ids, tok, j)) count[static_cast<uint64_t>(ids[tok * m.top_k + j] / m.ne) * owners + o]++;
+            if (slots.first(tok, j)) count[static_cast<uint64_t>(slots.dest(tok, j)) * owners + o]++;
     }
     __syncthreads();
     if (bad != ~0ull) {
-        for (int d = o; d < n; d += blockDim.x) splits[d] = d == 0 ? kRouteBad - static_cast<int64_t>(bad) : 0;
+        // A forwarder's failure (its rail's exchange failed) is a plain
+        // negative split: the PEs of its node fail with it.
+        const int64_t marker = ids != nullptr ? kRouteBad - static_cast<int64_t>(bad) : -1;
+        for (int d = o; d < n; d += blockDim.x) splits[d] = d == 0 ? marker : 0;
         if (o == 0) {
             state[0] = -1;
             t.mine<int64_t>(m.stage_so)[0] = -1;
@@ -225,14 +281,16 @@ __device__ void route_source(const TeamSync &t, const MoeLayer &m) {
     });
     for (uint64_t tok = mine.lo; tok < mine.hi; tok++) {
         for (int j = 0; j < m.top_k; j++) {
-            const int64_t s = tok * m.top_k + j, d = ids[s] / m.ne;
-            if (first_of_dest(m, ids, tok, j)) {
+            const int64_t s = tok * m.top_k + j, d = slots.dest(tok, j);
+            if (d < 0) {
+                slot_rows[s] = -1;  // a slot of another node: no row here
+            } else if (slots.first(tok, j)) {
                 uint32_t *c = &count[static_cast<uint64_t>(d) * owners + o];
                 slot_rows[s] = *c;
                 *c = *c + 1;
             } else {
                 for (int i = 0; i < j; i++)
-                    if (ids[tok * m.top_k + i] / m.ne == d) {
+                    if (slots.dest(tok, i) == d) {
                         slot_rows[s] = slot_rows[tok * m.top_k + i];
                         break;
                     }
@@ -246,9 +304,35 @@ __device__ void route_source(const TeamSync &t, const MoeLayer &m) {
     }
 }
 
-// Phase 1 of the route: the receiver's expert blocks.
+__device__ void route_source(const TeamSync &t, const MoeLayer &m) {
+    if (m.forward_in != 0) {
+        // The forwarder: the rows its rail staged (from every node, `view_n
+        // / n` of them), none where the rail's exchange failed.
+        const int64_t *so = t.mine<int64_t>(m.forward_so);
+        int64_t rows = 0;
+        for (int a = 0; a < m.view_n / t.n; a++) rows += so[a];
+        route_tokens(t, m, rows, so[0] >= 0, ForwardSlots{t.mine<uint8_t>(m.forward_in), &m}, nullptr, nullptr);
+        return;
+    }
+    const int64_t *ids = t.mine<int64_t>(m.ids);
+    const int64_t nt = *t.mine<int64_t>(m.n_tokens);
+    route_tokens(t, m, nt, nt >= 0 && nt <= m.max_tokens, IdSlots{ids, &m}, ids, t.mine<float>(m.weights));
+}
+
+// The source PE a staged row names (the node-aware form's token field).
+__device__ __forceinline__ int row_origin(const uint8_t *stage, uint64_t r, const MoeLayer &m) {
+    return static_cast<int>(static_cast<uint64_t>(*wire_token(const_cast<uint8_t *>(stage) + r * m.stride, m)) >>
+                            kOriginShift);
+}
+
+// Phase 1 of the route: the receiver's expert blocks. The rows are taken
+// in source-major order: the staging order in the flat form; in the
+// node-aware form (staged by forwarder, each forwarder's by source) each
+// source's run of rows moved to its place (`run_at`, `run_shift`).
 __device__ void route_receiver(const TeamSync &t, const MoeLayer &m) {
-    const int o = threadIdx.x, n = t.n, ne = m.ne;
+    const int o = threadIdx.x, ne = m.ne;
+    const bool by_origin = m.view_n > 0;
+    const int n = by_origin ? m.view_n : t.n;  // the view's sources
     const int64_t total = staged_rows(t, m);
     if (total < 0) return;
     const ArrivalWords arrivals = arrival_words(t, m);
@@ -258,22 +342,52 @@ __device__ void route_receiver(const TeamSync &t, const MoeLayer &m) {
     int64_t *view_so = t.mine<int64_t>(m.view_so);
     uint32_t *count = t.mine<uint32_t>(m.scratch);  // [expert][owner]
     uint32_t *per_source = count + static_cast<uint64_t>(owners) * (n + ne);  // [expert][source]
+    // The node-aware form: each source's first row in source-major order,
+    // and where its run was staged (both 0 for a source with no rows).
+    uint32_t *run_at = per_source + static_cast<uint64_t>(ne) * n;
+    uint32_t *run_start = run_at + n;
     uint8_t *stage = t.mine<uint8_t>(m.stage);
     const Range mine = owned(static_cast<uint64_t>(total), o, owners);
     if (o < owners)
         for (int e = 0; e < ne; e++) count[static_cast<uint64_t>(e) * owners + o] = 0;
     for (int i = o; i < ne * n; i += blockDim.x) per_source[i] = 0;
+    if (by_origin) {
+        for (int s = o; s < n; s += blockDim.x) run_at[s] = run_start[s] = 0;
+        __syncthreads();
+        // Runs: a row whose source differs from the row before starts one;
+        // its length goes into run_at for now.
+        for (uint64_t r = o; r < static_cast<uint64_t>(total); r += blockDim.x) {
+            const int s = row_origin(stage, r, m);
+            if (r == 0 || row_origin(stage, r - 1, m) != s) run_start[s] = static_cast<uint32_t>(r);
+            if (r + 1 == static_cast<uint64_t>(total) || row_origin(stage, r + 1, m) != s)
+                run_at[s] = static_cast<uint32_t>(r + 1);  // the run's end
+        }
+        __syncthreads();
+        if (o == 0) {
+            uint32_t at = 0;
+            for (int s = 0; s < n; s++) {
+                const uint32_t len = run_at[s] > 0 ? run_at[s] - run_start[s] : 0;
+                run_at[s] = at;
+                at += len;
+            }
+        }
+    }
     __syncthreads();
-    // The source of row `r`: rows come source-major.
-    auto source_of = [&](uint64_t r, int from) {
+    // The source of source-major row `v` (from `from` on), and its staged row.
+    auto source_of = [&](uint64_t v, int from) {
         int s = from;
-        while (s + 1 < n && r >= static_cast<uint64_t>(so[n + s + 1])) s++;
+        if (by_origin) {
+            while (s + 1 < n && v >= run_at[s + 1]) s++;
+        } else {
+            while (s + 1 < n && v >= static_cast<uint64_t>(so[n + s + 1])) s++;
+        }
         return s;
     };
+    auto staged_row = [&](uint64_t v, int s) { return by_origin ? v - run_at[s] + run_start[s] : v; };
     int s = source_of(mine.lo, 0);
-    for (uint64_t r = mine.lo; r < mine.hi; r++) {
-        s = source_of(r, s);
-        const WireSlot *slots = wire_slots(stage + r * m.stride, m);
+    for (uint64_t v = mine.lo; v < mine.hi; v++) {
+        s = source_of(v, s);
+        const WireSlot *slots = wire_slots(stage + staged_row(v, s) * m.stride, m);
         for (int j = 0; j < m.top_k; j++) {
             const int e = slots[j].at;
             if (e < 0 || e >= ne) continue;
@@ -309,8 +423,10 @@ __device__ void route_receiver(const TeamSync &t, const MoeLayer &m) {
         arrivals.placed[i] = 0;
         if (per_source[i] == 0) st_release64(arrivals.flags + i, epoch);
     }
-    for (uint64_t r = mine.lo; r < mine.hi; r++) {
-        WireSlot *slots = wire_slots(stage + r * m.stride, m);
+    s = source_of(mine.lo, 0);
+    for (uint64_t v = mine.lo; v < mine.hi; v++) {
+        s = source_of(v, s);
+        WireSlot *slots = wire_slots(stage + staged_row(v, s) * m.stride, m);
         for (int j = 0; j < m.top_k; j++) {
             const int e = slots[j].at;
             if (e < 0 || e >= ne) {
@@ -345,10 +461,38 @@ __device__ void gather_fp8(const TeamSync &t, const MoeLayer &m, int64_t tok, ui
     }
 }
 
+// Phase 0 of the gather on the forwarder: each rail row into its node
+// rows, a block a slot: the payload as it came, the token field too, the
+// slots of the destination PE.
+__device__ void gather_forward(const TeamSync &t, const MoeLayer &m, int64_t nt) {
+    const ForwardSlots in{t.mine<uint8_t>(m.forward_in), &m};
+    const int64_t *slot_rows = t.mine<int64_t>(m.slot_rows);
+    const uint64_t slots = static_cast<uint64_t>(nt) * m.top_k;
+    for (uint64_t s = blockIdx.x; s < slots; s += gridDim.x) {
+        const int64_t r = s / m.top_k;
+        const int j = s % m.top_k;
+        if (!in.first(r, j)) continue;
+        const int64_t d = in.dest(r, j);
+        const uint8_t *from = in.rows + r * m.stride;
+        uint8_t *row = t.mine<uint8_t>(m.send + slot_rows[s] * m.stride);
+        block_copy(row, from, m.meta + 8);
+        const WireSlot *got = reinterpret_cast<const WireSlot *>(from + m.meta + 8);
+        WireSlot *meta = wire_slots(row, m);
+        for (int i = threadIdx.x; i < m.top_k; i += blockDim.x) {
+            const int32_t e = got[i].at;
+            meta[i] = WireSlot{e >= 0 && e / m.ne == d ? e % m.ne : -1, got[i].weight};
+        }
+    }
+}
+
 // Phase 0 of the gather: each token into its wire rows, a block a slot.
 __device__ void gather_source(const TeamSync &t, const MoeLayer &m) {
     const int64_t nt = *t.mine<int64_t>(m.state);
     if (nt < 0) return;  // the route failed: nothing is sent
+    if (m.forward_in != 0) {
+        gather_forward(t, m, nt);
+        return;
+    }
     const int64_t *ids = t.mine<int64_t>(m.ids);
     const float *w = t.mine<float>(m.weights);
     const int64_t *slot_rows = t.mine<int64_t>(m.slot_rows);
@@ -364,7 +508,9 @@ __device__ void gather_source(const TeamSync &t, const MoeLayer &m) {
         } else {
             gather_fp8(t, m, tok, row);
         }
-        if (threadIdx.x == 0) *wire_token(row, m) = tok;
+        // The node-aware form's rows name their source PE too.
+        if (threadIdx.x == 0)
+            *wire_token(row, m) = m.origin > 0 ? static_cast<int64_t>(m.origin - 1) << kOriginShift | tok : tok;
         WireSlot *meta = wire_slots(row, m);
         for (int i = threadIdx.x; i < m.top_k; i += blockDim.x) {
             const int64_t g = ids[tok * m.top_k + i];
@@ -414,7 +560,7 @@ __device__ void gather_receiver(const TeamSync &t, const MoeLayer &m) {
             const int s = staged_source(t, m, r);
             const int e = view_expert(t, m, s, slots[j].at);
             if (e < 0) continue;
-            const int pair = e * t.n + s;
+            const int pair = e * view_sources(t, m) + s;
             count_placed(arrivals, pair, static_cast<uint32_t>(view_so[pair]), epoch);
         }
     }
@@ -451,15 +597,23 @@ template <typename T> __device__ void combine_experts(const TeamSync &t, const M
 }
 
 // Phase 1 of the combine: each token's partials in ascending PE order, a
-// block a token.
+// block a token (on the node-aware form's forwarder, each rail row's
+// node partials, into rows of `out_stride` bytes for the rail's exchange,
+// which fails where this one did).
 template <typename T> __device__ void combine_source(const TeamSync &t, const MoeLayer &m) {
     using A = typename Acc<T>::type;
+    const bool first = blockIdx.x == 0 && threadIdx.x == 0;
+    if (first && m.next_so != 0) t.mine<int64_t>(m.next_so)[0] = -1;  // a good exchange overwrites it
     const int64_t nt = *t.mine<int64_t>(m.state);
-    if (nt < 0 || t.mine<int64_t>(m.back_so)[0] < 0) return;
+    if (nt < 0 || t.mine<int64_t>(m.back_so)[0] < 0) {
+        if (first && m.fail_splits != 0) t.mine<int64_t>(m.fail_splits)[0] = -1;
+        return;
+    }
     const int64_t *slot_rows = t.mine<int64_t>(m.slot_rows);
     const uint8_t *back = t.mine<uint8_t>(m.send);
-    T *out = t.mine<T>(m.out);
+    const int64_t out_stride = m.out_stride > 0 ? m.out_stride : m.hidden * static_cast<int64_t>(sizeof(T));
     for (int64_t tok = blockIdx.x; tok < nt; tok += gridDim.x) {
+        T *out = t.mine<T>(m.out + tok * out_stride);
         const int64_t *rows = slot_rows + tok * m.top_k;
         for (int64_t h = threadIdx.x; h < m.hidden; h += blockDim.x) {
             A acc = 0;
@@ -472,7 +626,7 @@ template <typename T> __device__ void combine_source(const TeamSync &t, const Mo
                 acc = add(acc, to_acc(reinterpret_cast<const T *>(back + next * m.back_stride)[h]));
                 last = next;
             }
-            out[tok * m.hidden + h] = from_acc<T>(acc);
+            out[h] = from_acc<T>(acc);
         }
     }
 }

@@ -69,9 +69,9 @@ const ROUTE_THREADS_BOUND: usize = 1024;
 /// (its `memory_bytes`: the wire rows out, `tokens × min(topk, n)`; in,
 /// `tokens × n`; the view, `tokens × n × min(topk, experts_per_pe)` rows
 /// plus each expert's padding; splits, slot map, scratch and arrival
-/// flags; with `--fp8` the FP8 exchange's partials, codes and scales), and the
-/// bench's own inputs and output, with 4 KiB for each allocation's
-/// alignment. 0 where there is no routing (`--topk` too large).
+/// flags; with `--fp8` the FP8 exchange's partials, codes and scales),
+/// and the bench's own inputs and output, with 4 KiB for each
+/// allocation's alignment. 0 where there is no routing (`--topk` too large).
 pub(super) fn heap_bytes(args: &Args, n: usize) -> usize {
     if crate::moe::check(args, n).is_err() {
         return 0;
@@ -178,8 +178,10 @@ impl Routing {
 }
 
 /// The combine's result for PE `me`'s tokens with identity experts, as
-/// [`MoeAllToAll`] defines it (see the module's doc).
-fn expected_combine<T: Value + CombineElement>(r: &Routing, tokens: &[T], me: usize) -> Vec<T> {
+/// [`MoeAllToAll`] defines it (see the module's doc): in the node-aware
+/// form the partials summed by nodes of `per_node` PEs first, each node's
+/// sum rounded (`per_node` = `n` in the flat form).
+fn expected_combine<T: Value + CombineElement>(r: &Routing, tokens: &[T], me: usize, per_node: usize) -> Vec<T> {
     let (h, k, ne) = (r.shape.hidden, r.shape.topk, r.shape.experts_per_pe);
     let picks = &r.picks[me];
     let mut out = Vec::with_capacity(tokens.len());
@@ -189,9 +191,22 @@ fn expected_combine<T: Value + CombineElement>(r: &Routing, tokens: &[T], me: us
             dests.iter().map(|&d| (0..k).filter(|&j| picks[t * k + j] / ne == d).collect()).collect();
         for &x in &tokens[t * h..(t + 1) * h] {
             let mut acc = T::zero();
-            for s in &slots {
-                let partial = s.iter().fold(T::zero(), |a, &j| T::weigh(a, weight(k, j), x));
-                acc = T::add(acc, T::from_acc(partial));
+            // (node, the sum of its partials so far); destinations ascend.
+            let mut node: Option<(usize, T::Acc)> = None;
+            for (&d, s) in dests.iter().zip(&slots) {
+                let partial = T::from_acc(s.iter().fold(T::zero(), |a, &j| T::weigh(a, weight(k, j), x)));
+                node = match node {
+                    Some((b, sum)) if b == d / per_node => Some((b, T::add(sum, partial))),
+                    other => {
+                        if let Some((_, sum)) = other {
+                            acc = T::add(acc, T::from_acc(sum));
+                        }
+                        Some((d / per_node, T::add(T::zero(), partial)))
+                    }
+                };
+            }
+            if let Some((_, sum)) = node {
+                acc = T::add(acc, T::from_acc(sum));
             }
             out.push(T::from_acc(acc));
         }
@@ -313,7 +328,8 @@ impl Bench<'_> {
             let (chunks, view_rows) = r.layer_view(me);
             let want_view = pattern.chunks::<T>(&chunks, hidden);
             let want_so = r.layer_so(me);
-            let want_out = expected_combine(r, &own, me);
+            let per_node = if moe.node_aware() { ctx.node().n_pes() } else { n };
+            let want_out = expected_combine(r, &own, me, per_node);
             let settings = Imp::Shmem.settings(self.args.tuning()).expect("a shmem row");
             for &op in ops {
                 if !self.runs(Imp::Shmem, op, shape.bytes(elem)) {

@@ -88,6 +88,7 @@ mod arrivals;
 mod device;
 mod fp8;
 mod layer;
+mod nodes;
 pub(crate) mod plan;
 pub use arrivals::{Arrivals, DeviceMoeArrivals};
 pub use fp8::{Fp8DeviceTokens, Fp8Out, Fp8Tokens, Fp8View};

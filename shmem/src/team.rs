@@ -259,6 +259,9 @@ pub(crate) struct TeamState {
     pub(crate) uid: u64,
     /// Where the members are: on this PE's node, or on others.
     pub(crate) span: crate::control::Span,
+    /// How the members spread over nodes (fixed with the members: the
+    /// collectives read it on every call).
+    pub(crate) shape: crate::algo::NodeShape,
 }
 
 impl TeamState {
@@ -276,9 +279,24 @@ impl TeamState {
         let me = ctl.me();
         let my_index = members.iter().position(|&m| m == me).expect("a team state exists only on its members");
         let span = ctl.span(&members);
+        let shape = crate::algo::NodeShape::of(slot == 0, &members, |pe| ctl.node_of(pe));
         let bases = vec![0; members.len()];
         let (arrivals, seq, agreements) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
-        TeamState { ctx_id, slot, members, my_index, bases, arrivals, seq, agreements, owner, nv_team, uid, span }
+        TeamState {
+            ctx_id,
+            slot,
+            members,
+            my_index,
+            bases,
+            arrivals,
+            seq,
+            agreements,
+            owner,
+            nv_team,
+            uid,
+            span,
+            shape,
+        }
     }
 }
 

@@ -24,6 +24,7 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("moe::layer_weighted_combine", layer_weighted_combine),
     ("moe::layer_on_device", layer_on_device),
     ("moe::layer_memory", layer_memory),
+    ("moe::layer_net_bytes", layer_net_bytes),
     ("moe::errors::negative_split", err_negative_split),
     ("moe::errors::splits_exceed_input", err_splits_exceed_input),
     ("moe::errors::output_overflow", err_output_overflow),
@@ -763,26 +764,44 @@ fn expected_sent<T>(r: &Routing<T>, c: &MoeConfig, n: usize) -> Vec<i64> {
     sent
 }
 
+/// PEs a node as `moe`'s combine groups them: the node's in the
+/// node-aware form, the world's (one group) in the flat one.
+pub fn combine_group<T: shmem::Element>(env: &Env, moe: &MoeAllToAll<T>) -> usize {
+    if moe.node_aware() {
+        env.ctx.node().n_pes()
+    } else {
+        env.n()
+    }
+}
+
 /// The combine's result for PE `me`'s tokens as `MoeAllToAll` defines it:
 /// on each expert PE the weighted sum of that PE's slots in slot order,
-/// rounded to `T`; then those partials summed in PE order, rounded.
-fn expected_combine<T: Float>(r: &Routing<T>, c: &MoeConfig, n: usize) -> Vec<T> {
+/// rounded to `T`; those partials summed by groups of `group` PEs (the
+/// nodes in the node-aware form) in PE order, rounded; those sums in
+/// group order, rounded.
+fn expected_combine<T: Float>(r: &Routing<T>, c: &MoeConfig, n: usize, group: usize) -> Vec<T> {
     let (h, k, ne) = (c.hidden, c.top_k, c.experts_per_pe);
     let mut out = Vec::with_capacity(r.tokens.len());
     for t in 0..r.ids.len() / k {
         for i in 0..h {
             let x = r.tokens[t * h + i];
             let mut acc = T::zero();
-            for d in 0..n {
-                let slots: Vec<usize> = (0..k).filter(|&j| r.ids[t * k + j] as usize / ne == d).collect();
-                if slots.is_empty() {
-                    continue;
+            for node in 0..n / group {
+                let mut node_acc = None;
+                for d in node * group..(node + 1) * group {
+                    let slots: Vec<usize> = (0..k).filter(|&j| r.ids[t * k + j] as usize / ne == d).collect();
+                    if slots.is_empty() {
+                        continue;
+                    }
+                    let partial = slots.iter().fold(T::zero(), |a, &j| {
+                        let g = r.ids[t * k + j] as usize;
+                        T::weigh(a, r.weights[t * k + j], expert(g, x))
+                    });
+                    node_acc = Some(T::add(node_acc.unwrap_or(T::zero()), T::from_acc(partial)));
                 }
-                let partial = slots.iter().fold(T::zero(), |a, &j| {
-                    let g = r.ids[t * k + j] as usize;
-                    T::weigh(a, r.weights[t * k + j], expert(g, x))
-                });
-                acc = T::add(acc, T::from_acc(partial));
+                if let Some(sum) = node_acc {
+                    acc = T::add(acc, T::from_acc(sum));
+                }
             }
             out.push(T::from_acc(acc));
         }
@@ -855,7 +874,7 @@ fn dispatch_and_combine<T: Float>(
         view.copy_from_host(&got, s)?;
     }
     let out = moe.combine(view, &layout, s)?;
-    let want = if identity { mine.tokens.clone() } else { expected_combine(mine, &c, n) };
+    let want = if identity { mine.tokens.clone() } else { expected_combine(mine, &c, n, combine_group(env, moe)) };
     assert_bits_eq(&out, &want, &format!("{what}: combined"));
     Ok(())
 }
@@ -1162,5 +1181,121 @@ fn on_device<T: Float>(env: &Env, c: MoeConfig, spread: Spread) -> TestResult {
         assert_bits_eq(&got[nt * c.hidden..], &poisoned, &format!("{what}: rows past the tokens"));
     }
     env.ctx.check_device()?;
+    Ok(())
+}
+
+/// The bytes of a wire row of `hidden` elements of `elem` bytes and
+/// `top_k` slots, as the layer lays it out (also its combine's rows, in
+/// the native format).
+fn wire_stride(hidden: usize, elem: usize, top_k: usize) -> usize {
+    ((hidden * elem).next_multiple_of(8) + 8 + 8 * top_k).next_multiple_of(16)
+}
+
+/// Distinct (token, node other than `pe`'s) pairs of `r`: the rows the
+/// node-aware layer sends across the network for PE `pe`, with `per_node`
+/// PEs a node; and of those, the ones bound for `node`.
+fn remote_pairs<T>(r: &Routing<T>, c: &MoeConfig, pe: usize, per_node: usize, node: Option<usize>) -> usize {
+    let width = c.experts_per_pe * per_node;
+    r.ids
+        .chunks(c.top_k)
+        .map(|t| {
+            let mut nodes: Vec<usize> = t.iter().map(|&g| g as usize / width).collect();
+            nodes.sort_unstable();
+            nodes.dedup();
+            nodes.iter().filter(|&&b| b != pe / per_node && node.is_none_or(|x| x == b)).count()
+        })
+        .sum()
+}
+
+/// The layer's traffic with other nodes, per PE, on `dispatch_on_device`
+/// and `combine_on_device`: in the node-aware form each token crosses to
+/// each other node it is routed to once, and comes back once. On the
+/// host backend, which reads what it receives, a PE's count is exact:
+/// the dispatch reads the rail rows its rail peers sent to its node
+/// (`stride` bytes each), the combine the rows of its own tokens coming
+/// back, both plus the rail peers' splits (`N` i64 from each of the `N −
+/// 1`). On the gpu backend, which puts what it sends, a PE's puts are at
+/// least its own rows (its tokens' pairs in the dispatch, the rows its
+/// rail peers sent it in the combine), and everything it moves at most
+/// those plus the exchanges' splits and offsets. One node: nothing.
+fn layer_net_bytes(env: &Env) -> TestResult {
+    let n = env.n();
+    for (top_k, ne, spread) in [
+        (1, 2, Spread::Random),
+        (2, 2, Spread::Random),
+        (4, 3, Spread::Random),
+        (8, 4, Spread::Random),
+        (2, 4, Spread::OnePe),
+        (n, 1, Spread::EveryPe),
+        (2, 2, Spread::Nothing),
+    ] {
+        net_bytes::<f32>(env, MoeConfig::new(16, 9, ne, top_k), spread)?;
+    }
+    net_bytes::<bf16>(env, MoeConfig::new(40, 5, 2, 3).major_align(8), Spread::Random)
+}
+
+fn net_bytes<T: Float>(env: &Env, c: MoeConfig, spread: Spread) -> TestResult {
+    let (n, me, s) = (env.n(), env.me(), &env.s);
+    if !routable(&c, n, spread) {
+        return Ok(());
+    }
+    let moe = MoeAllToAll::<T>::new(&env.ctx, c)?;
+    let seed = env.fresh_seed();
+    let all: Vec<Routing<T>> = (0..n)
+        .map(|pe| {
+            let mut r = routing::<T>(seed, pe, n, &c, spread, &exact_weight(c.top_k));
+            r.tokens.iter_mut().enumerate().for_each(|(i, x)| *x = coarse(seed, pe, i));
+            r
+        })
+        .collect();
+    let mine = &all[me];
+    let nt = mine.ids.len() / c.top_k;
+    let tokens = env.ctx.alloc::<T>(c.max_tokens * c.hidden)?;
+    let ids = env.ctx.alloc::<i64>(c.max_tokens * c.top_k)?;
+    let weights = env.ctx.alloc::<f32>(c.max_tokens * c.top_k)?;
+    let count = buffer(env, &[nt as i64])?;
+    let out = env.ctx.alloc::<T>(c.max_tokens * c.hidden)?;
+    tokens.slice(..mine.tokens.len()).copy_from_host(&mine.tokens, s)?;
+    ids.slice(..mine.ids.len()).copy_from_host(&mine.ids, s)?;
+    weights.slice(..mine.weights.len()).copy_from_host(&mine.weights, s)?;
+    out.fill(poison(), s)?;
+    let before = env.ctx.net_traffic(s)?;
+    let view = moe.dispatch_on_device(&tokens, &ids, &weights, &count, s)?;
+    let dispatched = env.ctx.net_traffic(s)?.since(&before);
+    let before = env.ctx.net_traffic(s)?;
+    moe.combine_on_device(view, &out, s)?;
+    let combined = env.ctx.net_traffic(s)?.since(&before);
+    let got = out.copy_to_host(s)?;
+    let what = format!("net bytes of {c:?} {} {spread:?} on PE {me}", T::DTYPE);
+    assert_bits_eq(&got[..nt * c.hidden], &mine.tokens, &format!("{what}: combined"));
+    if !moe.node_aware() {
+        if env.ctx.node().n_pes() == n {
+            assert_eq!((dispatched.bytes(), combined.bytes()), (0, 0), "{what}: one node");
+        }
+        return Ok(());
+    }
+    let l = env.ctx.node().n_pes();
+    let nodes = n / l;
+    let stride = wire_stride(c.hidden, size_of::<T>(), c.top_k);
+    // Rows this PE sends over its rail, and rows its rail peers send it.
+    let out_rows = remote_pairs(mine, &c, me, l, None);
+    let in_rows: usize = (0..nodes)
+        .map(|a| a * l + me % l)
+        .filter(|&p| p != me)
+        .map(|p| remote_pairs(&all[p], &c, p, l, Some(me / l)))
+        .sum();
+    let splits = (nodes - 1) * nodes * 8;
+    if env.s.cuda_stream().is_none() {
+        assert_eq!(dispatched.bytes_put, 0, "{what}: the host backend reads");
+        assert_eq!(dispatched.bytes_got as usize, in_rows * stride + splits, "{what}: dispatch");
+        assert_eq!(combined.bytes_got as usize, out_rows * stride + splits, "{what}: combine");
+    } else {
+        let metadata = 4 * (nodes - 1) * 2 * nodes * 8;
+        for (step, t, rows) in [("dispatch", dispatched, out_rows), ("combine", combined, in_rows)] {
+            let (put, all) = (t.bytes_put as usize, t.bytes() as usize);
+            assert!(put >= rows * stride, "{what}: {step} put {put} bytes, fewer than its {rows} rows");
+            assert!(all <= rows * stride + metadata, "{what}: {step} moved {all} bytes, more than {rows} rows");
+        }
+    }
     Ok(())
 }

@@ -493,8 +493,26 @@ pub(crate) struct MoeLayer {
     pub fp8: i32,
     /// The receiver's phase of the FP8 format: 1 to write the bf16 view too.
     pub dequantize: i32,
-    /// `ne × n` u64 arrival flags (entry `expert × n + source`), then the
-    /// epoch word (see `MoeAllToAll::arrivals`).
+    /// The node-aware form (all 0 in the flat one): the forwarder's input,
+    /// the rail stage's rows.
+    pub forward_in: u64,
+    /// `2 × nodes` i64: the rail exchange's out splits/offsets.
+    pub forward_so: u64,
+    /// The forwarder's combine: the rail combine exchange's out
+    /// splits/offsets, which it poisons.
+    pub next_so: u64,
+    /// The forwarder's combine: the rail combine's in_splits, poisoned
+    /// where that exchange must fail.
+    pub fail_splits: u64,
+    /// Bytes between the combine's result rows; 0: `hidden` elements.
+    pub out_stride: i64,
+    /// The rail route: 1 + this PE, carried in the token field; 0 in the flat form.
+    pub origin: i32,
+    /// The node stage's receiver: source PEs of the view; 0: the team's.
+    pub view_n: i32,
+    /// `ne × n` u64 arrival flags (`n` the view's sources; entry
+    /// `expert × n + source`), the epoch word, the placement counters
+    /// (see `MoeAllToAll::arrivals`).
     pub arrivals: u64,
 }
 
@@ -503,8 +521,15 @@ pub(crate) const FP8_QUANTIZE: i32 = 1;
 /// `MoeLayer::fp8`: e4m3 on the wire, from codes and scales the caller gave.
 pub(crate) const FP8_PRE_QUANTIZED: i32 = 2;
 
-const _: () = assert!(size_of::<MoeLayer>() == 248);
-const _: () = assert!(offset_of!(MoeLayer, arrivals) == 240);
+const _: () = assert!(size_of::<MoeLayer>() == 296);
+const _: () = assert!(offset_of!(MoeLayer, forward_in) == 240);
+const _: () = assert!(offset_of!(MoeLayer, forward_so) == 248);
+const _: () = assert!(offset_of!(MoeLayer, next_so) == 256);
+const _: () = assert!(offset_of!(MoeLayer, fail_splits) == 264);
+const _: () = assert!(offset_of!(MoeLayer, out_stride) == 272);
+const _: () = assert!(offset_of!(MoeLayer, origin) == 280);
+const _: () = assert!(offset_of!(MoeLayer, view_n) == 284);
+const _: () = assert!(offset_of!(MoeLayer, arrivals) == 288);
 const _: () = assert!(offset_of!(MoeLayer, tokens) == 0);
 const _: () = assert!(offset_of!(MoeLayer, token_scales) == 184);
 const _: () = assert!(offset_of!(MoeLayer, partials) == 192);

@@ -117,9 +117,7 @@ impl Team {
     /// where they run flat.
     pub(crate) fn rails(&self) -> Option<Rails> {
         let cfg = *self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner());
-        let ctl = &self.ctx.ctl;
-        let members = &self.state.members;
-        let shape = crate::algo::NodeShape::of(self.state.slot == 0, members, |pe| ctl.node_of(pe));
+        let shape = self.state.shape;
         if !crate::algo::node_aware(shape, cfg.across_nodes, cfg.force_rma) {
             return None;
         }

@@ -4,6 +4,7 @@
 //! the host, so a dispatch and a combine can be captured in a CUDA graph.
 
 use super::layer::{CombineElement, DeviceTokens, MoeAllToAll};
+use super::nodes::Rails;
 use crate::buffer::SymSlice;
 use crate::context::Stream;
 use crate::dtype::Element;
@@ -68,6 +69,9 @@ impl<T: Element> MoeAllToAll<T> {
         let (c, n, ctx) = (self.config, self.team.n_pes(), &self.team.ctx);
         let st = g.stream(stream).cu_stream();
         let fp8 = if self.wire.fp8 { FP8_QUANTIZE } else { 0 };
+        if let Some(r) = &self.rails {
+            return self.dispatch_nodes_gpu(g, r, pre, tokens, (ids, weights, count), dequantize, stream);
+        }
         let pre = pre.and_then(|_| {
             let k = g.kernels.as_ref().ok_or_else(not_built)?;
             let t = k.team(self.team.state.slot, &self.team.state.members, false)?;
@@ -107,6 +111,9 @@ impl<T: CombineElement> MoeAllToAll<T> {
     ) -> Result<()> {
         let (c, n, ctx) = (self.config, self.team.n_pes(), &self.team.ctx);
         let st = g.stream(stream).cu_stream();
+        if let Some(r) = &self.rails {
+            return self.combine_nodes_gpu(g, r, pre, outputs, out, stream);
+        }
         let args = |phase| -> Result<MoeLayer> {
             Ok(MoeLayer {
                 outputs: outputs.region(ctx)?.offset as u64,
@@ -123,5 +130,117 @@ impl<T: CombineElement> MoeAllToAll<T> {
         let k = g.kernels.as_ref().ok_or_else(not_built)?;
         let t = k.team(self.team.state.slot, &self.team.state.members, false)?;
         k.moe_combine(T::DTYPE, t, args(1)?, c.max_tokens, st)
+    }
+}
+
+impl<T: Element> MoeAllToAll<T> {
+    /// The rail stage's arguments: destinations are nodes of
+    /// `L × experts_per_pe` experts, the rows name this PE.
+    fn rail_args(&self, r: &Rails, phase: i32) -> MoeLayer {
+        MoeLayer {
+            send: r.send.offset as u64,
+            stage: r.stage.offset as u64,
+            send_splits: r.splits.offset as u64,
+            stage_so: r.stage_so.offset as u64,
+            back_so: r.back_so.offset as u64,
+            ne: (self.config.experts_per_pe * r.per_node) as i32,
+            origin: self.team.my_pe() as i32 + 1,
+            ..self.layer_args(phase)
+        }
+    }
+
+    /// The node stage's arguments on the forwarder and the receiver: the
+    /// rail's staged rows as tokens, the world's PEs as the view's sources.
+    fn node_args(&self, r: &Rails, phase: i32) -> MoeLayer {
+        MoeLayer {
+            forward_in: r.stage.offset as u64,
+            forward_so: r.stage_so.offset as u64,
+            slot_rows: r.slot_rows.offset as u64,
+            state: r.state.offset as u64,
+            view_n: self.team.n_pes() as i32,
+            ..self.layer_args(phase)
+        }
+    }
+
+    /// The node-aware dispatch on the GPU backend: the rail route and
+    /// gather, the rail's exchange, the forwarder's route and gather over
+    /// the node, the node's exchange, the receiver's expansion.
+    #[allow(clippy::too_many_arguments)]
+    fn dispatch_nodes_gpu(
+        &self,
+        g: &GpuWorld,
+        r: &Rails,
+        pre: Result<()>,
+        tokens: DeviceTokens<'_, T>,
+        (ids, weights, count): (SymSlice<'_, i64>, SymSlice<'_, f32>, SymSlice<'_, i64>),
+        dequantize: bool,
+        stream: &Stream,
+    ) -> Result<()> {
+        let (c, ctx, w) = (self.config, &self.team.ctx, self.wire);
+        let st = g.stream(stream).cu_stream();
+        let fp8 = if w.fp8 { FP8_QUANTIZE } else { 0 };
+        let (tokens, token_scales, mode) = match tokens {
+            DeviceTokens::Plain(x) => (x.region(ctx)?.offset, 0, fp8),
+            DeviceTokens::Codes(q, s) => (q.region(ctx)?.offset, s.region(ctx)?.offset, FP8_PRE_QUANTIZED),
+        };
+        let (ids, weights, count) = (ids.region(ctx)?.offset, weights.region(ctx)?.offset, count.region(ctx)?.offset);
+        self.agree_world(pre.and_then(|_| g.kernels.as_ref().map(|_| ()).ok_or_else(not_built)), stream)?;
+        let k = g.kernels.as_ref().ok_or_else(not_built)?;
+        let rail = k.team(r.rail.state.slot, &r.rail.state.members, false)?;
+        let node = k.team(r.node.state.slot, &r.node.state.members, false)?;
+        let m = MoeLayer {
+            tokens: tokens as u64,
+            token_scales: token_scales as u64,
+            ids: ids as u64,
+            weights: weights as u64,
+            n_tokens: count as u64,
+            fp8: mode,
+            ..self.rail_args(r, 0)
+        };
+        k.moe_route(rail, m, c.max_tokens * c.top_k, st)?;
+        r.rail.all_to_all_v_any(OpKind::AllToAllV, self.rail_out_buffers(), w.stride, 0, Ok(()), stream)?;
+        let forwarded = c.rail_stage_rows(r.nodes).unwrap_or(0) * c.top_k;
+        k.moe_route(node, MoeLayer { fp8, ..self.node_args(r, 0) }, forwarded, st)?;
+        r.node.all_to_all_v_any(OpKind::AllToAllV, self.out_buffers(), w.stride, 0, Ok(()), stream)?;
+        let m = MoeLayer { fp8, dequantize: i32::from(dequantize), ..self.node_args(r, 1) };
+        k.moe_route(node, m, self.team.n_pes() * c.max_tokens, st)
+    }
+}
+
+impl<T: CombineElement> MoeAllToAll<T> {
+    /// The node-aware combine on the GPU backend: the expert side's
+    /// partials, the node's exchange back, the forwarder's sums, the
+    /// rail's exchange back, the source's sums.
+    fn combine_nodes_gpu(
+        &self,
+        g: &GpuWorld,
+        r: &Rails,
+        pre: Result<()>,
+        outputs: SymSlice<'_, T>,
+        out: SymSlice<'_, T>,
+        stream: &Stream,
+    ) -> Result<()> {
+        let (c, ctx, w) = (self.config, &self.team.ctx, self.wire);
+        let st = g.stream(stream).cu_stream();
+        let (outputs, out) = (outputs.region(ctx)?.offset as u64, out.region(ctx)?.offset as u64);
+        self.agree_world(pre.and_then(|_| g.kernels.as_ref().map(|_| ()).ok_or_else(not_built)), stream)?;
+        let k = g.kernels.as_ref().ok_or_else(not_built)?;
+        let rail = k.team(r.rail.state.slot, &r.rail.state.members, false)?;
+        let node = k.team(r.node.state.slot, &r.node.state.members, false)?;
+        let experts = MoeLayer { outputs, ..self.node_args(r, 0) };
+        k.moe_combine(T::DTYPE, node, experts, self.team.n_pes() * c.max_tokens, st)?;
+        r.node.all_to_all_v_any(OpKind::AllToAllV, self.back_buffers(), w.back_stride, 0, Ok(()), stream)?;
+        let sums = r.partials.as_ref().map_or(&r.stage, |p| p);
+        let forward = MoeLayer {
+            out: sums.offset as u64,
+            out_stride: w.back_stride as i64,
+            next_so: r.back_so.offset as u64,
+            fail_splits: r.stage_so.offset as u64,
+            ..self.node_args(r, 1)
+        };
+        let rows = c.rail_stage_rows(r.nodes).unwrap_or(0);
+        k.moe_combine(T::DTYPE, node, forward, rows, st)?;
+        r.rail.all_to_all_v_any(OpKind::AllToAllV, self.rail_back_buffers(), w.back_stride, 0, Ok(()), stream)?;
+        k.moe_combine(T::DTYPE, rail, MoeLayer { out, ..self.rail_args(r, 1) }, c.max_tokens, st)
     }
 }

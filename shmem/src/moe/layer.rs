@@ -51,6 +51,7 @@
 //! only grow: nothing is reset, and replays of a CUDA graph advance the
 //! epoch on the device. See [`Arrivals`](super::Arrivals).
 
+use super::nodes::{node_aware_shape, Rails};
 use crate::buffer::{SymSlice, SymmetricBuffer};
 use crate::context::{Context, Stream};
 use crate::dtype::Element;
@@ -219,14 +220,21 @@ impl Wire {
         i64::from_ne_bytes(row[self.meta..self.meta + 8].try_into().expect("8 bytes")) as usize
     }
 
+    /// The (source PE, token) of a row of the node-aware form, whose token
+    /// field carries its source in the high 32 bits (see [`ORIGIN_SHIFT`]).
+    pub(super) fn origin(&self, row: &[u8]) -> (usize, usize) {
+        let field = self.token(row);
+        (field >> ORIGIN_SHIFT, field & ((1 << ORIGIN_SHIFT) - 1))
+    }
+
     /// Slot `j`: the destination's local expert (or -1) and the weight.
-    fn slot(&self, row: &[u8], j: usize) -> (i32, f32) {
+    pub(super) fn slot(&self, row: &[u8], j: usize) -> (i32, f32) {
         let at = self.meta + 8 + 8 * j;
         let e = i32::from_ne_bytes(row[at..at + 4].try_into().expect("4 bytes"));
         (e, f32::from_ne_bytes(row[at + 4..at + 8].try_into().expect("4 bytes")))
     }
 
-    fn set_meta(&self, row: &mut [u8], token: usize, slots: impl Iterator<Item = (i32, f32)>) {
+    pub(super) fn set_meta(&self, row: &mut [u8], token: usize, slots: impl Iterator<Item = (i32, f32)>) {
         row[self.meta..self.meta + 8].copy_from_slice(&(token as i64).to_ne_bytes());
         for (j, (e, w)) in slots.enumerate() {
             let at = self.meta + 8 + 8 * j;
@@ -236,15 +244,19 @@ impl Wire {
     }
 }
 
+/// Where the node-aware form's wire rows keep their source PE in the token
+/// field: above the token (tokens fit 31 bits, checked at construction).
+pub(super) const ORIGIN_SHIFT: usize = 32;
+
 /// The bytes of `xs`.
-fn bytes_of<T: Element>(xs: &[T]) -> &[u8] {
+pub(super) fn bytes_of<T: Element>(xs: &[T]) -> &[u8] {
     // SAFETY: Element types are plain data without padding (the trait's
     // contract), so every byte of `xs` is initialised; u8 needs no alignment.
     unsafe { std::slice::from_raw_parts(xs.as_ptr().cast::<u8>(), size_of_val(xs)) }
 }
 
 /// Fills `out` from the first bytes of `bytes` (any alignment).
-fn read_elems<T: Element>(bytes: &[u8], out: &mut [T]) {
+pub(super) fn read_elems<T: Element>(bytes: &[u8], out: &mut [T]) {
     let len = size_of_val(out);
     assert!(bytes.len() >= len, "a wire row holds the token's elements");
     // SAFETY: `bytes` holds `len` bytes (checked) and does not overlap
@@ -323,10 +335,19 @@ pub struct Layout {
     /// its wire rows in send order, which is ascending destination PE.
     token_start: Vec<usize>,
     token_rows: Vec<usize>,
-    /// Wire rows received from each PE.
+    /// Wire rows received from each member of the team of the exchange
+    /// that staged them: the world, or in the node-aware form the node.
     received: Vec<i64>,
-    /// Each received row's (source PE, token), in arrival order.
+    /// Each received row's (source PE, token), by source PE and token.
     arrivals: Vec<(usize, usize)>,
+    /// Where each of those rows was staged (the identity in the flat form;
+    /// the node-aware form stages them by forwarding PE).
+    staged_at: Vec<usize>,
+    /// Wire rows this PE sent in its first exchange to each destination:
+    /// PE, or node in the node-aware form (what the combine gets back).
+    wire_sent: Vec<i64>,
+    /// What this PE forwarded in the node-aware form.
+    pub(super) forward: Option<Forward>,
     /// For each received row, `top_k` entries: the view row of the slot
     /// and its weight, or `None` for a slot routed elsewhere.
     placements: Vec<Option<(usize, f32)>>,
@@ -373,10 +394,18 @@ impl Layout {
         start..start + self.splits[i] as usize
     }
 
-    /// Distinct tokens (wire rows) this PE sent to each PE: what crossed
-    /// the links.
+    /// Distinct tokens this PE sent to each PE (in the flat form, its wire
+    /// rows: what crossed the links; in the node-aware form the network
+    /// carried one row per token and destination node, which the node's
+    /// PEs passed on).
     pub fn sent(&self) -> &[i64] {
         &self.sent
+    }
+
+    /// Wire rows this PE sent in its first exchange to each destination:
+    /// each PE, or in the node-aware form each node.
+    pub(super) fn wire_sent(&self) -> &[i64] {
+        &self.wire_sent
     }
 
     /// The distinct tokens this PE received, as (source PE, the source's
@@ -394,10 +423,27 @@ impl Layout {
     }
 }
 
+/// What a PE of the node-aware form forwarded to its node: the rows its
+/// rail peers (and itself) sent for the node, and the rows it made of them.
+#[derive(Clone, Debug)]
+pub(super) struct Forward {
+    /// Rail rows staged from each node.
+    pub(super) rail_received: Vec<i64>,
+    /// Node rows sent to each PE of the node.
+    pub(super) node_sent: Vec<i64>,
+    /// For rail row `r`, `fwd_rows[fwd_start[r]..fwd_start[r + 1]]`: its
+    /// node rows, by ascending PE.
+    pub(super) fwd_start: Vec<usize>,
+    pub(super) fwd_rows: Vec<usize>,
+}
+
 /// This PE's routing, checked: what it sends where.
-struct Route {
-    /// Wire rows to each PE.
+pub(super) struct Route {
+    /// Distinct tokens to each PE.
     sent: Vec<i64>,
+    /// Wire rows to each destination: each PE, or in the node-aware form
+    /// each node.
+    wire: Vec<i64>,
     /// Each wire row's (token, destination), in send order.
     rows: Vec<(usize, usize)>,
     /// As [`Layout::token_start`] and [`Layout::token_rows`].
@@ -424,6 +470,24 @@ struct Route {
 ///    the sum rounded to `T` once;
 /// 2. on this PE: `out[t] = T(Σ_d partial_d)` over those PEs in ascending PE
 ///    order, each step `acc + Acc(partial_d)` in `Acc` from 0, rounded once.
+///
+/// In the node-aware form ([`MoeAllToAll::node_aware`]) step 2 runs in two:
+/// on the forwarding PE of each node `b`, `sum_b = T(Σ_{d on b}
+/// partial_d)` in ascending PE order, rounded once; on this PE, `out[t] =
+/// T(Σ_b sum_b)` in ascending node order, rounded once. For a token whose
+/// experts are all on one node that is step 2's value; in `f32` and `f64`
+/// only the association of the sum changes.
+///
+/// # Across nodes
+///
+/// Where the world spans two nodes or more, its ranks node by node, the
+/// exchange takes the node-aware form (as the node-aware collectives
+/// choose, see [`crate::AcrossNodes`]; [`crate::AcrossNodes::Flat`] at
+/// construction keeps the flat one): the dispatch sends one wire row per
+/// (token, destination node) to the PE of the same local rank there,
+/// which passes it on to the node's PEs that hold the token's experts; the
+/// combine sums each node's partials on that PE and sends one row per
+/// (token, node) back. The view and the [`Layout`] are the flat form's.
 ///
 /// Both backends compute exactly this, so results match bit for bit.
 ///
@@ -488,6 +552,11 @@ pub struct MoeAllToAll<T: Element> {
     pub(super) arrivals: SymmetricBuffer<u64>,
     /// The host backend's layout of the last `dispatch_on_device`.
     last: Mutex<Option<Layout>>,
+    /// The node-aware form's rails (see `nodes.rs`); `None` in the flat
+    /// form, where `send`, `stage` and their splits carry the only
+    /// exchange, over the world. In the node-aware form they carry the
+    /// node stage, over the node.
+    pub(super) rails: Option<Rails>,
 }
 
 /// An exchange of wire rows: input, output, splits, out splits/offsets.
@@ -506,9 +575,17 @@ impl<T: Element> std::fmt::Debug for MoeAllToAll<T> {
     }
 }
 
-/// `u32`s of the device path's counting scratch on `n` PEs.
-pub(super) fn scratch_len(c: &MoeConfig, n: usize) -> usize {
-    crate::gpu::kernels::ROUTE_THREADS * (n + c.experts_per_pe) + n * c.experts_per_pe
+/// `u32`s of the device path's counting scratch on `n` PEs: the flat
+/// form's, or the largest of the node-aware form's stages (`shape`: nodes
+/// and PEs a node): the rail's route (nodes as destinations of
+/// `L × experts_per_pe` experts), the node's, and the receiver's, which
+/// also keeps where each source's rows start and end.
+pub(super) fn scratch_len(c: &MoeConfig, n: usize, shape: Option<(usize, usize)>) -> usize {
+    let route = |dests: usize, ne: usize| crate::gpu::kernels::ROUTE_THREADS * (dests + ne) + dests * ne;
+    match shape {
+        None => route(n, c.experts_per_pe),
+        Some((nodes, l)) => route(nodes, l * c.experts_per_pe).max(route(n, c.experts_per_pe) + 2 * n),
+    }
 }
 
 impl<T: Element> MoeAllToAll<T> {
@@ -520,19 +597,47 @@ impl<T: Element> MoeAllToAll<T> {
         let team = ctx.world();
         team.check()?;
         let n = team.n_pes();
-        let valid = config.check(n, T::DTYPE);
+        let shape = node_aware_shape(&team);
+        let valid = config.check(n, T::DTYPE).and_then(|_| match shape {
+            // The node stage's rows and slots, in the device's 32-bit fields.
+            Some((nodes, per_node)) => {
+                let fits = |x: Option<usize>| x.is_some_and(|x| x < i32::MAX as usize);
+                let rows = config.node_send_rows(nodes, per_node);
+                let bytes = rows.zip(Wire::of(&config, size_of::<T>())).and_then(|(r, w)| r.checked_mul(w.stride));
+                let slots = config.rail_stage_rows(nodes).and_then(|r| r.checked_mul(config.top_k));
+                if fits(rows) && fits(slots) && bytes.is_some() {
+                    Ok(())
+                } else {
+                    Err(Error::Invalid(format!(
+                        "MoeAllToAll::new: the buffers of {config:?} on {nodes} nodes overflow"
+                    )))
+                }
+            }
+            None => Ok(()),
+        });
         let c = config;
         let mut desc = Desc::new(OpKind::MoeSetup);
         desc.dtype = Some(T::DTYPE);
         desc.args = [c.hidden, c.max_tokens, c.experts_per_pe, c.top_k, c.major_align].map(|x| x as u64);
         // The format rides the top bit of the alignment (far above any size).
         desc.args[4] |= u64::from(c.format == WireFormat::E4m3) << 63;
+        // So does the form (every PE must take the same).
+        desc.args[4] |= u64::from(shape.is_some()) << 62;
         let rows = team.exchange(&desc, valid.as_ref().err())?;
         valid?;
         team.agree(&rows)?;
         let wire = Wire::new::<T>(&c);
         let rows = |r: Option<usize>| r.expect("checked by MoeConfig::check");
         let entries = n * c.experts_per_pe;
+        let rails = match shape {
+            Some(s) => Some(Rails::new(ctx, &c, (wire.stride, wire.back_stride, wire.fp8), s)?),
+            None => None,
+        };
+        // The node stage forwards each staged rail row to each PE of the node.
+        let send_rows = match shape {
+            Some((nodes, per_node)) => rows(c.node_send_rows(nodes, per_node)),
+            None => rows(c.send_rows(n)),
+        };
         let fp8 = if wire.fp8 {
             let recv = rows(c.recv_rows(n));
             Some(Fp8Buffers {
@@ -544,7 +649,7 @@ impl<T: Element> MoeAllToAll<T> {
             None
         };
         Ok(MoeAllToAll {
-            send: ctx.alloc(rows(c.send_rows(n)) * wire.stride.max(wire.back_stride))?,
+            send: ctx.alloc(send_rows * wire.stride.max(wire.back_stride))?,
             stage: ctx.alloc(rows(c.stage_rows(n)) * wire.stride)?,
             recv: ctx.alloc(rows(c.recv_rows(n)) * c.hidden)?,
             send_splits: ctx.alloc(n)?,
@@ -553,9 +658,10 @@ impl<T: Element> MoeAllToAll<T> {
             dispatch_splits: ctx.alloc(2 * entries)?,
             slot_rows: ctx.alloc(c.max_tokens * c.top_k)?,
             state: ctx.alloc(2)?,
-            scratch: ctx.alloc(scratch_len(&c, n))?,
+            scratch: ctx.alloc(scratch_len(&c, n, shape))?,
             arrivals: ctx.alloc_zeroed(super::arrivals::arrival_words(c.experts_per_pe, n))?,
             last: Mutex::new(None),
+            rails,
             fp8,
             wire,
             team,
@@ -589,6 +695,21 @@ impl<T: Element> MoeAllToAll<T> {
             + (i64s + self.slot_rows.len + self.arrivals.len) * size_of::<i64>()
             + self.scratch.len * size_of::<u32>()
             + fp8
+            + self.rails.as_ref().map_or(0, Rails::memory_bytes)
+    }
+
+    /// Whether this exchange takes the node-aware form, where a token
+    /// crosses the network at most once per destination node (see
+    /// [`MoeAllToAll`]): chosen at construction, as the node-aware
+    /// collectives choose ([`crate::AcrossNodes`]).
+    pub fn node_aware(&self) -> bool {
+        self.rails.is_some()
+    }
+
+    /// Members of the team of the exchange that stages the rows the view
+    /// is made of: the world, or in the node-aware form the node.
+    pub(super) fn stage_members(&self) -> usize {
+        self.rails.as_ref().map_or(self.team.n_pes(), |r| r.per_node)
     }
 
     /// The combine's exchange: the partials (the staged rows in the native
@@ -597,13 +718,15 @@ impl<T: Element> MoeAllToAll<T> {
         let partials = self.fp8.as_ref().map_or(&self.stage, |f| &f.partials);
         let send =
             self.send.slice(0..self.send.len / self.wire.stride.max(self.wire.back_stride) * self.wire.back_stride);
-        (partials.into(), send, self.stage_so.slice(0..self.team.n_pes()), (&self.back_so).into())
+        let m = self.stage_members();
+        (partials.into(), send, self.stage_so.slice(0..m), self.back_so.slice(0..2 * m))
     }
 
     /// The dispatch's exchange: wire rows from `send` into `stage`.
     pub(super) fn out_buffers(&self) -> WireBuffers<'_> {
         let send = self.send.slice(0..self.send.len / self.wire.stride.max(self.wire.back_stride) * self.wire.stride);
-        (send, (&self.stage).into(), (&self.send_splits).into(), (&self.stage_so).into())
+        let m = self.stage_members();
+        (send, (&self.stage).into(), self.send_splits.slice(0..m), self.stage_so.slice(0..2 * m))
     }
 
     /// Sends each token once to each PE that holds one of its experts and
@@ -652,14 +775,37 @@ impl<T: Element> MoeAllToAll<T> {
         dequantize: bool,
         stream: &Stream,
     ) -> Result<Layout> {
-        let route = self.route(&tokens, ids, weights);
+        let (c, stride) = (&self.config, self.wire.stride);
+        let n_tokens = ids.len() / c.top_k;
+        if let Some(r) = &self.rails {
+            // Rail rows to each node, the forwarders' node rows, the view.
+            let group = c.experts_per_pe * r.per_node;
+            let route = self.route(&tokens, ids, weights, group);
+            let pre = match &route {
+                Ok(rt) => {
+                    let to = (&r.send, (&r.splits).into());
+                    self.fill_send(&tokens, ids, weights, rt, (group, Some(self.team.my_pe())), to, stream)
+                }
+                Err(e) => Err(clone_error(e)),
+            };
+            self.agree_world(pre, stream)?;
+            let route = route.expect("the agreement fails on a PE whose routing failed");
+            r.rail.all_to_all_v_any(OpKind::AllToAllV, self.rail_out_buffers(), stride, 0, Ok(()), stream)?;
+            let forward = self.forward_host(stream)?;
+            r.node.all_to_all_v_any(OpKind::AllToAllV, self.out_buffers(), stride, 0, Ok(()), stream)?;
+            return self.expand(route, Some(forward), n_tokens, dequantize, stream);
+        }
+        let route = self.route(&tokens, ids, weights, c.experts_per_pe);
         let pre = match &route {
-            Ok(r) => self.fill_send(&tokens, ids, weights, r, stream),
+            Ok(r) => {
+                let to = (&self.send, (&self.send_splits).into());
+                self.fill_send(&tokens, ids, weights, r, (c.experts_per_pe, None), to, stream)
+            }
             Err(e) => Err(clone_error(e)),
         };
-        self.team.all_to_all_v_any(OpKind::AllToAllV, self.out_buffers(), self.wire.stride, 0, pre, stream)?;
+        self.team.all_to_all_v_any(OpKind::AllToAllV, self.out_buffers(), stride, 0, pre, stream)?;
         let route = route.expect("the exchange fails on a PE whose routing failed");
-        self.expand(route, ids.len() / self.config.top_k, dequantize, stream)
+        self.expand(route, None, n_tokens, dequantize, stream)
     }
 
     /// [`MoeAllToAll::dispatch`] with everything on the device, so that it
@@ -726,17 +872,7 @@ impl<T: Element> MoeAllToAll<T> {
         }
         let n = match pre.and_then(|_| self.host_count(count, stream)) {
             Ok(n) => n,
-            Err(e) => {
-                self.team.all_to_all_v_any(
-                    OpKind::AllToAllV,
-                    self.out_buffers(),
-                    self.wire.stride,
-                    0,
-                    Err(e),
-                    stream,
-                )?;
-                unreachable!("the exchange fails on a PE whose arguments failed");
-            }
+            Err(e) => return Err(self.fail_all(e, self.out_buffers(), self.wire.stride, stream)),
         };
         let host_ids = head(&ids, n * c.top_k).copy_to_host(stream)?;
         let host_weights = head(&weights, n * c.top_k).copy_to_host(stream)?;
@@ -760,6 +896,18 @@ impl<T: Element> MoeAllToAll<T> {
     /// dispatched view (see [`Layout::splits`] and [`Layout::offsets`]).
     pub fn device_layout(&self) -> SymSlice<'_, i64> {
         (&self.dispatch_splits).into()
+    }
+
+    /// `e`, after failing the exchange the other PEs enter (the flat form's
+    /// over `buffers`, the node-aware form's agreement) so that they fail
+    /// too, naming this PE.
+    pub(super) fn fail_all(&self, e: Error, buffers: WireBuffers<'_>, stride: usize, stream: &Stream) -> Error {
+        let failed = if self.rails.is_some() {
+            self.agree_world(Err(e), stream)
+        } else {
+            self.team.all_to_all_v_any(OpKind::AllToAllV, buffers, stride, 0, Err(e), stream)
+        };
+        failed.err().unwrap_or_else(|| Error::Invalid("MoeAllToAll: a failed call's exchange succeeded".into()))
     }
 
     /// `Ok` when every buffer holds at least what the configuration needs.
@@ -786,7 +934,10 @@ impl<T: Element> MoeAllToAll<T> {
 
     /// Checks the routing and orders the wire rows: by destination PE,
     /// each destination's in token order.
-    fn route(&self, tokens: &HostTokens<'_, T>, ids: &[i64], weights: &[f32]) -> Result<Route> {
+    ///
+    /// A destination holds `group` experts: one PE's (`experts_per_pe`),
+    /// or in the node-aware form one node's.
+    fn route(&self, tokens: &HostTokens<'_, T>, ids: &[i64], weights: &[f32], group: usize) -> Result<Route> {
         let c = &self.config;
         let n = self.team.n_pes();
         let experts = n * c.experts_per_pe;
@@ -852,18 +1003,19 @@ impl<T: Element> MoeAllToAll<T> {
                 });
             }
         }
-        // Each token's destinations, ascending.
-        let dests = |t: usize| {
-            let mut d: Vec<usize> = ids[t * k..(t + 1) * k].iter().map(|&g| g as usize / c.experts_per_pe).collect();
+        // Each token's destinations of `width` experts, ascending.
+        let dests = |t: usize, width: usize| {
+            let mut d: Vec<usize> = ids[t * k..(t + 1) * k].iter().map(|&g| g as usize / width).collect();
             d.sort_unstable();
             d.dedup();
             d
         };
-        let mut sent = vec![0i64; n];
+        let (mut sent, mut wire) = (vec![0i64; n], vec![0i64; experts.div_ceil(group)]);
         for t in 0..n_tokens {
-            dests(t).into_iter().for_each(|d| sent[d] += 1);
+            dests(t, c.experts_per_pe).into_iter().for_each(|d| sent[d] += 1);
+            dests(t, group).into_iter().for_each(|d| wire[d] += 1);
         }
-        let mut next: Vec<usize> = sent
+        let mut next: Vec<usize> = wire
             .iter()
             .scan(0usize, |at, &x| {
                 let start = *at;
@@ -871,78 +1023,104 @@ impl<T: Element> MoeAllToAll<T> {
                 Some(start)
             })
             .collect();
-        let total = sent.iter().sum::<i64>() as usize;
+        let total = wire.iter().sum::<i64>() as usize;
         let mut rows = vec![(0, 0); total];
         let (mut token_start, mut token_rows) = (Vec::with_capacity(n_tokens + 1), Vec::with_capacity(total));
         for t in 0..n_tokens {
             token_start.push(token_rows.len());
-            for d in dests(t) {
+            for d in dests(t, group) {
                 rows[next[d]] = (t, d);
                 token_rows.push(next[d]);
                 next[d] += 1;
             }
         }
         token_start.push(token_rows.len());
-        Ok(Route { sent, rows, token_start, token_rows })
+        Ok(Route { sent, wire, rows, token_start, token_rows })
     }
 
-    /// Writes the wire rows in send order and the splits.
-    fn fill_send(
+    /// Writes the wire rows in send order into `out`, and the splits: each
+    /// slot names its expert among the destination's `group` (or -1), and
+    /// in the node-aware form (`origin`) the token field carries this PE.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn fill_send(
         &self,
         tokens: &HostTokens<'_, T>,
         ids: &[i64],
         weights: &[f32],
         r: &Route,
+        (group, origin): (usize, Option<usize>),
+        (out, splits): (&SymmetricBuffer<u8>, SymSlice<'_, i64>),
         stream: &Stream,
     ) -> Result<()> {
         let (c, w) = (&self.config, self.wire);
-        let (h, k, ne, g) = (c.hidden, c.top_k, c.experts_per_pe, c.scales_per_token());
+        let (h, k, ne, g) = (c.hidden, c.top_k, group, c.scales_per_token());
+        let field = |t: usize| origin.map_or(t, |pe| pe << ORIGIN_SHIFT | t);
         let mut bytes = vec![0u8; r.rows.len() * w.stride];
-        let fill = |(row, out): (usize, &mut [u8])| {
-            let (t, d) = r.rows[row];
+        let fill = |(i, row): (usize, &mut [u8])| {
+            let (t, d) = r.rows[i];
             let scales = w.scales..w.scales + g * size_of::<f32>();
             match *tokens {
                 HostTokens::Plain(x) if w.fp8 => {
                     let (q, sc) = quant::quantize_vec(same_type::<T, bf16>(&x[t * h..(t + 1) * h]));
-                    out[..h].copy_from_slice(bytes_of(&q));
-                    out[scales].copy_from_slice(bytes_of(&sc));
+                    row[..h].copy_from_slice(bytes_of(&q));
+                    row[scales].copy_from_slice(bytes_of(&sc));
                 }
-                HostTokens::Plain(x) => out[..w.data].copy_from_slice(bytes_of(&x[t * h..(t + 1) * h])),
+                HostTokens::Plain(x) => row[..w.data].copy_from_slice(bytes_of(&x[t * h..(t + 1) * h])),
                 HostTokens::Codes(q, sc) => {
-                    out[..h].copy_from_slice(bytes_of(&q[t * h..(t + 1) * h]));
-                    out[scales].copy_from_slice(bytes_of(&sc[t * g..(t + 1) * g]));
+                    row[..h].copy_from_slice(bytes_of(&q[t * h..(t + 1) * h]));
+                    row[scales].copy_from_slice(bytes_of(&sc[t * g..(t + 1) * g]));
                 }
             }
             let slots = (0..k).map(|j| {
                 let g = ids[t * k + j] as usize;
                 (if g / ne == d { (g % ne) as i32 } else { -1 }, weights[t * k + j])
             });
-            w.set_meta(out, t, slots);
+            w.set_meta(row, field(t), slots);
         };
         if bytes.len() < PARALLEL_BYTES {
             bytes.chunks_mut(w.stride).enumerate().for_each(fill);
         } else {
             self.team.ctx.pool.install(|| bytes.par_chunks_mut(w.stride).enumerate().for_each(fill));
         }
-        self.send.slice(0..bytes.len()).copy_from_host(&bytes, stream)?;
-        self.send_splits.copy_from_host(&r.sent, stream)
+        out.slice(0..bytes.len()).copy_from_host(&bytes, stream)?;
+        splits.copy_from_host(&r.wire, stream)
     }
 
     /// After the exchange: places every staged row in the blocks of its
     /// local experts, writes the view's splits and offsets, and returns
-    /// the layout.
-    fn expand(&self, route: Route, n_tokens: usize, dequantize: bool, stream: &Stream) -> Result<Layout> {
+    /// the layout. In the node-aware form (`forward`) the rows were staged
+    /// by the node's forwarding PEs, each row naming its source PE.
+    pub(super) fn expand(
+        &self,
+        route: Route,
+        forward: Option<Forward>,
+        n_tokens: usize,
+        dequantize: bool,
+        stream: &Stream,
+    ) -> Result<Layout> {
         let (c, w, n) = (&self.config, self.wire, self.team.n_pes());
         let (h, k, ne, g) = (c.hidden, c.top_k, c.experts_per_pe, c.scales_per_token());
-        let received = self.stage_so.slice(0..n).copy_to_host(stream)?;
+        let members = self.rails.as_ref().map_or(n, |r| r.per_node);
+        let received = self.stage_so.slice(0..members).copy_to_host(stream)?;
         let total = received.iter().sum::<i64>() as usize;
         let staged = self.stage.slice(0..total * w.stride).copy_to_host(stream)?;
-        let sources = received.iter().enumerate().flat_map(|(s, &r)| std::iter::repeat_n(s, r as usize));
-        let arrivals: Vec<(usize, usize)> =
-            sources.zip(staged.chunks(w.stride)).map(|(s, row)| (s, w.token(row))).collect();
+        let staged: Vec<&[u8]> = staged.chunks(w.stride).collect();
+        // Each staged row's (source, token), then the rows in that order:
+        // staging is source-major in the flat form, by forwarder (each
+        // forwarder's by source) in the node-aware one.
+        let origins: Vec<(usize, usize)> = if forward.is_some() {
+            staged.iter().map(|row| w.origin(row)).collect()
+        } else {
+            let sources = received.iter().enumerate().flat_map(|(s, &r)| std::iter::repeat_n(s, r as usize));
+            sources.zip(&staged).map(|(s, row)| (s, w.token(row))).collect()
+        };
+        let mut staged_at: Vec<usize> = (0..total).collect();
+        staged_at.sort_by_key(|&i| origins[i]);
+        let arrivals: Vec<(usize, usize)> = staged_at.iter().map(|&i| origins[i]).collect();
+        let staged: Vec<&[u8]> = staged_at.iter().map(|&i| staged[i]).collect();
         // Rows per (expert, source), then the blocks' offsets with padding.
         let mut splits = vec![0i64; ne * n];
-        for (row, &(s, _)) in staged.chunks(w.stride).zip(&arrivals) {
+        for (row, &(s, _)) in staged.iter().zip(&arrivals) {
             for j in 0..k {
                 let (e, _) = w.slot(row, j);
                 if e >= 0 {
@@ -961,8 +1139,7 @@ impl<T: Element> MoeAllToAll<T> {
             at = start + (at - start).div_ceil(c.major_align).max(1) * c.major_align;
         }
         let rows = at;
-        // Staging order is source-major, token order: each block's rows
-        // come in the same order.
+        // The rows by source and token: each block's rows come in that order.
         let mut next = offsets.clone();
         let mut placements = vec![None; total * k];
         // The view: the elements, or in the FP8 format the codes and scales.
@@ -970,7 +1147,7 @@ impl<T: Element> MoeAllToAll<T> {
         let mut view = crate::dtype::zeroed_vec::<T>(view_len);
         let mut codes = vec![fp8_e4m3::default(); codes_len];
         let mut scales = vec![0f32; scales_len];
-        for (i, (row, &(s, _))) in staged.chunks(w.stride).zip(&arrivals).enumerate() {
+        for (i, (row, &(s, _))) in staged.iter().zip(&arrivals).enumerate() {
             for j in 0..k {
                 let (e, weight) = w.slot(row, j);
                 if e >= 0 {
@@ -999,6 +1176,9 @@ impl<T: Element> MoeAllToAll<T> {
             token_rows: route.token_rows,
             received,
             arrivals,
+            staged_at,
+            wire_sent: route.wire,
+            forward,
             placements,
         };
         // The blocks' rows, not the padding (which is never written).
@@ -1118,11 +1298,7 @@ impl<T: CombineElement> MoeAllToAll<T> {
         });
         let layout = match pre {
             Ok(l) => l,
-            Err(e) => {
-                let (buffers, stride) = (self.back_buffers(), self.wire.back_stride);
-                self.team.all_to_all_v_any(OpKind::AllToAllV, buffers, stride, 0, Err(e), stream)?;
-                unreachable!("the exchange fails on a PE whose arguments failed");
-            }
+            Err(e) => return Err(self.fail_all(e, self.back_buffers(), self.wire.back_stride, stream)),
         };
         let sums = self.combine(outputs, &layout, stream)?;
         out.buf.slice(out.start..out.start + sums.len()).copy_from_host(&sums, stream)
@@ -1156,11 +1332,14 @@ impl<T: CombineElement> MoeAllToAll<T> {
         let (c, w, n) = (&self.config, self.wire, self.team.n_pes());
         let h = c.hidden;
         let outputs: SymSlice<'a, T> = expert_outputs.into();
-        let pre = if layout.config != *c || layout.n_pes != n {
+        let pre = if layout.config != *c || layout.n_pes != n || layout.forward.is_some() != self.rails.is_some() {
             Err(Error::Invalid(format!(
-                "MoeAllToAll::combine: the layout is of a dispatch with {:?} on {} PEs, this exchange has {c:?} on \
-                 {n} PEs",
-                layout.config, layout.n_pes
+                "MoeAllToAll::combine: the layout is of a dispatch with {:?} on {} PEs{}, this exchange has {c:?} on \
+                 {n} PEs{}",
+                layout.config,
+                layout.n_pes,
+                if layout.forward.is_some() { " (node-aware)" } else { "" },
+                if self.rails.is_some() { " (node-aware)" } else { "" },
             )))
         } else if outputs.len() < layout.rows * h {
             Err(Error::LengthMismatch(format!(
@@ -1171,19 +1350,24 @@ impl<T: CombineElement> MoeAllToAll<T> {
         } else {
             self.expert_partials(outputs, layout, stream)
         };
-        self.team.all_to_all_v_any(OpKind::AllToAllV, self.back_buffers(), w.back_stride, 0, pre, stream)?;
-        // What came back must be what this PE sent: otherwise the PEs
-        // combined layouts of different dispatches.
-        let back = self.back_so.slice(0..n).copy_to_host(stream)?;
-        if back != layout.sent {
-            return Err(Error::CollectiveMismatch(format!(
-                "MoeAllToAll::combine: PE {} got back {back:?} rows from each PE but sent {:?}: the PEs passed \
-                 layouts of different dispatches",
-                self.team.my_pe(),
-                layout.sent
-            )));
-        }
-        let partials = self.send.slice(0..layout.token_rows.len() * w.back_stride).copy_to_host(stream)?;
+        let partials = if self.rails.is_some() {
+            self.agree_world(pre, stream)?;
+            self.combine_nodes_host(layout, stream)?
+        } else {
+            self.team.all_to_all_v_any(OpKind::AllToAllV, self.back_buffers(), w.back_stride, 0, pre, stream)?;
+            // What came back must be what this PE sent: otherwise the PEs
+            // combined layouts of different dispatches.
+            let back = self.back_so.slice(0..n).copy_to_host(stream)?;
+            if back != layout.wire_sent {
+                return Err(Error::CollectiveMismatch(format!(
+                    "MoeAllToAll::combine: PE {} got back {back:?} rows from each PE but sent {:?}: the PEs passed \
+                     layouts of different dispatches",
+                    self.team.my_pe(),
+                    layout.wire_sent
+                )));
+            }
+            self.send.slice(0..layout.token_rows.len() * w.back_stride).copy_to_host(stream)?
+        };
         let mut out = crate::dtype::zeroed_vec::<T>(layout.n_tokens * h);
         let finish = |(t, token): (usize, &mut [T])| {
             let mut acc = vec![T::zero(); h];
@@ -1205,13 +1389,16 @@ impl<T: CombineElement> MoeAllToAll<T> {
     /// The expert side: each received token's weighted sum of its local
     /// experts' outputs, into its staged row, and the splits to send back.
     fn expert_partials(&self, outputs: SymSlice<'_, T>, layout: &Layout, stream: &Stream) -> Result<()> {
-        let (c, w, n) = (&self.config, self.wire, self.team.n_pes());
+        let (c, w) = (&self.config, self.wire);
         let h = c.hidden;
         let rows = outputs.buf.slice(outputs.start..outputs.start + layout.rows * h).copy_to_host(stream)?;
         let mut bytes = vec![0u8; layout.arrivals.len() * w.back_stride];
-        let weigh = |(i, out): (usize, &mut [u8])| {
+        // Each staged row's received token (the partials go back in staging order).
+        let mut token_of = vec![0; layout.staged_at.len()];
+        layout.staged_at.iter().enumerate().for_each(|(i, &at)| token_of[at] = i);
+        let weigh = |(at, out): (usize, &mut [u8])| {
             let mut acc = vec![T::zero(); h];
-            for (_, r, weight) in layout.placements(i) {
+            for (_, r, weight) in layout.placements(token_of[at]) {
                 acc.iter_mut().zip(&rows[r * h..(r + 1) * h]).for_each(|(a, &x)| *a = T::weigh(*a, weight, x));
             }
             let partial: Vec<T> = acc.into_iter().map(T::from_acc).collect();
@@ -1223,7 +1410,7 @@ impl<T: CombineElement> MoeAllToAll<T> {
             self.team.ctx.pool.install(|| bytes.par_chunks_mut(w.back_stride).enumerate().for_each(weigh));
         }
         self.back_buffers().0.buf.slice(0..bytes.len()).copy_from_host(&bytes, stream)?;
-        debug_assert_eq!(layout.received.len(), n);
-        self.stage_so.slice(0..n).copy_from_host(&layout.received, stream)
+        debug_assert_eq!(layout.received.len(), self.stage_members());
+        self.stage_so.slice(0..layout.received.len()).copy_from_host(&layout.received, stream)
     }
 }

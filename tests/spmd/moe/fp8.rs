@@ -7,7 +7,7 @@
 //! token, within FP8 rounding of the original; pre-quantized tokens
 //! travel as given; missing scales fail on every PE and write nothing.
 
-use super::{exact_weight, expected_blocks, routable, routing, Routing, Spread};
+use super::{combine_group, exact_weight, expected_blocks, routable, routing, Routing, Spread};
 use crate::util::{mix, poison, Env, TestResult};
 use crate::{assert_err, TestFn};
 use shmem::quant::{dequantize_vec, quantize_vec, scales_len, GROUP};
@@ -122,8 +122,10 @@ fn check_view(
 
 /// The combine of identity experts as `MoeAllToAll` defines it, on the
 /// dequantized tokens: per destination PE the weighted sum of its slots
-/// in f32, rounded to bf16, then those summed in PE order, rounded.
-fn identity_combine(r: &Routing<bf16>, c: &MoeConfig, n: usize) -> Vec<bf16> {
+/// in f32, rounded to bf16; those summed by groups of `group` PEs (the
+/// nodes in the node-aware form) in PE order, rounded; those sums in
+/// group order, rounded.
+fn identity_combine(r: &Routing<bf16>, c: &MoeConfig, n: usize, group: usize) -> Vec<bf16> {
     let (h, k, ne) = (c.hidden, c.top_k, c.experts_per_pe);
     let mut out = Vec::with_capacity(r.tokens.len());
     for t in 0..r.ids.len() / k {
@@ -131,11 +133,17 @@ fn identity_combine(r: &Routing<bf16>, c: &MoeConfig, n: usize) -> Vec<bf16> {
         let x: Vec<bf16> = dequantize_vec(&q, &sc).expect("lengths");
         for &xi in &x {
             let mut acc = 0f32;
-            for d in 0..n {
-                let slots: Vec<usize> = (0..k).filter(|&j| r.ids[t * k + j] as usize / ne == d).collect();
-                if !slots.is_empty() {
-                    let partial = slots.iter().fold(0f32, |a, &j| a + r.weights[t * k + j] * xi.to_f32());
-                    acc += bf16::from_f32(partial).to_f32();
+            for node in 0..n / group {
+                let mut node_acc = None;
+                for d in node * group..(node + 1) * group {
+                    let slots: Vec<usize> = (0..k).filter(|&j| r.ids[t * k + j] as usize / ne == d).collect();
+                    if !slots.is_empty() {
+                        let partial = slots.iter().fold(0f32, |a, &j| a + r.weights[t * k + j] * xi.to_f32());
+                        node_acc = Some(node_acc.unwrap_or(0f32) + bf16::from_f32(partial).to_f32());
+                    }
+                }
+                if let Some(sum) = node_acc {
+                    acc += bf16::from_f32(sum).to_f32();
                 }
             }
             out.push(bf16::from_f32(acc));
@@ -147,10 +155,11 @@ fn identity_combine(r: &Routing<bf16>, c: &MoeConfig, n: usize) -> Vec<bf16> {
 /// The combined tokens: the reference bit for bit, and within FP8's
 /// rounding of the originals — `|x' − x| ≤ |x|·2⁻⁴ + scale·2⁻¹⁰` for the
 /// quantization, plus a bf16 rounding of the dequantized value and of
-/// each of the two sums (`3 × 2⁻⁸ |x|` with room) — where the group's
-/// scale is a normal f32 (a subnormal scale has fewer bits).
-fn check_combined(got: &[bf16], r: &Routing<bf16>, c: &MoeConfig, n: usize, what: &str) {
-    assert_eq!(bf16_bits(got), bf16_bits(&identity_combine(r, c, n)), "{what}: combined");
+/// each of the three sums (`4 × 2⁻⁸ |x|` with room) — where the group's
+/// scale is a normal f32 (a subnormal scale has fewer bits). `group` as
+/// [`identity_combine`] takes it.
+fn check_combined(got: &[bf16], r: &Routing<bf16>, c: &MoeConfig, (n, group): (usize, usize), what: &str) {
+    assert_eq!(bf16_bits(got), bf16_bits(&identity_combine(r, c, n, group)), "{what}: combined");
     let h = c.hidden;
     for (t, (row, x)) in got.chunks(h).zip(r.tokens.chunks(h)).enumerate() {
         let (_, sc) = quantize_vec(x);
@@ -159,7 +168,7 @@ fn check_combined(got: &[bf16], r: &Routing<bf16>, c: &MoeConfig, n: usize, what
             if s < f32::MIN_POSITIVE {
                 continue;
             }
-            let bound = x.abs() * (2f32.powi(-4) + 3.0 * 2f32.powi(-8)) * 1.1 + s * 2f32.powi(-10) * 1.1;
+            let bound = x.abs() * (2f32.powi(-4) + 4.0 * 2f32.powi(-8)) * 1.1 + s * 2f32.powi(-10) * 1.1;
             assert!((o - x).abs() <= bound, "{what}: token {t} element {i}: {x} came back as {o} (scale {s})");
         }
     }
@@ -208,7 +217,7 @@ fn round_trip(env: &Env) -> TestResult {
             let what = format!("{c:?} {spread:?} round {round} on PE {me}");
             let (rows, layout) = moe.dispatch(&mine.tokens, &mine.ids, &mine.weights, s)?;
             let got = moe.combine(rows, &layout, s)?;
-            check_combined(&got, mine, &c, n, &format!("{what}: bf16 view"));
+            check_combined(&got, mine, &c, (n, combine_group(env, &moe)), &format!("{what}: bf16 view"));
             let (view, layout) =
                 moe.dispatch_fp8(Fp8Tokens::Bf16(&mine.tokens), &mine.ids, &mine.weights, Fp8Out::E4m3, s)?;
             let (h, g) = (c.hidden, scales_len(c.hidden));
@@ -220,7 +229,7 @@ fn round_trip(env: &Env) -> TestResult {
             }
             outputs.slice(0..x.len()).copy_from_host(&x, s)?;
             let got = moe.combine(&outputs, &layout, s)?;
-            check_combined(&got, mine, &c, n, &format!("{what}: e4m3 view"));
+            check_combined(&got, mine, &c, (n, combine_group(env, &moe)), &format!("{what}: e4m3 view"));
         }
     }
     Ok(())
@@ -245,7 +254,7 @@ fn pre_quantized(env: &Env) -> TestResult {
             check_view(env, &c, &all, &view, &layout, &what)?;
             if let Some(rows) = view.bf16 {
                 let got = moe.combine(rows, &layout, s)?;
-                check_combined(&got, mine, &c, n, &what);
+                check_combined(&got, mine, &c, (n, combine_group(env, &moe)), &what);
             }
         }
     }
@@ -316,7 +325,7 @@ fn on_device(env: &Env) -> TestResult {
                 check_view(env, &c, &all, &view, &layout, &what)?;
                 moe.combine_on_device(view.bf16.expect("asked for"), &out, s)?;
                 let got = out.copy_to_host(s)?;
-                check_combined(&got[..nt * h], mine, &c, n, &what);
+                check_combined(&got[..nt * h], mine, &c, (n, combine_group(env, &moe)), &what);
                 let poisoned = vec![poison::<bf16>(); (c.max_tokens - nt) * h];
                 assert_eq!(bf16_bits(&got[nt * h..]), bf16_bits(&poisoned), "{what}: rows past the tokens");
             }
