@@ -66,6 +66,8 @@ pub(crate) enum OpKind {
     MoeSetup,
     AllGatherMatmul,
     MatmulReduceScatter,
+    MoeDispatch,
+    MoeCombine,
 }
 
 impl OpKind {
@@ -87,6 +89,8 @@ impl OpKind {
             MoeSetup,
             AllGatherMatmul,
             MatmulReduceScatter,
+            MoeDispatch,
+            MoeCombine,
         ]
         .into_iter()
         .find(|k| *k as u8 == v)
@@ -109,6 +113,8 @@ impl OpKind {
             OpKind::MoeSetup => "MoeAllToAll::new",
             OpKind::AllGatherMatmul => "all_gather_matmul",
             OpKind::MatmulReduceScatter => "matmul_reduce_scatter",
+            OpKind::MoeDispatch => "MoeAllToAll::dispatch",
+            OpKind::MoeCombine => "MoeAllToAll::combine",
         }
     }
 }
@@ -190,6 +196,12 @@ impl fmt::Display for Row<'_> {
                 w[5],
                 w[4],
                 w[6]
+            )?,
+            Some(OpKind::MoeDispatch | OpKind::MoeCombine) => write!(
+                f,
+                "the exchange with wire rows at heap offset {}, staged at {}, the view at {}, rail rows at {}, \
+                 staged at {}",
+                w[2], w[3], w[4], w[5], w[6]
             )?,
             Some(OpKind::MatmulReduceScatter) => {
                 write!(f, "workspace {} elements at heap offset {}, m {}, n {}", w[3], w[2], w[4], w[5])?
