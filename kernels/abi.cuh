@@ -113,8 +113,8 @@ constexpr int kAgreePackets = kAgreeWords + kAgreeDataBytes / 8;
 // (agree.cuh): the host passes its call's descriptor row whole, as a
 // kernel argument (80 bytes more to a launch's arguments, no copy to the device),
 // with the agreement's epoch (the team's count of eager calls, the same
-// on every member; 0 for no agreement: graph capture, the MoE and
-// internal kernels), so that the members compare whole rows and a
+// on every member; 0 for no agreement: graph capture, the kernels after
+// the first of a call, internal kernels), so that the members compare whole rows and a
 // mismatch can be reported with every member's row, as the host's
 // exchange reports it.
 struct TeamSync {

@@ -548,23 +548,20 @@ inline __device__ void a2av_push(const TeamSync &t, const A2av &a, const uint64_
 // A kernel for each kind, shmem_a2av_FORM_v, _2d and _2d_offset, each
 // BODY made for its kind (`A2AV_FUSED` and `A2AV_LINES` in kernels.rs),
 // after the wait for the kernel before it (launched as a dependent
-// launch) and the call's agreement.
+// launch). Each BODY begins with the call's agreement (`a2av_agreed`).
 #define SHMEM_A2AV_KERNELS(FORM, BODY)                                          \
     extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)       \
         shmem_a2av_##FORM##_v(shmem::k::TeamSync t, shmem::k::A2av a) {         \
         shmem::k::follow_stream();                                              \
-        if (!shmem::k::a2av_agreed(t, a)) return;                               \
         BODY<shmem::k::A2avV>(t, a);                                            \
     }                                                                           \
     extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)       \
         shmem_a2av_##FORM##_2d(shmem::k::TeamSync t, shmem::k::A2av a) {        \
         shmem::k::follow_stream();                                              \
-        if (!shmem::k::a2av_agreed(t, a)) return;                               \
         BODY<shmem::k::A2av2d>(t, a);                                           \
     }                                                                           \
     extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)       \
         shmem_a2av_##FORM##_2d_offset(shmem::k::TeamSync t, shmem::k::A2av a) { \
         shmem::k::follow_stream();                                              \
-        if (!shmem::k::a2av_agreed(t, a)) return;                               \
         BODY<shmem::k::A2av2dOffset>(t, a);                                     \
     }
