@@ -63,13 +63,30 @@
 //!
 //! # Checks
 //!
-//! Every PE can read every peer's splits (they are symmetric), so after the
-//! usual descriptor exchange each PE validates the *whole* exchange —
-//! negative splits, offsets that are negative, overlap or run backwards,
-//! chunks beyond a PE's input, outputs too small for what a PE would
-//! receive — in the same order, reaches the same verdict, and fails before
-//! anything is written. PyTorch checks less (a negative split or a short
-//! input trips a device assert; an output overflow is not checked).
+//! First the PEs agree on the call: each PE's descriptor (the operation,
+//! the element type, its buffers' heap offsets and a hash of their sizes,
+//! `row_len` and `major_align`) must equal every other's, and no PE's own
+//! arguments may have failed its checks. On the host backend this is an
+//! exchange before the call returns. On the GPU backend an eager call
+//! agrees on the device, with no host round trip (across nodes, no network
+//! round trip on the host): the descriptor travels with the first kernel,
+//! which compares every PE's (see [`Team`]'s module docs). Where they
+//! differ, every PE's kernels skip the call, write nothing, and each PE's
+//! [`Stream::synchronize`] (or [`Context::check_device`], or its next MoE
+//! call) reports an [`Error::CollectiveMismatch`] naming the calls; a PE
+//! whose own arguments failed returns its error at once, and the others'
+//! mismatch names it and the reason. A call captured in a CUDA graph is
+//! checked on each PE only.
+//!
+//! Then, every PE can read every peer's splits (they are symmetric), so
+//! each PE validates the *whole* exchange — negative splits, offsets that
+//! are negative, overlap or run backwards, chunks beyond a PE's input,
+//! outputs too small for what a PE would receive — in the same order,
+//! reaches the same verdict, and fails before anything is written (on the
+//! GPU backend on the device: the failure is reported by the next MoE call
+//! or [`Context::check_device`]). PyTorch checks less (a negative split or
+//! a short input trips a device assert; an output overflow is not
+//! checked).
 
 use crate::buffer::{Region, SymSlice};
 use crate::coll::DeviceAgreement;
@@ -240,7 +257,11 @@ impl Team {
     /// # Errors
     /// On every PE, with nothing written, when any PE's splits are negative,
     /// exceed its input, or would overflow a receiver's output, or when the
-    /// sizes do not fit together.
+    /// sizes do not fit together, or the PEs' calls differ. On the GPU
+    /// backend the splits are checked, and an eager call agreed on, on the
+    /// device: the call returns, and the failure is reported later (see
+    /// [Checks](crate::moe#checks)); a PE's own bad arguments fail its call
+    /// at once.
     ///
     /// # Collective
     /// Every PE of the team calls it with the same buffers and `row_len`.

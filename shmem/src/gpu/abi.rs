@@ -122,8 +122,8 @@ pub(crate) struct TeamSync {
     pub(in crate::gpu) rma: i32,
     pub(in crate::gpu) _pad: i32,
     /// The call's agreement epoch (the team's count of eager calls on the
-    /// device path); 0: the kernel does not agree (graph capture, MoE and
-    /// internal launches).
+    /// device path); 0: the kernel does not agree (graph capture, the
+    /// kernels after the first of a call, internal launches).
     pub(in crate::gpu) agree: u64,
     /// Device address of this PE's host-mapped [`AgreeFailure`].
     pub(in crate::gpu) report: u64,

@@ -804,8 +804,13 @@ impl<T: Element> MoeAllToAll<T> {
     /// token count from this dispatch.
     ///
     /// # Errors
-    /// Buffers too small for the configuration, at once. A bad routing (as
-    /// for [`MoeAllToAll::dispatch`]): on the host backend at once, as
+    /// Buffers too small for the configuration: the error on this PE at
+    /// once, and on the others a collective mismatch that names this PE and
+    /// the reason (on the GPU backend, which agrees on an eager call on the
+    /// device, from their [`Stream::synchronize`], next MoE call or
+    /// [`Context::check_device`] once the call has run; nothing is sent or
+    /// written); so do PEs whose calls differ. A bad routing (as for
+    /// [`MoeAllToAll::dispatch`]): on the host backend at once, as
     /// `dispatch` reports it; on the GPU backend it is found on the device:
     /// nothing is sent or written, and the next MoE call (or
     /// [`Context::check_device`]) fails on every PE, naming the PE and the
@@ -1262,9 +1267,10 @@ impl<T: CombineElement> MoeAllToAll<T> {
     ///
     /// # Errors
     /// Buffers too small for the configuration; on the host backend, no
-    /// `dispatch_on_device` before. After a dispatch that failed on the
-    /// device, nothing is written, and the failure is reported as the
-    /// dispatch says.
+    /// `dispatch_on_device` before: reported as
+    /// [`MoeAllToAll::dispatch_on_device`] reports them. After a dispatch
+    /// that failed on the device, nothing is written, and the failure is
+    /// reported as the dispatch says.
     ///
     /// # Collective
     /// Every PE calls it.
