@@ -40,6 +40,12 @@
 // also runs twice: on the forwarder, summing the node's partials of each
 // rail row into rows of `out_stride` bytes, then on the source.
 //
+// An eager call of the node-aware form is agreed over the world first
+// (`shmem_moe_agree`): its verdict, in `state[1]`, makes the call's
+// exchanges skip (`A2av::skip_if`) on every PE where any PE's call
+// differed or failed its host checks; the flat form's one exchange agrees
+// on the call itself.
+//
 // A bad routing poisons the dispatch's first split with a marker (see
 // `kRouteBad`), so the exchange's check fails on every PE and the host
 // names the PE and the fault. A failed exchange leaves its out splits as
@@ -544,6 +550,15 @@ template <typename T> __device__ void combine_source(const TeamSync &t, const Mo
 
 using shmem::k::MoeLayer;
 using shmem::k::TeamSync;
+
+// The node-aware form's agreement over the world (one block; `t` the
+// world's, agreeing): every member's row of the call (agree.cuh), and the
+// verdict into `state[1]` (1: failed), which the call's exchanges read.
+extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads) shmem_moe_agree(TeamSync t, MoeLayer m) {
+    shmem::k::follow_stream();
+    const bool agreed = shmem::k::agree(t);
+    if (threadIdx.x == 0) t.mine<int64_t>(m.state)[1] = agreed ? 0 : 1;
+}
 
 extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads) shmem_moe_route(TeamSync t, MoeLayer m) {
     if (m.phase == 0) {
