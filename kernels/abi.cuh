@@ -113,8 +113,8 @@ constexpr int kAgreePackets = kAgreeWords + kAgreeDataBytes / 8;
 // (agree.cuh): the host passes its call's descriptor row whole, as a
 // kernel argument (80 bytes more to a launch's arguments, no copy to the device),
 // with the agreement's epoch (the team's count of eager calls, the same
-// on every member; 0 for no agreement: graph capture, the MoE and
-// internal kernels), so that the members compare whole rows and a
+// on every member; 0 for no agreement: graph capture, the kernels after
+// the first of a call, internal kernels), so that the members compare whole rows and a
 // mismatch can be reported with every member's row, as the host's
 // exchange reports it.
 struct TeamSync {
@@ -254,8 +254,10 @@ struct A2av {
     int blocks;         // the data kernel's grid
     int local_blocks;   // of the working blocks, how many copy this PE's own chunks (0: each block
                         // does both; negative: chosen by `a2av_local_blocks`)
+    uint64_t skip_if;   // heap offset of an i64 of this PE, non-zero where an agreement that covers
+                        // this call failed (the node-aware MoE layer's over the world); 0: none
 };
-static_assert(sizeof(A2av) == 104, "A2av: size");
+static_assert(sizeof(A2av) == 112, "A2av: size");
 static_assert(offsetof(A2av, input) == 0, "A2av::input");
 static_assert(offsetof(A2av, output) == 8, "A2av::output");
 static_assert(offsetof(A2av, splits) == 16, "A2av::splits");
@@ -272,6 +274,7 @@ static_assert(offsetof(A2av, major_align) == 88, "A2av::major_align");
 static_assert(offsetof(A2av, shared_splits) == 92, "A2av::shared_splits");
 static_assert(offsetof(A2av, blocks) == 96, "A2av::blocks");
 static_assert(offsetof(A2av, local_blocks) == 100, "A2av::local_blocks");
+static_assert(offsetof(A2av, skip_if) == 104, "A2av::skip_if");
 
 // ---- The MoE all-to-all-v's error record ----
 
@@ -354,7 +357,7 @@ struct MoeLayer {
     uint64_t back_so;  // 2n i64: the combine exchange's out splits/offsets
     uint64_t view_so;  // 2 × ne × n i64: the view's splits and offsets
     uint64_t slot_rows;  // max_tokens × top_k i64: each slot's wire row
-    uint64_t state;  // i64: the last dispatch's token count, -1 after a bad one
+    uint64_t state;  // 2 i64: the last dispatch's token count (-1 after a bad one), the world agreement's verdict
     uint64_t scratch;  // u32 counters: blockDim.x × (n + ne), then ne × n
     uint64_t outputs;  // the experts' outputs, laid out as the view
     uint64_t out;  // the combine's result: n_tokens rows

@@ -2,8 +2,10 @@
 // outside graph capture is not checked against its peers' on the host
 // (that exchange is a host round trip, and a network one between nodes):
 // the host passes the call's descriptor row with the agreement's epoch in
-// `TeamSync` (see abi.cuh), and every collective kernel begins, right
-// after `follow_stream()`, with `agree`: block 0 sends this PE's row to
+// `TeamSync` (see abi.cuh), and every collective kernel, and the first
+// kernel of each MoE all-to-all-v form (moe.cuh) and of the node-aware
+// MoE layer (`shmem_moe_agree`), begins, right after `follow_stream()`,
+// with `agree`: block 0 sends this PE's row to
 // every member, every block waits for every member's row and compares it
 // with its own, and on any difference every block of the kernel returns
 // at once, having written nothing and touched no epoch counter, signal

@@ -28,9 +28,16 @@
 // go out in 128-byte lines as the kernel starts; every block checks and
 // plans as the one kernel does, and takes the lines as they arrive.
 //
+// An eager call is agreed on the device: the first kernel of each form
+// begins with `a2av_agreed` (the members' rows, agree.cuh), and where it
+// fails every PE's kernels skip the call, having written nothing (the
+// two-kernel form's plan kernel leaves the verdict for the data kernel).
+// Captured calls carry no agreement.
+//
 // Nothing is read from the host, so every form can be captured in a CUDA
 // graph and replayed with new splits. This header holds what the forms
-// share: the check of the whole exchange, the plan and the sends.
+// share: the agreement, the check of the whole exchange, the plan and the
+// sends.
 #pragma once
 #include "common.cuh"
 #include "phases.cuh"
@@ -43,6 +50,17 @@ namespace k {
 constexpr int kAnyKind = -1;
 
 template <int K> __device__ __forceinline__ int kind_of(const A2av &a) { return K == kAnyKind ? a.kind : K; }
+
+// Whether this PE goes on with the call (whole block, every block of the
+// first kernel of a form): not where an agreement that covers the call
+// failed (`a.skip_if`, written by a kernel before on the stream), and
+// only where every member made the same call (`agree`, with the call's
+// row; at once without one). The same verdict on every PE, so all skip
+// or none does.
+__device__ __forceinline__ bool a2av_agreed(const TeamSync &t, const A2av &a) {
+    if (a.skip_if != 0 && *t.mine<volatile int64_t>(a.skip_if) != 0) return false;
+    return agree(t);
+}
 
 // This PE's staging (global memory) for the two-kernel form, in 64-bit
 // words: the verdict, the data kernel's active blocks, every PE's splits
@@ -530,7 +548,7 @@ inline __device__ void a2av_push(const TeamSync &t, const A2av &a, const uint64_
 // A kernel for each kind, shmem_a2av_FORM_v, _2d and _2d_offset, each
 // BODY made for its kind (`A2AV_FUSED` and `A2AV_LINES` in kernels.rs),
 // after the wait for the kernel before it (launched as a dependent
-// launch).
+// launch). Each BODY begins with the call's agreement (`a2av_agreed`).
 #define SHMEM_A2AV_KERNELS(FORM, BODY)                                          \
     extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)       \
         shmem_a2av_##FORM##_v(shmem::k::TeamSync t, shmem::k::A2av a) {         \

@@ -100,6 +100,13 @@ template <int K> __device__ __forceinline__ void a2av_fused(const TeamSync &team
     if (threadIdx.x == 0) busiest = 0;
     A2avPackets pk(t);
     phase_mark("counter");
+    // The call's agreement, on the block's copy of the view (the peers'
+    // heap bases are in shared memory since the counter's barrier; the
+    // counter is only read so far): where it fails, nothing is sent.
+    if (!a2av_agreed(t, a)) {
+        phase_end();
+        return;
+    }
     // Block 0 sends this PE's splits to every peer; every block gathers
     // every PE's.
     if (blockIdx.x == 0)

@@ -40,14 +40,20 @@
 // also runs twice: on the forwarder, summing the node's partials of each
 // rail row into rows of `out_stride` bytes, then on the source.
 //
+// An eager call of the node-aware form is agreed over the world first
+// (`shmem_moe_agree`): its verdict, in `state[1]`, makes the call's
+// exchanges skip (`A2av::skip_if`) on every PE where any PE's call
+// differed or failed its host checks; the flat form's one exchange agrees
+// on the call itself.
+//
 // Arrivals (`MoeLayer::arrivals`, `MoeAllToAll::arrivals`): one u64 flag
-// per (local expert, source PE of the view), then the epoch word, then a placement
-// counter per (local expert, source). The receiver's route advances the
-// epoch, zeroes the counters and marks at once the pairs that receive no
-// row; the receiver's gather counts each placed row of a pair and the
-// block that places its last one stores the epoch in the pair's flag, with
-// release semantics, after the rows are written. A kernel on another
-// stream can wait on a pair's flag (`shmem::moe_wait_arrival` of
+// per (local expert, source PE of the view), then the epoch word, then a
+// placement counter per (local expert, source). The receiver's route
+// advances the epoch, zeroes the counters and marks at once the pairs that
+// receive no row; the receiver's gather counts each placed row of a pair
+// and the block that places its last one stores the epoch in the pair's
+// flag, with release semantics, after the rows are written. A kernel on
+// another stream can wait on a pair's flag (`shmem::moe_wait_arrival` of
 // shmem_device.cuh) and start on those rows while the others still land.
 //
 // A bad routing poisons the dispatch's first split with a marker (see
@@ -636,6 +642,15 @@ template <typename T> __device__ void combine_source(const TeamSync &t, const Mo
 
 using shmem::k::MoeLayer;
 using shmem::k::TeamSync;
+
+// The node-aware form's agreement over the world (one block; `t` the
+// world's, agreeing): every member's row of the call (agree.cuh), and the
+// verdict into `state[1]` (1: failed), which the call's exchanges read.
+extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads) shmem_moe_agree(TeamSync t, MoeLayer m) {
+    shmem::k::follow_stream();
+    const bool agreed = shmem::k::agree(t);
+    if (threadIdx.x == 0) t.mine<int64_t>(m.state)[1] = agreed ? 0 : 1;
+}
 
 extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads) shmem_moe_route(TeamSync t, MoeLayer m) {
     if (m.phase == 0) {

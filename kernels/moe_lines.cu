@@ -240,6 +240,7 @@ template <int K> struct A2avLines {
 // collectives reuse it (every operation sends every peer its splits). A
 // kernel for each kind (`shmem_a2av_lines_*` below).
 template <int K> __device__ __forceinline__ void a2av_lines(const TeamSync &team, const A2av &a) {
+    if (!a2av_agreed(team, a)) return;
     phase_begin("lines");
     extern __shared__ uint64_t shared_table[];
     A2avTable tb = a2av_shared_table<K>(team, a, shared_table);

@@ -1,5 +1,5 @@
-// The two-kernel form's first kernel (see moe.cuh): the barrier, the
-// check of the whole exchange and the plan.
+// The two-kernel form's first kernel (see moe.cuh): the agreement, the
+// barrier, the check of the whole exchange and the plan.
 #include "moe.cuh"
 
 using shmem::k::A2av;
@@ -9,6 +9,11 @@ extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
     shmem_a2av_plan(TeamSync t, A2av a) {
     shmem::k::follow_stream();
     using namespace shmem::k;
+    if (!a2av_agreed(t, a)) {
+        // The data kernel reads the verdict and skips too.
+        if (blockIdx.x == 0 && threadIdx.x == 0) *a2av_table(t, a).verdict() = 1;
+        return;
+    }
     // Every PE's splits and the work arrays, read over and over below: in
     // shared memory where they fit (the host sizes it), else global.
     extern __shared__ uint64_t shared_work[];

@@ -51,7 +51,7 @@ struct Call<'a, 'b, T: Element> {
 
 /// A call that its kernel agrees on (see `Team::agrees_on_device`): the
 /// agreement's epoch and this PE's row.
-type DeviceAgreement = (u64, DescRow);
+pub(crate) type DeviceAgreement = (u64, DescRow);
 
 impl Team {
     pub(crate) fn pe_ptr<T>(&self, member: usize, offset: usize) -> *mut T {
@@ -136,7 +136,7 @@ impl Team {
 
     /// Launches the agreement on the device alone (`shmem_agree`), for a
     /// call this PE does not make: its row carries its error.
-    fn agree_alone(&self, (epoch, row): DeviceAgreement, stream: &Stream) -> Result<()> {
+    pub(crate) fn agree_alone(&self, (epoch, row): DeviceAgreement, stream: &Stream) -> Result<()> {
         let g = self.ctx.gpu.as_ref().expect("the device agrees on the GPU backend");
         let k = g.kernels.as_ref().expect("the device agrees with shmem's kernels");
         let force = self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner()).force_rma;
@@ -147,7 +147,7 @@ impl Team {
     /// The error of this call's agreement, which its kernel found failed
     /// (after a synchronisation): the first failure since the last look,
     /// which is this one unless an earlier went unreported.
-    fn failed_agreement(&self) -> Error {
+    pub(crate) fn failed_agreement(&self) -> Error {
         self.ctx.take_agreement_error().unwrap_or_else(|| {
             Error::CollectiveMismatch(format!(
                 "a collective on the team of PEs {:?} failed its agreement",

@@ -548,13 +548,16 @@ impl Context {
     /// On the GPU backend the MoE all-to-all-v ops read their splits on the
     /// device, so a bad split cannot fail the call that enqueued it: the
     /// kernels check the whole exchange, every PE reaches the same verdict,
-    /// nothing is written, and the failure is recorded. The next MoE call on
-    /// this context fails with it (on every PE), or this method returns it
-    /// once the bad operation has run (after synchronizing its stream, it
-    /// has). The same holds for an eager collective whose PEs' calls
-    /// differed, which its kernel finds (an [`Error::CollectiveMismatch`],
-    /// also reported by [`Stream::synchronize`]; see [`Team`]). Always `Ok`
-    /// on the host backend, which checks before it writes.
+    /// nothing is written, and the failure is recorded. This method returns
+    /// it once the bad operation has run (after synchronizing its stream,
+    /// it has), and so does the next MoE call on this context that finds
+    /// it: that call fails on every PE (on this one with the failure, on
+    /// the others as a mismatch naming this PE, once their kernels have
+    /// run). The same holds for an eager collective or MoE call whose PEs'
+    /// calls differed, which its kernel finds (an
+    /// [`Error::CollectiveMismatch`], also reported by
+    /// [`Stream::synchronize`]; see [`Team`]). Always `Ok` on the host
+    /// backend, which checks before it writes.
     pub fn check_device(&self) -> Result<()> {
         self.inner.check_device()
     }

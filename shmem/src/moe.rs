@@ -63,24 +63,43 @@
 //!
 //! # Checks
 //!
-//! Every PE can read every peer's splits (they are symmetric), so after the
-//! usual descriptor exchange each PE validates the *whole* exchange —
-//! negative splits, offsets that are negative, overlap or run backwards,
-//! chunks beyond a PE's input, outputs too small for what a PE would
-//! receive — in the same order, reaches the same verdict, and fails before
-//! anything is written. PyTorch checks less (a negative split or a short
-//! input trips a device assert; an output overflow is not checked).
+//! First the PEs agree on the call: each PE's descriptor (the operation,
+//! the element type, its buffers' heap offsets and a hash of their sizes,
+//! `row_len` and `major_align`) must equal every other's, and no PE's own
+//! arguments may have failed its checks. On the host backend this is an
+//! exchange before the call returns. On the GPU backend an eager call
+//! agrees on the device, with no host round trip (across nodes, no network
+//! round trip on the host): the descriptor travels with the first kernel,
+//! which compares every PE's (see [`Team`]'s module docs). Where they
+//! differ, every PE's kernels skip the call, write nothing, and each PE's
+//! [`Stream::synchronize`] (or [`Context::check_device`], or its next MoE
+//! call) reports an [`Error::CollectiveMismatch`] naming the calls; a PE
+//! whose own arguments failed returns its error at once, and the others'
+//! mismatch names it and the reason. A call captured in a CUDA graph is
+//! checked on each PE only.
+//!
+//! Then, every PE can read every peer's splits (they are symmetric), so
+//! each PE validates the *whole* exchange — negative splits, offsets that
+//! are negative, overlap or run backwards, chunks beyond a PE's input,
+//! outputs too small for what a PE would receive — in the same order,
+//! reaches the same verdict, and fails before anything is written (on the
+//! GPU backend on the device: the failure is reported by the next MoE call
+//! or [`Context::check_device`]). PyTorch checks less (a negative split or
+//! a short input trips a device assert; an output overflow is not
+//! checked).
 
 use crate::buffer::{Region, SymSlice};
+use crate::coll::DeviceAgreement;
 use crate::context::{Context, Stream};
 use crate::dtype::Element;
 use crate::error::{Error, Result, RoutingFault};
+use crate::gpu::abi::TeamSync;
 use crate::gpu::abi::{
     A2avKind, A2AV_NEGATIVE_OFFSET, A2AV_NEGATIVE_SPLIT, A2AV_OFFSET_BACKWARDS, A2AV_PAST_INPUT, ROUTE_BAD,
     ROUTE_BAD_WEIGHT, ROUTE_EXPERT_OUT_OF_RANGE, ROUTE_FAULT_SHIFT, ROUTE_REPEATED_EXPERT,
 };
 use crate::gpu::kernels::{A2av, DeviceCheckFailure, Kernels};
-use crate::gpu::GpuWorld;
+use crate::gpu::{CudaCall, GpuWorld};
 use crate::team::{Desc, OpKind, Team};
 use rayon::prelude::*;
 
@@ -101,6 +120,32 @@ const PIECE: usize = 1 << 15;
 /// An address that may cross into rayon tasks.
 #[derive(Clone, Copy)]
 struct Addr(usize);
+
+/// How the PEs of an all-to-all-v call's team agree on it.
+pub(crate) enum Agreement {
+    /// The call agrees by itself: on the host backend in an exchange, on
+    /// the GPU backend (eagerly) in its first kernel. `pre` is this PE's
+    /// own verdict on its arguments (the MoE layer's checks), carried into
+    /// the agreement so that a bad call on one PE fails on every PE. With
+    /// `wait`, the GPU backend waits for the kernels and fails the call
+    /// itself where its agreement failed (for callers that read what it
+    /// wrote on the host at once).
+    Own { pre: Result<()>, wait: bool },
+    /// A caller's agreement covers the call (the node-aware MoE layer's,
+    /// over the world): the GPU backend adds none, and its kernels skip
+    /// the call where the word at heap offset `skip_if` says that
+    /// agreement failed. The call's own checks must then fail on every PE
+    /// alike (they see what the caller agreed on).
+    Covered { skip_if: Option<usize> },
+}
+
+impl Agreement {
+    /// The call's own agreement, its result reported by the next
+    /// synchronisation on the GPU backend.
+    pub(crate) fn own(pre: Result<()>) -> Agreement {
+        Agreement::Own { pre, wait: false }
+    }
+}
 
 /// One all-to-all-v call, checked locally.
 struct Call {
@@ -214,7 +259,11 @@ impl Team {
     /// # Errors
     /// On every PE, with nothing written, when any PE's splits are negative,
     /// exceed its input, or would overflow a receiver's output, or when the
-    /// sizes do not fit together.
+    /// sizes do not fit together, or the PEs' calls differ. On the GPU
+    /// backend the splits are checked, and an eager call agreed on, on the
+    /// device: the call returns, and the failure is reported later (see
+    /// [Checks](crate::moe#checks)); a PE's own bad arguments fail its call
+    /// at once.
     ///
     /// # Collective
     /// Every PE of the team calls it with the same buffers and `row_len`.
@@ -228,7 +277,7 @@ impl Team {
         stream: &Stream,
     ) -> Result<()> {
         let args = (input.into(), output.into(), in_splits.into(), out_splits_offsets.into());
-        self.all_to_all_v_any(OpKind::AllToAllV, args, row_len, 0, Ok(()), stream)
+        self.all_to_all_v_any(OpKind::AllToAllV, args, row_len, 0, Agreement::own(Ok(())), stream)
     }
 
     /// `all_to_all_vdev_2d`, the MoE dispatch: `in_splits` (`n_pes × ne`
@@ -259,7 +308,7 @@ impl Team {
         stream: &Stream,
     ) -> Result<()> {
         let args = (input.into(), output.into(), in_splits.into(), out_splits_offsets.into());
-        self.all_to_all_v_any(OpKind::AllToAllV2d, args, row_len, major_align, Ok(()), stream)
+        self.all_to_all_v_any(OpKind::AllToAllV2d, args, row_len, major_align, Agreement::own(Ok(())), stream)
     }
 
     /// `all_to_all_vdev_2d_offset`, the MoE combine: the reverse of
@@ -287,27 +336,29 @@ impl Team {
         stream: &Stream,
     ) -> Result<()> {
         let args = (input.into(), output.into(), in_splits_offsets.into(), out_splits_offsets.into());
-        self.all_to_all_v_any(OpKind::AllToAllV2dOffset, args, row_len, 0, Ok(()), stream)
+        self.all_to_all_v_any(OpKind::AllToAllV2dOffset, args, row_len, 0, Agreement::own(Ok(())), stream)
     }
 
-    /// The three operations. `pre` is the caller's own verdict on its
-    /// arguments (the MoE layer's routing), carried into the exchange so that
-    /// a bad call on one PE fails on every PE.
+    /// The three operations, agreed as `agreement` says.
     pub(crate) fn all_to_all_v_any<T: Element>(
         &self,
         kind: OpKind,
         (input, output, splits, out_so): (SymSlice<'_, T>, SymSlice<'_, T>, SymSlice<'_, i64>, SymSlice<'_, i64>),
         row_len: usize,
         major_align: usize,
-        pre: Result<()>,
+        agreement: Agreement,
         stream: &Stream,
     ) -> Result<()> {
         self.check()?;
         let n = self.n_pes();
-        // An earlier operation that failed its checks on the device fails
-        // this call (on every PE, through the exchange).
-        let pre = pre.and_then(|_| self.ctx.check_device());
-        let local = pre.and_then(|_| {
+        let (pre, wait, skip_if) = match agreement {
+            // An earlier operation that failed its checks on the device
+            // fails this call (on every PE, through the agreement).
+            Agreement::Own { pre, wait } => (Some(pre.and_then(|_| self.ctx.check_device())), wait, None),
+            Agreement::Covered { skip_if } => (None, false, skip_if),
+        };
+        let own = pre.is_some();
+        let local = pre.unwrap_or(Ok(())).and_then(|_| {
             let call = Call {
                 kind,
                 input: input.region(&self.ctx)?,
@@ -336,15 +387,34 @@ impl Team {
             ];
         }
         if let Some(g) = self.ctx.gpu.as_ref() {
-            // A graph replays without the host: no exchange while capturing.
             let st = g.stream(stream);
-            if crate::gpu::capturing(st) {
-                return self.all_to_all_v_gpu::<T>(g, &local?, st);
+            // A graph replays without the host, and agrees nowhere; a call
+            // that a caller's agreement covers has none of its own; and a
+            // team of one, or one the kernels do not take (which fails on
+            // every PE alike), has nothing to agree on.
+            if !own || crate::gpu::capturing(st) || !self.moe_agrees_on_device(g) {
+                return self.all_to_all_v_gpu::<T>(g, &local?, None, skip_if, st).map(drop);
             }
-            let rows = self.exchange(&desc, local.as_ref().err())?;
-            let call = local?;
-            self.agree(&rows)?;
-            return self.all_to_all_v_gpu::<T>(g, &call, st);
+            // The first kernel agrees on the call (`kernels/moe.cuh`).
+            let agreement = self.device_row(&desc, local.as_ref().err());
+            let call = match local {
+                Ok(c) => c,
+                Err(e) => {
+                    // The peers' kernels wait for this PE's row (should the
+                    // launch fail, the context is lost anyway): the
+                    // caller's error first.
+                    let _ = self.agree_alone(agreement, stream);
+                    return Err(e);
+                }
+            };
+            let t = self.all_to_all_v_gpu::<T>(g, &call, Some(agreement), None, st)?;
+            if wait {
+                st.synchronize().cuda("cuStreamSynchronize")?;
+                if g.kernels.as_ref().is_some_and(|k| k.agreement_failed(&t)) {
+                    return Err(self.failed_agreement());
+                }
+            }
+            return Ok(());
         }
         let rows = self.exchange(&desc, local.as_ref().err())?;
         let call = local?;
@@ -356,11 +426,27 @@ impl Team {
         self.raw_barrier()
     }
 
-    /// The device kernels (`kernels/moe_*.cu`): splits are read and checked
-    /// on the device, every PE reaching the same verdict; a bad exchange
-    /// writes nothing and is reported by the next MoE call (or
-    /// [`Context::check_device`]).
-    fn all_to_all_v_gpu<T: Element>(&self, g: &GpuWorld, c: &Call, st: &cudarc::driver::CudaStream) -> Result<()> {
+    /// Whether an eager call on this team agrees on the device (its first
+    /// kernel compares the members' rows): where shmem's kernels take the
+    /// team and it has peers. The same on every member.
+    fn moe_agrees_on_device(&self, g: &GpuWorld) -> bool {
+        g.kernels.is_some() && (2..=crate::gpu::kernels::MAX_TEAM).contains(&self.n_pes())
+    }
+
+    /// The device kernels (`kernels/moe_*.cu`), agreeing first on the call
+    /// where given its `agreement`, skipping it where the word at heap
+    /// offset `skip_if` is set: splits are read and checked on the device,
+    /// every PE reaching the same verdict; a bad exchange writes nothing
+    /// and is reported by the next MoE call (or [`Context::check_device`]).
+    /// Returns the view the kernels were launched with.
+    fn all_to_all_v_gpu<T: Element>(
+        &self,
+        g: &GpuWorld,
+        c: &Call,
+        agreement: Option<DeviceAgreement>,
+        skip_if: Option<usize>,
+        st: &cudarc::driver::CudaStream,
+    ) -> Result<TeamSync> {
         let k = g.kernels.as_ref().ok_or_else(crate::gpu::kernels::not_built)?;
         let n = self.n_pes();
         if n > crate::gpu::kernels::MAX_TEAM {
@@ -373,8 +459,9 @@ impl Team {
             ));
         }
         let settings = *self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner());
-        let t = k.team(self.state.slot, &self.state.members, settings.force_rma)?;
-        let a = A2av::new(
+        let plain = k.team(self.state.slot, &self.state.members, settings.force_rma)?;
+        let t = agreement.map_or(plain, |(epoch, row)| plain.agreeing(epoch, row));
+        let mut a = A2av::new(
             device_kind(c.kind),
             c.input.offset,
             c.output.offset,
@@ -386,7 +473,9 @@ impl Team {
             c.experts_per_pe(n),
             c.major_align.max(1),
         );
-        k.all_to_all_v(t, self.state.slot == 0, a, &settings, st.cu_stream())
+        a.skip_if = skip_if.unwrap_or(0) as u64;
+        k.all_to_all_v(t, self.state.slot == 0, a, &settings, st.cu_stream())?;
+        Ok(t)
     }
 
     /// Checks sizes and overlaps of this PE's arguments; fills `entries`.

@@ -10,31 +10,37 @@
 //!
 //! - on the host, in an *exchange* through the control plane (a barrier
 //!   of the team that carries the rows): the host backend, team splits,
-//!   allocations, the MoE and overlapped operations, NVSHMEM's collectives
+//!   allocations, the overlapped operations, NVSHMEM's collectives
 //!   ([`crate::CollImpl::Nvshmem`]) and teams of one;
 //! - on the device, for the eager calls (outside graph capture) of the
-//!   GPU backend's own collective kernels and barrier ([`Team::agrees_on_device`]):
-//!   the call's row travels with its kernel, whose first step compares
-//!   every member's row (`kernels/agree.cuh`), so that no PE waits for
-//!   another on the host. On a mismatch every member's kernel skips the
-//!   call, and each PE's kernel records every member's row; the host reads
-//!   the record without a round trip and fails with the message the
-//!   exchange would give ([`agreement_error`]): from [`crate::Stream::synchronize`]
-//!   or [`crate::Context::check_device`] once the kernel has run, or from
-//!   the call itself where it synchronises anyway (the copy-engine
-//!   all-gather, an in-place all-to-all through a copy). A PE whose own
-//!   arguments fail its checks returns its error at once, after launching
-//!   the agreement alone with its error code in its row, so that its peers
-//!   skip the call and report it too;
+//!   GPU backend's own collective kernels and barrier ([`Team::agrees_on_device`])
+//!   and of its MoE all-to-all-v kernels and layer: the call's row travels
+//!   with its kernel, whose first step compares every member's row
+//!   (`kernels/agree.cuh`), so that no PE waits for another on the host.
+//!   On a mismatch every member's kernel skips the call (and the kernels
+//!   after it in the same call: the MoE forms' data kernel, the node-aware
+//!   MoE layer's exchanges, which its agreement over the world covers),
+//!   and each PE's kernel records every member's row; the host reads the
+//!   record without a round trip and fails with the message the exchange
+//!   would give ([`agreement_error`]): from [`crate::Stream::synchronize`],
+//!   [`crate::Context::check_device`] or the next MoE call once the kernel
+//!   has run, or from the call itself where it synchronises anyway (the
+//!   copy-engine all-gather, an in-place all-to-all through a copy, the
+//!   MoE layer's host paths, which read what the exchange wrote). A PE
+//!   whose own arguments fail its checks returns its error at once, after
+//!   launching the agreement alone with its error code in its row, so that
+//!   its peers skip the call and report it too;
 //! - nowhere, in graph capture: a graph replays without the host, and its
 //!   calls are checked on each PE only.
 //!
 //! A device-found mismatch is reported from no later collective call of the
 //! device path: each PE learns of it when its own kernel has run, so a
 //! later call could fail on one PE and go on on another, which would leave
-//! the latter's kernel waiting for a PE that never comes. The calls that
-//! agree on the host ([`crate::Context::check_device`] in the MoE
-//! operations) may: a failure there fails every PE of the exchange.
+//! the latter's kernel waiting for a PE that never comes. The MoE calls
+//! may ([`crate::Context::check_device`] before they agree): a PE that
+//! finds an earlier failure there fails its call with it, and its row
+//! carries the error, so that the call fails on every PE (on the others
+//! as a mismatch naming that PE, once their kernels have run).
 
 use crate::context::{Inner, Stream};
 use crate::control::{DescRow, DESC_WORDS, MAX_TEAMS};
@@ -66,6 +72,8 @@ pub(crate) enum OpKind {
     MoeSetup,
     AllGatherMatmul,
     MatmulReduceScatter,
+    MoeDispatch,
+    MoeCombine,
 }
 
 impl OpKind {
@@ -87,6 +95,8 @@ impl OpKind {
             MoeSetup,
             AllGatherMatmul,
             MatmulReduceScatter,
+            MoeDispatch,
+            MoeCombine,
         ]
         .into_iter()
         .find(|k| *k as u8 == v)
@@ -109,6 +119,8 @@ impl OpKind {
             OpKind::MoeSetup => "MoeAllToAll::new",
             OpKind::AllGatherMatmul => "all_gather_matmul",
             OpKind::MatmulReduceScatter => "matmul_reduce_scatter",
+            OpKind::MoeDispatch => "MoeAllToAll::dispatch",
+            OpKind::MoeCombine => "MoeAllToAll::combine",
         }
     }
 }
@@ -190,6 +202,12 @@ impl fmt::Display for Row<'_> {
                 w[5],
                 w[4],
                 w[6]
+            )?,
+            Some(OpKind::MoeDispatch | OpKind::MoeCombine) => write!(
+                f,
+                "the exchange with wire rows at heap offset {}, staged at {}, the view at {}, rail rows at {}, \
+                 staged at {}",
+                w[2], w[3], w[4], w[5], w[6]
             )?,
             Some(OpKind::MatmulReduceScatter) => {
                 write!(f, "workspace {} elements at heap offset {}, m {}, n {}", w[3], w[2], w[4], w[5])?

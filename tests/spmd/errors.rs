@@ -1,9 +1,9 @@
 //! Bad input: a clear error on every PE, nothing written, and the world
 //! still usable afterwards.
 
-use crate::util::{needs_pes, payloads, poison, Env, TestResult};
+use crate::util::{assert_bits_eq, deferred_mismatch, needs_pes, payloads, poison, Env, TestResult};
 use crate::{assert_err, TestFn};
-use shmem::{BackendKind, Error, ReduceOp, SignalOp};
+use shmem::{BackendKind, Error, MoeAllToAll, MoeConfig, ReduceOp, SignalOp, SymmetricBuffer};
 
 pub const TESTS: &[(&str, TestFn)] = &[
     ("errors::init_twice", init_twice),
@@ -20,6 +20,10 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("errors::collective_bad_on_one_pe", collective_bad_on_one_pe),
     ("errors::collective_bad_everywhere", collective_bad_everywhere),
     ("errors::split_bad_arguments", split_bad_arguments),
+    ("errors::moe_calls_differ", moe_calls_differ),
+    ("errors::moe_bad_on_one_pe", moe_bad_on_one_pe),
+    ("errors::moe_layer_bad_on_one_pe", moe_layer_bad_on_one_pe),
+    ("errors::moe_layer_calls_differ", moe_layer_calls_differ),
 ];
 
 /// `start..end` built at run time (a reversed range is what is tested).
@@ -274,5 +278,196 @@ fn split_bad_arguments(env: &Env) -> TestResult {
         let r = world.split_strided(0, 1, if me == 0 { 1 } else { 2 });
         assert_err!(r, Error::CollectiveMismatch(_));
     }
+    still_usable(env)
+}
+
+/// Poison of out splits/offsets.
+const POISON_SO: i64 = -7;
+
+/// A buffer holding `data`.
+fn filled<T: crate::util::TestElem>(env: &Env, data: &[T]) -> shmem::Result<SymmetricBuffer<T>> {
+    let b = env.ctx.alloc::<T>(data.len())?;
+    b.copy_from_host(data, &env.s)?;
+    Ok(b)
+}
+
+/// MoE all-to-all-v calls that differ between PEs (their sizes, the
+/// operation, an all-to-all-v against a collective): a collective mismatch
+/// naming both calls on every PE (on the gpu backend from the
+/// synchronisation after the call, whose kernels agree on the device and
+/// skip it), nothing written, nothing left for `check_device`.
+fn moe_calls_differ(env: &Env) -> TestResult {
+    needs_pes(env, 2)?;
+    let (n, me, s) = (env.n(), env.me(), &env.s);
+    let row_len = 4;
+    let input = filled(env, &vec![1.0f32; 8 * row_len])?;
+    let output = filled(env, &vec![poison::<f32>(); (8 * n + 1) * row_len])?;
+    let splits = filled(env, &vec![1i64; 2 * n])?;
+    let so = filled(env, &vec![POISON_SO; 4 * n])?;
+    let sums = filled(env, &vec![1.0f32; 128])?;
+    let nothing_written = |what: &str| -> TestResult {
+        assert_bits_eq(&output.copy_to_host(s)?, &vec![poison::<f32>(); (8 * n + 1) * row_len], what);
+        assert_eq!(so.copy_to_host(s)?, vec![POISON_SO; 4 * n], "{what}: out_splits_offsets");
+        env.ctx.check_device()?;
+        Ok(())
+    };
+    // The last PE's output is a row longer.
+    let rows = if me == n - 1 { 8 * n + 1 } else { 8 * n };
+    let r = env.ctx.all_to_all_v(&input, output.slice(..rows * row_len), splits.slice(..n), so.slice(..2 * n), 4, s);
+    let e = deferred_mismatch(env, r).to_string();
+    assert!(e.contains("all_to_all_v(f32") && e.contains("but PE"), "{e}");
+    nothing_written("sizes differ")?;
+    // The dispatch on PE 0, the combine on the others.
+    let r = if me == 0 {
+        env.ctx.all_to_all_v_2d(&input, &output, &splits, &so, row_len, 1, s)
+    } else {
+        env.ctx.all_to_all_v_2d_offset(&input, &output, &splits, so.slice(..2 * n), row_len, s)
+    };
+    let e = deferred_mismatch(env, r).to_string();
+    assert!(e.contains("all_to_all_v_2d(") && e.contains("all_to_all_v_2d_offset("), "{e}");
+    nothing_written("operations differ")?;
+    // An all-to-all-v on PE 0, an all-reduce on the others.
+    let r = if me == 0 {
+        env.ctx.all_to_all_v(&input, &output, splits.slice(..n), so.slice(..2 * n), row_len, s)
+    } else {
+        env.ctx.all_reduce(&sums, &sums, ReduceOp::Sum, s)
+    };
+    let e = mismatch(env, r).to_string();
+    assert!(e.contains("all_to_all_v(") && e.contains("all_reduce("), "{e}");
+    nothing_written("a collective")?;
+    assert_eq!(sums.copy_to_host(s)?, vec![1.0f32; 128], "the all-reduce's buffer");
+    still_usable(env)
+}
+
+/// One PE's own bad arguments to a MoE all-to-all-v: its own error, at
+/// once; on the others a collective mismatch naming it and the reason
+/// (on the gpu backend from the synchronisation after the call); nothing
+/// written.
+fn moe_bad_on_one_pe(env: &Env) -> TestResult {
+    let (n, me, s) = (env.n(), env.me(), &env.s);
+    let bad = n - 1;
+    let input = filled(env, &[1.0f32; 8 * 4])?;
+    let output = filled(env, &vec![poison::<f32>(); n * 8 * 4])?;
+    let splits = filled(env, &vec![2i64; n])?;
+    let so = filled(env, &vec![POISON_SO; 2 * n])?;
+    // The bad PE's out_splits_offsets is one entry short.
+    let so_len = if me == bad { 2 * n - 1 } else { 2 * n };
+    let r = env.ctx.all_to_all_v(&input, &output, &splits, so.slice(..so_len), 4, s);
+    if me == bad {
+        let e = assert_err!(r, Error::LengthMismatch(_));
+        assert!(e.to_string().contains("out_splits_offsets has"), "{e}");
+    } else {
+        let e = deferred_mismatch(env, r).to_string();
+        assert!(e.contains(&format!("PE {bad} rejected its arguments (a length mismatch)")), "{e}");
+    }
+    assert_bits_eq(&output.copy_to_host(s)?, &vec![poison::<f32>(); n * 8 * 4], "output");
+    assert_eq!(so.copy_to_host(s)?, vec![POISON_SO; 2 * n], "out_splits_offsets");
+    env.ctx.check_device()?;
+    still_usable(env)
+}
+
+/// The MoE layer's device buffers of one PE: its tokens, routing (each
+/// token to two experts, weights 1/2) and token count, and an output.
+struct LayerCall {
+    tokens: SymmetricBuffer<f32>,
+    ids: SymmetricBuffer<i64>,
+    weights: SymmetricBuffer<f32>,
+    count: SymmetricBuffer<i64>,
+    out: SymmetricBuffer<f32>,
+    mine: Vec<f32>,
+}
+
+fn layer_call(env: &Env, c: &MoeConfig) -> shmem::Result<LayerCall> {
+    let (n, me) = (env.n(), env.me());
+    let experts = (n * c.experts_per_pe) as i64;
+    let mine: Vec<f32> = (0..c.max_tokens * c.hidden).map(|i| (me * 1000 + i) as f32).collect();
+    let ids: Vec<i64> =
+        (0..c.max_tokens as i64).flat_map(|t| [(t + me as i64) % experts, (t + me as i64 + 1) % experts]).collect();
+    Ok(LayerCall {
+        tokens: filled(env, &mine)?,
+        ids: filled(env, &ids)?,
+        weights: filled(env, &vec![0.5f32; c.max_tokens * c.top_k])?,
+        count: filled(env, &[c.max_tokens as i64])?,
+        out: filled(env, &vec![poison::<f32>(); c.max_tokens * c.hidden])?,
+        mine,
+    })
+}
+
+/// One PE's buffer too short for the layer's configuration, in
+/// `dispatch_on_device` and in `combine_on_device`: its own error at
+/// once, on the others a collective mismatch naming it and the reason (on
+/// the gpu backend from the synchronisation after the call; in the
+/// node-aware form agreed over the world), and the view, layout and
+/// output as they were; then the layer works.
+fn moe_layer_bad_on_one_pe(env: &Env) -> TestResult {
+    let (n, me, s) = (env.n(), env.me(), &env.s);
+    let bad = n - 1;
+    let c = MoeConfig::new(8, 4, 2, 2);
+    let moe = MoeAllToAll::<f32>::new(&env.ctx, c)?;
+    let call = layer_call(env, &c)?;
+    let view = moe.dispatch_on_device(&call.tokens, &call.ids, &call.weights, &call.count, s)?;
+    moe.combine_on_device(view, &call.out, s)?;
+    assert_bits_eq(&call.out.copy_to_host(s)?, &call.mine, "the round trip");
+    call.out.fill(poison(), s)?;
+    let (seen, layout) = (view.copy_to_host(s)?, moe.device_layout().copy_to_host(s)?);
+    let poisoned = vec![poison::<f32>(); c.max_tokens * c.hidden];
+    let check = |r: shmem::Result<()>, what: &str| -> TestResult {
+        if me == bad {
+            let e = assert_err!(r, Error::LengthMismatch(_));
+            assert!(e.to_string().contains(what), "{e}");
+        } else {
+            let e = deferred_mismatch(env, r).to_string();
+            assert!(e.contains(&format!("PE {bad} rejected its arguments (a length mismatch)")), "{what}: {e}");
+        }
+        assert_bits_eq(&view.copy_to_host(s)?, &seen, &format!("{what}: the view"));
+        assert_eq!(moe.device_layout().copy_to_host(s)?, layout, "{what}: the layout");
+        assert_bits_eq(&call.out.copy_to_host(s)?, &poisoned, &format!("{what}: the output"));
+        env.ctx.check_device()?;
+        Ok(())
+    };
+    let ids = if me == bad { call.ids.slice(1..) } else { (&call.ids).into() };
+    let r = moe.dispatch_on_device(&call.tokens, ids, &call.weights, &call.count, s).map(drop);
+    check(r, "topk_expert_ids")?;
+    let out = if me == bad { call.out.slice(1..) } else { (&call.out).into() };
+    check(moe.combine_on_device(view, out, s), "out has")?;
+    // The layer works.
+    let view = moe.dispatch_on_device(&call.tokens, &call.ids, &call.weights, &call.count, s)?;
+    moe.combine_on_device(view, &call.out, s)?;
+    assert_bits_eq(&call.out.copy_to_host(s)?, &call.mine, "the round trip after the refusals");
+    env.ctx.check_device()?;
+    still_usable(env)
+}
+
+/// A `dispatch_on_device` on PE 0 against a `combine_on_device` on the
+/// others: a collective mismatch on every PE (on the gpu backend from the
+/// synchronisation after the call), PE 0's view and the others' output as
+/// they were; then the layer works.
+fn moe_layer_calls_differ(env: &Env) -> TestResult {
+    needs_pes(env, 2)?;
+    let (me, s) = (env.me(), &env.s);
+    let c = MoeConfig::new(8, 4, 2, 2);
+    let moe = MoeAllToAll::<f32>::new(&env.ctx, c)?;
+    let call = layer_call(env, &c)?;
+    let view = moe.dispatch_on_device(&call.tokens, &call.ids, &call.weights, &call.count, s)?;
+    let seen = view.copy_to_host(s)?;
+    let r = if me == 0 {
+        moe.dispatch_on_device(&call.tokens, &call.ids, &call.weights, &call.count, s).map(drop)
+    } else {
+        moe.combine_on_device(view, &call.out, s)
+    };
+    let e = deferred_mismatch(env, r).to_string();
+    let named = e.contains("MoeAllToAll::dispatch(") && e.contains("MoeAllToAll::combine(");
+    // (The flat form's exchanges: the same operation on other buffers.)
+    assert!(named || (!moe.node_aware() && e.contains("all_to_all_v(")), "{e}");
+    if me == 0 {
+        assert_bits_eq(&view.copy_to_host(s)?, &seen, "the dispatch's view");
+    } else {
+        assert_bits_eq(&call.out.copy_to_host(s)?, &vec![poison::<f32>(); c.max_tokens * c.hidden], "the output");
+    }
+    env.ctx.check_device()?;
+    let view = moe.dispatch_on_device(&call.tokens, &call.ids, &call.weights, &call.count, s)?;
+    moe.combine_on_device(view, &call.out, s)?;
+    assert_bits_eq(&call.out.copy_to_host(s)?, &call.mine, "the round trip after the mismatch");
+    env.ctx.check_device()?;
     still_usable(env)
 }

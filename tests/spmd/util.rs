@@ -43,6 +43,27 @@ pub fn needs_pes(env: &Env, pes: usize) -> Result<(), NotApplicable> {
     }
 }
 
+/// The error of a PE whose MoE call on the device (an eager all-to-all-v,
+/// `dispatch_on_device`, `combine_on_device`) another PE's call makes fail
+/// (their calls differ, or the other PE's own arguments failed): on the
+/// host backend, the call's own; on the gpu backend, whose kernels agree
+/// on an eager call on the device and skip it, the call succeeds and the
+/// stream's next synchronisation reports it. Either way exactly that, a
+/// [`shmem::Error::CollectiveMismatch`].
+pub fn deferred_mismatch(env: &Env, r: shmem::Result<()>) -> shmem::Error {
+    let e = match (env.ctx.backend(), r) {
+        (shmem::BackendKind::Gpu, Ok(())) => match env.s.synchronize() {
+            Err(e) => e,
+            Ok(()) => panic!("expected a collective mismatch from the synchronisation after the call"),
+        },
+        (shmem::BackendKind::Gpu, Err(e)) => panic!("expected the call to succeed and its agreement to fail, got: {e}"),
+        (_, Err(e)) => e,
+        (_, Ok(())) => panic!("expected a collective mismatch, but the call succeeded"),
+    };
+    assert!(matches!(e, shmem::Error::CollectiveMismatch(_)), "expected a collective mismatch, got the error: {e}");
+    e
+}
+
 /// How long any single wait may take inside the suite before it fails
 /// (a hang becomes a failure): `SHMEM_TEST_WAIT_TIMEOUT` seconds, default 120.
 pub fn suite_wait_timeout() -> Result<Duration, String> {

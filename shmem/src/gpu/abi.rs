@@ -122,8 +122,8 @@ pub(crate) struct TeamSync {
     pub(in crate::gpu) rma: i32,
     pub(in crate::gpu) _pad: i32,
     /// The call's agreement epoch (the team's count of eager calls on the
-    /// device path); 0: the kernel does not agree (graph capture, MoE and
-    /// internal launches).
+    /// device path); 0: the kernel does not agree (graph capture, the
+    /// kernels after the first of a call, internal launches).
     pub(in crate::gpu) agree: u64,
     /// Device address of this PE's host-mapped [`AgreeFailure`].
     pub(in crate::gpu) report: u64,
@@ -308,9 +308,13 @@ pub(crate) struct A2av {
     /// Of the working blocks, how many copy this PE's own chunks (0: each
     /// block does both; negative: the kernel chooses; set by the launcher).
     pub(in crate::gpu) local_blocks: i32,
+    /// Heap offset of an `i64` of this PE that is non-zero where an
+    /// agreement covering this call failed, so that the kernels skip it
+    /// (the node-aware MoE layer's agreement over the world); 0: none.
+    pub skip_if: u64,
 }
 
-const _: () = assert!(size_of::<A2av>() == 104);
+const _: () = assert!(size_of::<A2av>() == 112);
 const _: () = assert!(offset_of!(A2av, input) == 0);
 const _: () = assert!(offset_of!(A2av, output) == 8);
 const _: () = assert!(offset_of!(A2av, splits) == 16);
@@ -327,6 +331,7 @@ const _: () = assert!(offset_of!(A2av, major_align) == 88);
 const _: () = assert!(offset_of!(A2av, shared_splits) == 92);
 const _: () = assert!(offset_of!(A2av, blocks) == 96);
 const _: () = assert!(offset_of!(A2av, local_blocks) == 100);
+const _: () = assert!(offset_of!(A2av, skip_if) == 104);
 
 impl A2av {
     #[allow(clippy::too_many_arguments)]
@@ -359,6 +364,7 @@ impl A2av {
             shared_splits: 0,
             blocks: 0,
             local_blocks: 0,
+            skip_if: 0,
         }
     }
 
@@ -454,7 +460,9 @@ pub(crate) struct MoeLayer {
     pub view_so: u64,
     /// `max_tokens × top_k` i64: each slot's wire row.
     pub slot_rows: u64,
-    /// i64: the last dispatch's token count, -1 after a bad one.
+    /// 2 i64: the last dispatch's token count (-1 after a bad one), and
+    /// the verdict of the node-aware form's agreement over the world
+    /// (`shmem_moe_agree`; non-zero: failed).
     pub state: u64,
     /// u32 counters: [`ROUTE_THREADS`] × (`n + ne`), then `ne × n`.
     pub scratch: u64,

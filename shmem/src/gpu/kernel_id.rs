@@ -175,6 +175,9 @@ pub(crate) enum KernelId {
     /// `shmem_moe_route`, `shmem_moe_gather` of `moe_layer.cu`.
     MoeRoute,
     MoeGather,
+    /// `shmem_moe_agree` of `moe_layer.cu`: the node-aware MoE layer's
+    /// agreement over the world.
+    MoeAgree,
     /// `shmem_amo`: a host-initiated atomic through NVSHMEM.
     Amo,
     /// `shmem_allgather_nodes`, `shmem_broadcast_nodes`,
@@ -198,7 +201,7 @@ pub(crate) enum KernelId {
 }
 
 /// Kernels without arguments of their own, in [`KernelId::index`] order.
-const SINGLES: [KernelId; 13] = [
+const SINGLES: [KernelId; 14] = [
     KernelId::SelfCheck,
     KernelId::Barrier,
     KernelId::Agree,
@@ -212,6 +215,7 @@ const SINGLES: [KernelId; 13] = [
     KernelId::AllGatherNodes,
     KernelId::BroadcastNodes,
     KernelId::AllToAllNodes,
+    KernelId::MoeAgree,
 ];
 
 const DTYPES: usize = DType::ALL.len();
@@ -257,6 +261,7 @@ impl KernelId {
             KernelId::AllGatherNodes => 10,
             KernelId::BroadcastNodes => 11,
             KernelId::AllToAllNodes => 12,
+            KernelId::MoeAgree => 13,
             KernelId::SumSlots(d) => SUM_SLOTS_AT + dtype(d),
             KernelId::MoeCombine(d) => MOE_COMBINE_AT + dtype(d),
             KernelId::A2avFused(k) => A2AV_FUSED_AT + k as usize,
@@ -289,6 +294,7 @@ impl KernelId {
             KernelId::AllGatherNodes => "shmem_allgather_nodes".into(),
             KernelId::BroadcastNodes => "shmem_broadcast_nodes".into(),
             KernelId::AllToAllNodes => "shmem_alltoall_nodes".into(),
+            KernelId::MoeAgree => "shmem_moe_agree".into(),
             KernelId::SumSlots(d) => format!("shmem_sum_slots_{}", d.name()),
             KernelId::MoeCombine(d) => format!("shmem_moe_combine_{}", d.name()),
             KernelId::A2avFused(k) => format!("shmem_a2av_fused_{}", a2av(k)),

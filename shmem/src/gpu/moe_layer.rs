@@ -22,6 +22,17 @@ impl Kernels {
         unsafe { self.launch_with(KernelId::MoeGather, rows.clamp(1, MAX_ROW_BLOCKS), 0, t, m, s) }
     }
 
+    /// The node-aware form's agreement over the world (`shmem_moe_agree`,
+    /// one block): `t` is the world's view agreeing on the call, and the
+    /// verdict goes to `m.state`'s second word, which the call's
+    /// exchanges read ([`super::abi::A2av::skip_if`]).
+    pub(crate) fn moe_agree(&self, t: TeamSync, m: MoeLayer, s: CUstream) -> Result<()> {
+        // SAFETY: (TeamSync, MoeLayer) as the kernel declares; it writes
+        // the agreement's state and record, and `m.state`'s second word
+        // (the layer's buffer of two i64s).
+        unsafe { self.launch_with(KernelId::MoeAgree, 1, 0, t, m, s) }
+    }
+
     /// The combine kernel (f32, f64, f16, bf16): a block per staged row or
     /// token, `rows` at most.
     pub(crate) fn moe_combine(&self, dtype: DType, t: TeamSync, m: MoeLayer, rows: usize, s: CUstream) -> Result<()> {

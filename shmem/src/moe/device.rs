@@ -5,6 +5,7 @@
 
 use super::layer::{CombineElement, DeviceTokens, MoeAllToAll};
 use super::nodes::Rails;
+use super::Agreement;
 use crate::buffer::SymSlice;
 use crate::context::Stream;
 use crate::dtype::Element;
@@ -14,9 +15,18 @@ use crate::gpu::kernels::{not_built, MoeLayer};
 use crate::gpu::GpuWorld;
 use crate::team::OpKind;
 
+/// A result as the verdict the agreement carries and the value kept for
+/// after it.
+fn split<V>(r: Result<V>) -> (Result<()>, Option<V>) {
+    match r {
+        Ok(v) => (Ok(()), Some(v)),
+        Err(e) => (Err(e), None),
+    }
+}
+
 impl<T: Element> MoeAllToAll<T> {
     /// The kernels' arguments for `phase`, with this exchange's buffers.
-    fn layer_args(&self, phase: i32) -> MoeLayer {
+    pub(super) fn layer_args(&self, phase: i32) -> MoeLayer {
         let (c, w) = (self.config, self.wire);
         let fp8 = self.fp8.as_ref();
         MoeLayer {
@@ -90,7 +100,8 @@ impl<T: Element> MoeAllToAll<T> {
             };
             k.moe_route(t, m, c.max_tokens * c.top_k, st)
         });
-        self.team.all_to_all_v_any(OpKind::AllToAllV, self.out_buffers(), self.wire.stride, 0, pre, stream)?;
+        let own = Agreement::own(pre);
+        self.team.all_to_all_v_any(OpKind::AllToAllV, self.out_buffers(), self.wire.stride, 0, own, stream)?;
         let k = g.kernels.as_ref().ok_or_else(not_built)?;
         let t = k.team(self.team.state.slot, &self.team.state.members, false)?;
         let m = MoeLayer { fp8, dequantize: i32::from(dequantize), ..self.layer_args(1) };
@@ -126,7 +137,8 @@ impl<T: CombineElement> MoeAllToAll<T> {
             let t = k.team(self.team.state.slot, &self.team.state.members, false)?;
             k.moe_combine(T::DTYPE, t, args(0)?, n * c.max_tokens, st)
         });
-        self.team.all_to_all_v_any(OpKind::AllToAllV, self.back_buffers(), self.wire.back_stride, 0, pre, stream)?;
+        let own = Agreement::own(pre);
+        self.team.all_to_all_v_any(OpKind::AllToAllV, self.back_buffers(), self.wire.back_stride, 0, own, stream)?;
         let k = g.kernels.as_ref().ok_or_else(not_built)?;
         let t = k.team(self.team.state.slot, &self.team.state.members, false)?;
         k.moe_combine(T::DTYPE, t, args(1)?, c.max_tokens, st)
@@ -179,29 +191,34 @@ impl<T: Element> MoeAllToAll<T> {
         let (c, ctx, w) = (self.config, &self.team.ctx, self.wire);
         let st = g.stream(stream).cu_stream();
         let fp8 = if w.fp8 { FP8_QUANTIZE } else { 0 };
-        let (tokens, token_scales, mode) = match tokens {
-            DeviceTokens::Plain(x) => (x.region(ctx)?.offset, 0, fp8),
-            DeviceTokens::Codes(q, s) => (q.region(ctx)?.offset, s.region(ctx)?.offset, FP8_PRE_QUANTIZED),
-        };
-        let (ids, weights, count) = (ids.region(ctx)?.offset, weights.region(ctx)?.offset, count.region(ctx)?.offset);
-        self.agree_world(pre.and_then(|_| g.kernels.as_ref().map(|_| ()).ok_or_else(not_built)), stream)?;
+        let source = pre.and_then(|()| {
+            g.kernels.as_ref().ok_or_else(not_built)?;
+            let (tokens, token_scales, mode) = match tokens {
+                DeviceTokens::Plain(x) => (x.region(ctx)?.offset, 0, fp8),
+                DeviceTokens::Codes(q, s) => (q.region(ctx)?.offset, s.region(ctx)?.offset, FP8_PRE_QUANTIZED),
+            };
+            Ok(MoeLayer {
+                tokens: tokens as u64,
+                token_scales: token_scales as u64,
+                ids: ids.region(ctx)?.offset as u64,
+                weights: weights.region(ctx)?.offset as u64,
+                n_tokens: count.region(ctx)?.offset as u64,
+                fp8: mode,
+                ..self.rail_args(r, 0)
+            })
+        });
+        let (pre, source) = split(source);
+        let skip_if = self.agree_world(OpKind::MoeDispatch, pre, false, stream)?;
+        let m = source.expect("the agreement fails on a PE whose arguments failed");
         let k = g.kernels.as_ref().ok_or_else(not_built)?;
         let rail = k.team(r.rail.state.slot, &r.rail.state.members, false)?;
         let node = k.team(r.node.state.slot, &r.node.state.members, false)?;
-        let m = MoeLayer {
-            tokens: tokens as u64,
-            token_scales: token_scales as u64,
-            ids: ids as u64,
-            weights: weights as u64,
-            n_tokens: count as u64,
-            fp8: mode,
-            ..self.rail_args(r, 0)
-        };
+        let covered = || Agreement::Covered { skip_if };
         k.moe_route(rail, m, c.max_tokens * c.top_k, st)?;
-        r.rail.all_to_all_v_any(OpKind::AllToAllV, self.rail_out_buffers(), w.stride, 0, Ok(()), stream)?;
+        r.rail.all_to_all_v_any(OpKind::AllToAllV, self.rail_out_buffers(), w.stride, 0, covered(), stream)?;
         let forwarded = c.rail_stage_rows(r.nodes).unwrap_or(0) * c.top_k;
         k.moe_route(node, MoeLayer { fp8, ..self.node_args(r, 0) }, forwarded, st)?;
-        r.node.all_to_all_v_any(OpKind::AllToAllV, self.out_buffers(), w.stride, 0, Ok(()), stream)?;
+        r.node.all_to_all_v_any(OpKind::AllToAllV, self.out_buffers(), w.stride, 0, covered(), stream)?;
         let m = MoeLayer { fp8, dequantize: i32::from(dequantize), ..self.node_args(r, 1) };
         k.moe_route(node, m, self.team.n_pes() * c.max_tokens, st)
     }
@@ -222,14 +239,20 @@ impl<T: CombineElement> MoeAllToAll<T> {
     ) -> Result<()> {
         let (c, ctx, w) = (self.config, &self.team.ctx, self.wire);
         let st = g.stream(stream).cu_stream();
-        let (outputs, out) = (outputs.region(ctx)?.offset as u64, out.region(ctx)?.offset as u64);
-        self.agree_world(pre.and_then(|_| g.kernels.as_ref().map(|_| ()).ok_or_else(not_built)), stream)?;
+        let regions = pre.and_then(|()| {
+            g.kernels.as_ref().ok_or_else(not_built)?;
+            Ok((outputs.region(ctx)?.offset as u64, out.region(ctx)?.offset as u64))
+        });
+        let (pre, regions) = split(regions);
+        let skip_if = self.agree_world(OpKind::MoeCombine, pre, false, stream)?;
+        let (outputs, out) = regions.expect("the agreement fails on a PE whose arguments failed");
+        let covered = || Agreement::Covered { skip_if };
         let k = g.kernels.as_ref().ok_or_else(not_built)?;
         let rail = k.team(r.rail.state.slot, &r.rail.state.members, false)?;
         let node = k.team(r.node.state.slot, &r.node.state.members, false)?;
         let experts = MoeLayer { outputs, ..self.node_args(r, 0) };
         k.moe_combine(T::DTYPE, node, experts, self.team.n_pes() * c.max_tokens, st)?;
-        r.node.all_to_all_v_any(OpKind::AllToAllV, self.back_buffers(), w.back_stride, 0, Ok(()), stream)?;
+        r.node.all_to_all_v_any(OpKind::AllToAllV, self.back_buffers(), w.back_stride, 0, covered(), stream)?;
         let sums = r.partials.as_ref().map_or(&r.stage, |p| p);
         let forward = MoeLayer {
             out: sums.offset as u64,
@@ -240,7 +263,7 @@ impl<T: CombineElement> MoeAllToAll<T> {
         };
         let rows = c.rail_stage_rows(r.nodes).unwrap_or(0);
         k.moe_combine(T::DTYPE, node, forward, rows, st)?;
-        r.rail.all_to_all_v_any(OpKind::AllToAllV, self.rail_back_buffers(), w.back_stride, 0, Ok(()), stream)?;
+        r.rail.all_to_all_v_any(OpKind::AllToAllV, self.rail_back_buffers(), w.back_stride, 0, covered(), stream)?;
         k.moe_combine(T::DTYPE, rail, MoeLayer { out, ..self.rail_args(r, 1) }, c.max_tokens, st)
     }
 }

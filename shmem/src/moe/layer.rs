@@ -52,6 +52,7 @@
 //! epoch on the device. See [`Arrivals`](super::Arrivals).
 
 use super::nodes::{node_aware_shape, Rails};
+use super::Agreement;
 use crate::buffer::{SymSlice, SymmetricBuffer};
 use crate::context::{Context, Stream};
 use crate::dtype::Element;
@@ -788,11 +789,12 @@ impl<T: Element> MoeAllToAll<T> {
                 }
                 Err(e) => Err(clone_error(e)),
             };
-            self.agree_world(pre, stream)?;
+            self.agree_world(OpKind::MoeDispatch, pre, true, stream)?;
             let route = route.expect("the agreement fails on a PE whose routing failed");
-            r.rail.all_to_all_v_any(OpKind::AllToAllV, self.rail_out_buffers(), stride, 0, Ok(()), stream)?;
+            let covered = || Agreement::Covered { skip_if: None };
+            r.rail.all_to_all_v_any(OpKind::AllToAllV, self.rail_out_buffers(), stride, 0, covered(), stream)?;
             let forward = self.forward_host(stream)?;
-            r.node.all_to_all_v_any(OpKind::AllToAllV, self.out_buffers(), stride, 0, Ok(()), stream)?;
+            r.node.all_to_all_v_any(OpKind::AllToAllV, self.out_buffers(), stride, 0, covered(), stream)?;
             return self.expand(route, Some(forward), n_tokens, dequantize, stream);
         }
         let route = self.route(&tokens, ids, weights, c.experts_per_pe);
@@ -803,7 +805,9 @@ impl<T: Element> MoeAllToAll<T> {
             }
             Err(e) => Err(clone_error(e)),
         };
-        self.team.all_to_all_v_any(OpKind::AllToAllV, self.out_buffers(), stride, 0, pre, stream)?;
+        // Waited for: the view is expanded on the host at once.
+        let own = Agreement::Own { pre, wait: true };
+        self.team.all_to_all_v_any(OpKind::AllToAllV, self.out_buffers(), stride, 0, own, stream)?;
         let route = route.expect("the exchange fails on a PE whose routing failed");
         self.expand(route, None, n_tokens, dequantize, stream)
     }
@@ -818,8 +822,13 @@ impl<T: Element> MoeAllToAll<T> {
     /// token count from this dispatch.
     ///
     /// # Errors
-    /// Buffers too small for the configuration, at once. A bad routing (as
-    /// for [`MoeAllToAll::dispatch`]): on the host backend at once, as
+    /// Buffers too small for the configuration: the error on this PE at
+    /// once, and on the others a collective mismatch that names this PE and
+    /// the reason (on the GPU backend, which agrees on an eager call on the
+    /// device, from their [`Stream::synchronize`], next MoE call or
+    /// [`Context::check_device`] once the call has run; nothing is sent or
+    /// written); so do PEs whose calls differ. A bad routing (as for
+    /// [`MoeAllToAll::dispatch`]): on the host backend at once, as
     /// `dispatch` reports it; on the GPU backend it is found on the device:
     /// nothing is sent or written, and the next MoE call (or
     /// [`Context::check_device`]) fails on every PE, naming the PE and the
@@ -872,7 +881,7 @@ impl<T: Element> MoeAllToAll<T> {
         }
         let n = match pre.and_then(|_| self.host_count(count, stream)) {
             Ok(n) => n,
-            Err(e) => return Err(self.fail_all(e, self.out_buffers(), self.wire.stride, stream)),
+            Err(e) => return Err(self.fail_all(e, OpKind::MoeDispatch, self.out_buffers(), self.wire.stride, stream)),
         };
         let host_ids = head(&ids, n * c.top_k).copy_to_host(stream)?;
         let host_weights = head(&weights, n * c.top_k).copy_to_host(stream)?;
@@ -898,14 +907,21 @@ impl<T: Element> MoeAllToAll<T> {
         (&self.dispatch_splits).into()
     }
 
-    /// `e`, after failing the exchange the other PEs enter (the flat form's
-    /// over `buffers`, the node-aware form's agreement) so that they fail
-    /// too, naming this PE.
-    pub(super) fn fail_all(&self, e: Error, buffers: WireBuffers<'_>, stride: usize, stream: &Stream) -> Error {
+    /// `e`, after failing the agreement the other PEs enter (the flat
+    /// form's exchange over `buffers`, the node-aware form's agreement on
+    /// the layer's call `kind`) so that they fail too, naming this PE.
+    pub(super) fn fail_all(
+        &self,
+        e: Error,
+        kind: OpKind,
+        buffers: WireBuffers<'_>,
+        stride: usize,
+        stream: &Stream,
+    ) -> Error {
         let failed = if self.rails.is_some() {
-            self.agree_world(Err(e), stream)
+            self.agree_world(kind, Err(e), false, stream).map(drop)
         } else {
-            self.team.all_to_all_v_any(OpKind::AllToAllV, buffers, stride, 0, Err(e), stream)
+            self.team.all_to_all_v_any(OpKind::AllToAllV, buffers, stride, 0, Agreement::own(Err(e)), stream)
         };
         failed.err().unwrap_or_else(|| Error::Invalid("MoeAllToAll: a failed call's exchange succeeded".into()))
     }
@@ -1270,9 +1286,10 @@ impl<T: CombineElement> MoeAllToAll<T> {
     ///
     /// # Errors
     /// Buffers too small for the configuration; on the host backend, no
-    /// `dispatch_on_device` before. After a dispatch that failed on the
-    /// device, nothing is written, and the failure is reported as the
-    /// dispatch says.
+    /// `dispatch_on_device` before: reported as
+    /// [`MoeAllToAll::dispatch_on_device`] reports them. After a dispatch
+    /// that failed on the device, nothing is written, and the failure is
+    /// reported as the dispatch says.
     ///
     /// # Collective
     /// Every PE calls it.
@@ -1298,7 +1315,9 @@ impl<T: CombineElement> MoeAllToAll<T> {
         });
         let layout = match pre {
             Ok(l) => l,
-            Err(e) => return Err(self.fail_all(e, self.back_buffers(), self.wire.back_stride, stream)),
+            Err(e) => {
+                return Err(self.fail_all(e, OpKind::MoeCombine, self.back_buffers(), self.wire.back_stride, stream))
+            }
         };
         let sums = self.combine(outputs, &layout, stream)?;
         out.buf.slice(out.start..out.start + sums.len()).copy_from_host(&sums, stream)
@@ -1351,10 +1370,12 @@ impl<T: CombineElement> MoeAllToAll<T> {
             self.expert_partials(outputs, layout, stream)
         };
         let partials = if self.rails.is_some() {
-            self.agree_world(pre, stream)?;
+            self.agree_world(OpKind::MoeCombine, pre, true, stream)?;
             self.combine_nodes_host(layout, stream)?
         } else {
-            self.team.all_to_all_v_any(OpKind::AllToAllV, self.back_buffers(), w.back_stride, 0, pre, stream)?;
+            // Waited for: what came back is read on the host at once.
+            let own = Agreement::Own { pre, wait: true };
+            self.team.all_to_all_v_any(OpKind::AllToAllV, self.back_buffers(), w.back_stride, 0, own, stream)?;
             // What came back must be what this PE sent: otherwise the PEs
             // combined layouts of different dispatches.
             let back = self.back_so.slice(0..n).copy_to_host(stream)?;

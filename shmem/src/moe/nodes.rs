@@ -30,6 +30,8 @@ use crate::buffer::SymmetricBuffer;
 use crate::context::{Context, Stream};
 use crate::dtype::Element;
 use crate::error::{Error, Result};
+use crate::gpu::CudaCall;
+use crate::moe::Agreement;
 use crate::team::{Desc, OpKind, Team};
 
 /// The node-aware form's teams and the buffers of its rail stage (the
@@ -160,19 +162,67 @@ impl<T: Element> MoeAllToAll<T> {
         (sums.into(), send, r.stage_so.slice(0..r.nodes), (&r.back_so).into())
     }
 
-    /// Fails on every PE of the world where `pre` failed on one (the
-    /// failing PE gets its own error, the others a mismatch naming it), so
-    /// that no PE enters a stage that another left. Not while capturing
-    /// (a graph replays without the host).
-    pub(super) fn agree_world(&self, pre: Result<()>, stream: &Stream) -> Result<()> {
-        if let Some(g) = self.team.ctx.gpu.as_ref() {
-            if crate::gpu::capturing(g.stream(stream)) {
-                return pre;
+    /// Agrees on this PE's call `kind` (a dispatch or a combine of the
+    /// node-aware form) with every PE of the world before any of its
+    /// exchanges: where `pre` failed on one PE, or the PEs' calls differ,
+    /// it fails on every PE (the failing PE with its own error, the others
+    /// with a mismatch naming it and the reason), so that no PE enters a
+    /// stage that another left. An earlier failure the device found
+    /// ([`crate::Context::check_device`]) fails it as `pre` would.
+    ///
+    /// On the host backend (and for a world larger than the kernels take),
+    /// an exchange on the control plane. On the GPU backend, eagerly, on
+    /// the device (`shmem_moe_agree`), with no host round trip: the call's
+    /// exchanges skip where it failed, reading its verdict at the returned
+    /// heap offset ([`Agreement::Covered`]), and the failure is reported
+    /// as a collective's is (from [`Stream::synchronize`], the next MoE
+    /// call or `check_device`), or, with `wait`, by this call once the
+    /// agreement has run (for the host paths, which read the exchanges'
+    /// results at once). Not while capturing (a graph replays without the
+    /// host): `pre` alone.
+    pub(super) fn agree_world(
+        &self,
+        kind: OpKind,
+        pre: Result<()>,
+        wait: bool,
+        stream: &Stream,
+    ) -> Result<Option<usize>> {
+        let (r, team) = (self.rails(), &self.team);
+        let pre = pre.and_then(|_| team.ctx.check_device());
+        let mut desc = Desc::new(kind);
+        desc.dtype = Some(T::DTYPE);
+        desc.args =
+            [self.send.offset, self.stage.offset, self.recv.offset, r.send.offset, r.stage.offset].map(|x| x as u64);
+        let device = team.ctx.gpu.as_ref().and_then(|g| {
+            let k = g.kernels.as_ref().filter(|_| team.n_pes() <= crate::gpu::kernels::MAX_TEAM)?;
+            Some((g, k))
+        });
+        if let Some((g, k)) = device {
+            let st = g.stream(stream);
+            if crate::gpu::capturing(st) {
+                return pre.map(|()| None);
             }
+            let agreement = team.device_row(&desc, pre.as_ref().err());
+            if let Err(e) = pre {
+                // The peers' agreement waits for this PE's row.
+                let _ = team.agree_alone(agreement, stream);
+                return Err(e);
+            }
+            let force = team.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner()).force_rma;
+            let (epoch, row) = agreement;
+            let t = k.team(team.state.slot, &team.state.members, force)?.agreeing(epoch, row);
+            k.moe_agree(t, self.layer_args(0), st.cu_stream())?;
+            if !wait {
+                // The verdict: the second word of the layer's state.
+                return Ok(Some(self.state.offset + size_of::<i64>()));
+            }
+            st.synchronize().cuda("cuStreamSynchronize")?;
+            return if k.agreement_failed(&t) { Err(team.failed_agreement()) } else { Ok(None) };
         }
-        let rows = self.team.exchange(&Desc::new(OpKind::AllToAllV), pre.as_ref().err())?;
+        let rows = team.exchange(&desc, pre.as_ref().err())?;
         pre?;
-        self.team.agree(&rows)
+        team.agree(&rows)?;
+        Ok(None)
     }
 
     /// The forwarding PE on the host: turns the rail rows it staged into
@@ -256,13 +306,14 @@ impl<T: CombineElement> MoeAllToAll<T> {
     }
 
     /// The node-aware combine's exchanges on the host, after the expert
-    /// side's partials: back over the node, the forwarders' sums, back over
-    /// the rail. Returns the rows that came back to this PE, one per
+    /// side's partials and the agreement over the world: back over the
+    /// node, the forwarders' sums, back over the rail. Returns the rows that came back to this PE, one per
     /// (token, destination node) in send order.
     pub(super) fn combine_nodes_host(&self, layout: &Layout, stream: &Stream) -> Result<Vec<u8>> {
         let (r, w) = (self.rails(), self.wire);
         let f = layout.forward.as_ref().expect("a layout of the node-aware form");
-        r.node.all_to_all_v_any(OpKind::AllToAllV, self.back_buffers(), w.back_stride, 0, Ok(()), stream)?;
+        let covered = Agreement::Covered { skip_if: None };
+        r.node.all_to_all_v_any(OpKind::AllToAllV, self.back_buffers(), w.back_stride, 0, covered, stream)?;
         // What came back must be what this PE forwarded: otherwise the PEs
         // combined layouts of different dispatches.
         let back = self.back_so.slice(0..r.per_node).copy_to_host(stream)?;
@@ -276,7 +327,10 @@ impl<T: CombineElement> MoeAllToAll<T> {
         } else {
             self.forward_sums(f, stream)
         };
-        r.rail.all_to_all_v_any(OpKind::AllToAllV, self.rail_back_buffers(), w.back_stride, 0, pre, stream)?;
+        // This PE's verdict on what came back: agreed on by the rail (and
+        // on the GPU backend waited for: its results are read at once).
+        let own = Agreement::Own { pre, wait: true };
+        r.rail.all_to_all_v_any(OpKind::AllToAllV, self.rail_back_buffers(), w.back_stride, 0, own, stream)?;
         let back = r.back_so.slice(0..r.nodes).copy_to_host(stream)?;
         if back != layout.wire_sent() {
             return Err(Error::CollectiveMismatch(format!(
