@@ -467,10 +467,11 @@ if [[ -n $moe ]]; then
         --backend gpu --op moe,moe_layer --graph --json "$out/bench-moe.jsonl"
     # The MoE layer's targets (issue 34): 1, 32, 128 and 4096 tokens, top-8,
     # hidden 7168, 8 experts per PE; the FP8 dispatch's rows beside the
-    # bf16 ones (--fp8).
+    # bf16 ones (--fp8); graph rows at 4096 tokens too (470 MB of bf16
+    # rows a PE, past the default --graph-max-bytes).
     [[ -z $share ]] && STEP_TIMEOUT=${BENCH_TIMEOUT:-540} step bench-moe-layer "${run[@]}" "$bin/shmem-bench" \
-        --backend gpu --op moe,moe_layer --graph --tokens 1,32,128,4096 --topk 8 --hidden 7168 --experts-per-pe 8 \
-        --fp8 --json "$out/bench-moe-layer.jsonl"
+        --backend gpu --op moe,moe_layer --graph --graph-max-bytes 1G --tokens 1,32,128,4096 --topk 8 --hidden 7168 \
+        --experts-per-pe 8 --fp8 --json "$out/bench-moe-layer.jsonl"
     # MOE_LOCAL_BLOCKS="8 16": the same rows of shmem's default form with
     # that many data blocks copying each PE's own rows beside the pushes.
     for lb in ${MOE_LOCAL_BLOCKS:-}; do
