@@ -372,6 +372,7 @@ examples() {
     step moe_dispatch_combine "${run[@]}" --tag-output "$bin/moe_dispatch_combine"
     overlap_examples
     [[ -x "$bin/moe_server" ]] && step moe_server "${run[@]}" --tag-output "$bin/moe_server"
+    [[ -x "$bin/moe_server" ]] && step moe_server-fp8 "${run[@]}" --tag-output "$bin/moe_server" 1000 --fp8
     # The rest starts jobs of one node.
     ((nodes > 1)) && return
     # Run directly, an example started by spmd_main starts one PE per
@@ -459,14 +460,18 @@ if [[ -n $moe ]]; then
     step moe env SHMEM_HEAP_SIZE=2G "${run[@]}" "$bin/spmd" moe::
     step moe-forced-rma env SHMEM_FORCE_RMA=1 SHMEM_HEAP_SIZE=2G "${run[@]}" "$bin/spmd" moe::
     [[ -x "$bin/moe_server" ]] && step moe_server "${run[@]}" --tag-output "$bin/moe_server"
+    [[ -x "$bin/moe_server" ]] && step moe_server-fp8 "${run[@]}" --tag-output "$bin/moe_server" 1000 --fp8
     # MoE rows of the benchmark: 128 and 4096 tokens × 7168 bf16, 8 experts
     # per PE, top-1: the 2D ops, NCCL and the MoE layer on the same routes.
     [[ -z $share ]] && STEP_TIMEOUT=${BENCH_TIMEOUT:-300} step bench-moe "${run[@]}" "$bin/shmem-bench" \
         --backend gpu --op moe,moe_layer --graph --json "$out/bench-moe.jsonl"
-    # The MoE layer's targets (issue 34): 1, 32, 128 and 4096 tokens, top-8.
-    [[ -z $share ]] && STEP_TIMEOUT=${BENCH_TIMEOUT:-420} step bench-moe-layer "${run[@]}" "$bin/shmem-bench" \
-        --backend gpu --op moe,moe_layer --graph --tokens 1,32,128,4096 --topk 8 \
-        --json "$out/bench-moe-layer.jsonl"
+    # The MoE layer's targets (issue 34): 1, 32, 128 and 4096 tokens, top-8,
+    # hidden 7168, 8 experts per PE; the FP8 dispatch's rows beside the
+    # bf16 ones (--fp8); graph rows at 4096 tokens too (470 MB of bf16
+    # rows a PE, past the default --graph-max-bytes).
+    [[ -z $share ]] && STEP_TIMEOUT=${BENCH_TIMEOUT:-540} step bench-moe-layer "${run[@]}" "$bin/shmem-bench" \
+        --backend gpu --op moe,moe_layer --graph --graph-max-bytes 1G --tokens 1,32,128,4096 --topk 8 --hidden 7168 \
+        --experts-per-pe 8 --fp8 --json "$out/bench-moe-layer.jsonl"
     # MOE_LOCAL_BLOCKS="8 16": the same rows of shmem's default form with
     # that many data blocks copying each PE's own rows beside the pushes.
     for lb in ${MOE_LOCAL_BLOCKS:-}; do

@@ -118,6 +118,9 @@ def layer_table(rows, pes):
         return
     hidden = mine[0].get("hidden")
     print(f"#### MoE layer (deduplicated), hidden {hidden}, {pes} PEs, graph replays\n")
+    if any(r.get("dtype") == "e4m3" for r in mine):
+        # shmem-bench --fp8: the FP8 dispatch's logical bytes are the bf16 tokens delivered.
+        print("e4m3: the FP8 dispatch of the bf16 tokens; its logical GB/s counts them as bf16, as the bf16 rows do.\n")
     print("| op | dtype | tokens | top-k | layer | 2D | NCCL | NCCL / layer | link bytes/PE | logical GB/s (DeepEP) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     keys = sorted({(LAYER_OPS.index(r["op"]), r["op"], r.get("dtype"), r.get("tokens"), r.get("topk")) for r in mine})

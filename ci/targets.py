@@ -14,6 +14,11 @@ prints:
 - the MoE layer's targets (issue 34, set for 4 PEs: graph-replayed bf16,
   hidden 7168, top-8: 128 tokens dispatch ≤ 20 µs and combine ≤ 25 µs,
   1 token ≤ 6 µs each), with the 2D op's and NCCL's time beside;
+- the FP8 dispatch's target (issue 34): at 4096 tokens, top-8, hidden
+  7168, `layer_dispatch` of dtype e4m3 (shmem-bench --fp8) at least 1.6×
+  the logical GB/s of the bf16 one in the same file (both count the bf16
+  tokens delivered, so this is the bf16 time over the FP8 time), graph
+  rows where both have one, else eager; judged at any PE count above 1;
 - the sizes where shmem's default is slower than NCCL in the same file;
 - where the rows hold PyTorch SymmMem's all-reduce (ci/torch_symm_bench.py,
   gpu-run.sh --bench's torch-symm.jsonl: `torch-oneshot`, `torch-twoshot`),
@@ -234,6 +239,32 @@ def layer_targets(rs, pes):
         print(f"- {name}: {mark}: {what}")
 
 
+FP8_TOKENS, FP8_RATIO = 4096, 1.6
+
+
+def fp8_target(rs, pes):
+    """The FP8 dispatch against the bf16 one: logical GB/s, same file,
+    same timing mode (graph where both have one)."""
+    name = f"FP8 layer_dispatch of {FP8_TOKENS} tokens, top-8, ≥ {FP8_RATIO:g}× the bf16 one's logical GB/s"
+    want = dict(op="layer_dispatch", impl="shmem", hidden=7168, topk=8, tokens=FP8_TOKENS, pes=pes)
+    pairs = []
+    for f in rs.pick(dtype="e4m3", **want):
+        same = [b for b in rs.pick(file=f["file"], dtype="bf16", graph=f.get("graph"), **want)]
+        if same and f.get("logical_gbps") and same[0].get("logical_gbps"):
+            pairs.append((f, min(same, key=lambda b: b["time_us"])))
+    if not pairs:
+        print(f"- {name}: -: not measured")
+        return
+    graph = [p for p in pairs if p[0].get("graph")]
+    f, b = max(graph or pairs, key=lambda p: p[0]["logical_gbps"] / p[1]["logical_gbps"])
+    ratio = f["logical_gbps"] / b["logical_gbps"]
+    mode = "graph" if f.get("graph") else "eager"
+    what = (f"{ratio:.2f}×: {f['logical_gbps']:.1f} against {b['logical_gbps']:.1f} GB/s ({f['time_us']:.2f} against "
+            f"{b['time_us']:.2f} µs, {mode}, {f['file']}; {f.get('link_bytes')} against {b.get('link_bytes')} B on the link)")
+    mark = verdict(ratio >= FP8_RATIO) if pes > 1 else "-"
+    print(f"- {name}: {mark}: {what}")
+
+
 def against_nccl(rs, pes):
     """Sizes where shmem's default is slower than NCCL in the same file."""
     slower, total = [], 0
@@ -365,6 +396,20 @@ def self_test():
     # What was there before, as before.
     import re
     assert re.sub(r"; PyTorch [0-9.]+ µs \(torch-\w+\)", "", with_torch).startswith(plain), with_torch
+    # The FP8 dispatch's target: the graph pair where there is one.
+    def layer(dtype, graph, t, gbps):
+        return {"op": "layer_dispatch", "impl": "shmem", "dtype": dtype, "bytes": 1, "pes": 4, "graph": graph,
+                "time_us": t, "hidden": 7168, "topk": 8, "tokens": 4096, "logical_gbps": gbps, "link_bytes": 1,
+                "file": "bench-moe-layer.jsonl"}
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        fp8_target(Rows([layer("bf16", False, 100.0, 50.0), layer("e4m3", False, 80.0, 62.5),
+                         layer("bf16", True, 90.0, 55.0), layer("e4m3", True, 50.0, 99.0)]), 4)
+    assert "top-8, ≥ 1.6× the bf16 one's logical GB/s: met: 1.80×: 99.0 against 55.0 GB/s" in out.getvalue(), out.getvalue()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        fp8_target(Rows([layer("bf16", False, 100.0, 50.0), layer("e4m3", False, 80.0, 62.5)]), 4)
+    assert ": MISSED: 1.25×" in out.getvalue() and "eager" in out.getvalue(), out.getvalue()
     print("targets: self-test passed")
 
 
@@ -383,6 +428,7 @@ def main(argv):
     rs.rows = [r for r in rs.rows if r.get("pes", 1) == pes]
     targets(rs, pes)
     layer_targets(rs, pes)
+    fp8_target(rs, pes)
     against_nccl(rs, pes)
     against_torch(rs, pes)
     tuning(rs, pes)

@@ -386,13 +386,14 @@ struct MoeLayer {
     int64_t out_stride;  // bytes between the combine's result rows; 0: hidden elements
     int origin;  // the rail route: 1 + this PE, carried in the token field (kOriginShift); 0 in the flat form
     int view_n;  // the node stage's receiver: source PEs of the view (the world); 0: the team's
+    uint64_t arrivals;  // ne × n u64 arrival flags (n: the view's sources), entry e × n + source, then the epoch
 };
 // Where the node-aware form's token field carries its source PE.
 constexpr int kOriginShift = 32;
 // `MoeLayer::fp8`: e4m3 on the wire, quantized from bf16 tokens in the
 // gather, or from codes and scales the caller gave.
 constexpr int kFp8Quantize = 1, kFp8PreQuantized = 2;
-static_assert(sizeof(MoeLayer) == 288, "MoeLayer: size");
+static_assert(sizeof(MoeLayer) == 296, "MoeLayer: size");
 static_assert(offsetof(MoeLayer, forward_in) == 240, "MoeLayer::forward_in");
 static_assert(offsetof(MoeLayer, forward_so) == 248, "MoeLayer::forward_so");
 static_assert(offsetof(MoeLayer, next_so) == 256, "MoeLayer::next_so");
@@ -400,6 +401,7 @@ static_assert(offsetof(MoeLayer, fail_splits) == 264, "MoeLayer::fail_splits");
 static_assert(offsetof(MoeLayer, out_stride) == 272, "MoeLayer::out_stride");
 static_assert(offsetof(MoeLayer, origin) == 280, "MoeLayer::origin");
 static_assert(offsetof(MoeLayer, view_n) == 284, "MoeLayer::view_n");
+static_assert(offsetof(MoeLayer, arrivals) == 288, "MoeLayer::arrivals");
 static_assert(offsetof(MoeLayer, token_scales) == 184, "MoeLayer::token_scales");
 static_assert(offsetof(MoeLayer, partials) == 192, "MoeLayer::partials");
 static_assert(offsetof(MoeLayer, recv_codes) == 200, "MoeLayer::recv_codes");

@@ -46,6 +46,16 @@
 // differed or failed its host checks; the flat form's one exchange agrees
 // on the call itself.
 //
+// Arrivals (`MoeLayer::arrivals`, `MoeAllToAll::arrivals`): one u64 flag
+// per (local expert, source PE of the view), then the epoch word, then a
+// placement counter per (local expert, source). The receiver's route
+// advances the epoch, zeroes the counters and marks at once the pairs that
+// receive no row; the receiver's gather counts each placed row of a pair
+// and the block that places its last one stores the epoch in the pair's
+// flag, with release semantics, after the rows are written. A kernel on
+// another stream can wait on a pair's flag (`shmem::moe_wait_arrival` of
+// shmem_device.cuh) and start on those rows while the others still land.
+//
 // A bad routing poisons the dispatch's first split with a marker (see
 // `kRouteBad`), so the exchange's check fails on every PE and the host
 // names the PE and the fault. A failed exchange leaves its out splits as
@@ -80,6 +90,64 @@ __device__ __forceinline__ int64_t staged_rows(const TeamSync &t, const MoeLayer
     int64_t total = 0;
     for (int s = 0; s < t.n; s++) total += so[s];
     return total;
+}
+
+// The source PEs of the receiver's view: the world in the node-aware
+// form (`view_n`), else the team's.
+__device__ __forceinline__ int view_sources(const TeamSync &t, const MoeLayer &m) {
+    return m.view_n > 0 ? m.view_n : t.n;
+}
+
+// The arrival flags (ne × the view's sources), the epoch word after them,
+// then the placement counters (as many u32).
+struct ArrivalWords {
+    uint64_t *flags;
+    uint64_t *epoch;
+    uint32_t *placed;
+};
+
+__device__ __forceinline__ ArrivalWords arrival_words(const TeamSync &t, const MoeLayer &m) {
+    uint64_t *base = t.mine<uint64_t>(m.arrivals);
+    const int64_t pairs = static_cast<int64_t>(m.ne) * view_sources(t, m);
+    return ArrivalWords{base, base + pairs, reinterpret_cast<uint32_t *>(base + pairs + 1)};
+}
+
+// The source PE of staged row `r` in the view: the one its token field
+// names in the node-aware form; else by position, rows coming
+// source-major.
+__device__ __forceinline__ int staged_source(const TeamSync &t, const MoeLayer &m, int64_t r) {
+    if (m.view_n > 0) {
+        const uint8_t *row = t.mine<uint8_t>(m.stage) + r * m.stride;
+        return static_cast<int>(static_cast<uint64_t>(*reinterpret_cast<const int64_t *>(row + m.meta)) >>
+                                kOriginShift);
+    }
+    const int64_t *so = t.mine<int64_t>(m.stage_so);
+    int s = 0;
+    while (s + 1 < t.n && r >= so[t.n + s + 1]) s++;
+    return s;
+}
+
+// The local expert whose block holds view row `at` of source `s`'s rows.
+__device__ __forceinline__ int view_expert(const TeamSync &t, const MoeLayer &m, int s, int64_t at) {
+    const int64_t *view_so = t.mine<int64_t>(m.view_so);
+    const int n = view_sources(t, m);
+    const int64_t mm = static_cast<int64_t>(m.ne) * n;
+    for (int e = 0; e < m.ne; e++) {
+        const int64_t start = view_so[mm + e * n + s];
+        if (at >= start && at < start + view_so[e * n + s]) return e;
+    }
+    return -1;
+}
+
+// Thread: one more row of pair (e, s) placed, by this thread's block,
+// whose writes the __syncthreads before put ahead of this thread's. The
+// counter's acq_rel add releases them (cumulatively) and acquires the
+// earlier counts of the pair, so the block that counts its last row
+// releases every row of the pair with the flag.
+__device__ __forceinline__ void count_placed(const ArrivalWords &a, int pair, uint32_t rows, uint64_t epoch) {
+    uint32_t before;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(a.placed + pair) : "memory");
+    if (before + 1 == rows) st_release64(a.flags + pair, epoch);
 }
 
 // The first bad slot of token `tok` (a code for `kRouteBad`), or ~0.
@@ -273,6 +341,8 @@ __device__ void route_receiver(const TeamSync &t, const MoeLayer &m) {
     const int n = by_origin ? m.view_n : t.n;  // the view's sources
     const int64_t total = staged_rows(t, m);
     if (total < 0) return;
+    const ArrivalWords arrivals = arrival_words(t, m);
+    const uint64_t epoch = *arrivals.epoch + 1;
     const int owners = owners_of(total);
     const int64_t *so = t.mine<int64_t>(m.stage_so);
     int64_t *view_so = t.mine<int64_t>(m.view_so);
@@ -351,6 +421,14 @@ __device__ void route_receiver(const TeamSync &t, const MoeLayer &m) {
     __syncthreads();
     const int64_t mm = static_cast<int64_t>(ne) * n;
     scan_owners(count, ne, owners, [&](int e) { return static_cast<uint64_t>(view_so[mm + e * n]); });
+    // This dispatch's epoch (every thread read the old one before the
+    // barriers above); the placement counters from zero; the pairs that
+    // receive nothing have arrived.
+    if (o == 0) *arrivals.epoch = epoch;
+    for (int i = o; i < ne * n; i += blockDim.x) {
+        arrivals.placed[i] = 0;
+        if (per_source[i] == 0) st_release64(arrivals.flags + i, epoch);
+    }
     s = source_of(mine.lo, 0);
     for (uint64_t v = mine.lo; v < mine.hi; v++) {
         s = source_of(v, s);
@@ -465,6 +543,9 @@ __device__ void gather_receiver(const TeamSync &t, const MoeLayer &m) {
     const int64_t total = staged_rows(t, m);
     if (total < 0) return;
     uint8_t *stage = t.mine<uint8_t>(m.stage);
+    const ArrivalWords arrivals = arrival_words(t, m);
+    const uint64_t epoch = *arrivals.epoch;
+    const int64_t *view_so = t.mine<int64_t>(m.view_so);
     for (int64_t r = blockIdx.x; r < total; r += gridDim.x) {
         uint8_t *row = stage + r * m.stride;
         const WireSlot *slots = wire_slots(row, m);
@@ -476,6 +557,17 @@ __device__ void gather_receiver(const TeamSync &t, const MoeLayer &m) {
             } else {
                 place_fp8(t, m, row, at);
             }
+        }
+        // The row is in every block it goes to: count it for each, a
+        // thread a slot (each slot's expert differs, so does its pair).
+        __syncthreads();
+        for (int j = threadIdx.x; j < m.top_k; j += blockDim.x) {
+            if (slots[j].at < 0) continue;
+            const int s = staged_source(t, m, r);
+            const int e = view_expert(t, m, s, slots[j].at);
+            if (e < 0) continue;
+            const int pair = e * view_sources(t, m) + s;
+            count_placed(arrivals, pair, static_cast<uint32_t>(view_so[pair]), epoch);
         }
     }
 }

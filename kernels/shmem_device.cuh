@@ -258,4 +258,68 @@ __device__ inline void barrier(const PeerHandle &h, int channel, uint32_t epoch)
     __syncthreads();
 }
 
+// ---- MoE arrivals (MoeAllToAll::arrivals) ----
+//
+// A decode step's expert kernel can start on one source's rows as they
+// land: the dispatch stores, per (local expert, source PE), the epoch of
+// the dispatch in a flag once that source's rows are all in the expert's
+// block, with release semantics after the rows (a pair that receives no
+// row is marked too). The k-th dispatch of an exchange marks k; flags only
+// grow, so nothing is reset and CUDA-graph replays keep working: the host
+// reads the last epoch (`Arrivals::last_epoch`) and a kernel waits for a
+// later one, counting its own steps in device memory under graph replays.
+
+// The view of an exchange's flags a kernel gets (Rust:
+// `Arrivals::device_arg`, passed by value).
+struct MoeArrivals {
+    const uint64_t *flags;  // experts_per_pe * n_pes, entry expert * n_pes + source
+    const uint64_t *epoch;  // the epoch of the last dispatch to have started placing rows
+    int n_pes;
+    int experts_per_pe;
+};
+// The layout of `DeviceMoeArrivals` (shmem/src/moe/arrivals.rs).
+static_assert(sizeof(MoeArrivals) == 24, "MoeArrivals: size");
+#ifndef __CUDACC_RTC__
+static_assert(offsetof(MoeArrivals, flags) == 0, "MoeArrivals::flags");
+static_assert(offsetof(MoeArrivals, epoch) == 8, "MoeArrivals::epoch");
+static_assert(offsetof(MoeArrivals, n_pes) == 16, "MoeArrivals::n_pes");
+static_assert(offsetof(MoeArrivals, experts_per_pe) == 20, "MoeArrivals::experts_per_pe");
+#endif
+
+// Thread: a 64-bit load with acquire semantics.
+__device__ __forceinline__ uint64_t ld_acquire_u64(const uint64_t *p) {
+    uint64_t v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// Thread: whether the rows of PE `source` for local expert `expert` of
+// the dispatch of `epoch` (or a later one) are placed; if so this thread
+// sees them.
+__device__ inline bool moe_arrived(const MoeArrivals &a, int expert, int source, uint64_t epoch) {
+    return ld_acquire_u64(a.flags + static_cast<int64_t>(expert) * a.n_pes + source) >= epoch;
+}
+
+// Thread: waits until moe_arrived; then this thread sees the rows (other
+// threads of the block after a __syncthreads: block_moe_wait_arrival).
+// Traps, after printing the flag, past kWaitCycles.
+__device__ inline void moe_wait_arrival(const MoeArrivals &a, int expert, int source, uint64_t epoch) {
+    const long long start = clock64();
+    while (!moe_arrived(a, expert, source, epoch)) {
+        if (clock64() - start > kWaitCycles) {
+            printf("shmem: a wait for MoE rows timed out (expert %d, source %d: flag %llu, want %llu)\n", expert,
+                   source, static_cast<unsigned long long>(a.flags[static_cast<int64_t>(expert) * a.n_pes + source]),
+                   static_cast<unsigned long long>(epoch));
+            __trap();
+        }
+    }
+}
+
+// Block: moe_wait_arrival by one thread, then a __syncthreads: every
+// thread of the block sees the rows.
+__device__ inline void block_moe_wait_arrival(const MoeArrivals &a, int expert, int source, uint64_t epoch) {
+    if (detail::thread_in_block() == 0) moe_wait_arrival(a, expert, source, epoch);
+    __syncthreads();
+}
+
 }  // namespace shmem

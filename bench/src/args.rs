@@ -61,6 +61,11 @@ pub(super) struct Args {
     /// MoE dispatch: each expert's block of rows starts at a multiple of this
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     pub(super) major_align: u64,
+    /// MoE layer: also the FP8 dispatch's rows (`layer_dispatch` of dtype
+    /// e4m3: bf16 tokens quantized to e4m3 with one f32 scale per 128
+    /// elements on the wire; the receiver gets the codes and scales)
+    #[arg(long)]
+    pub(super) fp8: bool,
     /// MoE ops: data blocks that copy each PE's own rows while the others
     /// push (`Collectives::moe_local_blocks`; 0: each block does both)
     /// [default: the kernel's choice]

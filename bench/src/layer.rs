@@ -29,7 +29,7 @@ use crate::moe::{gather, routings, splits_offsets, Chunk, MoeShape, Routing};
 use crate::ops::{Imp, Op};
 use crate::report::{note, Row};
 use crate::Res;
-use shmem::{bf16, f16, Collectives, CombineElement, MoeAllToAll, MoeConfig, SymSlice, SymmetricBuffer};
+use shmem::{bf16, f16, Collectives, CombineElement, Element, MoeAllToAll, MoeConfig, SymSlice, SymmetricBuffer};
 
 /// What a layer row counts beside its `bytes`, for PE 0 (whose clock
 /// times the rows) in one operation.
@@ -51,7 +51,7 @@ pub(super) struct LayerBytes {
 /// The bytes of a wire row of `hidden` elements of `elem` bytes and
 /// `topk` slots, as `shmem::moe`'s layer lays it out: the elements padded
 /// to 8, the token (i64), `topk` × (expert i32, weight f32), padded to 16.
-fn wire_stride(hidden: usize, elem: usize, topk: usize) -> usize {
+pub(super) fn wire_stride(hidden: usize, elem: usize, topk: usize) -> usize {
     ((hidden * elem).next_multiple_of(8) + 8 + 8 * topk).next_multiple_of(16)
 }
 
@@ -68,9 +68,10 @@ const ROUTE_THREADS_BOUND: usize = 1024;
 /// token count, in the widest dtype, what [`MoeAllToAll::new`] allocates
 /// (its `memory_bytes`: the wire rows out, `tokens × min(topk, n)`; in,
 /// `tokens × n`; the view, `tokens × n × min(topk, experts_per_pe)` rows
-/// plus each expert's padding; splits, slot map and scratch), and the
-/// bench's own inputs and output, with 4 KiB for each allocation's
-/// alignment. 0 where there is no routing (`--topk` too large).
+/// plus each expert's padding; splits, slot map, scratch and arrival
+/// flags; with `--fp8` the FP8 exchange's partials, codes and scales),
+/// and the bench's own inputs and output, with 4 KiB for each
+/// allocation's alignment. 0 where there is no routing (`--topk` too large).
 pub(super) fn heap_bytes(args: &Args, n: usize) -> usize {
     if crate::moe::check(args, n).is_err() {
         return 0;
@@ -83,13 +84,17 @@ pub(super) fn heap_bytes(args: &Args, n: usize) -> usize {
     let send = t * k.min(n) * stride;
     let stage = t * n * stride;
     let view = (t * n * k.min(ne) + ne * a) * h * elem;
-    let small = (5 * n + 2 * n * ne + 2 + t * k) * 8 + (ROUTE_THREADS_BOUND * (n + ne) + n * ne) * 4;
+    let small = (5 * n + 4 * n * ne + 3 + t * k) * 8 + (ROUTE_THREADS_BOUND * (n + ne) + n * ne) * 4;
     let own = 2 * t * h * elem + t * k * (8 + 4) + 8;
-    send + stage + view + small + own + 16 * 4096
+    let fp8 = match args.fp8 {
+        true => crate::layer_fp8::extra_heap_bytes(t, n, h, t * n * k.min(ne) + ne * a),
+        false => 0,
+    };
+    send + stage + view + small + own + fp8 + 17 * 4096
 }
 
 /// Slot `j`'s weight of `topk`: powers of two summing to 1.
-fn weight(topk: usize, j: usize) -> f32 {
+pub(super) fn weight(topk: usize, j: usize) -> f32 {
     let c = topk.next_power_of_two() as f32;
     if j == 0 {
         1.0 - (topk - 1) as f32 / c
@@ -100,7 +105,7 @@ fn weight(topk: usize, j: usize) -> f32 {
 
 impl Routing {
     /// The PEs that hold one of PE `p`'s token `t`'s experts, ascending.
-    fn dests(&self, p: usize, t: usize) -> Vec<usize> {
+    pub(super) fn dests(&self, p: usize, t: usize) -> Vec<usize> {
         let (k, ne) = (self.shape.topk, self.shape.experts_per_pe);
         let mut d: Vec<usize> = self.picks[p][t * k..(t + 1) * k].iter().map(|&g| g / ne).collect();
         d.sort_unstable();
@@ -117,7 +122,7 @@ impl Routing {
     /// PE `me`'s dispatched view: one chunk of one token row per (local
     /// expert, source, token) in the layer's order, and the view's rows
     /// with padding.
-    fn layer_view(&self, me: usize) -> (Vec<Chunk>, usize) {
+    pub(super) fn layer_view(&self, me: usize) -> (Vec<Chunk>, usize) {
         let (n, ne, a) = (self.n, self.shape.experts_per_pe, self.shape.major_align);
         let mut chunks = Vec::new();
         let mut at = 0;
@@ -135,7 +140,7 @@ impl Routing {
     }
 
     /// The view's splits and offsets (`device_layout`): entry `e × n + src`.
-    fn layer_so(&self, me: usize) -> Vec<i64> {
+    pub(super) fn layer_so(&self, me: usize) -> Vec<i64> {
         let (n, ne, a) = (self.n, self.shape.experts_per_pe, self.shape.major_align);
         let mut per = Vec::with_capacity(n * ne);
         let mut at = 0;
@@ -153,8 +158,13 @@ impl Routing {
 
     /// PE 0's counts for `op` (see [`LayerBytes`]), of `elem`-byte elements.
     fn layer_bytes(&self, op: Op, elem: usize) -> LayerBytes {
-        let (n, h, k) = (self.n, self.shape.hidden, self.shape.topk);
-        let stride = wire_stride(h, elem, k);
+        self.layer_bytes_of(op, wire_stride(self.shape.hidden, elem, self.shape.topk), elem)
+    }
+
+    /// PE 0's counts for `op` with wire rows of `stride` bytes, the
+    /// logical count in `elem`-byte elements.
+    pub(super) fn layer_bytes_of(&self, op: Op, stride: usize, elem: usize) -> LayerBytes {
+        let (n, h) = (self.n, self.shape.hidden);
         let to_zero = |src: usize| (0..self.shape.tokens).filter(|&t| self.dests(src, t).contains(&0)).count();
         let received: usize = (0..n).map(to_zero).sum();
         let link_rows = match op {
@@ -218,12 +228,22 @@ impl Bench<'_> {
                 Dtype::Bf16 => self.layer_typed::<bf16>(ops)?,
             });
         }
+        // After the bf16 rows, whose exchanges are freed by then.
+        if self.args.fp8 && ops.contains(&Op::LayerDispatch) {
+            rows.extend(self.layer_fp8()?);
+        }
         Ok(rows)
     }
 
     /// Overwrites the first `len` elements of this PE's `slice` with
     /// poison (on the host backend, the whole slice).
     fn poison_slice<T: Value>(&self, slice: SymSlice<'_, T>, len: usize) -> Res {
+        self.poison_with(slice, len, T::POISON)
+    }
+
+    /// As [`Bench::poison_slice`], `poison` being the all-ones bytes the
+    /// GPU writes, as an element (for the host backend).
+    pub(super) fn poison_with<E: Element>(&self, slice: SymSlice<'_, E>, len: usize, poison: E) -> Res {
         match (self.s.cuda_stream(), slice.device_ptr()?) {
             (Some(stream), Some(ptr)) => {
                 if len > slice.len() {
@@ -232,22 +252,28 @@ impl Bench<'_> {
                 // SAFETY: the first `len` elements (checked above) of this
                 // PE's copy of a live allocation, ordered on the stream.
                 let set = unsafe {
-                    cudarc::driver::result::memset_d8_async(ptr, 0xFF, len * size_of::<T>(), stream.cu_stream())
+                    cudarc::driver::result::memset_d8_async(ptr, 0xFF, len * size_of::<E>(), stream.cu_stream())
                 };
                 Ok(set?)
             }
-            _ => Ok(slice.copy_from_host(&vec![T::POISON; slice.len()], &self.s)?),
+            _ => Ok(slice.copy_from_host(&vec![poison; slice.len()], &self.s)?),
         }
     }
 
     /// The first `len` elements of this PE's `slice`.
     fn read_prefix<T: Value>(&self, slice: SymSlice<'_, T>, len: usize) -> Res<Vec<T>> {
+        self.read_prefix_of(slice, len, T::POISON)
+    }
+
+    /// As [`Bench::read_prefix`], for any element type (`fill` stands in
+    /// for what is not read yet).
+    pub(super) fn read_prefix_of<T: Element>(&self, slice: SymSlice<'_, T>, len: usize, fill: T) -> Res<Vec<T>> {
         if len > slice.len() {
             return Err(format!("reading {len} elements of a slice of {}", slice.len()).into());
         }
         match (self.s.cuda_stream(), slice.device_ptr()?) {
             (Some(stream), Some(ptr)) => {
-                let mut out = vec![T::POISON; len];
+                let mut out = vec![fill; len];
                 // SAFETY: `len` elements (checked above) of a live
                 // allocation into as many host elements; the stream is
                 // synchronized before `out` is read or dropped.

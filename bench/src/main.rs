@@ -26,7 +26,7 @@
 //!             [--dtype f32,f16,bf16] [--impl shmem,nccl,...]
 //!             [--min-bytes 8] [--max-bytes 64M] [--iters N] [--warmup 5]
 //!             [--graph [--graph-max-bytes 64M]] [--json PATH]
-//!             [--tokens 128,4096] [--hidden 7168] [--experts-per-pe 8] [--topk 1] [--major-align 1]
+//!             [--tokens 128,4096] [--hidden 7168] [--experts-per-pe 8] [--topk 1] [--major-align 1] [--fp8]
 //!             [--m 8192] [--n 8192] [--k 8192] [--chunks 4]
 //! ```
 //!
@@ -89,6 +89,22 @@
 //! `logical_gbps` that over the time. `vs_nccl` and `vs_2d` compare
 //! with NCCL's and shmem's default row of the 2D counterpart (dispatch,
 //! combine) of the same run. Their checks are in `layer.rs`.
+//!
+//! **FP8 dispatch** (`--fp8`, with `layer_dispatch` selected): rows of
+//! `layer_dispatch` of dtype `e4m3`, after the bf16 ones, on the same
+//! routes and tokens: [`MoeAllToAll::dispatch_fp8_on_device`] of the bf16
+//! tokens, which the gather kernel quantizes to e4m3 with one f32 scale
+//! per 128 elements (`shmem::quant`); those cross the links, and the
+//! receiver gets the codes and scales (no bf16 view), each checked bit
+//! for bit against the host's quantization of the token. `link_bytes`
+//! counts the FP8 wire rows (`hidden` codes padded to 4, `⌈hidden/128⌉`
+//! scales padded to 8, then the metadata, padded to 16); `bytes` and
+//! `logical_bytes` are the bf16 rows' — the logical payload is the tokens
+//! delivered, whatever their format on the wire — so the FP8 row's
+//! logical GB/s over the bf16 row's is the bf16 time over the FP8 time
+//! (DeepEP's tests count FP8 bytes, `hidden + 4 × hidden/128` a token,
+//! which would show a faster FP8 dispatch as less bandwidth). Their
+//! checks are in `layer_fp8.rs`.
 //!
 //! **Overlapped matmuls** ([`shmem::overlap`]): `ag_matmul` is
 //! [`Context::all_gather_matmul`] (each PE's shard of `--m / n` rows of
@@ -171,11 +187,14 @@
 //! rows out, `tokens × min(topk, n)`, and in, `tokens × n`; the view,
 //! `tokens × n × min(topk, experts_per_pe)` rows of `hidden` and each
 //! expert's padding) and the bench's inputs and output (`2 × tokens`
-//! rows). Rows that do not fit are noted (with what they need) and
+//! rows); with `--fp8` also the FP8 exchange's own buffers (the
+//! combine's partials, `tokens × n` rows, and the view's codes and
+//! scales). Rows that do not fit are noted (with what they need) and
 //! left out.
 //!
 //! [`MoeAllToAll::dispatch_on_device`]: shmem::MoeAllToAll::dispatch_on_device
 //! [`MoeAllToAll::combine_on_device`]: shmem::MoeAllToAll::combine_on_device
+//! [`MoeAllToAll::dispatch_fp8_on_device`]: shmem::MoeAllToAll::dispatch_fp8_on_device
 //! [`Context::all_gather_matmul`]: shmem::Context::all_gather_matmul
 //! [`Context::matmul_reduce_scatter`]: shmem::Context::matmul_reduce_scatter
 
@@ -191,6 +210,7 @@ mod collectives;
 mod data;
 mod harness;
 mod layer;
+mod layer_fp8;
 mod moe;
 mod nccl;
 mod ops;

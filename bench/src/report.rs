@@ -191,6 +191,11 @@ pub(super) fn print_table(rows: &[Row], n: usize, backend: &str, args: &Args) {
     if rows.iter().any(|r| r.layer.is_some()) {
         println!("# MoE layer: link/PE = PE 0's wire bytes to other PEs; logical = DeepEP's count (distinct tokens");
         println!("#   PE 0 receives × hidden × element) over the time; vs_2d: the 2D op's shmem time / the layer's");
+        if rows.iter().any(|r| r.layer.is_some() && r.dtype == Some(crate::layer_fp8::E4M3)) {
+            println!(
+                "#   e4m3: the FP8 dispatch of the bf16 tokens; link/PE its FP8 wire rows, logical its bf16 tokens"
+            );
+        }
     }
     if rows.iter().any(|r| r.matmul.is_some()) {
         println!("# overlapped matmuls: bytes = one PE's block (ag_matmul: its shard; matmul_rs: its output)");

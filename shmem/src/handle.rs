@@ -15,8 +15,10 @@ pub const SIGNAL_PAD_WORDS_PER_PEER: usize = 32;
 
 /// The CUDA C++ header for users' own kernels, `shmem_device.cuh`: the
 /// device side of a [`PeerHandle`] (peer pointers, put and put-with-signal
-/// over NVLink, bounded waits on the signal pads, a barrier). Its comments
-/// are its documentation, the signal pads' layout included.
+/// over NVLink, bounded waits on the signal pads, a barrier), and of
+/// [`MoeAllToAll::arrivals`](crate::MoeAllToAll::arrivals) (`MoeArrivals`,
+/// `moe_wait_arrival`). Its comments are its documentation, the signal
+/// pads' layout included.
 ///
 /// It compiles with nvcc and with NVRTC. cudarc's NVRTC takes include
 /// paths, so write it into a folder and name that folder:

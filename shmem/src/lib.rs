@@ -57,7 +57,8 @@ pub use fp8::{fp8_e4m3, fp8_e5m2};
 pub use half::{bf16, f16};
 pub use handle::{DevicePeerHandle, PeerHandle, DEVICE_HEADER, SIGNAL_PAD_WORDS_PER_PEER};
 pub use moe::{
-    CombineElement, Fp8DeviceTokens, Fp8Out, Fp8Tokens, Fp8View, Layout, MoeAllToAll, MoeConfig, WireFormat,
+    Arrivals, CombineElement, DeviceMoeArrivals, Fp8DeviceTokens, Fp8Out, Fp8Tokens, Fp8View, Layout, MoeAllToAll,
+    MoeConfig, WireFormat,
 };
 pub use net::NetTraffic;
 pub use overlap::{Overlap, OverlapComm};

@@ -103,11 +103,13 @@ use crate::gpu::{CudaCall, GpuWorld};
 use crate::team::{Desc, OpKind, Team};
 use rayon::prelude::*;
 
+mod arrivals;
 mod device;
 mod fp8;
 mod layer;
 mod nodes;
 pub(crate) mod plan;
+pub use arrivals::{Arrivals, DeviceMoeArrivals};
 pub use fp8::{Fp8DeviceTokens, Fp8Out, Fp8Tokens, Fp8View};
 pub use layer::{CombineElement, Layout, MoeAllToAll, MoeConfig, WireFormat};
 use plan::Plan;

@@ -300,7 +300,21 @@ impl TeamState {
         let shape = crate::algo::NodeShape::of(slot == 0, &members, |pe| ctl.node_of(pe));
         let bases = vec![0; members.len()];
         let (arrivals, seq, agreements) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
-        TeamState { ctx_id, slot, members, my_index, bases, arrivals, seq, agreements, owner, nv_team, uid, span, shape }
+        TeamState {
+            ctx_id,
+            slot,
+            members,
+            my_index,
+            bases,
+            arrivals,
+            seq,
+            agreements,
+            owner,
+            nv_team,
+            uid,
+            span,
+            shape,
+        }
     }
 }
 

@@ -61,6 +61,7 @@ fn all_tests() -> Vec<(&'static str, TestFn)> {
     t.extend(errors::TESTS);
     t.extend(moe::TESTS);
     t.extend(moe::fp8::TESTS);
+    t.extend(moe::arrivals::TESTS);
     t.extend(nodes::TESTS);
     t.extend(overlap::TESTS);
     t.extend(scenarios::TESTS);

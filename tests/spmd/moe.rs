@@ -5,6 +5,7 @@
 //! trip and its weighted combine; and every refusal, on every PE, with
 //! the poisoned outputs left as they were.
 
+pub mod arrivals;
 pub mod fp8;
 
 use crate::util::{assert_bits_eq, deferred_mismatch, mix, needs_gpu, payload, poison, Env, TestElem, TestResult};

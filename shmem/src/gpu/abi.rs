@@ -518,6 +518,10 @@ pub(crate) struct MoeLayer {
     pub origin: i32,
     /// The node stage's receiver: source PEs of the view; 0: the team's.
     pub view_n: i32,
+    /// `ne × n` u64 arrival flags (`n` the view's sources; entry
+    /// `expert × n + source`), the epoch word, the placement counters
+    /// (see `MoeAllToAll::arrivals`).
+    pub arrivals: u64,
 }
 
 /// `MoeLayer::fp8`: e4m3 on the wire, quantized from bf16 tokens in the gather.
@@ -525,7 +529,7 @@ pub(crate) const FP8_QUANTIZE: i32 = 1;
 /// `MoeLayer::fp8`: e4m3 on the wire, from codes and scales the caller gave.
 pub(crate) const FP8_PRE_QUANTIZED: i32 = 2;
 
-const _: () = assert!(size_of::<MoeLayer>() == 288);
+const _: () = assert!(size_of::<MoeLayer>() == 296);
 const _: () = assert!(offset_of!(MoeLayer, forward_in) == 240);
 const _: () = assert!(offset_of!(MoeLayer, forward_so) == 248);
 const _: () = assert!(offset_of!(MoeLayer, next_so) == 256);
@@ -533,6 +537,7 @@ const _: () = assert!(offset_of!(MoeLayer, fail_splits) == 264);
 const _: () = assert!(offset_of!(MoeLayer, out_stride) == 272);
 const _: () = assert!(offset_of!(MoeLayer, origin) == 280);
 const _: () = assert!(offset_of!(MoeLayer, view_n) == 284);
+const _: () = assert!(offset_of!(MoeLayer, arrivals) == 288);
 const _: () = assert!(offset_of!(MoeLayer, tokens) == 0);
 const _: () = assert!(offset_of!(MoeLayer, token_scales) == 184);
 const _: () = assert!(offset_of!(MoeLayer, partials) == 192);

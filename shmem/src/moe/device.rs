@@ -45,6 +45,7 @@ impl<T: Element> MoeAllToAll<T> {
             slot_rows: self.slot_rows.offset as u64,
             state: self.state.offset as u64,
             scratch: self.scratch.offset as u64,
+            arrivals: self.arrivals.offset as u64,
             data_bytes: w.data as i64,
             meta: w.meta as i64,
             stride: w.stride as i64,

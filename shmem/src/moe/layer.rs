@@ -36,6 +36,20 @@
 //! also come already quantized, with their scales ([`Fp8Tokens`]). The
 //! combine stays in bf16: the experts' outputs go back as bf16 partials,
 //! in rows of their own (`hidden × 2` bytes, padded to 16).
+//!
+//! # Arrivals: starting on rows as they land
+//!
+//! [`MoeAllToAll::arrivals`] gives each PE's `experts_per_pe × n_pes`
+//! `u64` flags, one per (local expert, source PE), and the epoch word. The
+//! k-th dispatch of an exchange marks k: on the device path the placement
+//! kernel stores a pair's flag with release semantics once that source's
+//! rows for that expert are all in the expert's block, so an expert
+//! kernel on another stream can wait on it (`shmem::moe_wait_arrival` of
+//! [`DEVICE_HEADER`](crate::DEVICE_HEADER)) and start on those rows while
+//! the dispatch places the others. A pair that receives no row is marked
+//! as well, so a waiter never waits for rows that will not come. Flags
+//! only grow: nothing is reset, and replays of a CUDA graph advance the
+//! epoch on the device. See [`Arrivals`](super::Arrivals).
 
 use super::nodes::{node_aware_shape, Rails};
 use super::Agreement;
@@ -534,6 +548,9 @@ pub struct MoeAllToAll<T: Element> {
     /// rows cannot hold), and the view's codes (`recv_rows × hidden`) and
     /// scales (`recv_rows × scales_per_token`).
     pub(super) fp8: Option<Fp8Buffers>,
+    /// The arrival flags, the epoch word and the device path's placement
+    /// counters (see [`MoeAllToAll::arrivals`]).
+    pub(super) arrivals: SymmetricBuffer<u64>,
     /// The host backend's layout of the last `dispatch_on_device`.
     last: Mutex<Option<Layout>>,
     /// The node-aware form's rails (see `nodes.rs`); `None` in the flat
@@ -643,6 +660,7 @@ impl<T: Element> MoeAllToAll<T> {
             slot_rows: ctx.alloc(c.max_tokens * c.top_k)?,
             state: ctx.alloc(2)?,
             scratch: ctx.alloc(scratch_len(&c, n, shape))?,
+            arrivals: ctx.alloc_zeroed(super::arrivals::arrival_words(c.experts_per_pe, n))?,
             last: Mutex::new(None),
             rails,
             fp8,
@@ -665,9 +683,9 @@ impl<T: Element> MoeAllToAll<T> {
     /// wire rows in (`max_tokens × n_pes`) and the dispatched view (every
     /// staged token in up to `min(top_k, experts_per_pe)` blocks, plus each
     /// block's padding). The rest (splits, the device path's slot map and
-    /// counting scratch) is small: for rows of a few hundred elements or
-    /// more the total stays within twice the bytes the largest dispatch
-    /// sends, receives and returns as its view.
+    /// counting scratch, the arrival flags) is small: for rows of a few
+    /// hundred elements or more the total stays within twice the bytes the
+    /// largest dispatch sends, receives and returns as its view.
     pub fn memory_bytes(&self) -> usize {
         let i64s =
             self.send_splits.len + self.stage_so.len + self.back_so.len + self.dispatch_splits.len + self.state.len;
@@ -675,7 +693,7 @@ impl<T: Element> MoeAllToAll<T> {
         self.send.len
             + self.stage.len
             + self.recv.len * size_of::<T>()
-            + (i64s + self.slot_rows.len) * size_of::<i64>()
+            + (i64s + self.slot_rows.len + self.arrivals.len) * size_of::<i64>()
             + self.scratch.len * size_of::<u32>()
             + fp8
             + self.rails.as_ref().map_or(0, Rails::memory_bytes)
@@ -1197,6 +1215,7 @@ impl<T: Element> MoeAllToAll<T> {
             }
         }
         self.dispatch_splits.copy_from_host(&[&layout.splits[..], &layout.offsets[..]].concat(), stream)?;
+        self.mark_arrivals(stream)?;
         Ok(layout)
     }
 }
