@@ -486,6 +486,17 @@ pub(crate) const ONE_SHOT_MAX_BYTES: usize = 256 << 10;
 /// 2–8 MiB the pulls were 0.2–1.0 µs faster.
 pub(crate) const TWO_SHOT_STORES_MIN_BYTES: usize = 16 << 20;
 
+/// In a world of 4 to 8 PEs over NVLink the automatic all-reduce takes
+/// the lines from this size per PE, below [`WIDE_TWO_SHOT_MIN_BYTES`], and
+/// the two-shot from there, where a pair takes packets, lines and pushes
+/// (4×H200, graph-replayed, bf16: 3.38 µs in lines at 16 KiB against 3.77
+/// in packets, 4.36 at 128 KiB against 5.79, 7.94 at 512 KiB against the
+/// pushes' 9.84; at 1 MiB the two-shot 12.46 against the lines' 14.15 and
+/// the pushes' 14.82). Only where neither low-latency limit is tuned.
+pub(crate) const WIDE_LINES_MIN_BYTES: usize = 16 << 10;
+/// See [`WIDE_LINES_MIN_BYTES`].
+pub(crate) const WIDE_TWO_SHOT_MIN_BYTES: usize = 1 << 20;
+
 /// Blocks of the push kernels unless tuned ([`Tuning::push_blocks`]).
 pub(crate) const PUSH_BLOCKS: usize = 64;
 
@@ -648,7 +659,9 @@ pub(crate) fn all_to_all_in_place(team: TeamShape, bytes: usize, tuning: &Tuning
 }
 
 /// The all-reduce of `bytes` per PE on `team`: `asked` where it applies,
-/// else the automatic choice. Low-latency (in lines from
+/// else the automatic choice. In a world of 4 to 8 PEs over NVLink,
+/// lines from [`WIDE_LINES_MIN_BYTES`] and two-shot from
+/// [`WIDE_TWO_SHOT_MIN_BYTES`]. Else low-latency (in lines from
 /// [`low_latency_lines_min_bytes`]) where it takes the size, else push,
 /// else one-shot out of place up to [`ONE_SHOT_MAX_BYTES`], else two-shot
 /// (by stores for a pair over NVLink, out of place, from
@@ -665,6 +678,11 @@ pub(crate) fn all_reduce_choice(
     let one_shot = !in_place;
     // The two-shot by stores: a pair over NVLink, out of place.
     let stores = team.n_pes == 2 && team.nvlink && !in_place;
+    // 4 to 8 PEs over NVLink, the low-latency limits untuned.
+    let wide = (4..=abi::PUSH_MAX_TEAM).contains(&team.n_pes)
+        && team.world_over_nvlink()
+        && tuning.low_latency_lines_min_bytes.is_none()
+        && tuning.low_latency_max_bytes.is_none();
     match asked {
         AllReduceAlgo::LowLatency if ll => AllReduceChoice::LowLatency,
         AllReduceAlgo::LowLatency128 if lines_take(team, bytes) => AllReduceChoice::LowLatency128,
@@ -673,6 +691,8 @@ pub(crate) fn all_reduce_choice(
         AllReduceAlgo::TwoShot => AllReduceChoice::TwoShot,
         AllReduceAlgo::TwoShotStores if stores => AllReduceChoice::TwoShotStores,
         AllReduceAlgo::TwoShotStores => AllReduceChoice::TwoShot,
+        _ if wide && bytes >= WIDE_TWO_SHOT_MIN_BYTES => AllReduceChoice::TwoShot,
+        _ if wide && bytes >= WIDE_LINES_MIN_BYTES && lines_take(team, bytes) => AllReduceChoice::LowLatency128,
         _ if ll && bytes >= low_latency_lines_min_bytes(tuning) => AllReduceChoice::LowLatency128,
         _ if ll => AllReduceChoice::LowLatency,
         _ if push => AllReduceChoice::Push,
@@ -956,7 +976,16 @@ mod tests {
         assert_eq!(auto(PAIR, 256 << 10, true), AllReduceChoice::LowLatency128);
         assert_eq!(auto(PAIR, 1 << 20, false), AllReduceChoice::LowLatency128);
         let four = TeamShape { n_pes: 4, ..PAIR };
-        assert_eq!(auto(four, 1 << 20, false), AllReduceChoice::Push);
+        assert_eq!(auto(four, (16 << 10) - 1, false), AllReduceChoice::LowLatency);
+        assert_eq!(auto(four, 16 << 10, false), AllReduceChoice::LowLatency128);
+        assert_eq!(auto(four, (1 << 20) - 1, true), AllReduceChoice::LowLatency128);
+        assert_eq!(auto(four, 1 << 20, false), AllReduceChoice::TwoShot);
+        assert_eq!(auto(four, 16 << 20, false), AllReduceChoice::TwoShot);
+        let three = TeamShape { n_pes: 3, ..PAIR };
+        assert_eq!(auto(three, 16 << 10, false), AllReduceChoice::LowLatency, "measured at 4: 3 as a pair");
+        let tuned = Tuning { low_latency_lines_min_bytes: Some(512 << 10), ..Tuning::default() };
+        let four_tuned = all_reduce_choice(four, AllReduceAlgo::Auto, 16 << 10, false, &tuned);
+        assert_eq!(four_tuned, AllReduceChoice::LowLatency, "a tuned limit is the sweep's");
         // Past the world's protocols: one-shot out of place up to 256 KiB,
         // two-shot, by stores for a pair over NVLink out of place from 16 MiB.
         let split = TeamShape { world: false, ..PAIR };
