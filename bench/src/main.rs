@@ -143,7 +143,9 @@
 //! host backend the median of single timed operations, each after a
 //! barrier (barriers themselves back to back). An eager GPU row's JSON
 //! also has `issue_us`, the host's time to issue one operation in that
-//! batch: near `time_us`, the row is bound by the host, not the device.
+//! batch: well under `time_us`, the row is bound by the device. Near it,
+//! by the host, or by the device once the driver's launch queue is full
+//! (the host then waits in the launch): a batch is up to 1000 operations.
 //! `--graph` (GPU) captures 100
 //! operations in a CUDA graph and times replays with events, each after a
 //! barrier (after 3 untimed): the median of 5, per operation, for sizes up

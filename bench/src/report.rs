@@ -33,8 +33,9 @@ pub(super) struct Row {
     /// matmuls).
     pub(super) net_pes: Option<Vec<u64>>,
     /// Eager rows on the GPU backend: PE 0's host time to issue one
-    /// operation (the median batch's). Where it is near `time_us`, the
-    /// row is bound by the host, not the device.
+    /// operation (the median batch's). Well under `time_us`, the row is
+    /// bound by the device; near it, by the host, or by the device once
+    /// the launch queue is full (see the crate's doc).
     pub(super) issue_us: Option<f64>,
 }
 
