@@ -34,6 +34,12 @@ pub(super) struct Args {
     /// Untimed iterations before timing each size
     #[arg(long, default_value_t = 5)]
     pub(super) warmup: usize,
+    /// Eager GPU rows: also time gated batches, where the stream waits on a
+    /// device word while the host issues 64 operations, then is let go (the
+    /// host's cost alone as `issue_us`, the device's with every launch
+    /// queued ahead as `device_us`)
+    #[arg(long)]
+    pub(super) gated: bool,
     /// Also write the rows here, one JSON object per line
     #[arg(long)]
     pub(super) json: Option<PathBuf>,

@@ -28,6 +28,9 @@ pub(super) struct Bench<'a> {
     /// The last eager timing's host time to issue one operation (µs):
     /// the median batch's issue loop over its operations.
     pub(super) issue_us: Cell<Option<f64>>,
+    /// With `--gated`, the last eager timing's device time per operation
+    /// with its launches queued ahead (µs).
+    pub(super) device_us: Cell<Option<f64>>,
     /// PE 0 with `--json`: rows as they are measured, without ratios.
     pub(super) partial: RefCell<Option<std::fs::File>>,
     pub(super) backend: String,

@@ -56,7 +56,20 @@ impl<T> Case<'_, T> {
 
     pub(super) fn row(&self, graph: bool, time_us: f64) -> Row {
         let (op, imp, dtype, bytes, moe, matmul) = (self.op, self.imp, self.dtype, self.bytes, self.moe, self.matmul);
-        Row { op, imp, dtype, bytes, graph, time_us, moe, matmul, layer: self.layer, net_pes: None, issue_us: None }
+        Row {
+            op,
+            imp,
+            dtype,
+            bytes,
+            graph,
+            time_us,
+            moe,
+            matmul,
+            layer: self.layer,
+            net_pes: None,
+            issue_us: None,
+            device_us: None,
+        }
     }
 }
 
@@ -142,6 +155,11 @@ impl Bench<'_> {
             }
             batches.sort_by(|a, b| a.0.total_cmp(&b.0));
             self.issue_us.set(Some(batches[2].1));
+            if self.args.gated {
+                let gated = gated(stream, &mut setup, &mut op)?;
+                self.issue_us.set(gated.map(|g| g.1).or(Some(batches[2].1)));
+                self.device_us.set(gated.map(|g| g.0));
+            }
             return Ok(batches[2].0);
         }
         let mut t = Vec::with_capacity(iters);
@@ -208,11 +226,12 @@ impl Bench<'_> {
         // Back-to-back barriers need no barrier before them.
         let setup = || if c.op == Op::Barrier { Ok(()) } else { barrier() };
         self.issue_us.set(None);
+        self.device_us.set(None);
         let timed = self.time(c.bytes, setup, c.run);
-        let issue_us = self.issue_us.get();
+        let (issue_us, device_us) = (self.issue_us.get(), self.device_us.get());
         let after = timed.as_ref().map_err(|e| e.to_string().into()).and_then(|_| c.compare());
         let ok = self.settle(c, false, after)?;
-        Ok(timed.ok().filter(|_| ok).map(|t| Row { net_pes, issue_us, ..c.row(false, t) }))
+        Ok(timed.ok().filter(|_| ok).map(|t| Row { net_pes, issue_us, device_us, ..c.row(false, t) }))
     }
 
     /// Captures [`PER_GRAPH`] runs of `c` in a CUDA graph, checks one
@@ -298,4 +317,75 @@ fn capture(stream: &Arc<CudaStream>, run: &dyn Fn() -> Res) -> Res<CudaGraph> {
     let graph = graph?.ok_or("the capture gave no graph")?;
     graph.upload()?;
     Ok(graph)
+}
+
+/// Operations a gated batch issues behind its gate: few enough that their
+/// launches fit the driver's queue.
+const GATED_OPS: usize = 64;
+
+/// 5 gated batches of `op` (see the crate's doc): the median batch's
+/// device time per operation and the host's time to issue one, in µs;
+/// `None` where the watchdog had to open a gate.
+fn gated(
+    stream: &Arc<CudaStream>,
+    setup: &mut impl FnMut() -> Res,
+    op: &mut impl FnMut() -> Res,
+) -> Res<Option<(f64, f64)>> {
+    use cudarc::driver::{result, sys};
+    let timing = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+    stream.context().bind_to_thread()?;
+    // A raw word, outside cudarc's tracking of its allocations' streams:
+    // the gate is written from a second stream on purpose.
+    // SAFETY: a plain allocation of 4 bytes, freed below.
+    let word = unsafe { result::malloc_sync(4) }?;
+    let opener = stream.context().new_stream()?;
+    let open = |s: &CudaStream, v: u32| -> Res {
+        // SAFETY: `word` is a live 4-byte allocation.
+        unsafe { sys::cuMemsetD32Async(word, v, 1, s.cu_stream()) }.result()?;
+        Ok(())
+    };
+    let mut runs = Vec::new();
+    let mut rescued = false;
+    for _ in 0..5 {
+        stream.synchronize()?;
+        setup()?;
+        open(stream, 0)?;
+        let eq = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ as u32;
+        // SAFETY: waits on the live word; the opener or the watchdog sets it.
+        unsafe { sys::cuStreamWaitValue32_v2(stream.cu_stream(), word, 1, eq) }.result()?;
+        let start = stream.record_event(timing)?;
+        let (done, watch) = std::sync::mpsc::channel::<()>();
+        let watchdog = {
+            let (opener, ctx) = (opener.clone(), stream.context().clone());
+            std::thread::spawn(move || -> bool {
+                if watch.recv_timeout(std::time::Duration::from_secs(2)).is_ok() {
+                    return false;
+                }
+                let _ = ctx.bind_to_thread();
+                // SAFETY: as `open`; the word outlives this thread (joined below).
+                let _ = unsafe { sys::cuMemsetD32Async(word, 1, 1, opener.cu_stream()) };
+                true
+            })
+        };
+        let issue = Instant::now();
+        let issued = (0..GATED_OPS).try_for_each(|_| op());
+        let issue_us = issue.elapsed().as_secs_f64() * 1e6 / GATED_OPS as f64;
+        let end = stream.record_event(timing);
+        let opened = open(&opener, 1);
+        let _ = done.send(());
+        rescued |= watchdog.join().unwrap_or(true);
+        issued?;
+        opened?;
+        let end = end?;
+        end.synchronize()?;
+        runs.push((start.elapsed_ms(&end)? as f64 * 1e3 / GATED_OPS as f64, issue_us));
+    }
+    opener.synchronize()?;
+    // SAFETY: nothing waits on the word any more (both streams synchronized).
+    unsafe { result::free_sync(word) }?;
+    if rescued {
+        return Ok(None);
+    }
+    runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    Ok(Some(runs[2]))
 }

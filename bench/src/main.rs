@@ -146,6 +146,12 @@
 //! batch: well under `time_us`, the row is bound by the device. Near it,
 //! by the host, or by the device once the driver's launch queue is full
 //! (the host then waits in the launch): a batch is up to 1000 operations.
+//! `--gated` tells the two apart: 5 more batches of 64 operations each,
+//! issued while the stream waits on a device word (`cuStreamWaitValue32`)
+//! and let go after the last: `issue_us` is then the host's cost alone, and
+//! `device_us` the device's per operation with every launch queued ahead.
+//! An operation that waits for its stream on the host would wait for the
+//! gate: a watchdog lets it go after 2 s, and the row has no gated times.
 //! `--graph` (GPU) captures 100
 //! operations in a CUDA graph and times replays with events, each after a
 //! barrier (after 3 untimed): the median of 5, per operation, for sizes up
@@ -333,6 +339,7 @@ fn run(args: &Args) -> Res {
             net_words: ctx.alloc_zeroed::<u64>(n)?,
             wrong: Cell::new(0),
             issue_us: Cell::new(None),
+            device_us: Cell::new(None),
             partial: RefCell::new(match (&partial, me) {
                 (Some(p), 0) => Some(std::fs::File::create(p).map_err(|e| format!("creating {}: {e}", p.display()))?),
                 _ => None,

@@ -37,6 +37,9 @@ pub(super) struct Row {
     /// bound by the device; near it, by the host, or by the device once
     /// the launch queue is full (see the crate's doc).
     pub(super) issue_us: Option<f64>,
+    /// With `--gated`: the device's time per operation with every launch
+    /// queued ahead (see the crate's doc).
+    pub(super) device_us: Option<f64>,
 }
 
 impl Row {
@@ -131,6 +134,7 @@ impl Row {
             .map_or("null".into(), |pes| format!("[{}]", pes.iter().map(u64::to_string).collect::<Vec<_>>().join(",")));
         let net = self.net_bytes().map_or("null".into(), |b| b.to_string());
         let _ = write!(s, ",\"net_bytes\":{net},\"net_bytes_pes\":{net_pes},\"issue_us\":{}", num(self.issue_us));
+        let _ = write!(s, ",\"device_us\":{}", num(self.device_us));
         if let Some(rows) = rows {
             for reference in REFERENCES {
                 let _ = write!(s, ",\"vs_{}\":{}", reference.name(), num(self.vs(rows, reference)));
