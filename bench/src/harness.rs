@@ -319,6 +319,54 @@ fn capture(stream: &Arc<CudaStream>, run: &dyn Fn() -> Res) -> Res<CudaGraph> {
     Ok(graph)
 }
 
+/// An empty kernel, as PTX the driver compiles when it loads it: what a
+/// launch costs in this process, NVSHMEM and all, with nothing of ours
+/// around it (`--gated`'s floor).
+const EMPTY_PTX: &str =
+    ".version 8.0\n.target sm_75\n.address_size 64\n.visible .entry shmem_bench_empty()\n{\n\tret;\n}\n";
+
+/// The floor of an eager GPU row's times (`--gated`): an empty kernel
+/// launched on `stream` behind a gate like the rows' operations, with and
+/// without programmatic dependent launch (the attribute shmem's
+/// collectives launch with). Each: (device µs per launch, host µs to
+/// issue one).
+pub(super) fn launch_floor(stream: &Arc<CudaStream>) -> Res<[(f64, f64); 2]> {
+    use cudarc::driver::sys;
+    let module = stream.context().load_module(cudarc::nvrtc::Ptx::from_src(EMPTY_PTX))?;
+    let f = module.load_function("shmem_bench_empty")?.cu_function();
+    let launch = |pdl: bool| -> Res {
+        // SAFETY: a plain C struct, all zeros a valid value.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: 1,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: 32,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            hStream: stream.cu_stream(),
+            attrs: &raw mut attr,
+            numAttrs: u32::from(pdl),
+        };
+        // SAFETY: the kernel takes no parameters; `config` and `attr`
+        // outlive the call.
+        unsafe { sys::cuLaunchKernelEx(&config, f, std::ptr::null_mut(), std::ptr::null_mut()) }.result()?;
+        Ok(())
+    };
+    let mut floor = [(0.0, 0.0); 2];
+    for (i, pdl) in [true, false].into_iter().enumerate() {
+        for _ in 0..100 {
+            launch(pdl)?;
+        }
+        floor[i] = gated(stream, &mut || Ok(()), &mut || launch(pdl))?.ok_or("the empty kernel's gate was forced")?;
+    }
+    stream.synchronize()?;
+    Ok(floor)
+}
+
 /// Operations a gated batch issues behind its gate: few enough that their
 /// launches fit the driver's queue.
 const GATED_OPS: usize = 64;

@@ -152,6 +152,9 @@
 //! `device_us` the device's per operation with every launch queued ahead.
 //! An operation that waits for its stream on the host would wait for the
 //! gate: a watchdog lets it go after 2 s, and the row has no gated times.
+//! With `--gated`, PE 0 first prints the floor of such a row: an empty
+//! kernel launched behind the same gate in this process, with and without
+//! programmatic dependent launch (`launch floor`).
 //! `--graph` (GPU) captures 100
 //! operations in a CUDA graph and times replays with events, each after a
 //! barrier (after 3 untimed): the median of 5, per operation, for sizes up
@@ -348,6 +351,16 @@ fn run(args: &Args) -> Res {
         };
         if args.graph && !bench.gpu() && me == 0 {
             note("--graph needs the gpu backend: no graph rows");
+        }
+        if let (true, Some(stream), 0) = (args.gated, bench.s.cuda_stream(), me) {
+            match harness::launch_floor(stream) {
+                Ok([pdl, plain]) => note(format_args!(
+                    "launch floor (an empty kernel, gated): issue {:.2} µs and device {:.2} µs a launch with \
+                     programmatic dependent launch, {:.2} / {:.2} without",
+                    pdl.1, pdl.0, plain.1, plain.0
+                )),
+                Err(e) => note(format_args!("launch floor: not measured ({e})")),
+            }
         }
         (bench.all()?, bench.wrong.get())
     };
