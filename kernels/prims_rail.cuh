@@ -107,17 +107,25 @@ struct Rail {
 };
 
 // The put of one chunk to member `m` (whole block) and the credit to it
-// (one thread), out of line (one copy a .cu); counted in this PE's
-// NetCounters as `rma_put_signal` and `rma_signal` count (rail peers are
-// always on other nodes).
-static __device__ __noinline__ void rail_put_signal(const TeamSync &t, int m, void *dst, const void *src,
-                                                    uint64_t bytes, uint64_t *word, uint64_t v) {
-    count_rma(threadIdx.x == 0 ? remote_counters(t, m) : nullptr, false, bytes, 1);
-    nvshmemx_putmem_signal_nbi_block(dst, src, bytes, word, v, NVSHMEM_SIGNAL_SET, t.pes[m]);
+// (one thread), out of line (one copy a .cu) on plain values as the RMA
+// calls of team_sync.cuh are; counted in this PE's NetCounters as
+// `rma_put_signal` and `rma_signal` count (rail peers are always on
+// other nodes).
+static __device__ __noinline__ void rail_put_signal_out(NetCounters *c, int pe, void *dst, const void *src,
+                                                        uint64_t bytes, uint64_t *word, uint64_t v) {
+    count_rma(threadIdx.x == 0 ? c : nullptr, false, bytes, 1);
+    nvshmemx_putmem_signal_nbi_block(dst, src, bytes, word, v, NVSHMEM_SIGNAL_SET, pe);
 }
-static __device__ __noinline__ void rail_credit(const TeamSync &t, int m, uint64_t *word) {
-    if (NetCounters *c = remote_counters(t, m)) atomicAdd(&c->signals, 1ull);
-    nvshmemx_signal_op(word, 1, NVSHMEM_SIGNAL_ADD, t.pes[m]);
+static __device__ __noinline__ void rail_credit_out(NetCounters *c, int pe, uint64_t *word) {
+    if (c) atomicAdd(&c->signals, 1ull);
+    nvshmemx_signal_op(word, 1, NVSHMEM_SIGNAL_ADD, pe);
+}
+__device__ __forceinline__ void rail_put_signal(const TeamSync &t, int m, void *dst, const void *src, uint64_t bytes,
+                                                uint64_t *word, uint64_t v) {
+    rail_put_signal_out(remote_counters(t, m), t.pes[m], dst, src, bytes, word, v);
+}
+__device__ __forceinline__ void rail_credit(const TeamSync &t, int m, uint64_t *word) {
+    rail_credit_out(remote_counters(t, m), t.pes[m], word);
 }
 
 // The next chunk's sequence number on the pipe to node `to` (whole block;

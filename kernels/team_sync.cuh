@@ -115,29 +115,50 @@ __device__ __forceinline__ void count_rma(NetCounters *c, bool got, uint64_t byt
     if (signals) atomicAdd(&c->signals, signals);
 }
 
-// The RMA calls with member `pe` of `t`, out of line: one copy in each .cu
-// for all its kernels. The block-wide ones count from thread 0, once a call.
-static __device__ __noinline__ void rma_get(const TeamSync &t, int pe, void *dst, const void *src, uint64_t bytes) {
-    count_rma(threadIdx.x == 0 ? remote_counters(t, pe) : nullptr, true, bytes, 0);
-    nvshmemx_getmem_block(dst, src, bytes, t.pes[pe]);
+// The RMA calls, out of line (one copy in each .cu for all its kernels)
+// on plain values: `c` is the caller's NetCounters for a member on
+// another node (else null), `pe` the member's world PE. A reference to
+// the kernel's TeamSync parameter passed out of line would make every
+// kernel of the .cu copy the parameter to its stack, every thread, at
+// its start, whether it ever calls these or not. The block-wide ones
+// count from thread 0, once a call.
+static __device__ __noinline__ void rma_get_out(NetCounters *c, int pe, void *dst, const void *src, uint64_t bytes) {
+    count_rma(threadIdx.x == 0 ? c : nullptr, true, bytes, 0);
+    nvshmemx_getmem_block(dst, src, bytes, pe);
 }
-static __device__ __noinline__ void rma_put(const TeamSync &t, int pe, void *dst, const void *src, uint64_t bytes) {
-    count_rma(threadIdx.x == 0 ? remote_counters(t, pe) : nullptr, false, bytes, 0);
-    nvshmemx_putmem_nbi_block(dst, src, bytes, t.pes[pe]);
+static __device__ __noinline__ void rma_put_out(NetCounters *c, int pe, void *dst, const void *src, uint64_t bytes) {
+    count_rma(threadIdx.x == 0 ? c : nullptr, false, bytes, 0);
+    nvshmemx_putmem_nbi_block(dst, src, bytes, pe);
+}
+static __device__ __noinline__ void rma_signal_out(NetCounters *c, int pe, uint64_t *word, uint64_t v) {
+    if (c) atomicAdd(&c->signals, 1ull);
+    nvshmem_quiet();
+    nvshmemx_signal_op(word, v, NVSHMEM_SIGNAL_SET, pe);
+}
+static __device__ __noinline__ void rma_put_signal_out(NetCounters *c, int pe, void *dst, const void *src,
+                                                       uint64_t bytes, uint64_t *word, uint64_t v) {
+    count_rma(c, false, bytes, 1);
+    nvshmem_putmem_signal_nbi(dst, src, bytes, word, v, NVSHMEM_SIGNAL_SET, pe);
+}
+
+// The RMA calls with member `pe` of `t` (whole block for the get and the
+// put).
+__device__ __forceinline__ void rma_get(const TeamSync &t, int pe, void *dst, const void *src, uint64_t bytes) {
+    rma_get_out(remote_counters(t, pe), t.pes[pe], dst, src, bytes);
+}
+__device__ __forceinline__ void rma_put(const TeamSync &t, int pe, void *dst, const void *src, uint64_t bytes) {
+    rma_put_out(remote_counters(t, pe), t.pes[pe], dst, src, bytes);
 }
 // One thread's signal: `v` into member `pe`'s symmetric `word`, after this
 // PE's puts are delivered. Counted as a signal, not as bytes.
-static __device__ __noinline__ void rma_signal(const TeamSync &t, int pe, uint64_t *word, uint64_t v) {
-    if (NetCounters *c = remote_counters(t, pe)) atomicAdd(&c->signals, 1ull);
-    nvshmem_quiet();
-    nvshmemx_signal_op(word, v, NVSHMEM_SIGNAL_SET, t.pes[pe]);
+__device__ __forceinline__ void rma_signal(const TeamSync &t, int pe, uint64_t *word, uint64_t v) {
+    rma_signal_out(remote_counters(t, pe), t.pes[pe], word, v);
 }
 // One thread's put of `bytes` at `src` to symmetric `dst` of member `pe`,
 // then `v` into its symmetric `word` once the data is delivered.
-static __device__ __noinline__ void rma_put_signal(const TeamSync &t, int pe, void *dst, const void *src,
-                                                   uint64_t bytes, uint64_t *word, uint64_t v) {
-    count_rma(remote_counters(t, pe), false, bytes, 1);
-    nvshmem_putmem_signal_nbi(dst, src, bytes, word, v, NVSHMEM_SIGNAL_SET, t.pes[pe]);
+__device__ __forceinline__ void rma_put_signal(const TeamSync &t, int pe, void *dst, const void *src, uint64_t bytes,
+                                               uint64_t *word, uint64_t v) {
+    rma_put_signal_out(remote_counters(t, pe), t.pes[pe], dst, src, bytes, word, v);
 }
 
 // Sets word [array][blockIdx.x][rank] of member `pe` to `v`, after every
