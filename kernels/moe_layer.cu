@@ -653,29 +653,35 @@ extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads) shmem_moe_
 }
 
 extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads) shmem_moe_route(TeamSync t, MoeLayer m) {
+    shmem::k::phase_begin(m.phase == 0 ? "route_source" : "route_receiver");
     if (m.phase == 0) {
         shmem::k::route_source(t, m);
     } else {
         shmem::k::route_receiver(t, m);
     }
+    shmem::k::phase_end();
 }
 
 extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads) shmem_moe_gather(TeamSync t, MoeLayer m) {
+    shmem::k::phase_begin(m.phase == 0 ? "gather_source" : "gather_receiver");
     if (m.phase == 0) {
         shmem::k::gather_source(t, m);
     } else {
         shmem::k::gather_receiver(t, m);
     }
+    shmem::k::phase_end();
 }
 
 #define SHMEM_MOE_COMBINE(name, T)                                        \
     extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads) \
         shmem_moe_combine_##name(TeamSync t, MoeLayer m) {                \
+        shmem::k::phase_begin(m.phase == 0 ? "combine_experts" : "combine_source"); \
         if (m.phase == 0) {                                               \
             shmem::k::combine_experts<T>(t, m);                           \
         } else {                                                          \
             shmem::k::combine_source<T>(t, m);                            \
         }                                                                 \
+        shmem::k::phase_end();                                            \
     }
 SHMEM_MOE_COMBINE(f32, float)
 SHMEM_MOE_COMBINE(f64, double)
