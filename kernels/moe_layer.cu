@@ -659,6 +659,7 @@ extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads) shmem_moe_
     } else {
         shmem::k::route_receiver(t, m);
     }
+    shmem::k::phase_mark("kernel");
     shmem::k::phase_end();
 }
 
@@ -669,6 +670,7 @@ extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads) shmem_moe_
     } else {
         shmem::k::gather_receiver(t, m);
     }
+    shmem::k::phase_mark("kernel");
     shmem::k::phase_end();
 }
 
@@ -681,6 +683,7 @@ extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads) shmem_moe_
         } else {                                                          \
             shmem::k::combine_source<T>(t, m);                            \
         }                                                                 \
+        shmem::k::phase_mark("kernel");                                   \
         shmem::k::phase_end();                                            \
     }
 SHMEM_MOE_COMBINE(f32, float)
