@@ -75,20 +75,28 @@ fn main() {
     }
     archs.hash(&mut key);
     phases().hash(&mut key);
+    // What the cache holds besides the image (bump when that changes).
+    "image and stack frames".hash(&mut key);
     let cache_root = out.ancestors().nth(4).map_or_else(|| out.clone(), |t| t.join("shmem-kernels"));
     let cache = cache_root.join(format!("{:016x}", key.finish()));
     let linked = cache.join("shmem_kernels.image");
-    if !linked.is_file() {
+    let frames = cache.join("stack_frames.txt");
+    if !linked.is_file() || !frames.is_file() {
         let work = out.join("kernels");
         std::fs::create_dir_all(&work).expect("OUT_DIR");
-        let image = build(&nvcc, &nvshmem, &device_lib, &kernels, &sources, &archs, &work);
+        let (image, stacks) = build(&nvcc, &nvshmem, &device_lib, &kernels, &sources, &archs, &work);
         std::fs::create_dir_all(&cache).expect("the kernel cache folder");
-        // Copy then rename, so a concurrent build never sees half a file.
+        // Write then rename, so a concurrent build never sees half a file;
+        // the image last, which the check above looks for first.
+        let tmp = cache.join(format!("frames.{}", std::process::id()));
+        std::fs::write(&tmp, stacks).expect("caching the kernels");
+        std::fs::rename(&tmp, &frames).expect("caching the kernels");
         let tmp = cache.join(format!("image.{}", std::process::id()));
         std::fs::copy(&image, &tmp).expect("caching the kernels");
         std::fs::rename(&tmp, &linked).expect("caching the kernels");
     }
     println!("cargo::rustc-env=SHMEM_KERNELS_CUBIN={}", linked.display());
+    println!("cargo::rustc-env=SHMEM_KERNELS_STACK_FRAMES={}", frames.display());
     println!("cargo::rustc-env=SHMEM_KERNELS_NVSHMEM_VERSION={}", nvshmem_version(&nvshmem));
     println!("cargo::rustc-cfg=shmem_kernels");
 }
@@ -124,7 +132,9 @@ fn nvcc_jobs() -> usize {
 /// Compiles every source for every architecture (sources in parallel, up
 /// to [`nvcc_jobs`] at once), links each architecture's objects with the
 /// NVSHMEM device library, and packs several architectures into one fat
-/// binary. Returns the image.
+/// binary. Returns the image, and every kernel's stack frame as ptxas
+/// reports it, a line each: `sm_ARCH NAME BYTES` (the test
+/// `kernels_keep_their_parameters_off_the_stack` reads them).
 fn build(
     nvcc: &Path,
     nvshmem: &Path,
@@ -133,10 +143,11 @@ fn build(
     sources: &[PathBuf],
     archs: &[String],
     out: &Path,
-) -> PathBuf {
+) -> (PathBuf, String) {
     let nvlink = nvcc.with_file_name("nvlink");
     let phases = phases();
     let mut images = Vec::new();
+    let stacks = std::sync::Mutex::new(String::new());
     for arch in archs {
         // At most `jobs` nvcc at once: each takes most of a GiB, and cargo
         // may run several builds beside this one; more than the cores
@@ -152,24 +163,31 @@ fn build(
                             let Some(src) = sources.get(i) else { return done };
                             let stem = src.file_stem().unwrap().to_string_lossy();
                             let obj = out.join(format!("{stem}.sm_{arch}.cubin"));
-                            run(Command::new(nvcc)
-                                .args([
-                                    &format!("-arch=sm_{arch}"),
-                                    "-rdc=true",
-                                    "-cubin",
-                                    "-O3",
-                                    "-std=c++17",
-                                    "-lineinfo",
-                                ])
-                                // A profiling build: phase stamps (kernels/phases.cuh).
-                                .args(phases.then_some("-DSHMEM_PHASES"))
-                                .arg("-I")
-                                .arg(kernels)
-                                .arg("-I")
-                                .arg(nvshmem.join("include"))
-                                .arg(src)
-                                .arg("-o")
-                                .arg(&obj));
+                            let report = run_reporting(
+                                Command::new(nvcc)
+                                    .args([
+                                        &format!("-arch=sm_{arch}"),
+                                        "-rdc=true",
+                                        "-cubin",
+                                        "-O3",
+                                        "-std=c++17",
+                                        "-lineinfo",
+                                        "-Xptxas=-v",
+                                    ])
+                                    // A profiling build: phase stamps (kernels/phases.cuh).
+                                    .args(phases.then_some("-DSHMEM_PHASES"))
+                                    .arg("-I")
+                                    .arg(kernels)
+                                    .arg("-I")
+                                    .arg(nvshmem.join("include"))
+                                    .arg(src)
+                                    .arg("-o")
+                                    .arg(&obj),
+                            );
+                            let mut stacks = stacks.lock().expect("the stack frames");
+                            for (name, bytes) in stack_frames(&report) {
+                                stacks.push_str(&format!("sm_{arch} {name} {bytes}\n"));
+                            }
                             done.push((i, obj));
                         }
                     })
@@ -190,9 +208,10 @@ fn build(
             .arg(&linked));
         images.push((arch.clone(), linked));
     }
+    let stacks = stacks.into_inner().expect("the stack frames");
     // Several architectures: one fat binary, from which the driver picks.
     if let [(_, only)] = images.as_slice() {
-        return only.clone();
+        return (only.clone(), stacks);
     }
     let fat = out.join("shmem_kernels.fatbin");
     let mut cmd = Command::new(nvcc.with_file_name("fatbinary"));
@@ -201,7 +220,27 @@ fn build(
         cmd.arg(format!("--image3=kind=elf,sm={arch},file={}", image.display()));
     }
     run(&mut cmd);
-    fat
+    (fat, stacks)
+}
+
+/// The kernels' stack frames in ptxas's report (`-Xptxas=-v`): each
+/// `Function properties for NAME` line, then its `N bytes stack frame`.
+/// Kernels only: their names are not mangled, device functions' are.
+fn stack_frames(report: &str) -> Vec<(String, u64)> {
+    let mut frames = Vec::new();
+    let mut name: Option<&str> = None;
+    for line in report.lines() {
+        if let Some((_, n)) = line.split_once("Function properties for ") {
+            name = Some(n.trim());
+        } else if let (Some(n), Some(at)) = (name, line.find(" bytes stack frame")) {
+            let bytes = line[..at].split_whitespace().last().and_then(|b| b.parse().ok());
+            if let (false, Some(bytes)) = (n.starts_with("_Z"), bytes) {
+                frames.push((n.to_owned(), bytes));
+            }
+            name = None;
+        }
+    }
+    frames
 }
 
 /// `major.minor.patch` of the NVSHMEM headers the kernels are built with.
@@ -218,4 +257,13 @@ fn nvshmem_version(home: &Path) -> String {
 fn run(cmd: &mut Command) {
     let status = cmd.status().unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
     assert!(status.success(), "{cmd:?} failed with {status}");
+}
+
+/// Runs `cmd` and returns what it wrote to stderr (where nvcc passes on
+/// ptxas's report); on failure, panics with it.
+fn run_reporting(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{cmd:?} failed with {}:\n{stdout}{stderr}", out.status);
+    stderr.into_owned()
 }

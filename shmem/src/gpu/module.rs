@@ -166,3 +166,48 @@ unsafe fn cumodule_init(nv: &Nv, module: CUmodule) -> Result<i32> {
     // SAFETY: the caller's contract.
     Ok(unsafe { call!(nv, nvshmemx_cumodule_init(module as _)) })
 }
+
+#[cfg(test)]
+mod tests {
+    /// The most stack a kernel of a fixed-size team may take: a kernel
+    /// that takes its `TeamSync` parameter's address (a reference to it
+    /// passed to an out-of-line function) copies all 160 bytes of it to
+    /// its stack in every thread at its start, which cost the
+    /// low-latency collectives up to a third of their time.
+    #[cfg(shmem_kernels)]
+    const MOST_STACK: u64 = 64;
+
+    /// Kernels whose stack holds per-peer arrays by design: those for a
+    /// team of any size (`_0`) and the node-aware reductions.
+    #[cfg(shmem_kernels)]
+    fn may_take_more(name: &str) -> bool {
+        name.ends_with("_0") || name.contains("_nodes_") || name.contains("_grouped_")
+    }
+
+    #[test]
+    fn kernels_keep_their_parameters_off_the_stack() {
+        #[cfg(not(shmem_kernels))]
+        eprintln!("skipped: this build has no device kernels (nvcc and NVSHMEM were not found when it was built)");
+        #[cfg(shmem_kernels)]
+        {
+            let report = include_str!(env!("SHMEM_KERNELS_STACK_FRAMES"));
+            let frames: Vec<(&str, &str, u64)> = report
+                .lines()
+                .map(|l| {
+                    let f: Vec<&str> = l.split(' ').collect();
+                    (f[0], f[1], f[2].parse().expect("a byte count"))
+                })
+                .collect();
+            // Every kernel of the cubin is in the report.
+            for name in ["shmem_allreduce_ll_bf16_sum", "shmem_allgather_ll", "shmem_a2av_lines_v", "shmem_moe_route"] {
+                assert!(frames.iter().any(|f| f.1 == name), "{name} is missing from ptxas's report");
+            }
+            let over: Vec<String> = frames
+                .iter()
+                .filter(|(_, name, bytes)| *bytes > MOST_STACK && !may_take_more(name))
+                .map(|(arch, name, bytes)| format!("{name} ({arch}): {bytes} bytes"))
+                .collect();
+            assert!(over.is_empty(), "kernels with more than {MOST_STACK} bytes of stack: {over:?}");
+        }
+    }
+}
