@@ -59,6 +59,40 @@ impl<T: Element> MoeAllToAll<T> {
         }
     }
 
+    /// How the gather writes tokens into wire rows (`MoeLayer::fp8`): it
+    /// quantizes them in the FP8 format, else copies them.
+    fn gather_mode(&self) -> i32 {
+        if self.wire.fp8 {
+            FP8_QUANTIZE
+        } else {
+            0
+        }
+    }
+
+    /// The source's arguments over `base`: the caller's tokens (or, where
+    /// they come quantized, their codes and scales), routing and count.
+    fn source_args(
+        &self,
+        tokens: DeviceTokens<'_, T>,
+        (ids, weights, count): (SymSlice<'_, i64>, SymSlice<'_, f32>, SymSlice<'_, i64>),
+        base: MoeLayer,
+    ) -> Result<MoeLayer> {
+        let ctx = &self.team.ctx;
+        let (tokens, token_scales, fp8) = match tokens {
+            DeviceTokens::Plain(x) => (x.region(ctx)?.offset, 0, self.gather_mode()),
+            DeviceTokens::Codes(q, s) => (q.region(ctx)?.offset, s.region(ctx)?.offset, FP8_PRE_QUANTIZED),
+        };
+        Ok(MoeLayer {
+            tokens: tokens as u64,
+            token_scales: token_scales as u64,
+            ids: ids.region(ctx)?.offset as u64,
+            weights: weights.region(ctx)?.offset as u64,
+            n_tokens: count.region(ctx)?.offset as u64,
+            fp8,
+            ..base
+        })
+    }
+
     /// `dispatch_on_device` (and its FP8 form) on the GPU backend: route
     /// and gather (quantizing, in the FP8 format, tokens that are not
     /// yet), the exchange of wire rows, the expansion into the view (the
@@ -76,28 +110,16 @@ impl<T: Element> MoeAllToAll<T> {
         dequantize: bool,
         stream: &Stream,
     ) -> Result<()> {
-        let (c, n, ctx) = (self.config, self.team.n_pes(), &self.team.ctx);
+        let (c, n) = (self.config, self.team.n_pes());
         let st = g.stream(stream).cu_stream();
-        let fp8 = if self.wire.fp8 { FP8_QUANTIZE } else { 0 };
+        let fp8 = self.gather_mode();
         if let Some(r) = &self.rails {
             return self.dispatch_nodes_gpu(g, r, pre, tokens, (ids, weights, count), dequantize, stream);
         }
         let pre = pre.and_then(|_| {
             let k = g.kernels.as_ref().ok_or_else(not_built)?;
             let t = k.team(self.team.state.slot, &self.team.state.members, false)?;
-            let (tokens, token_scales, mode) = match tokens {
-                DeviceTokens::Plain(x) => (x.region(ctx)?.offset, 0, fp8),
-                DeviceTokens::Codes(q, s) => (q.region(ctx)?.offset, s.region(ctx)?.offset, FP8_PRE_QUANTIZED),
-            };
-            let m = MoeLayer {
-                tokens: tokens as u64,
-                token_scales: token_scales as u64,
-                ids: ids.region(ctx)?.offset as u64,
-                weights: weights.region(ctx)?.offset as u64,
-                n_tokens: count.region(ctx)?.offset as u64,
-                fp8: mode,
-                ..self.layer_args(0)
-            };
+            let m = self.source_args(tokens, (ids, weights, count), self.layer_args(0))?;
             k.moe_route(t, m, c.max_tokens * c.top_k, st)
         });
         let own = Agreement::own(pre);
@@ -188,24 +210,12 @@ impl<T: Element> MoeAllToAll<T> {
         dequantize: bool,
         stream: &Stream,
     ) -> Result<()> {
-        let (c, ctx, w) = (self.config, &self.team.ctx, self.wire);
+        let (c, w) = (self.config, self.wire);
         let st = g.stream(stream).cu_stream();
-        let fp8 = if w.fp8 { FP8_QUANTIZE } else { 0 };
+        let fp8 = self.gather_mode();
         let source = pre.and_then(|()| {
             g.kernels.as_ref().ok_or_else(not_built)?;
-            let (tokens, token_scales, mode) = match tokens {
-                DeviceTokens::Plain(x) => (x.region(ctx)?.offset, 0, fp8),
-                DeviceTokens::Codes(q, s) => (q.region(ctx)?.offset, s.region(ctx)?.offset, FP8_PRE_QUANTIZED),
-            };
-            Ok(MoeLayer {
-                tokens: tokens as u64,
-                token_scales: token_scales as u64,
-                ids: ids.region(ctx)?.offset as u64,
-                weights: weights.region(ctx)?.offset as u64,
-                n_tokens: count.region(ctx)?.offset as u64,
-                fp8: mode,
-                ..self.rail_args(r, 0)
-            })
+            self.source_args(tokens, (ids, weights, count), self.rail_args(r, 0))
         });
         let (pre, source) = split(source);
         let skip_if = self.agree_world(OpKind::MoeDispatch, pre, false, stream)?;
