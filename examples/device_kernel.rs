@@ -1,5 +1,6 @@
 //! A user's own kernel on shmem's device header (`shmem::DEVICE_HEADER`),
-//! compiled at run time with NVRTC: a hand-written all-reduce. Each PE
+//! compiled at run time with NVRTC (`shmem::compile_with_device_header`): a
+//! hand-written all-reduce. Each PE
 //! scales its vector, puts it with a signal into its slot of every peer's
 //! buffer, waits for every peer's signal, and sums the slots in PE order;
 //! a barrier of the header ends the exchange. Every PE checks the sums and
@@ -75,23 +76,6 @@ fn main() -> ExitCode {
     shmem::launch::spmd_main("device_kernel", 2, run)
 }
 
-/// The kernels' PTX for this GPU, compiled against the header written to
-/// a temporary include folder.
-fn compile(cuda: &cudarc::driver::CudaContext) -> Result<cudarc::nvrtc::Ptx, Box<dyn std::error::Error>> {
-    let dir = std::env::temp_dir().join(format!("shmem-device-kernel-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    std::fs::write(dir.join("shmem_device.cuh"), shmem::DEVICE_HEADER)?;
-    let (major, minor) = cuda.compute_capability()?;
-    let opts = cudarc::nvrtc::CompileOptions {
-        include_paths: vec![dir.display().to_string()],
-        options: vec![format!("--gpu-architecture=compute_{major}{minor}"), "-std=c++17".into()],
-        ..Default::default()
-    };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(KERNELS, opts);
-    std::fs::remove_dir_all(&dir)?;
-    Ok(ptx?)
-}
-
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let ctx = shmem::init()?;
     let me = ctx.my_pe();
@@ -108,7 +92,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let (me, n) = (node.my_pe(), node.n_pes());
     let cuda = ctx.cuda_context().expect("gpu backend");
     let stream = s.cuda_stream().expect("gpu backend").clone();
-    let module = cuda.load_module(compile(cuda)?)?;
+    let module = cuda.load_module(shmem::compile_with_device_header(cuda, KERNELS)?)?;
     let (all_reduce, finish) = (module.load_function("scale_all_reduce")?, module.load_function("finish")?);
 
     let slots = ctx.alloc_zeroed::<f32>(2 * n * COUNT)?;

@@ -20,35 +20,57 @@ pub const SIGNAL_PAD_WORDS_PER_PEER: usize = 32;
 /// `moe_wait_arrival`). Its comments are its documentation, the signal
 /// pads' layout included.
 ///
-/// It compiles with nvcc and with NVRTC. cudarc's NVRTC takes include
-/// paths, so write it into a folder and name that folder:
+/// It compiles with nvcc and with NVRTC; [`compile_with_device_header`]
+/// compiles a kernel that includes it:
 ///
 /// ```no_run
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let dir = std::env::temp_dir().join(format!("shmem-device-{}", std::process::id()));
-/// std::fs::create_dir_all(&dir)?;
-/// std::fs::write(dir.join("shmem_device.cuh"), shmem::DEVICE_HEADER)?;
+/// let cuda = cudarc::driver::CudaContext::new(0)?;
 /// let src = r#"
 /// #include "shmem_device.cuh"
 /// extern "C" __global__ void hello(shmem::PeerHandle h) { shmem::barrier(h, 0, 1); }
 /// "#;
-/// let opts = cudarc::nvrtc::CompileOptions {
-///     include_paths: vec![dir.display().to_string()],
-///     options: vec!["--gpu-architecture=compute_90".into()],
-///     ..Default::default()
-/// };
-/// let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, opts)?;
+/// let ptx = shmem::compile_with_device_header(&cuda, src)?;
+/// let module = cuda.load_module(ptx)?;
 /// # Ok(())
 /// # }
 /// ```
 ///
 /// Launch the kernel with [`PeerHandle::device_arg`] as its
 /// `shmem::PeerHandle` argument; `examples/device_kernel.rs` is a whole
-/// program. With nvcc, write the file out the same way and pass `-I`.
+/// program. With nvcc, write the file into a folder and pass `-I`.
 ///
 /// (The file lives in the repository's `kernels/`, outside this crate's
 /// folder: a packaged crate would have to carry a copy of it.)
 pub const DEVICE_HEADER: &str = include_str!("../../kernels/shmem_device.cuh");
+
+/// Compiles `source`, CUDA C++ that may `#include "shmem_device.cuh"`
+/// ([`DEVICE_HEADER`]), to PTX for the GPU of `cuda` with NVRTC (C++17):
+/// the header goes into a temporary include folder for the compilation.
+/// A failed compilation returns [`Error::Nvrtc`](crate::Error::Nvrtc)
+/// with the compiler's log.
+pub fn compile_with_device_header(cuda: &cudarc::driver::CudaContext, source: &str) -> Result<cudarc::nvrtc::Ptx> {
+    use crate::gpu::CudaCall;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    // One folder a call: several threads may compile at once.
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let (major, minor) = cuda.compute_capability().cuda("cuDeviceGetAttribute")?;
+    let call = CALLS.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("shmem-device-{}-{call}", std::process::id()));
+    let os = |call| move |source| crate::Error::Os { call, source };
+    std::fs::create_dir_all(&dir).map_err(os("creating the device header's folder"))?;
+    let written = std::fs::write(dir.join("shmem_device.cuh"), DEVICE_HEADER);
+    let ptx = written.map_err(os("writing the device header")).and_then(|()| {
+        let opts = cudarc::nvrtc::CompileOptions {
+            include_paths: vec![dir.display().to_string()],
+            options: vec![format!("--gpu-architecture=compute_{major}{minor}"), "-std=c++17".into()],
+            ..Default::default()
+        };
+        cudarc::nvrtc::compile_ptx_with_opts(source, opts).map_err(crate::gpu::amo::nvrtc_error)
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+    ptx
+}
 
 /// Where every PE's copy of a buffer, and its signal pad, can be reached
 /// by loads and stores from this PE.

@@ -55,7 +55,7 @@ pub use dtype::{AtomicElement, DType, Element, ReduceOp};
 pub use error::{CudaError, Error, Result, RoutingFault};
 pub use fp8::{fp8_e4m3, fp8_e5m2};
 pub use half::{bf16, f16};
-pub use handle::{DevicePeerHandle, PeerHandle, DEVICE_HEADER, SIGNAL_PAD_WORDS_PER_PEER};
+pub use handle::{compile_with_device_header, DevicePeerHandle, PeerHandle, DEVICE_HEADER, SIGNAL_PAD_WORDS_PER_PEER};
 pub use moe::{
     Arrivals, CombineElement, DeviceMoeArrivals, Fp8DeviceTokens, Fp8Out, Fp8Tokens, Fp8View, Layout, MoeAllToAll,
     MoeConfig, WireFormat,

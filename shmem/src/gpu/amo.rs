@@ -56,7 +56,7 @@ impl Amo {
 
 /// NVRTC's failure as the crate's error: the step that failed, its code,
 /// and the compiler's log where it wrote one.
-fn nvrtc_error(e: CompileError) -> Error {
+pub(crate) fn nvrtc_error(e: CompileError) -> Error {
     let (call, code, log) = match e {
         CompileError::CreationError(e) => ("nvrtcCreateProgram", e.0, String::new()),
         CompileError::CompileError { nvrtc, log, .. } => {

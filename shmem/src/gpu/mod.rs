@@ -38,7 +38,7 @@ macro_rules! call {
 }
 mod a2av;
 pub(crate) mod abi;
-mod amo;
+pub(crate) mod amo;
 pub(crate) mod blas;
 mod collectives;
 pub(crate) mod dispatch;

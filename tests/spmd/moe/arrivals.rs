@@ -165,22 +165,6 @@ extern "C" __global__ void take_rows(shmem::MoeArrivals a, const unsigned long l
 extern "C" __global__ void advance(unsigned long long *epoch) { *epoch += 1; }
 "#;
 
-/// The waiter's PTX, compiled against the device header.
-fn compile(cuda: &cudarc::driver::CudaContext) -> Result<cudarc::nvrtc::Ptx, Box<dyn std::error::Error>> {
-    let dir = std::env::temp_dir().join(format!("shmem-moe-arrivals-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    std::fs::write(dir.join("shmem_device.cuh"), shmem::DEVICE_HEADER)?;
-    let (major, minor) = cuda.compute_capability()?;
-    let opts = cudarc::nvrtc::CompileOptions {
-        include_paths: vec![dir.display().to_string()],
-        options: vec![format!("--gpu-architecture=compute_{major}{minor}"), "-std=c++17".into()],
-        ..Default::default()
-    };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(WAITER, opts);
-    std::fs::remove_dir_all(&dir)?;
-    Ok(ptx?)
-}
-
 /// The waiter's kernels and the stream it runs on.
 struct Waiter {
     take: cudarc::driver::CudaFunction,
@@ -305,7 +289,7 @@ fn waiter_kernel(env: &Env) -> TestResult {
     needs_gpu(env)?;
     let n = env.n();
     let cuda = env.ctx.cuda_context().expect("gpu backend");
-    let module = cuda.load_module(compile(cuda)?)?;
+    let module = cuda.load_module(shmem::compile_with_device_header(cuda, WAITER)?)?;
     let waiter = |c: &MoeConfig| Waiter::new(env, cuda, &module, c);
     for (c, spread) in [
         (MoeConfig::new(64, 16, 2, 2).major_align(8), Spread::Random),
@@ -390,7 +374,7 @@ fn waiter_in_graph(env: &Env) -> TestResult {
     let stream = needs_gpu(env)?.clone();
     let (n, me, s) = (env.n(), env.me(), &env.s);
     let cuda = env.ctx.cuda_context().expect("gpu backend");
-    let module = cuda.load_module(compile(cuda)?)?;
+    let module = cuda.load_module(shmem::compile_with_device_header(cuda, WAITER)?)?;
     let c = MoeConfig::new(48, 10, 2, 2.min(2 * n)).major_align(4);
     let w = Waiter::new(env, cuda, &module, &c)?;
     let moe = MoeAllToAll::<f32>::new(&env.ctx, c)?;
