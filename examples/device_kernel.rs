@@ -1,8 +1,8 @@
 //! A user's own kernel on shmem's device header (`shmem::DEVICE_HEADER`),
-//! compiled at run time with NVRTC (`shmem::compile_with_device_header`): a
-//! hand-written all-reduce. Each PE
-//! scales its vector, puts it with a signal into its slot of every peer's
-//! buffer, waits for every peer's signal, and sums the slots in PE order;
+//! compiled at run time with NVRTC (`shmem::compile_with_device_header`):
+//! a hand-written all-reduce. Each PE scales its vector, puts it with a
+//! signal into its slot of every peer's buffer, waits for every peer's
+//! signal, and sums the slots in PE order;
 //! a barrier of the header ends the exchange. Every PE checks the sums and
 //! what each peer put, value by value.
 //!
