@@ -653,6 +653,7 @@ extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads) shmem_moe_
 }
 
 extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads) shmem_moe_route(TeamSync t, MoeLayer m) {
+    shmem::k::follow_stream();
     shmem::k::phase_begin(m.phase == 0 ? "route_source" : "route_receiver");
     if (m.phase == 0) {
         shmem::k::route_source(t, m);
@@ -664,6 +665,7 @@ extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads) shmem_moe_
 }
 
 extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads) shmem_moe_gather(TeamSync t, MoeLayer m) {
+    shmem::k::follow_stream();
     shmem::k::phase_begin(m.phase == 0 ? "gather_source" : "gather_receiver");
     if (m.phase == 0) {
         shmem::k::gather_source(t, m);
@@ -677,6 +679,7 @@ extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads) shmem_moe_
 #define SHMEM_MOE_COMBINE(name, T)                                        \
     extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads) \
         shmem_moe_combine_##name(TeamSync t, MoeLayer m) {                \
+        shmem::k::follow_stream();                                        \
         shmem::k::phase_begin(m.phase == 0 ? "combine_experts" : "combine_source"); \
         if (m.phase == 0) {                                               \
             shmem::k::combine_experts<T>(t, m);                           \

@@ -312,19 +312,11 @@ impl KernelId {
     /// overlaps the end of the kernel before it on the stream, which it
     /// waits for as its first step (`follow_stream` in `team_sync.cuh`); the
     /// gap between two MoE kernels falls from 2.0 to 0.8 µs. Every kernel
-    /// this says so of must begin with that wait: the collectives and the
-    /// MoE all-to-all-v, not the local kernels.
+    /// this says so of must begin with that wait: the collectives, the MoE
+    /// all-to-all-v and `MoeAllToAll`'s route, gather and combine kernels;
+    /// not the local kernels outside them.
     pub(crate) fn follows_stream(self) -> bool {
-        !matches!(
-            self,
-            KernelId::SelfCheck
-                | KernelId::CopySm
-                | KernelId::SumSlots(_)
-                | KernelId::MoeRoute
-                | KernelId::MoeGather
-                | KernelId::MoeCombine(_)
-                | KernelId::Amo
-        )
+        !matches!(self, KernelId::SelfCheck | KernelId::CopySm | KernelId::SumSlots(_) | KernelId::Amo)
     }
 
     /// Every kernel the cubin defines.
