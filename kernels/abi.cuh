@@ -393,6 +393,10 @@ constexpr int kOriginShift = 32;
 // `MoeLayer::fp8`: e4m3 on the wire, quantized from bf16 tokens in the
 // gather, or from codes and scales the caller gave.
 constexpr int kFp8Quantize = 1, kFp8PreQuantized = 2;
+// The MoE layer's row kernels (moe_layer.cu) split a row into pieces of
+// this many bytes, a block a piece; the host sizes their grids alike
+// (`LAYER_CHUNK_BYTES` in abi.rs). A multiple of 16 and of kQuantGroup.
+constexpr int64_t kLayerChunkBytes = 8192;
 static_assert(sizeof(MoeLayer) == 296, "MoeLayer: size");
 static_assert(offsetof(MoeLayer, forward_in) == 240, "MoeLayer::forward_in");
 static_assert(offsetof(MoeLayer, forward_so) == 248, "MoeLayer::forward_so");

@@ -150,6 +150,26 @@ __device__ __forceinline__ void count_placed(const ArrivalWords &a, int pair, ui
     if (before + 1 == rows) st_release64(a.flags + pair, epoch);
 }
 
+// The row kernels' unit of work: a piece of kLayerChunkBytes of one row
+// (a token's elements, or in the FP8 format its codes), so that a few
+// rows still spread over many blocks. `chunks_of` pieces a row of
+// `bytes`; the host sizes the grids alike (`LAYER_CHUNK_BYTES`).
+__device__ __forceinline__ int64_t chunks_of(int64_t bytes) {
+    return bytes <= kLayerChunkBytes ? 1 : (bytes + kLayerChunkBytes - 1) / kLayerChunkBytes;
+}
+
+// Chunk `c`'s bytes of a row of `bytes`.
+__device__ __forceinline__ Range chunk_bytes(int64_t bytes, int64_t c) {
+    const uint64_t lo = static_cast<uint64_t>(c) * kLayerChunkBytes;
+    const uint64_t hi = lo + kLayerChunkBytes < static_cast<uint64_t>(bytes) ? lo + kLayerChunkBytes : bytes;
+    return Range{lo, hi};
+}
+
+// Most distinct rows or slots a row kernel keeps in shared memory; a
+// token with more (top-k and PEs beyond it) takes the slower loops that
+// read them from global memory.
+constexpr int kLayerSharedSlots = 64;
+
 // The first bad slot of token `tok` (a code for `kRouteBad`), or ~0.
 __device__ unsigned long long token_fault(const MoeLayer &m, const int64_t *ids, const float *w, int64_t tok,
                                           int experts) {
@@ -446,21 +466,22 @@ __device__ void route_receiver(const TeamSync &t, const MoeLayer &m) {
     }
 }
 
-// The FP8 payload of token `tok`'s wire row `row`, by the whole block:
-// quantized from bf16 (a warp a group) or copied from the caller's codes
-// and scales.
-__device__ void gather_fp8(const TeamSync &t, const MoeLayer &m, int64_t tok, uint8_t *row) {
+// The FP8 payload of token `tok`'s wire row `row`, elements `e` (a
+// chunk: whole scale groups but the last), by the whole block: quantized
+// from bf16 (a warp a group) or copied from the caller's codes and scales.
+__device__ void gather_fp8(const TeamSync &t, const MoeLayer &m, int64_t tok, uint8_t *row, Range e) {
     const int64_t groups = (m.hidden + kQuantGroup - 1) / kQuantGroup;
+    const int64_t g0 = e.lo / kQuantGroup, g1 = (e.hi + kQuantGroup - 1) / kQuantGroup;
     float *scales = reinterpret_cast<float *>(row + m.scales_at);
     if (m.fp8 == kFp8PreQuantized) {
-        block_copy(row, t.mine<uint8_t>(m.tokens + tok * m.hidden), m.hidden);
-        block_copy(reinterpret_cast<uint8_t *>(scales), t.mine<uint8_t>(m.token_scales + tok * groups * 4),
-                   groups * 4);
+        block_copy(row + e.lo, t.mine<uint8_t>(m.tokens + tok * m.hidden + e.lo), e.hi - e.lo);
+        block_copy(reinterpret_cast<uint8_t *>(scales + g0), t.mine<uint8_t>(m.token_scales + (tok * groups + g0) * 4),
+                   (g1 - g0) * 4);
         return;
     }
     const __nv_bfloat16 *x = t.mine<__nv_bfloat16>(m.tokens + tok * m.hidden * 2);
     const int warps = blockDim.x / 32;
-    for (int64_t g = threadIdx.x / 32; g < groups; g += warps) {
+    for (int64_t g = g0 + threadIdx.x / 32; g < g1; g += warps) {
         const int64_t at = g * kQuantGroup;
         const int len = static_cast<int>(m.hidden - at < kQuantGroup ? m.hidden - at : kQuantGroup);
         quantize_group(x + at, len, row + at, scales + g);
@@ -491,7 +512,9 @@ __device__ void gather_forward(const TeamSync &t, const MoeLayer &m, int64_t nt)
     }
 }
 
-// Phase 0 of the gather: each token into its wire rows, a block a slot.
+// Phase 0 of the gather: each token into its wire rows, a block a chunk
+// of a slot's row (the chunk of a token's first slot for the PE; the
+// first chunk writes the metadata).
 __device__ void gather_source(const TeamSync &t, const MoeLayer &m) {
     const int64_t nt = *t.mine<int64_t>(m.state);
     if (nt < 0) return;  // the route failed: nothing is sent
@@ -502,18 +525,21 @@ __device__ void gather_source(const TeamSync &t, const MoeLayer &m) {
     const int64_t *ids = t.mine<int64_t>(m.ids);
     const float *w = t.mine<float>(m.weights);
     const int64_t *slot_rows = t.mine<int64_t>(m.slot_rows);
-    const uint64_t slots = static_cast<uint64_t>(nt) * m.top_k;
-    for (uint64_t s = blockIdx.x; s < slots; s += gridDim.x) {
+    const uint64_t slots = static_cast<uint64_t>(nt) * m.top_k, chunks = chunks_of(m.data_bytes);
+    for (uint64_t unit = blockIdx.x; unit < slots * chunks; unit += gridDim.x) {
+        const uint64_t s = unit / chunks, c = unit % chunks;
         const int64_t tok = s / m.top_k;
         const int j = s % m.top_k;
         if (!first_of_dest(m, ids, tok, j)) continue;
         const int64_t d = ids[s] / m.ne;
         uint8_t *row = t.mine<uint8_t>(m.send + slot_rows[s] * m.stride);
+        const Range b = chunk_bytes(m.data_bytes, c);
         if (m.fp8 == 0) {
-            block_copy(row, t.mine<uint8_t>(m.tokens + tok * m.data_bytes), m.data_bytes);
+            block_copy(row + b.lo, t.mine<uint8_t>(m.tokens + tok * m.data_bytes + b.lo), b.hi - b.lo);
         } else {
-            gather_fp8(t, m, tok, row);
+            gather_fp8(t, m, tok, row, b);  // the FP8 format's data bytes are its codes: one an element
         }
+        if (c != 0) continue;
         // The node-aware form's rows name their source PE too.
         if (threadIdx.x == 0)
             *wire_token(row, m) = m.origin > 0 ? static_cast<int64_t>(m.origin - 1) << kOriginShift | tok : tok;
@@ -525,20 +551,25 @@ __device__ void gather_source(const TeamSync &t, const MoeLayer &m) {
     }
 }
 
-// The FP8 format: staged row `row`'s codes and scales into view row `at`,
-// and with `dequantize` their bf16 values, by the whole block.
-__device__ void place_fp8(const TeamSync &t, const MoeLayer &m, const uint8_t *row, int64_t at) {
+// The FP8 format: elements `e` (a chunk: whole scale groups but the
+// last) of staged row `row`, codes and scales, into view row `at`, and
+// with `dequantize` their bf16 values, by the whole block.
+__device__ void place_fp8(const TeamSync &t, const MoeLayer &m, const uint8_t *row, int64_t at, Range e) {
     const int64_t groups = (m.hidden + kQuantGroup - 1) / kQuantGroup;
+    const uint64_t g0 = e.lo / kQuantGroup, g1 = (e.hi + kQuantGroup - 1) / kQuantGroup;
     const float *scales = reinterpret_cast<const float *>(row + m.scales_at);
-    block_copy(t.mine<uint8_t>(m.recv_codes + at * m.hidden), row, m.hidden);
-    block_copy(t.mine<uint8_t>(m.recv_scales + at * groups * 4), reinterpret_cast<const uint8_t *>(scales), groups * 4);
+    block_copy(t.mine<uint8_t>(m.recv_codes + at * m.hidden + e.lo), row + e.lo, e.hi - e.lo);
+    block_copy(t.mine<uint8_t>(m.recv_scales + (at * groups + g0) * 4), reinterpret_cast<const uint8_t *>(scales + g0),
+               (g1 - g0) * 4);
     if (!m.dequantize) return;
     __nv_bfloat16 *x = t.mine<__nv_bfloat16>(m.recv + at * m.hidden * 2);
-    for (int64_t i = threadIdx.x; i < m.hidden; i += blockDim.x)
+    for (uint64_t i = e.lo + threadIdx.x; i < e.hi; i += blockDim.x)
         x[i] = dequantize_one<__nv_bfloat16>(row[i], scales[i / kQuantGroup]);
 }
 
-// Phase 1 of the gather: each staged row into its view rows, a block a row.
+// Phase 1 of the gather: each staged row into its view rows, a block a
+// chunk of a row. In the native format each thread loads its vectors of
+// the chunk once and stores them into every view row of the row's slots.
 __device__ void gather_receiver(const TeamSync &t, const MoeLayer &m) {
     const int64_t total = staged_rows(t, m);
     if (total < 0) return;
@@ -546,20 +577,40 @@ __device__ void gather_receiver(const TeamSync &t, const MoeLayer &m) {
     const ArrivalWords arrivals = arrival_words(t, m);
     const uint64_t epoch = *arrivals.epoch;
     const int64_t *view_so = t.mine<int64_t>(m.view_so);
-    for (int64_t r = blockIdx.x; r < total; r += gridDim.x) {
+    const int64_t chunks = chunks_of(m.data_bytes);
+    __shared__ uint8_t *dsts[kLayerSharedSlots];
+    __shared__ const uint8_t *src[1];
+    __shared__ int ndst;
+    for (int64_t w = blockIdx.x; w < total * chunks; w += gridDim.x) {
+        const int64_t r = w / chunks;
+        const Range b = chunk_bytes(m.data_bytes, w % chunks);
         uint8_t *row = stage + r * m.stride;
         const WireSlot *slots = wire_slots(row, m);
-        for (int j = 0; j < m.top_k; j++) {
-            const int32_t at = slots[j].at;
-            if (at < 0) continue;
-            if (m.fp8 == 0) {
-                block_copy(t.mine<uint8_t>(m.recv + at * m.data_bytes), row, m.data_bytes);
-            } else {
-                place_fp8(t, m, row, at);
+        if (m.fp8 == 0 && m.top_k <= kLayerSharedSlots) {
+            __syncthreads();  // the block's copy of the chunk before is done with dsts
+            if (threadIdx.x == 0) {
+                int k = 0;
+                for (int j = 0; j < m.top_k; j++)
+                    if (slots[j].at >= 0) dsts[k++] = t.mine<uint8_t>(m.recv + slots[j].at * m.data_bytes) + b.lo;
+                src[0] = row + b.lo;
+                ndst = k;
+            }
+            __syncthreads();
+            block_copy_pairs<true>(dsts, src, ndst, b.hi - b.lo);
+        } else {
+            for (int j = 0; j < m.top_k; j++) {
+                const int32_t at = slots[j].at;
+                if (at < 0) continue;
+                if (m.fp8 == 0) {
+                    block_copy(t.mine<uint8_t>(m.recv + at * m.data_bytes) + b.lo, row + b.lo, b.hi - b.lo);
+                } else {
+                    place_fp8(t, m, row, at, b);  // the FP8 format's data bytes are its codes: one an element
+                }
             }
         }
-        // The row is in every block it goes to: count it for each, a
-        // thread a slot (each slot's expert differs, so does its pair).
+        // The chunk is in every block it goes to: count it for each, a
+        // thread a slot (each slot's expert differs, so does its pair); a
+        // pair's flag rises with its rows' last chunk.
         __syncthreads();
         for (int j = threadIdx.x; j < m.top_k; j += blockDim.x) {
             if (slots[j].at < 0) continue;
@@ -567,7 +618,7 @@ __device__ void gather_receiver(const TeamSync &t, const MoeLayer &m) {
             const int e = view_expert(t, m, s, slots[j].at);
             if (e < 0) continue;
             const int pair = e * view_sources(t, m) + s;
-            count_placed(arrivals, pair, static_cast<uint32_t>(view_so[pair]), epoch);
+            count_placed(arrivals, pair, static_cast<uint32_t>(view_so[pair] * chunks), epoch);
         }
     }
 }
@@ -580,18 +631,57 @@ __device__ __forceinline__ double weigh(double acc, float w, double x) {
 __device__ __forceinline__ float add(float acc, float x) { return __fadd_rn(acc, x); }
 __device__ __forceinline__ double add(double acc, double x) { return __dadd_rn(acc, x); }
 
-// Phase 0 of the combine: each staged row's partial, a block a row.
+// Whether `p` is 16-byte aligned.
+__device__ __forceinline__ bool aligned16(const void *p) { return reinterpret_cast<uint64_t>(p) % 16 == 0; }
+
+// Phase 0 of the combine: each staged row's partial, a block a chunk of a
+// row: its slots' outputs weighed and summed in slot order, in 16-byte
+// vectors where the rows allow, the slots in shared memory.
 template <typename T> __device__ void combine_experts(const TeamSync &t, const MoeLayer &m) {
     using A = typename Acc<T>::type;
+    using V = Vec<T>;
+    constexpr int kN = V::kN;
     if (blockIdx.x == 0 && threadIdx.x == 0) t.mine<int64_t>(m.back_so)[0] = -1;  // a good exchange overwrites it
     const int64_t total = staged_rows(t, m);
     if (total < 0) return;
     uint8_t *stage = t.mine<uint8_t>(m.stage);
     const T *outputs = t.mine<T>(m.outputs);
-    for (int64_t r = blockIdx.x; r < total; r += gridDim.x) {
+    const int64_t row_bytes = m.hidden * static_cast<int64_t>(sizeof(T)), chunks = chunks_of(row_bytes);
+    const bool vectors = m.top_k <= kLayerSharedSlots && row_bytes % 16 == 0 && m.back_stride % 16 == 0 &&
+                         aligned16(outputs) && aligned16(t.mine<uint8_t>(m.partials));
+    __shared__ WireSlot held[kLayerSharedSlots];
+    __shared__ int nheld;
+    for (int64_t w = blockIdx.x; w < total * chunks; w += gridDim.x) {
+        const int64_t r = w / chunks;
+        const Range b = chunk_bytes(row_bytes, w % chunks);
         const WireSlot *slots = wire_slots(stage + r * m.stride, m);
         T *partial = t.mine<T>(m.partials + r * m.back_stride);
-        for (int64_t h = threadIdx.x; h < m.hidden; h += blockDim.x) {
+        if (vectors) {
+            __syncthreads();  // the chunk before is done with held
+            if (threadIdx.x == 0) {
+                int k = 0;
+                for (int j = 0; j < m.top_k; j++)
+                    if (slots[j].at >= 0) held[k++] = slots[j];
+                nheld = k;
+            }
+            __syncthreads();
+            for (uint64_t v = b.lo / 16 + threadIdx.x; v < b.hi / 16; v += blockDim.x) {
+                A acc[kN];
+#pragma unroll
+                for (int e = 0; e < kN; e++) acc[e] = 0;
+                for (int i = 0; i < nheld; i++) {
+                    const V x = reinterpret_cast<const V *>(outputs + static_cast<int64_t>(held[i].at) * m.hidden)[v];
+#pragma unroll
+                    for (int e = 0; e < kN; e++) acc[e] = weigh(acc[e], held[i].weight, to_acc(x.v[e]));
+                }
+                V y;
+#pragma unroll
+                for (int e = 0; e < kN; e++) y.v[e] = from_acc<T>(acc[e]);
+                reinterpret_cast<V *>(partial)[v] = y;
+            }
+            continue;
+        }
+        for (uint64_t h = b.lo / sizeof(T) + threadIdx.x; h < b.hi / sizeof(T); h += blockDim.x) {
             A acc = 0;
             for (int j = 0; j < m.top_k; j++) {
                 const WireSlot s = slots[j];
@@ -603,9 +693,9 @@ template <typename T> __device__ void combine_experts(const TeamSync &t, const M
 }
 
 // Phase 1 of the combine: each token's partials in ascending PE order, a
-// block a token (on the node-aware form's forwarder, each rail row's
-// node partials, into rows of `out_stride` bytes for the rail's exchange,
-// which fails where this one did).
+// block a chunk of a token (on the node-aware form's forwarder, each rail
+// row's node partials, into rows of `out_stride` bytes for the rail's
+// exchange, which fails where this one did).
 template <typename T> __device__ void combine_source(const TeamSync &t, const MoeLayer &m) {
     using A = typename Acc<T>::type;
     const bool first = blockIdx.x == 0 && threadIdx.x == 0;
@@ -615,13 +705,54 @@ template <typename T> __device__ void combine_source(const TeamSync &t, const Mo
         if (first && m.fail_splits != 0) t.mine<int64_t>(m.fail_splits)[0] = -1;
         return;
     }
+    using V = Vec<T>;
+    constexpr int kN = V::kN;
     const int64_t *slot_rows = t.mine<int64_t>(m.slot_rows);
     const uint8_t *back = t.mine<uint8_t>(m.send);
-    const int64_t out_stride = m.out_stride > 0 ? m.out_stride : m.hidden * static_cast<int64_t>(sizeof(T));
-    for (int64_t tok = blockIdx.x; tok < nt; tok += gridDim.x) {
+    const int64_t row_bytes = m.hidden * static_cast<int64_t>(sizeof(T)), chunks = chunks_of(row_bytes);
+    const int64_t out_stride = m.out_stride > 0 ? m.out_stride : row_bytes;
+    const bool vectors = m.top_k <= kLayerSharedSlots && row_bytes % 16 == 0 && m.back_stride % 16 == 0 &&
+                         out_stride % 16 == 0 && aligned16(back) && aligned16(t.mine<uint8_t>(m.out));
+    // The token's distinct wire rows, ascending (ascending PE).
+    __shared__ int64_t held[kLayerSharedSlots];
+    __shared__ int nheld;
+    for (int64_t w = blockIdx.x; w < nt * chunks; w += gridDim.x) {
+        const int64_t tok = w / chunks;
+        const Range b = chunk_bytes(row_bytes, w % chunks);
         T *out = t.mine<T>(m.out + tok * out_stride);
         const int64_t *rows = slot_rows + tok * m.top_k;
-        for (int64_t h = threadIdx.x; h < m.hidden; h += blockDim.x) {
+        if (vectors) {
+            __syncthreads();  // the chunk before is done with held
+            if (threadIdx.x == 0) {
+                int k = 0;
+                for (int64_t last = -1;;) {
+                    int64_t next = -1;
+                    for (int j = 0; j < m.top_k; j++)
+                        if (rows[j] > last && (next < 0 || rows[j] < next)) next = rows[j];
+                    if (next < 0) break;
+                    held[k++] = next;
+                    last = next;
+                }
+                nheld = k;
+            }
+            __syncthreads();
+            for (uint64_t v = b.lo / 16 + threadIdx.x; v < b.hi / 16; v += blockDim.x) {
+                A acc[kN];
+#pragma unroll
+                for (int e = 0; e < kN; e++) acc[e] = 0;
+                for (int i = 0; i < nheld; i++) {
+                    const V x = reinterpret_cast<const V *>(back + held[i] * m.back_stride)[v];
+#pragma unroll
+                    for (int e = 0; e < kN; e++) acc[e] = add(acc[e], to_acc(x.v[e]));
+                }
+                V y;
+#pragma unroll
+                for (int e = 0; e < kN; e++) y.v[e] = from_acc<T>(acc[e]);
+                reinterpret_cast<V *>(out)[v] = y;
+            }
+            continue;
+        }
+        for (uint64_t h = b.lo / sizeof(T) + threadIdx.x; h < b.hi / sizeof(T); h += blockDim.x) {
             A acc = 0;
             // The token's distinct wire rows, ascending: ascending PE.
             for (int64_t last = -1;;) {

@@ -24,7 +24,9 @@ namespace k {
 
 #ifdef SHMEM_PHASES
 constexpr int kPhaseMax = 24;
-constexpr unsigned long long kPhaseEvery = 64;
+// Prime, so that every kernel of a sequence that repeats (a dispatch's
+// route, gather, route, gather) is sampled in turn.
+constexpr unsigned long long kPhaseEvery = 61;
 // Per source file (static), so that each .cu counts its own launches.
 static __device__ unsigned long long phase_launches;
 static __device__ unsigned long long phase_last_end;

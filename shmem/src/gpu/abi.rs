@@ -528,6 +528,9 @@ pub(crate) struct MoeLayer {
 pub(crate) const FP8_QUANTIZE: i32 = 1;
 /// `MoeLayer::fp8`: e4m3 on the wire, from codes and scales the caller gave.
 pub(crate) const FP8_PRE_QUANTIZED: i32 = 2;
+/// The MoE layer's row kernels split a row into pieces of this many bytes,
+/// a block a piece (`kLayerChunkBytes` in abi.cuh, which must agree).
+pub(crate) const LAYER_CHUNK_BYTES: usize = 8192;
 
 const _: () = assert!(size_of::<MoeLayer>() == 296);
 const _: () = assert!(offset_of!(MoeLayer, forward_in) == 240);

@@ -1,25 +1,33 @@
 //! Launchers of the MoE layer's own kernels (`moe_layer.cu`): local, on
 //! the world's view, each in the phase its [`MoeLayer`] names.
 
-use super::abi::{MoeLayer, TeamSync};
+use super::abi::{MoeLayer, TeamSync, LAYER_CHUNK_BYTES};
 use super::kernel_id::KernelId;
 use super::kernels::Kernels;
 use super::CUstream;
 use crate::dtype::DType;
 use crate::error::Result;
 
-/// Most blocks of the row kernels: a block a slot, a row or a token.
+/// Most blocks of the row kernels: a block a slot, or a piece of a row
+/// or a token.
 const MAX_ROW_BLOCKS: usize = 1024;
 
+/// The blocks of a row kernel over `rows` rows of `bytes` each, a block a
+/// piece of [`LAYER_CHUNK_BYTES`] (as the kernels split them).
+fn row_blocks(rows: usize, bytes: i64) -> usize {
+    let pieces = usize::try_from(bytes).unwrap_or(0).div_ceil(LAYER_CHUNK_BYTES).max(1);
+    rows.saturating_mul(pieces).clamp(1, MAX_ROW_BLOCKS)
+}
+
 impl Kernels {
-    /// The route kernel (one block), then the gather (a block per slot or
-    /// staged row, up to [`MAX_ROW_BLOCKS`]; `rows` at most).
+    /// The route kernel (one block), then the gather (a block per piece of
+    /// a slot's or a staged row, `rows` at most, up to [`MAX_ROW_BLOCKS`]).
     pub(crate) fn moe_route(&self, t: TeamSync, m: MoeLayer, rows: usize, s: CUstream) -> Result<()> {
         // SAFETY: (TeamSync, MoeLayer) as the kernels declare; regions
         // checked by the layer; counts and ids checked on the device.
         unsafe { self.launch_with(KernelId::MoeRoute, 1, 0, t, m, s) }?;
         // SAFETY: as above.
-        unsafe { self.launch_with(KernelId::MoeGather, rows.clamp(1, MAX_ROW_BLOCKS), 0, t, m, s) }
+        unsafe { self.launch_with(KernelId::MoeGather, row_blocks(rows, m.data_bytes), 0, t, m, s) }
     }
 
     /// The node-aware form's agreement over the world (`shmem_moe_agree`,
@@ -33,10 +41,11 @@ impl Kernels {
         unsafe { self.launch_with(KernelId::MoeAgree, 1, 0, t, m, s) }
     }
 
-    /// The combine kernel (f32, f64, f16, bf16): a block per staged row or
-    /// token, `rows` at most.
+    /// The combine kernel (f32, f64, f16, bf16): a block per piece of a
+    /// staged row or token, `rows` at most.
     pub(crate) fn moe_combine(&self, dtype: DType, t: TeamSync, m: MoeLayer, rows: usize, s: CUstream) -> Result<()> {
+        let blocks = row_blocks(rows, m.hidden * dtype.size() as i64);
         // SAFETY: (TeamSync, MoeLayer) as the kernels declare; regions checked by the layer.
-        unsafe { self.launch_with(KernelId::MoeCombine(dtype), rows.clamp(1, MAX_ROW_BLOCKS), 0, t, m, s) }
+        unsafe { self.launch_with(KernelId::MoeCombine(dtype), blocks, 0, t, m, s) }
     }
 }
