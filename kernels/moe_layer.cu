@@ -237,19 +237,44 @@ __device__ __forceinline__ Range owned(uint64_t units, int o, int owners) {
 }
 
 // Exclusive scan, in place, of `count[key × owners + owner]` over the
-// owners of each key, starting at `base(key)` (whole block).
-template <typename Base>
-__device__ void scan_owners(uint32_t *count, int keys, int owners, Base base) {
-    for (int key = threadIdx.x; key < keys; key += blockDim.x) {
-        uint64_t run = base(key);
-        for (int x = 0; x < owners; x++) {
-            uint32_t *c = &count[static_cast<uint64_t>(key) * owners + x];
-            const uint32_t here = *c;
-            *c = static_cast<uint32_t>(run);
-            run += here;
+// owners of each key, key after key, each starting at `base(key, before)`
+// (`before`: the keys before its totals); `total(key, sum)` is told each
+// key's total by thread 0 (whole block, owners at most one a thread: a
+// scan of the block a key, so that no thread walks the owners one by
+// one through global memory).
+template <typename Base, typename Total>
+__device__ void scan_owners(uint32_t *count, int keys, int owners, Base base, Total total) {
+    __shared__ uint32_t warp_sums[kBlockThreads / 32], key_sum;
+    const int o = threadIdx.x, lane = o % 32, warp = o / 32, warps = (owners + 31) / 32;
+    uint64_t before = 0;
+    for (int key = 0; key < keys; key++) {
+        uint32_t *c = &count[static_cast<uint64_t>(key) * owners];
+        const uint32_t x = o < owners ? c[o] : 0;
+        uint32_t incl = x;
+        for (int d = 1; d < 32; d <<= 1) {
+            const uint32_t y = __shfl_up_sync(0xffffffffu, incl, d);
+            if (lane >= d) incl += y;
         }
+        if (lane == 31) warp_sums[warp] = incl;
+        __syncthreads();
+        if (warp == 0) {
+            const uint32_t own = lane < warps ? warp_sums[lane] : 0;
+            uint32_t w = own;
+            for (int d = 1; d < 32; d <<= 1) {
+                const uint32_t y = __shfl_up_sync(0xffffffffu, w, d);
+                if (lane >= d) w += y;
+            }
+            if (lane < warps) warp_sums[lane] = w - own;  // the warps before's
+            if (lane == 31) key_sum = w;
+        }
+        __syncthreads();
+        const uint64_t sum = key_sum;
+        const uint64_t start = base(key, before);
+        if (o < owners) c[o] = static_cast<uint32_t>(start + warp_sums[warp] + incl - x);
+        if (o == 0) total(key, sum);
+        before += sum;
+        __syncthreads();
     }
-    __syncthreads();
 }
 
 // Phase 0 of the route: the source's wire rows, from the caller's tokens
@@ -293,18 +318,11 @@ __device__ void route_tokens(const TeamSync &t, const MoeLayer &m, int64_t nt, b
         }
         return;
     }
-    // Each destination's total, then where each owner's rows for it start.
-    for (int d = o; d < n; d += blockDim.x) {
-        uint64_t sum = 0;
-        for (int x = 0; x < owners; x++) sum += count[static_cast<uint64_t>(d) * owners + x];
-        splits[d] = static_cast<int64_t>(sum);
-    }
-    __syncthreads();
-    scan_owners(count, n, owners, [&](int d) {
-        uint64_t at = 0;
-        for (int x = 0; x < d; x++) at += static_cast<uint64_t>(splits[x]);
-        return at;
-    });
+    // Where each owner's rows for each destination start (the
+    // destinations before's rows first), and each destination's total.
+    scan_owners(
+        count, n, owners, [](int, uint64_t before) { return before; },
+        [&](int d, uint64_t sum) { splits[d] = static_cast<int64_t>(sum); });
     for (uint64_t tok = mine.lo; tok < mine.hi; tok++) {
         for (int j = 0; j < m.top_k; j++) {
             const int64_t s = tok * m.top_k + j, d = slots.dest(tok, j);
@@ -440,7 +458,9 @@ __device__ void route_receiver(const TeamSync &t, const MoeLayer &m) {
     }
     __syncthreads();
     const int64_t mm = static_cast<int64_t>(ne) * n;
-    scan_owners(count, ne, owners, [&](int e) { return static_cast<uint64_t>(view_so[mm + e * n]); });
+    scan_owners(
+        count, ne, owners, [&](int e, uint64_t) { return static_cast<uint64_t>(view_so[mm + e * n]); },
+        [](int, uint64_t) {});
     // This dispatch's epoch (every thread read the old one before the
     // barriers above); the placement counters from zero; the pairs that
     // receive nothing have arrived.
