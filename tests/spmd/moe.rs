@@ -906,6 +906,10 @@ fn layer_round_trip(env: &Env) -> TestResult {
     round_trip::<bf16>(env, MoeConfig::new(16, 9, 8, 8), Spread::OnePe)?;
     round_trip::<bf16>(env, MoeConfig::new(16, 9, 2, 2 * n), Spread::EveryPe)?;
     round_trip::<f16>(env, MoeConfig::new(4, 5, 3, 3), Spread::Random)?;
+    // Rows of several of the kernels' 8 KiB pieces: whole 16-byte vectors
+    // (16 400 bytes), and not (8 200: the last piece 8 bytes).
+    round_trip::<bf16>(env, MoeConfig::new(8200, 4, 2, 2), Spread::Random)?;
+    round_trip::<bf16>(env, MoeConfig::new(4100, 5, 3, 3), Spread::Random)?;
     round_trip::<f64>(env, MoeConfig::new(3, 7, 2, 1), Spread::Random)
 }
 
@@ -997,6 +1001,9 @@ fn layer_weighted_combine(env: &Env) -> TestResult {
         weighted::<bf16>(env, MoeConfig::new(12, 6, 8, top_k).major_align(8), Spread::EveryPe)?;
     }
     weighted::<f16>(env, MoeConfig::new(5, 4, 1, 1).major_align(16), Spread::Random)?;
+    // Rows of several 8 KiB pieces, in 16-byte vectors (10 000 bytes) and not (8 198).
+    weighted::<f32>(env, MoeConfig::new(2500, 4, 3, 3), Spread::Random)?;
+    weighted::<bf16>(env, MoeConfig::new(4099, 3, 4, 2).major_align(4), Spread::Random)?;
     weighted::<f64>(env, MoeConfig::new(5, 4, 3, 2), Spread::Random)
 }
 

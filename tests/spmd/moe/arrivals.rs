@@ -49,6 +49,8 @@ fn marked_after_dispatch(env: &Env) -> TestResult {
         (MoeConfig::new(8, 6, 2, 2).major_align(4), Spread::Random),
         (MoeConfig::new(5, 5, 3, 2), Spread::OnePe),
         (MoeConfig::new(4, 3, 2, 1), Spread::Nothing),
+        // Rows of two 8 KiB pieces: a pair is marked once its rows' every piece is placed.
+        (MoeConfig::new(2100, 4, 2, 2), Spread::Random),
     ] {
         if !routable(&c, n, spread) {
             continue;
@@ -295,6 +297,7 @@ fn waiter_kernel(env: &Env) -> TestResult {
         (MoeConfig::new(64, 16, 2, 2).major_align(8), Spread::Random),
         (MoeConfig::new(33, 9, 3, 3), Spread::OnePe),
         (MoeConfig::new(100, 5, 4, 1), Spread::Random),
+        (MoeConfig::new(2100, 6, 2, 2), Spread::Random),
     ] {
         if routable(&c, n, spread) {
             waiter_native(env, &waiter(&c)?, c, spread)?;

@@ -31,6 +31,8 @@ fn configs(n: usize) -> Vec<(MoeConfig, Spread)> {
         (MoeConfig::new(128, 4, 1, 1).fp8(), Spread::Random),
         (MoeConfig::new(200, 4, 2, n.min(4)).fp8(), Spread::EveryPe),
         (MoeConfig::new(130, 5, 4, 2).major_align(8).fp8(), Spread::OnePe),
+        // Codes of two 8 KiB pieces, the last group short.
+        (MoeConfig::new(8300, 3, 2, 2).fp8(), Spread::Random),
     ]
 }
 
