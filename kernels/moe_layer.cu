@@ -150,16 +150,21 @@ __device__ __forceinline__ void count_placed(const ArrivalWords &a, int pair, ui
     if (before + 1 == rows) st_release64(a.flags + pair, epoch);
 }
 
-// The row kernels' unit of work: a piece of kLayerChunkBytes of one row
-// (a token's elements, or in the FP8 format its codes), so that a few
-// rows still spread over many blocks. `chunks_of` pieces a row of
-// `bytes`; the host sizes the grids alike (`LAYER_CHUNK_BYTES`).
-__device__ __forceinline__ int64_t chunks_of(int64_t bytes) {
-    return bytes <= kLayerChunkBytes ? 1 : (bytes + kLayerChunkBytes - 1) / kLayerChunkBytes;
+// The row kernels' unit of work: a row (a token's elements, or in the
+// FP8 format its codes) or, where the rows' pieces of kLayerChunkBytes
+// fit the grid at once, a piece, so that a few rows still spread over many
+// blocks (the host sizes the grids by pieces: `LAYER_CHUNK_BYTES`). Many
+// rows go whole, a block a row: each unit costs its own steps (an arrival
+// counted, the slots read). `pieces_of` gives the pieces of each of
+// `rows` rows of `bytes` (the same in every block).
+__device__ __forceinline__ int64_t pieces_of(int64_t rows, int64_t bytes) {
+    const int64_t c = bytes <= kLayerChunkBytes ? 1 : (bytes + kLayerChunkBytes - 1) / kLayerChunkBytes;
+    return rows * c <= static_cast<int64_t>(gridDim.x) ? c : 1;
 }
 
-// Chunk `c`'s bytes of a row of `bytes`.
-__device__ __forceinline__ Range chunk_bytes(int64_t bytes, int64_t c) {
+// Piece `c` of `pieces` of a row of `bytes`.
+__device__ __forceinline__ Range piece_bytes(int64_t bytes, int64_t c, int64_t pieces) {
+    if (pieces == 1) return Range{0, static_cast<uint64_t>(bytes)};
     const uint64_t lo = static_cast<uint64_t>(c) * kLayerChunkBytes;
     const uint64_t hi = lo + kLayerChunkBytes < static_cast<uint64_t>(bytes) ? lo + kLayerChunkBytes : bytes;
     return Range{lo, hi};
@@ -188,11 +193,15 @@ __device__ unsigned long long token_fault(const MoeLayer &m, const int64_t *ids,
     return fault;
 }
 
-// Whether slot j of token `tok` is the first of its destination PE.
+// The destination PE of a checked expert id (`g < experts < 2³¹`): a
+// 32-bit division, many times cheaper on the device than a 64-bit one.
+__device__ __forceinline__ int dest_of(int64_t g, int ne) { return static_cast<int>(g) / ne; }
+
+// Whether slot j of token `tok` (checked) is the first of its destination PE.
 __device__ __forceinline__ bool first_of_dest(const MoeLayer &m, const int64_t *ids, int64_t tok, int j) {
-    const int64_t d = ids[tok * m.top_k + j] / m.ne;
+    const int d = dest_of(ids[tok * m.top_k + j], m.ne);
     for (int i = 0; i < j; i++)
-        if (ids[tok * m.top_k + i] / m.ne == d) return false;
+        if (dest_of(ids[tok * m.top_k + i], m.ne) == d) return false;
     return true;
 }
 
@@ -202,12 +211,12 @@ struct ForwardSlots {
     const uint8_t *rows;
     const MoeLayer *m;
     // Slot j of row `tok`'s destination PE in the node, or -1.
-    __device__ __forceinline__ int64_t dest(int64_t tok, int j) const {
+    __device__ __forceinline__ int dest(int64_t tok, int j) const {
         const int32_t e = reinterpret_cast<const WireSlot *>(rows + tok * m->stride + m->meta + 8)[j].at;
         return e < 0 ? -1 : e / m->ne;
     }
     __device__ __forceinline__ bool first(int64_t tok, int j) const {
-        const int64_t d = dest(tok, j);
+        const int d = dest(tok, j);
         if (d < 0) return false;
         for (int i = 0; i < j; i++)
             if (dest(tok, i) == d) return false;
@@ -219,9 +228,18 @@ struct ForwardSlots {
 struct IdSlots {
     const int64_t *ids;
     const MoeLayer *m;
-    __device__ __forceinline__ int64_t dest(int64_t tok, int j) const { return ids[tok * m->top_k + j] / m->ne; }
-    __device__ __forceinline__ bool first(int64_t tok, int j) const { return first_of_dest(*m, ids, tok, j); }
+    __device__ __forceinline__ int dest(int64_t tok, int j) const { return dest_of(ids[tok * m->top_k + j], m->ne); }
 };
+
+// The route kernels' counters in shared memory where they fit
+// (`route_counters`), else in the layer's scratch in global memory: each
+// owner's counts a key (kRouteSharedCounts), the receiver's rows per
+// (expert, source) (kRouteSharedPairs).
+constexpr int kRouteSharedCounts = 4096, kRouteSharedPairs = 2048;
+__device__ __forceinline__ uint32_t *route_shared() {
+    __shared__ uint32_t words[kRouteSharedCounts + kRouteSharedPairs];
+    return words;
+}
 
 // Owners of `units` pieces of work in a one-block scan: one a thread, as
 // many as there are pieces (at least one), so that the serial passes over
@@ -287,8 +305,10 @@ __device__ void route_tokens(const TeamSync &t, const MoeLayer &m, int64_t nt, b
     int64_t *splits = t.mine<int64_t>(m.send_splits);
     int64_t *slot_rows = t.mine<int64_t>(m.slot_rows);
     int64_t *state = t.mine<int64_t>(m.state);
-    uint32_t *count = t.mine<uint32_t>(m.scratch);  // [destination][owner]
     const int owners = owners_of(count_ok ? nt : 0);
+    uint32_t *count = static_cast<int64_t>(n) * owners <= kRouteSharedCounts
+                          ? route_shared()
+                          : t.mine<uint32_t>(m.scratch);  // [destination][owner]
     const Range mine = owned(count_ok ? static_cast<uint64_t>(nt) : 0, o, owners);
     __shared__ unsigned long long bad;
     if (o == 0) bad = count_ok ? ~0ull : 0;
@@ -303,8 +323,14 @@ __device__ void route_tokens(const TeamSync &t, const MoeLayer &m, int64_t nt, b
                 continue;
             }
         }
-        for (int j = 0; j < m.top_k; j++)
-            if (slots.first(tok, j)) count[static_cast<uint64_t>(slots.dest(tok, j)) * owners + o]++;
+        // The destinations seen (a bit a PE: kMaxTeam is 64).
+        uint64_t seen = 0;
+        for (int j = 0; j < m.top_k; j++) {
+            const int d = slots.dest(tok, j);
+            if (d < 0 || (seen >> d & 1)) continue;
+            seen |= 1ull << d;
+            count[static_cast<uint64_t>(d) * owners + o]++;
+        }
     }
     __syncthreads();
     if (bad != ~0ull) {
@@ -324,20 +350,21 @@ __device__ void route_tokens(const TeamSync &t, const MoeLayer &m, int64_t nt, b
         count, n, owners, [](int, uint64_t before) { return before; },
         [&](int d, uint64_t sum) { splits[d] = static_cast<int64_t>(sum); });
     for (uint64_t tok = mine.lo; tok < mine.hi; tok++) {
+        uint64_t seen = 0;
         for (int j = 0; j < m.top_k; j++) {
-            const int64_t s = tok * m.top_k + j, d = slots.dest(tok, j);
+            const int64_t s = tok * m.top_k + j;
+            const int d = slots.dest(tok, j);
             if (d < 0) {
                 slot_rows[s] = -1;  // a slot of another node: no row here
-            } else if (slots.first(tok, j)) {
-                uint32_t *c = &count[static_cast<uint64_t>(d) * owners + o];
+                continue;
+            }
+            uint32_t *c = &count[static_cast<uint64_t>(d) * owners + o];
+            if (seen >> d & 1) {
+                slot_rows[s] = *c - 1;  // the token's row for d, counted at its first slot for d
+            } else {
+                seen |= 1ull << d;
                 slot_rows[s] = *c;
                 *c = *c + 1;
-            } else {
-                for (int i = 0; i < j; i++)
-                    if (slots.dest(tok, i) == d) {
-                        slot_rows[s] = slot_rows[tok * m.top_k + i];
-                        break;
-                    }
             }
         }
     }
@@ -384,11 +411,14 @@ __device__ void route_receiver(const TeamSync &t, const MoeLayer &m) {
     const int owners = owners_of(total);
     const int64_t *so = t.mine<int64_t>(m.stage_so);
     int64_t *view_so = t.mine<int64_t>(m.view_so);
-    uint32_t *count = t.mine<uint32_t>(m.scratch);  // [expert][owner]
-    uint32_t *per_source = count + static_cast<uint64_t>(owners) * (n + ne);  // [expert][source]
+    uint32_t *scratch = t.mine<uint32_t>(m.scratch);
+    uint32_t *count = static_cast<int64_t>(ne) * owners <= kRouteSharedCounts ? route_shared() : scratch;  // [expert][owner]
+    uint32_t *per_source_global = scratch + static_cast<uint64_t>(owners) * (n + ne);
+    uint32_t *per_source = static_cast<int64_t>(ne) * n <= kRouteSharedPairs ? route_shared() + kRouteSharedCounts
+                                                                             : per_source_global;  // [expert][source]
     // The node-aware form: each source's first row in source-major order,
     // and where its run was staged (both 0 for a source with no rows).
-    uint32_t *run_at = per_source + static_cast<uint64_t>(ne) * n;
+    uint32_t *run_at = per_source_global + static_cast<uint64_t>(ne) * n;
     uint32_t *run_start = run_at + n;
     uint8_t *stage = t.mine<uint8_t>(m.stage);
     const Range mine = owned(static_cast<uint64_t>(total), o, owners);
@@ -545,15 +575,15 @@ __device__ void gather_source(const TeamSync &t, const MoeLayer &m) {
     const int64_t *ids = t.mine<int64_t>(m.ids);
     const float *w = t.mine<float>(m.weights);
     const int64_t *slot_rows = t.mine<int64_t>(m.slot_rows);
-    const uint64_t slots = static_cast<uint64_t>(nt) * m.top_k, chunks = chunks_of(m.data_bytes);
+    const uint64_t slots = static_cast<uint64_t>(nt) * m.top_k, chunks = pieces_of(slots, m.data_bytes);
     for (uint64_t unit = blockIdx.x; unit < slots * chunks; unit += gridDim.x) {
         const uint64_t s = unit / chunks, c = unit % chunks;
         const int64_t tok = s / m.top_k;
         const int j = s % m.top_k;
         if (!first_of_dest(m, ids, tok, j)) continue;
-        const int64_t d = ids[s] / m.ne;
+        const int d = dest_of(ids[s], m.ne);
         uint8_t *row = t.mine<uint8_t>(m.send + slot_rows[s] * m.stride);
-        const Range b = chunk_bytes(m.data_bytes, c);
+        const Range b = piece_bytes(m.data_bytes, c, chunks);
         if (m.fp8 == 0) {
             block_copy(row + b.lo, t.mine<uint8_t>(m.tokens + tok * m.data_bytes + b.lo), b.hi - b.lo);
         } else {
@@ -565,8 +595,8 @@ __device__ void gather_source(const TeamSync &t, const MoeLayer &m) {
             *wire_token(row, m) = m.origin > 0 ? static_cast<int64_t>(m.origin - 1) << kOriginShift | tok : tok;
         WireSlot *meta = wire_slots(row, m);
         for (int i = threadIdx.x; i < m.top_k; i += blockDim.x) {
-            const int64_t g = ids[tok * m.top_k + i];
-            meta[i] = WireSlot{g / m.ne == d ? static_cast<int32_t>(g % m.ne) : -1, w[tok * m.top_k + i]};
+            const int g = static_cast<int>(ids[tok * m.top_k + i]);  // checked
+            meta[i] = WireSlot{g / m.ne == d ? g % m.ne : -1, w[tok * m.top_k + i]};
         }
     }
 }
@@ -597,13 +627,13 @@ __device__ void gather_receiver(const TeamSync &t, const MoeLayer &m) {
     const ArrivalWords arrivals = arrival_words(t, m);
     const uint64_t epoch = *arrivals.epoch;
     const int64_t *view_so = t.mine<int64_t>(m.view_so);
-    const int64_t chunks = chunks_of(m.data_bytes);
+    const int64_t chunks = pieces_of(total, m.data_bytes);
     __shared__ uint8_t *dsts[kLayerSharedSlots];
     __shared__ const uint8_t *src[1];
     __shared__ int ndst;
     for (int64_t w = blockIdx.x; w < total * chunks; w += gridDim.x) {
         const int64_t r = w / chunks;
-        const Range b = chunk_bytes(m.data_bytes, w % chunks);
+        const Range b = piece_bytes(m.data_bytes, w % chunks, chunks);
         uint8_t *row = stage + r * m.stride;
         const WireSlot *slots = wire_slots(row, m);
         if (m.fp8 == 0 && m.top_k <= kLayerSharedSlots) {
@@ -666,14 +696,14 @@ template <typename T> __device__ void combine_experts(const TeamSync &t, const M
     if (total < 0) return;
     uint8_t *stage = t.mine<uint8_t>(m.stage);
     const T *outputs = t.mine<T>(m.outputs);
-    const int64_t row_bytes = m.hidden * static_cast<int64_t>(sizeof(T)), chunks = chunks_of(row_bytes);
+    const int64_t row_bytes = m.hidden * static_cast<int64_t>(sizeof(T)), chunks = pieces_of(total, row_bytes);
     const bool vectors = m.top_k <= kLayerSharedSlots && row_bytes % 16 == 0 && m.back_stride % 16 == 0 &&
                          aligned16(outputs) && aligned16(t.mine<uint8_t>(m.partials));
     __shared__ WireSlot held[kLayerSharedSlots];
     __shared__ int nheld;
     for (int64_t w = blockIdx.x; w < total * chunks; w += gridDim.x) {
         const int64_t r = w / chunks;
-        const Range b = chunk_bytes(row_bytes, w % chunks);
+        const Range b = piece_bytes(row_bytes, w % chunks, chunks);
         const WireSlot *slots = wire_slots(stage + r * m.stride, m);
         T *partial = t.mine<T>(m.partials + r * m.back_stride);
         if (vectors) {
@@ -729,7 +759,7 @@ template <typename T> __device__ void combine_source(const TeamSync &t, const Mo
     constexpr int kN = V::kN;
     const int64_t *slot_rows = t.mine<int64_t>(m.slot_rows);
     const uint8_t *back = t.mine<uint8_t>(m.send);
-    const int64_t row_bytes = m.hidden * static_cast<int64_t>(sizeof(T)), chunks = chunks_of(row_bytes);
+    const int64_t row_bytes = m.hidden * static_cast<int64_t>(sizeof(T)), chunks = pieces_of(nt, row_bytes);
     const int64_t out_stride = m.out_stride > 0 ? m.out_stride : row_bytes;
     const bool vectors = m.top_k <= kLayerSharedSlots && row_bytes % 16 == 0 && m.back_stride % 16 == 0 &&
                          out_stride % 16 == 0 && aligned16(back) && aligned16(t.mine<uint8_t>(m.out));
@@ -738,7 +768,7 @@ template <typename T> __device__ void combine_source(const TeamSync &t, const Mo
     __shared__ int nheld;
     for (int64_t w = blockIdx.x; w < nt * chunks; w += gridDim.x) {
         const int64_t tok = w / chunks;
-        const Range b = chunk_bytes(row_bytes, w % chunks);
+        const Range b = piece_bytes(row_bytes, w % chunks, chunks);
         T *out = t.mine<T>(m.out + tok * out_stride);
         const int64_t *rows = slot_rows + tok * m.top_k;
         if (vectors) {
