@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""shmem's two-GPU performance targets against a GPU run's benchmark rows.
+"""shmem's performance targets against a GPU run's benchmark rows.
 
     python3 ci/targets.py DIR_OR_JSONL...
 
@@ -11,6 +11,9 @@ prints:
 - each target (the collectives' latency and bandwidth, the MoE exchange's
   time), met or missed, with the row that decides it and NCCL's time from
   the same file where it ran;
+- the four-GPU targets (issue 33, judged at 4 PEs: the all-reduce of 8 B,
+  1 MiB and 16 MiB, its busbw at 256 MiB, the MoE ops at 1 token top-8,
+  the dispatch of 128 tokens top-8 and of 4096 tokens top-1);
 - the MoE layer's targets (issue 34, set for 4 PEs: graph-replayed bf16,
   hidden 7168, top-8: 128 tokens dispatch ≤ 20 µs and combine ≤ 25 µs,
   1 token ≤ 6 µs each), with the 2D op's and NCCL's time beside;
@@ -239,6 +242,42 @@ def layer_targets(rs, pes):
         print(f"- {name}: {mark}: {what}")
 
 
+FOUR_PES = 4
+
+
+def four_gpu_targets(rs, pes):
+    """The four-GPU targets (issue 33): bf16, the MoE rows of hidden 7168;
+    each the fastest graph row of shmem's default where the bench replays
+    that size, else the fastest eager one; judged at FOUR_PES only."""
+    print(f"\n# Four-GPU targets at {pes} PEs (set for {FOUR_PES})\n")
+    ar = dict(op="all_reduce", impl="shmem", dtype="bf16", pes=pes)
+
+    def moe(op, tokens, topk):
+        return dict(op=op, impl="shmem", dtype="bf16", hidden=7168, tokens=tokens, topk=topk, pes=pes)
+
+    for name, want, limit in (
+        ("all-reduce of 8 B ≤ 3 µs", dict(bytes=8, **ar), 3.0),
+        ("all-reduce of 1 MiB ≤ 8 µs", dict(bytes=MIB, **ar), 8.0),
+        ("all-reduce of 16 MiB ≤ 72 µs", dict(bytes=16 * MIB, **ar), 72.0),
+        ("MoE dispatch of 1 token, top-8, ≤ 6 µs", moe("dispatch", 1, 8), 6.0),
+        ("MoE combine of 1 token, top-8, ≤ 6 µs", moe("combine", 1, 8), 6.0),
+        ("1D all_to_all_v of 1 token, top-8, ≤ 6 µs", moe("all_to_all_v", 1, 8), 6.0),
+        ("MoE dispatch of 128 tokens, top-8, ≤ 30 µs", moe("dispatch", 128, 8), 30.0),
+        ("MoE dispatch of 4096 tokens, top-1, ≤ 115 µs", moe("dispatch", 4096, 1), 115.0),
+    ):
+        r = rs.best(**want)
+        mark = "-" if r is None or pes != FOUR_PES else verdict(r["time_us"] <= limit)
+        print(f"- {name}: {mark}: {describe(rs, r)}")
+    big = rs.pick(bytes=256 * MIB, **ar)
+    r = min(big, key=lambda x: x["time_us"]) if big else None
+    name = "all-reduce of 256 MiB ≥ 360 GB/s busbw"
+    if r is None:
+        print(f"- {name}: -: not measured")
+    else:
+        mark = verdict(r["busbw_gbps"] >= 360.0) if pes == FOUR_PES else "-"
+        print(f"- {name}: {mark}: {r['busbw_gbps']:.1f} GB/s, {describe(rs, r)}")
+
+
 FP8_TOKENS, FP8_RATIO = 4096, 1.6
 
 
@@ -410,6 +449,26 @@ def self_test():
     with contextlib.redirect_stdout(out):
         fp8_target(Rows([layer("bf16", False, 100.0, 50.0), layer("e4m3", False, 80.0, 62.5)]), 4)
     assert ": MISSED: 1.25×" in out.getvalue() and "eager" in out.getvalue(), out.getvalue()
+    # The four-GPU targets: judged at 4 PEs, the graph row where there is one.
+    four = [dict(r, pes=4) for r in ours] + [
+        {"op": "dispatch", "impl": i, "dtype": "bf16", "bytes": 1, "pes": 4, "graph": g, "time_us": t, "hidden": 7168,
+         "tokens": 1, "topk": 8, "file": "moe-top8.jsonl"}
+        for i, g, t in (("shmem", True, 5.5), ("shmem", False, 9.0), ("nccl", True, 7.5))] + [
+        {"op": "dispatch", "impl": "shmem", "dtype": "bf16", "bytes": 1, "pes": 4, "graph": True, "time_us": 35.0,
+         "hidden": 7168, "tokens": 128, "topk": 8, "file": "moe-top8.jsonl"}]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        four_gpu_targets(Rows(four), 4)
+    got = out.getvalue()
+    assert "- all-reduce of 8 B ≤ 3 µs: met: 2.00 µs (shmem, graph, bench.jsonl); NCCL 6.00 µs" in got, got
+    assert "- all-reduce of 1 MiB ≤ 8 µs: met: 4.62" in got and "16 MiB ≤ 72 µs: -: not measured" in got, got
+    assert "top-8, ≤ 6 µs: met: 5.50 µs (shmem, graph, moe-top8.jsonl); NCCL 7.50 µs" in got, got
+    assert "- MoE dispatch of 128 tokens, top-8, ≤ 30 µs: MISSED: 35.00 µs" in got, got
+    assert "≥ 360 GB/s busbw: met: 398.8 GB/s" in got, got
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        four_gpu_targets(Rows(ours), 2)
+    assert "met" not in out.getvalue() and "MISSED" not in out.getvalue(), out.getvalue()
     print("targets: self-test passed")
 
 
@@ -427,6 +486,7 @@ def main(argv):
     pes = max(r.get("pes", 1) for r in rs.rows)
     rs.rows = [r for r in rs.rows if r.get("pes", 1) == pes]
     targets(rs, pes)
+    four_gpu_targets(rs, pes)
     layer_targets(rs, pes)
     fp8_target(rs, pes)
     against_nccl(rs, pes)
