@@ -231,10 +231,10 @@ struct IdSlots {
     __device__ __forceinline__ int dest(int64_t tok, int j) const { return dest_of(ids[tok * m->top_k + j], m->ne); }
 };
 
-// The route kernels' counters in shared memory where they fit
-// (`route_counters`), else in the layer's scratch in global memory: each
-// owner's counts a key (kRouteSharedCounts), the receiver's rows per
-// (expert, source) (kRouteSharedPairs).
+// The route kernels' counters in shared memory where they fit, else in
+// the layer's scratch in global memory: each owner's counts a key
+// (kRouteSharedCounts), the receiver's rows per (expert, source)
+// (kRouteSharedPairs).
 constexpr int kRouteSharedCounts = 4096, kRouteSharedPairs = 2048;
 __device__ __forceinline__ uint32_t *route_shared() {
     __shared__ uint32_t words[kRouteSharedCounts + kRouteSharedPairs];
