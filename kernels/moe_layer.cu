@@ -684,13 +684,36 @@ __device__ __forceinline__ double add(double acc, double x) { return __dadd_rn(a
 // Whether `p` is 16-byte aligned.
 __device__ __forceinline__ bool aligned16(const void *p) { return reinterpret_cast<uint64_t>(p) % 16 == 0; }
 
+// The 16-byte vectors `lo` to `hi` of `out`: each the fold of `rows`
+// rows' vectors in row order, `step(acc, i, x)` adding row i's element x
+// to the accumulator (which starts at 0), rounded once (whole block;
+// `row(i)` is row i's first element, 16-byte aligned).
+template <typename T, typename Row, typename Step>
+__device__ __forceinline__ void fold_vectors(T *out, uint64_t lo, uint64_t hi, int rows, Row row, Step step) {
+    using A = typename Acc<T>::type;
+    using V = Vec<T>;
+    constexpr int kN = V::kN;
+    for (uint64_t v = lo + threadIdx.x; v < hi; v += blockDim.x) {
+        A acc[kN];
+#pragma unroll
+        for (int e = 0; e < kN; e++) acc[e] = 0;
+        for (int i = 0; i < rows; i++) {
+            const V x = reinterpret_cast<const V *>(row(i))[v];
+#pragma unroll
+            for (int e = 0; e < kN; e++) acc[e] = step(acc[e], i, to_acc(x.v[e]));
+        }
+        V y;
+#pragma unroll
+        for (int e = 0; e < kN; e++) y.v[e] = from_acc<T>(acc[e]);
+        reinterpret_cast<V *>(out)[v] = y;
+    }
+}
+
 // Phase 0 of the combine: each staged row's partial, a block a chunk of a
 // row: its slots' outputs weighed and summed in slot order, in 16-byte
 // vectors where the rows allow, the slots in shared memory.
 template <typename T> __device__ void combine_experts(const TeamSync &t, const MoeLayer &m) {
     using A = typename Acc<T>::type;
-    using V = Vec<T>;
-    constexpr int kN = V::kN;
     if (blockIdx.x == 0 && threadIdx.x == 0) t.mine<int64_t>(m.back_so)[0] = -1;  // a good exchange overwrites it
     const int64_t total = staged_rows(t, m);
     if (total < 0) return;
@@ -715,20 +738,10 @@ template <typename T> __device__ void combine_experts(const TeamSync &t, const M
                 nheld = k;
             }
             __syncthreads();
-            for (uint64_t v = b.lo / 16 + threadIdx.x; v < b.hi / 16; v += blockDim.x) {
-                A acc[kN];
-#pragma unroll
-                for (int e = 0; e < kN; e++) acc[e] = 0;
-                for (int i = 0; i < nheld; i++) {
-                    const V x = reinterpret_cast<const V *>(outputs + static_cast<int64_t>(held[i].at) * m.hidden)[v];
-#pragma unroll
-                    for (int e = 0; e < kN; e++) acc[e] = weigh(acc[e], held[i].weight, to_acc(x.v[e]));
-                }
-                V y;
-#pragma unroll
-                for (int e = 0; e < kN; e++) y.v[e] = from_acc<T>(acc[e]);
-                reinterpret_cast<V *>(partial)[v] = y;
-            }
+            fold_vectors(
+                partial, b.lo / 16, b.hi / 16, nheld,
+                [&](int i) { return outputs + static_cast<int64_t>(held[i].at) * m.hidden; },
+                [&](A acc, int i, A x) { return weigh(acc, held[i].weight, x); });
             continue;
         }
         for (uint64_t h = b.lo / sizeof(T) + threadIdx.x; h < b.hi / sizeof(T); h += blockDim.x) {
@@ -755,8 +768,6 @@ template <typename T> __device__ void combine_source(const TeamSync &t, const Mo
         if (first && m.fail_splits != 0) t.mine<int64_t>(m.fail_splits)[0] = -1;
         return;
     }
-    using V = Vec<T>;
-    constexpr int kN = V::kN;
     const int64_t *slot_rows = t.mine<int64_t>(m.slot_rows);
     const uint8_t *back = t.mine<uint8_t>(m.send);
     const int64_t row_bytes = m.hidden * static_cast<int64_t>(sizeof(T)), chunks = pieces_of(nt, row_bytes);
@@ -786,20 +797,10 @@ template <typename T> __device__ void combine_source(const TeamSync &t, const Mo
                 nheld = k;
             }
             __syncthreads();
-            for (uint64_t v = b.lo / 16 + threadIdx.x; v < b.hi / 16; v += blockDim.x) {
-                A acc[kN];
-#pragma unroll
-                for (int e = 0; e < kN; e++) acc[e] = 0;
-                for (int i = 0; i < nheld; i++) {
-                    const V x = reinterpret_cast<const V *>(back + held[i] * m.back_stride)[v];
-#pragma unroll
-                    for (int e = 0; e < kN; e++) acc[e] = add(acc[e], to_acc(x.v[e]));
-                }
-                V y;
-#pragma unroll
-                for (int e = 0; e < kN; e++) y.v[e] = from_acc<T>(acc[e]);
-                reinterpret_cast<V *>(out)[v] = y;
-            }
+            fold_vectors(
+                out, b.lo / 16, b.hi / 16, nheld,
+                [&](int i) { return reinterpret_cast<const T *>(back + held[i] * m.back_stride); },
+                [](A acc, int, A x) { return add(acc, x); });
             continue;
         }
         for (uint64_t h = b.lo / sizeof(T) + threadIdx.x; h < b.hi / sizeof(T); h += blockDim.x) {
