@@ -529,7 +529,7 @@ pub(crate) const FP8_QUANTIZE: i32 = 1;
 /// `MoeLayer::fp8`: e4m3 on the wire, from codes and scales the caller gave.
 pub(crate) const FP8_PRE_QUANTIZED: i32 = 2;
 /// The MoE layer's row kernels split a row into pieces of this many bytes,
-/// a block a piece (`kLayerChunkBytes` in abi.cuh, which must agree).
+/// a block a piece (`kLayerChunkBytes` in abi.cuh; a test checks they agree).
 pub(crate) const LAYER_CHUNK_BYTES: usize = 8192;
 
 const _: () = assert!(size_of::<MoeLayer>() == 296);
@@ -636,5 +636,30 @@ pub(crate) fn a2av_plan_shared_bytes(n: usize, ne: usize, with_offsets: bool) ->
         staged
     } else {
         0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The constants that `abi.cuh` defines again for the kernels agree
+    /// with this file's: a grid sized by another piece size than the
+    /// kernels cut rows into still works, only slower, so nothing else
+    /// would notice.
+    #[test]
+    fn constants_agree_with_abi_cuh() {
+        let cuh = include_str!("../../../kernels/abi.cuh");
+        for (line, what) in [
+            (format!("constexpr int64_t kLayerChunkBytes = {};", super::LAYER_CHUNK_BYTES), "LAYER_CHUNK_BYTES"),
+            (
+                format!(
+                    "constexpr int kFp8Quantize = {}, kFp8PreQuantized = {};",
+                    super::FP8_QUANTIZE,
+                    super::FP8_PRE_QUANTIZED
+                ),
+                "FP8_QUANTIZE, FP8_PRE_QUANTIZED",
+            ),
+        ] {
+            assert!(cuh.contains(&line), "abi.cuh does not say `{line}` ({what} in abi.rs)");
+        }
     }
 }
