@@ -236,6 +236,8 @@ struct IdSlots {
 // (kRouteSharedCounts), the receiver's rows per (expert, source)
 // (kRouteSharedPairs).
 constexpr int kRouteSharedCounts = 4096, kRouteSharedPairs = 2048;
+// The receiver's expert blocks' starts kept in shared memory, at most.
+constexpr int kRouteSharedStarts = 256;
 __device__ __forceinline__ uint32_t *route_shared() {
     __shared__ uint32_t words[kRouteSharedCounts + kRouteSharedPairs];
     return words;
@@ -471,12 +473,17 @@ __device__ void route_receiver(const TeamSync &t, const MoeLayer &m) {
     }
     __syncthreads();
     // The blocks: expert-major, each source's chunk in PE order, each
-    // block padded to major_align (at least major_align long).
+    // block padded to major_align (at least major_align long). Each
+    // block's start also in shared memory where they fit, for the scan
+    // below (which reads one a key, every thread, one after another).
+    __shared__ uint64_t block_start[kRouteSharedStarts];
+    const bool starts_shared = ne <= kRouteSharedStarts;
     if (o == 0) {
         const int64_t mm = static_cast<int64_t>(ne) * n, a = m.major_align;
         int64_t at = 0;
         for (int e = 0; e < ne; e++) {
             const int64_t start = at;
+            if (starts_shared) block_start[e] = static_cast<uint64_t>(start);
             for (int src = 0; src < n; src++) {
                 view_so[e * n + src] = per_source[e * n + src];
                 view_so[mm + e * n + src] = at;
@@ -489,7 +496,8 @@ __device__ void route_receiver(const TeamSync &t, const MoeLayer &m) {
     __syncthreads();
     const int64_t mm = static_cast<int64_t>(ne) * n;
     scan_owners(
-        count, ne, owners, [&](int e, uint64_t) { return static_cast<uint64_t>(view_so[mm + e * n]); },
+        count, ne, owners,
+        [&](int e, uint64_t) { return starts_shared ? block_start[e] : static_cast<uint64_t>(view_so[mm + e * n]); },
         [](int, uint64_t) {});
     // This dispatch's epoch (every thread read the old one before the
     // barriers above); the placement counters from zero; the pairs that
