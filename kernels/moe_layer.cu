@@ -115,21 +115,22 @@ __device__ __forceinline__ ArrivalWords arrival_words(const TeamSync &t, const M
 // The source PE of staged row `r` in the view: the one its token field
 // names in the node-aware form; else by position, rows coming
 // source-major.
-__device__ __forceinline__ int staged_source(const TeamSync &t, const MoeLayer &m, int64_t r) {
+// `so`: the exchange's out splits and offsets (`m.stage_so`, or a copy).
+__device__ __forceinline__ int staged_source(const TeamSync &t, const MoeLayer &m, int64_t r, const int64_t *so) {
     if (m.view_n > 0) {
         const uint8_t *row = t.mine<uint8_t>(m.stage) + r * m.stride;
         return static_cast<int>(static_cast<uint64_t>(*reinterpret_cast<const int64_t *>(row + m.meta)) >>
                                 kOriginShift);
     }
-    const int64_t *so = t.mine<int64_t>(m.stage_so);
     int s = 0;
     while (s + 1 < t.n && r >= so[t.n + s + 1]) s++;
     return s;
 }
 
 // The local expert whose block holds view row `at` of source `s`'s rows.
-__device__ __forceinline__ int view_expert(const TeamSync &t, const MoeLayer &m, int s, int64_t at) {
-    const int64_t *view_so = t.mine<int64_t>(m.view_so);
+// `view_so`: the view's splits and offsets (`m.view_so`, or a copy).
+__device__ __forceinline__ int view_expert(const TeamSync &t, const MoeLayer &m, int s, int64_t at,
+                                           const int64_t *view_so) {
     const int n = view_sources(t, m);
     const int64_t mm = static_cast<int64_t>(m.ne) * n;
     for (int e = 0; e < m.ne; e++) {
@@ -174,6 +175,9 @@ __device__ __forceinline__ Range piece_bytes(int64_t bytes, int64_t c, int64_t p
 // token with more (top-k and PEs beyond it) takes the slower loops that
 // read them from global memory.
 constexpr int kLayerSharedSlots = 64;
+// Most (expert, source) pairs whose splits and offsets the receiver's
+// gather copies into shared memory (16 KiB).
+constexpr int kLayerSharedPairs = 1024;
 
 // The first bad slot of token `tok` (a code for `kRouteBad`), or ~0.
 __device__ unsigned long long token_fault(const MoeLayer &m, const int64_t *ids, const float *w, int64_t tok,
@@ -634,8 +638,21 @@ __device__ void gather_receiver(const TeamSync &t, const MoeLayer &m) {
     uint8_t *stage = t.mine<uint8_t>(m.stage);
     const ArrivalWords arrivals = arrival_words(t, m);
     const uint64_t epoch = *arrivals.epoch;
-    const int64_t *view_so = t.mine<int64_t>(m.view_so);
     const int64_t chunks = pieces_of(total, m.data_bytes);
+    // The exchange's and the view's splits and offsets, which each
+    // placement's count looks up (one source, one expert at a time), in
+    // shared memory where they fit: not one dependent load through L2 a
+    // step.
+    __shared__ int64_t tables[2 * kMaxTeam + 2 * kLayerSharedPairs];
+    const int64_t pairs = static_cast<int64_t>(m.ne) * view_sources(t, m);
+    const int64_t *so = t.mine<int64_t>(m.stage_so), *view_so = t.mine<int64_t>(m.view_so);
+    if (pairs <= kLayerSharedPairs) {
+        for (int i = threadIdx.x; i < 2 * t.n; i += blockDim.x) tables[i] = so[i];
+        for (int64_t i = threadIdx.x; i < 2 * pairs; i += blockDim.x) tables[2 * kMaxTeam + i] = view_so[i];
+        __syncthreads();
+        so = tables;
+        view_so = tables + 2 * kMaxTeam;
+    }
     __shared__ uint8_t *dsts[kLayerSharedSlots];
     __shared__ const uint8_t *src[1];
     __shared__ int ndst;
@@ -672,8 +689,8 @@ __device__ void gather_receiver(const TeamSync &t, const MoeLayer &m) {
         __syncthreads();
         for (int j = threadIdx.x; j < m.top_k; j += blockDim.x) {
             if (slots[j].at < 0) continue;
-            const int s = staged_source(t, m, r);
-            const int e = view_expert(t, m, s, slots[j].at);
+            const int s = staged_source(t, m, r, so);
+            const int e = view_expert(t, m, s, slots[j].at, view_so);
             if (e < 0) continue;
             const int pair = e * view_sources(t, m) + s;
             count_placed(arrivals, pair, static_cast<uint32_t>(view_so[pair] * chunks), epoch);
