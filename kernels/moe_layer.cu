@@ -339,6 +339,7 @@ __device__ void route_tokens(const TeamSync &t, const MoeLayer &m, int64_t nt, b
         }
     }
     __syncthreads();
+    phase_mark("count");
     if (bad != ~0ull) {
         // A forwarder's failure (its rail's exchange failed) is a plain
         // negative split: the PEs of its node fail with it.
@@ -355,6 +356,7 @@ __device__ void route_tokens(const TeamSync &t, const MoeLayer &m, int64_t nt, b
     scan_owners(
         count, n, owners, [](int, uint64_t before) { return before; },
         [&](int d, uint64_t sum) { splits[d] = static_cast<int64_t>(sum); });
+    phase_mark("scan");
     for (uint64_t tok = mine.lo; tok < mine.hi; tok++) {
         uint64_t seen = 0;
         for (int j = 0; j < m.top_k; j++) {
@@ -464,18 +466,46 @@ __device__ void route_receiver(const TeamSync &t, const MoeLayer &m) {
         return s;
     };
     auto staged_row = [&](uint64_t v, int s) { return by_origin ? v - run_at[s] + run_start[s] : v; };
-    int s = source_of(mine.lo, 0);
-    for (uint64_t v = mine.lo; v < mine.hi; v++) {
-        s = source_of(v, s);
-        const WireSlot *slots = wire_slots(stage + staged_row(v, s) * m.stride, m);
-        for (int j = 0; j < m.top_k; j++) {
-            const int e = slots[j].at;
-            if (e < 0 || e >= ne) continue;
-            count[static_cast<uint64_t>(e) * owners + o]++;
-            atomicAdd(&per_source[e * n + s], 1u);
+    // `visit(slots, j, e, s)` for slot j of each owned row, in order
+    // (`slots` the row's, `e` its local expert, `s` the row's source):
+    // a batch of rows' slots loaded at once, every load in flight
+    // together (the rows lie `stride` apart, each its own trip to
+    // memory), before the batch is visited.
+    auto each_slot = [&](auto visit) {
+        constexpr int kRows = 4, kSlots = 8;
+        int s = source_of(mine.lo, 0);
+        for (uint64_t v0 = mine.lo; v0 < mine.hi; v0 += kRows) {
+            WireSlot *rows[kRows];
+            int from[kRows];
+#pragma unroll
+            for (int r = 0; r < kRows; r++) {
+                const uint64_t v = v0 + r < mine.hi ? v0 + r : v0;
+                s = source_of(v, s);
+                from[r] = s;
+                rows[r] = wire_slots(stage + staged_row(v, s) * m.stride, m);
+            }
+            for (int j0 = 0; j0 < m.top_k; j0 += kSlots) {
+                int32_t at[kRows][kSlots];
+#pragma unroll
+                for (int r = 0; r < kRows; r++)
+#pragma unroll
+                    for (int b = 0; b < kSlots; b++)
+                        at[r][b] = v0 + r < mine.hi && j0 + b < m.top_k ? rows[r][j0 + b].at : -1;
+#pragma unroll
+                for (int r = 0; r < kRows; r++)
+#pragma unroll
+                    for (int b = 0; b < kSlots; b++)
+                        if (v0 + r < mine.hi && j0 + b < m.top_k) visit(rows[r], j0 + b, at[r][b], from[r]);
+            }
         }
-    }
+    };
+    each_slot([&](WireSlot *, int, int e, int s) {
+        if (e < 0 || e >= ne) return;
+        count[static_cast<uint64_t>(e) * owners + o]++;
+        atomicAdd(&per_source[e * n + s], 1u);
+    });
     __syncthreads();
+    phase_mark("count");
     // The blocks: expert-major, each source's chunk in PE order, each
     // block padded to major_align (at least major_align long). Each
     // block's start also in shared memory where they fit, for the scan
@@ -498,6 +528,7 @@ __device__ void route_receiver(const TeamSync &t, const MoeLayer &m) {
         }
     }
     __syncthreads();
+    phase_mark("blocks");
     const int64_t mm = static_cast<int64_t>(ne) * n;
     scan_owners(
         count, ne, owners,
@@ -511,21 +542,16 @@ __device__ void route_receiver(const TeamSync &t, const MoeLayer &m) {
         arrivals.placed[i] = 0;
         if (per_source[i] == 0) st_release64(arrivals.flags + i, epoch);
     }
-    s = source_of(mine.lo, 0);
-    for (uint64_t v = mine.lo; v < mine.hi; v++) {
-        s = source_of(v, s);
-        WireSlot *slots = wire_slots(stage + staged_row(v, s) * m.stride, m);
-        for (int j = 0; j < m.top_k; j++) {
-            const int e = slots[j].at;
-            if (e < 0 || e >= ne) {
-                slots[j].at = -1;
-                continue;
-            }
-            uint32_t *c = &count[static_cast<uint64_t>(e) * owners + o];
-            slots[j].at = static_cast<int32_t>(*c);
-            *c = *c + 1;
+    phase_mark("scan");
+    each_slot([&](WireSlot *slots, int j, int e, int) {
+        if (e < 0 || e >= ne) {
+            slots[j].at = -1;
+            return;
         }
-    }
+        uint32_t *c = &count[static_cast<uint64_t>(e) * owners + o];
+        slots[j].at = static_cast<int32_t>(*c);
+        *c = *c + 1;
+    });
 }
 
 // The FP8 payload of token `tok`'s wire row `row`, elements `e` (a
