@@ -680,24 +680,42 @@ __device__ void gather_receiver(const TeamSync &t, const MoeLayer &m) {
         view_so = tables + 2 * kMaxTeam;
     }
     __shared__ uint8_t *dsts[kLayerSharedSlots];
+    __shared__ int32_t dst_rows[kLayerSharedSlots];
     __shared__ const uint8_t *src[1];
     __shared__ int ndst;
+    // The FP8 format's codes go as the native format's elements do (one
+    // byte an element, in `recv_codes`), unless they are dequantized too.
+    const bool one_load = m.top_k <= kLayerSharedSlots && (m.fp8 == 0 || !m.dequantize);
+    const uint64_t view = m.fp8 == 0 ? m.recv : m.recv_codes;
+    const int64_t groups = (m.hidden + kQuantGroup - 1) / kQuantGroup;
     for (int64_t w = blockIdx.x; w < total * chunks; w += gridDim.x) {
         const int64_t r = w / chunks;
         const Range b = piece_bytes(m.data_bytes, w % chunks, chunks);
         uint8_t *row = stage + r * m.stride;
         const WireSlot *slots = wire_slots(row, m);
-        if (m.fp8 == 0 && m.top_k <= kLayerSharedSlots) {
+        if (one_load) {
             __syncthreads();  // the block's copy of the chunk before is done with dsts
             if (threadIdx.x == 0) {
                 int k = 0;
-                for (int j = 0; j < m.top_k; j++)
-                    if (slots[j].at >= 0) dsts[k++] = t.mine<uint8_t>(m.recv + slots[j].at * m.data_bytes) + b.lo;
+                for (int j = 0; j < m.top_k; j++) {
+                    const int32_t at = slots[j].at;
+                    if (at < 0) continue;
+                    dsts[k] = t.mine<uint8_t>(view + at * m.data_bytes) + b.lo;
+                    dst_rows[k++] = at;
+                }
                 src[0] = row + b.lo;
                 ndst = k;
             }
             __syncthreads();
             block_copy_pairs<true>(dsts, src, ndst, b.hi - b.lo);
+            if (m.fp8 != 0) {
+                // The chunk's scale groups into every view row.
+                const uint64_t g0 = b.lo / kQuantGroup, ng = (b.hi + kQuantGroup - 1) / kQuantGroup - g0;
+                const float *scales = reinterpret_cast<const float *>(row + m.scales_at);
+                float *out = t.mine<float>(m.recv_scales);
+                for (uint64_t i = threadIdx.x; i < ndst * ng; i += blockDim.x)
+                    out[dst_rows[i / ng] * groups + g0 + i % ng] = scales[g0 + i % ng];
+            }
         } else {
             for (int j = 0; j < m.top_k; j++) {
                 const int32_t at = slots[j].at;
