@@ -197,9 +197,55 @@ __device__ unsigned long long token_fault(const MoeLayer &m, const int64_t *ids,
     return fault;
 }
 
+// Most slots a token's route keeps in registers (`token_dests`); a
+// larger top-k takes the loops that read them from memory one by one.
+constexpr int kRouteFastSlots = 8;
+
+// Token `tok`'s slots (top_k at most kRouteFastSlots): their destination
+// PEs into `d` (-1 past top_k), and the first bad slot's fault as
+// `token_fault` gives it (~0 when none). The token's ids and weights are
+// loaded all at once and checked in registers: not a trip to memory a
+// slot, nor one for each pair of slots compared.
+__device__ __forceinline__ unsigned long long token_dests(const MoeLayer &m, const int64_t *ids, const float *w,
+                                                         int64_t tok, int experts, int (&d)[kRouteFastSlots]);
+
 // The destination PE of a checked expert id (`g < experts < 2³¹`): a
 // 32-bit division, many times cheaper on the device than a 64-bit one.
 __device__ __forceinline__ int dest_of(int64_t g, int ne) { return static_cast<int>(g) / ne; }
+
+__device__ __forceinline__ unsigned long long token_dests(const MoeLayer &m, const int64_t *ids, const float *w,
+                                                         int64_t tok, int experts, int (&d)[kRouteFastSlots]) {
+    const int k = m.top_k;
+    int64_t g[kRouteFastSlots];
+    float x[kRouteFastSlots];
+#pragma unroll
+    for (int j = 0; j < kRouteFastSlots; j++) {
+        g[j] = j < k ? ids[tok * k + j] : -1;
+        x[j] = j < k ? w[tok * k + j] : 0.0f;
+    }
+    unsigned long long fault = ~0ull;
+#pragma unroll
+    for (int j = 0; j < kRouteFastSlots; j++) {
+        d[j] = -1;
+        if (j >= k || fault != ~0ull) continue;
+        const unsigned long long at = static_cast<unsigned long long>(tok * k + j) + 1;
+        if (g[j] < 0 || g[j] >= experts) {
+            fault = kRouteExpertOutOfRange << kRouteFaultShift | at;
+            continue;
+        }
+        bool repeated = false;
+#pragma unroll
+        for (int i = 0; i < j; i++) repeated |= g[i] == g[j];
+        if (repeated) {
+            fault = kRouteRepeatedExpert << kRouteFaultShift | at;
+        } else if (!isfinite(x[j])) {
+            fault = kRouteBadWeight << kRouteFaultShift | at;
+        } else {
+            d[j] = dest_of(g[j], m.ne);
+        }
+    }
+    return fault;
+}
 
 // Whether slot j of token `tok` (checked) is the first of its destination PE.
 __device__ __forceinline__ bool first_of_dest(const MoeLayer &m, const int64_t *ids, int64_t tok, int j) {
@@ -321,7 +367,23 @@ __device__ void route_tokens(const TeamSync &t, const MoeLayer &m, int64_t nt, b
     if (o < owners)
         for (int d = 0; d < n; d++) count[static_cast<uint64_t>(d) * owners + o] = 0;
     __syncthreads();
-    for (uint64_t tok = mine.lo; tok < mine.hi; tok++) {
+    const bool fast = ids != nullptr && m.top_k <= kRouteFastSlots;
+    for (uint64_t tok = mine.lo; fast && tok < mine.hi; tok++) {
+        int d[kRouteFastSlots];
+        const unsigned long long fault = token_dests(m, ids, w, tok, experts, d);
+        if (fault != ~0ull) {
+            atomicMin(&bad, fault);
+            continue;
+        }
+        uint64_t seen = 0;  // the destinations seen (a bit a PE: kMaxTeam is 64)
+#pragma unroll
+        for (int j = 0; j < kRouteFastSlots; j++) {
+            if (d[j] < 0 || (seen >> d[j] & 1)) continue;
+            seen |= 1ull << d[j];
+            count[static_cast<uint64_t>(d[j]) * owners + o]++;
+        }
+    }
+    for (uint64_t tok = mine.lo; !fast && tok < mine.hi; tok++) {
         if (ids != nullptr) {
             const unsigned long long fault = token_fault(m, ids, w, tok, experts);
             if (fault != ~0ull) {
@@ -357,7 +419,25 @@ __device__ void route_tokens(const TeamSync &t, const MoeLayer &m, int64_t nt, b
         count, n, owners, [](int, uint64_t before) { return before; },
         [&](int d, uint64_t sum) { splits[d] = static_cast<int64_t>(sum); });
     phase_mark("scan");
-    for (uint64_t tok = mine.lo; tok < mine.hi; tok++) {
+    for (uint64_t tok = mine.lo; fast && tok < mine.hi; tok++) {
+        int d[kRouteFastSlots];
+        token_dests(m, ids, w, tok, experts, d);  // checked above
+        uint64_t seen = 0;
+#pragma unroll
+        for (int j = 0; j < kRouteFastSlots; j++) {
+            if (j >= m.top_k) continue;
+            uint32_t *c = &count[static_cast<uint64_t>(d[j]) * owners + o];
+            const int64_t s = tok * m.top_k + j;
+            if (seen >> d[j] & 1) {
+                slot_rows[s] = *c - 1;  // the token's row for d, counted at its first slot for d
+            } else {
+                seen |= 1ull << d[j];
+                slot_rows[s] = *c;
+                *c = *c + 1;
+            }
+        }
+    }
+    for (uint64_t tok = mine.lo; !fast && tok < mine.hi; tok++) {
         uint64_t seen = 0;
         for (int j = 0; j < m.top_k; j++) {
             const int64_t s = tok * m.top_k + j;
