@@ -397,6 +397,11 @@ constexpr int kFp8Quantize = 1, kFp8PreQuantized = 2;
 // this many bytes, a block a piece; the host sizes their grids alike
 // (`LAYER_CHUNK_BYTES` in abi.rs). A multiple of 16 and of kQuantGroup.
 constexpr int64_t kLayerChunkBytes = 8192;
+// Most slots of a token (or of a staged row) a row kernel keeps in shared
+// memory; a larger top-k takes the slower loops that read them from
+// global memory, and the source's gather then works a slot at a time, not
+// a token (`LAYER_SHARED_SLOTS` in abi.rs sizes its grid alike).
+constexpr int kLayerSharedSlots = 64;
 static_assert(sizeof(MoeLayer) == 296, "MoeLayer: size");
 static_assert(offsetof(MoeLayer, forward_in) == 240, "MoeLayer::forward_in");
 static_assert(offsetof(MoeLayer, forward_so) == 248, "MoeLayer::forward_so");

@@ -171,10 +171,6 @@ __device__ __forceinline__ Range piece_bytes(int64_t bytes, int64_t c, int64_t p
     return Range{lo, hi};
 }
 
-// Most distinct rows or slots a row kernel keeps in shared memory; a
-// token with more (top-k and PEs beyond it) takes the slower loops that
-// read them from global memory.
-constexpr int kLayerSharedSlots = 64;
 // Most (expert, source) pairs whose splits and offsets the receiver's
 // gather copies into shared memory (16 KiB).
 constexpr int kLayerSharedPairs = 1024;
@@ -680,16 +676,10 @@ __device__ void gather_forward(const TeamSync &t, const MoeLayer &m, int64_t nt)
     }
 }
 
-// Phase 0 of the gather: each token into its wire rows, a block a chunk
-// of a slot's row (the chunk of a token's first slot for the PE; the
-// first chunk writes the metadata).
-__device__ void gather_source(const TeamSync &t, const MoeLayer &m) {
-    const int64_t nt = *t.mine<int64_t>(m.state);
-    if (nt < 0) return;  // the route failed: nothing is sent
-    if (m.forward_in != 0) {
-        gather_forward(t, m, nt);
-        return;
-    }
+// Phase 0 of the gather, for a top-k beyond kLayerSharedSlots: each
+// token into its wire rows, a block a piece of a slot's row (the piece of
+// a token's first slot for the PE; the first piece writes the metadata).
+__device__ void gather_slots(const TeamSync &t, const MoeLayer &m, int64_t nt) {
     const int64_t *ids = t.mine<int64_t>(m.ids);
     const float *w = t.mine<float>(m.weights);
     const int64_t *slot_rows = t.mine<int64_t>(m.slot_rows);
@@ -715,6 +705,86 @@ __device__ void gather_source(const TeamSync &t, const MoeLayer &m) {
         for (int i = threadIdx.x; i < m.top_k; i += blockDim.x) {
             const int g = static_cast<int>(ids[tok * m.top_k + i]);  // checked
             meta[i] = WireSlot{g / m.ne == d ? g % m.ne : -1, w[tok * m.top_k + i]};
+        }
+    }
+}
+
+// Phase 0 of the gather: each token into its wire rows, a block a piece
+// of a token (`LAYER_CHUNK_BYTES`; the host sizes the grid by tokens): the
+// piece loaded once and stored into the row of each of its destination
+// PEs. In the FP8 format the piece is quantized once, into the first of
+// them, and copied from there (codes and scales) into the others. The
+// first piece's block writes the rows' metadata.
+__device__ void gather_source(const TeamSync &t, const MoeLayer &m) {
+    const int64_t nt = *t.mine<int64_t>(m.state);
+    if (nt < 0) return;  // the route failed: nothing is sent
+    if (m.forward_in != 0) {
+        gather_forward(t, m, nt);
+        return;
+    }
+    if (m.top_k > kLayerSharedSlots) {
+        gather_slots(t, m, nt);
+        return;
+    }
+    const int64_t *ids = t.mine<int64_t>(m.ids);
+    const float *w = t.mine<float>(m.weights);
+    const int64_t *slot_rows = t.mine<int64_t>(m.slot_rows);
+    const int64_t chunks = pieces_of(nt, m.data_bytes);
+    // A token's slots (their destinations and wire rows, read a thread a
+    // slot), then its distinct destinations' rows, in slot order.
+    __shared__ int slot_dest[kLayerSharedSlots];
+    __shared__ int64_t slot_row[kLayerSharedSlots];
+    __shared__ uint8_t *rows[kLayerSharedSlots], *dsts[kLayerSharedSlots];
+    __shared__ int row_dest[kLayerSharedSlots];
+    __shared__ const uint8_t *src[1];
+    __shared__ int nrows;
+    for (int64_t unit = blockIdx.x; unit < nt * chunks; unit += gridDim.x) {
+        const int64_t tok = unit / chunks;
+        const int64_t c = unit % chunks;
+        const Range b = piece_bytes(m.data_bytes, c, chunks);
+        __syncthreads();  // the block's piece before is done with the tables
+        for (int j = threadIdx.x; j < m.top_k; j += blockDim.x) {
+            const int64_t s = tok * m.top_k + j;
+            slot_dest[j] = dest_of(ids[s], m.ne);  // checked
+            slot_row[j] = slot_rows[s];
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            uint64_t seen = 0;  // a bit a PE (kMaxTeam is 64)
+            int k = 0;
+            for (int j = 0; j < m.top_k; j++) {
+                const int d = slot_dest[j];
+                if (seen >> d & 1) continue;
+                seen |= 1ull << d;
+                rows[k] = t.mine<uint8_t>(m.send + slot_row[j] * m.stride);
+                dsts[k] = rows[k] + b.lo;
+                row_dest[k++] = d;
+            }
+            nrows = k;
+            src[0] = m.fp8 == 0 ? t.mine<uint8_t>(m.tokens + tok * m.data_bytes + b.lo) : rows[0] + b.lo;
+        }
+        __syncthreads();
+        const int k = nrows;
+        if (m.fp8 == 0) {
+            block_copy_pairs<true>(dsts, src, k, b.hi - b.lo);
+        } else {
+            // The FP8 format's data bytes are its codes: one an element.
+            gather_fp8(t, m, tok, rows[0], b);
+            __syncthreads();  // the first row's codes and scales, for the copies
+            block_copy_pairs<true>(dsts + 1, src, k - 1, b.hi - b.lo);
+            const int64_t g0 = b.lo / kQuantGroup, ng = (b.hi + kQuantGroup - 1) / kQuantGroup - g0;
+            const float *scales = reinterpret_cast<const float *>(rows[0] + m.scales_at) + g0;
+            for (int64_t i = threadIdx.x; i < (k - 1) * ng; i += blockDim.x)
+                reinterpret_cast<float *>(rows[1 + i / ng] + m.scales_at)[g0 + i % ng] = scales[i % ng];
+        }
+        if (c != 0) continue;
+        // The node-aware form's rows name their source PE too.
+        const int64_t token = m.origin > 0 ? static_cast<int64_t>(m.origin - 1) << kOriginShift | tok : tok;
+        for (int i = threadIdx.x; i < k; i += blockDim.x) *wire_token(rows[i], m) = token;
+        for (int i = threadIdx.x; i < k * m.top_k; i += blockDim.x) {
+            const int r = i / m.top_k, j = i % m.top_k;
+            const int g = static_cast<int>(ids[tok * m.top_k + j]);  // checked
+            wire_slots(rows[r], m)[j] = WireSlot{slot_dest[j] == row_dest[r] ? g % m.ne : -1, w[tok * m.top_k + j]};
         }
     }
 }
@@ -760,7 +830,7 @@ __device__ void gather_receiver(const TeamSync &t, const MoeLayer &m) {
         view_so = tables + 2 * kMaxTeam;
     }
     __shared__ uint8_t *dsts[kLayerSharedSlots];
-    __shared__ int32_t dst_rows[kLayerSharedSlots];
+    __shared__ int32_t dst_rows[kLayerSharedSlots], slot_at[kLayerSharedSlots];
     __shared__ const uint8_t *src[1];
     __shared__ int ndst;
     // The FP8 format's codes go as the native format's elements do (one
@@ -775,10 +845,13 @@ __device__ void gather_receiver(const TeamSync &t, const MoeLayer &m) {
         const WireSlot *slots = wire_slots(row, m);
         if (one_load) {
             __syncthreads();  // the block's copy of the chunk before is done with dsts
+            // The slots' view rows, read a thread a slot (all in flight at once).
+            for (int j = threadIdx.x; j < m.top_k; j += blockDim.x) slot_at[j] = slots[j].at;
+            __syncthreads();
             if (threadIdx.x == 0) {
                 int k = 0;
                 for (int j = 0; j < m.top_k; j++) {
-                    const int32_t at = slots[j].at;
+                    const int32_t at = slot_at[j];
                     if (at < 0) continue;
                     dsts[k] = t.mine<uint8_t>(view + at * m.data_bytes) + b.lo;
                     dst_rows[k++] = at;

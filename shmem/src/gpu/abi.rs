@@ -531,6 +531,10 @@ pub(crate) const FP8_PRE_QUANTIZED: i32 = 2;
 /// The MoE layer's row kernels split a row into pieces of this many bytes,
 /// a block a piece (`kLayerChunkBytes` in abi.cuh; a test checks they agree).
 pub(crate) const LAYER_CHUNK_BYTES: usize = 8192;
+/// Most slots of a token the MoE layer's gather keeps in shared memory: up
+/// to this top-k it works a token at a time, beyond it a slot at a time
+/// (`kLayerSharedSlots` in abi.cuh; a test checks they agree).
+pub(crate) const LAYER_SHARED_SLOTS: usize = 64;
 
 const _: () = assert!(size_of::<MoeLayer>() == 296);
 const _: () = assert!(offset_of!(MoeLayer, forward_in) == 240);
@@ -650,6 +654,7 @@ mod tests {
         let cuh = include_str!("../../../kernels/abi.cuh");
         for (line, what) in [
             (format!("constexpr int64_t kLayerChunkBytes = {};", super::LAYER_CHUNK_BYTES), "LAYER_CHUNK_BYTES"),
+            (format!("constexpr int kLayerSharedSlots = {};", super::LAYER_SHARED_SLOTS), "LAYER_SHARED_SLOTS"),
             (
                 format!(
                     "constexpr int kFp8Quantize = {}, kFp8PreQuantized = {};",

@@ -20,6 +20,7 @@ use std::sync::Mutex;
 pub(crate) use super::abi::{A2av, MoeLayer, MAX_TEAM, ROUTE_THREADS};
 pub(crate) use super::layout::Layout;
 pub(crate) use super::module::not_built;
+pub(crate) use super::moe_layer::source_units;
 pub(crate) use super::record::{AgreementFailure, DeviceCheckFailure};
 
 /// The loaded kernels and their state.
@@ -146,10 +147,28 @@ impl Kernels {
         arg: A,
         s: CUstream,
     ) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { self.launch_in(id, Grid::of(blocks), shared, t, arg, s) }
+    }
+
+    /// [`Kernels::launch_with`] on blocks of `grid.threads` (at most the
+    /// kernels' `kBlockThreads`).
+    ///
+    /// # Safety
+    /// As [`Kernels::launch_with`].
+    pub(super) unsafe fn launch_in<A: Copy>(
+        &self,
+        id: KernelId,
+        grid: Grid,
+        shared: u32,
+        t: TeamSync,
+        arg: A,
+        s: CUstream,
+    ) -> Result<()> {
         let (mut t, mut arg) = (t, arg);
         let mut params: [*mut c_void; 2] = [(&raw mut t).cast(), (&raw mut arg).cast()];
         // SAFETY: the caller's contract.
-        unsafe { self.module.launch(id, Grid::of(blocks), shared, s, &mut params) }
+        unsafe { self.module.launch(id, grid, shared, s, &mut params) }
     }
 
     /// A barrier of the team on the stream.

@@ -1,33 +1,48 @@
 //! Launchers of the MoE layer's own kernels (`moe_layer.cu`): local, on
 //! the world's view, each in the phase its [`MoeLayer`] names.
 
-use super::abi::{MoeLayer, TeamSync, LAYER_CHUNK_BYTES};
+use super::abi::{MoeLayer, TeamSync, LAYER_CHUNK_BYTES, LAYER_SHARED_SLOTS};
 use super::kernel_id::KernelId;
 use super::kernels::Kernels;
+use super::module::Grid;
 use super::CUstream;
 use crate::dtype::DType;
 use crate::error::Result;
 
-/// Most blocks of the row kernels: a block a slot, or a piece of a row
-/// or a token.
+/// Most blocks of the combine: a block a row, or a piece of one.
 const MAX_ROW_BLOCKS: usize = 1024;
 
+/// The gather's blocks: half the kernels' width, twice as many of them
+/// (on an SM, two blocks' units in flight where the kernel's registers fit
+/// one block of 512 threads), at most [`MAX_GATHER_BLOCKS`]. A piece of
+/// [`LAYER_CHUNK_BYTES`] is still one 16-byte vector load a thread.
+const GATHER_THREADS: u32 = 256;
+const MAX_GATHER_BLOCKS: usize = 2048;
+
 /// The blocks of a row kernel over `rows` rows of `bytes` each, a block a
-/// piece of [`LAYER_CHUNK_BYTES`] (as the kernels split them).
-fn row_blocks(rows: usize, bytes: i64) -> usize {
+/// piece of [`LAYER_CHUNK_BYTES`] (as the kernels split them), at most `most`.
+fn row_blocks(rows: usize, bytes: i64, most: usize) -> usize {
     let pieces = usize::try_from(bytes).unwrap_or(0).div_ceil(LAYER_CHUNK_BYTES).max(1);
-    rows.saturating_mul(pieces).clamp(1, MAX_ROW_BLOCKS)
+    rows.saturating_mul(pieces).clamp(1, most)
+}
+
+/// The units of the source's gather of `max_tokens` tokens of `top_k`
+/// slots: a token each, or beyond [`LAYER_SHARED_SLOTS`] a slot.
+pub(crate) fn source_units(max_tokens: usize, top_k: usize) -> usize {
+    max_tokens.saturating_mul(if top_k > LAYER_SHARED_SLOTS { top_k } else { 1 })
 }
 
 impl Kernels {
     /// The route kernel (one block), then the gather (a block per piece of
-    /// a slot's or a staged row, `rows` at most, up to [`MAX_ROW_BLOCKS`]).
+    /// one of `rows` units: the source's [`source_units`], the
+    /// forwarder's slots or the staged rows).
     pub(crate) fn moe_route(&self, t: TeamSync, m: MoeLayer, rows: usize, s: CUstream) -> Result<()> {
         // SAFETY: (TeamSync, MoeLayer) as the kernels declare; regions
         // checked by the layer; counts and ids checked on the device.
         unsafe { self.launch_with(KernelId::MoeRoute, 1, 0, t, m, s) }?;
+        let grid = Grid { blocks: row_blocks(rows, m.data_bytes, MAX_GATHER_BLOCKS), threads: GATHER_THREADS };
         // SAFETY: as above.
-        unsafe { self.launch_with(KernelId::MoeGather, row_blocks(rows, m.data_bytes), 0, t, m, s) }
+        unsafe { self.launch_in(KernelId::MoeGather, grid, 0, t, m, s) }
     }
 
     /// The node-aware form's agreement over the world (`shmem_moe_agree`,
@@ -44,7 +59,7 @@ impl Kernels {
     /// The combine kernel (f32, f64, f16, bf16): a block per piece of a
     /// staged row or token, `rows` at most.
     pub(crate) fn moe_combine(&self, dtype: DType, t: TeamSync, m: MoeLayer, rows: usize, s: CUstream) -> Result<()> {
-        let blocks = row_blocks(rows, m.hidden * dtype.size() as i64);
+        let blocks = row_blocks(rows, m.hidden * dtype.size() as i64, MAX_ROW_BLOCKS);
         // SAFETY: (TeamSync, MoeLayer) as the kernels declare; regions checked by the layer.
         unsafe { self.launch_with(KernelId::MoeCombine(dtype), blocks, 0, t, m, s) }
     }

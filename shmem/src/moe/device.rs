@@ -11,7 +11,7 @@ use crate::context::Stream;
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::gpu::abi::{FP8_PRE_QUANTIZED, FP8_QUANTIZE};
-use crate::gpu::kernels::{not_built, MoeLayer};
+use crate::gpu::kernels::{not_built, source_units, MoeLayer};
 use crate::gpu::GpuWorld;
 use crate::team::OpKind;
 
@@ -120,7 +120,7 @@ impl<T: Element> MoeAllToAll<T> {
             let k = g.kernels.as_ref().ok_or_else(not_built)?;
             let t = k.team(self.team.state.slot, &self.team.state.members, false)?;
             let m = self.source_args(tokens, (ids, weights, count), self.layer_args(0))?;
-            k.moe_route(t, m, c.max_tokens * c.top_k, st)
+            k.moe_route(t, m, source_units(c.max_tokens, c.top_k), st)
         });
         let own = Agreement::own(pre);
         self.team.all_to_all_v_any(OpKind::AllToAllV, self.out_buffers(), self.wire.stride, 0, own, stream)?;
@@ -224,7 +224,7 @@ impl<T: Element> MoeAllToAll<T> {
         let rail = k.team(r.rail.state.slot, &r.rail.state.members, false)?;
         let node = k.team(r.node.state.slot, &r.node.state.members, false)?;
         let covered = || Agreement::Covered { skip_if };
-        k.moe_route(rail, m, c.max_tokens * c.top_k, st)?;
+        k.moe_route(rail, m, source_units(c.max_tokens, c.top_k), st)?;
         r.rail.all_to_all_v_any(OpKind::AllToAllV, self.rail_out_buffers(), w.stride, 0, covered(), stream)?;
         let forwarded = c.rail_stage_rows(r.nodes).unwrap_or(0) * c.top_k;
         k.moe_route(node, MoeLayer { fp8, ..self.node_args(r, 0) }, forwarded, st)?;
