@@ -1134,6 +1134,11 @@ fn layer_on_device(env: &Env) -> TestResult {
         on_device::<f32>(env, c, spread)?;
         on_device::<bf16>(env, c, spread)?;
     }
+    // A top-k past what the source's route checks in registers (8), and
+    // past the slots the gather keeps in shared memory (64): the loops
+    // that read a token's slots from memory one by one.
+    on_device::<f32>(env, MoeConfig::new(8, 5, 12, 12), Spread::Random)?;
+    on_device::<bf16>(env, MoeConfig::new(8, 3, 70, 66).major_align(4), Spread::Random)?;
     on_device::<f64>(env, MoeConfig::new(3, 6, 2, 2), Spread::Random)
 }
 
