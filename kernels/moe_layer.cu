@@ -630,26 +630,72 @@ __device__ void route_receiver(const TeamSync &t, const MoeLayer &m) {
     });
 }
 
-// The FP8 payload of token `tok`'s wire row `row`, elements `e` (a
-// chunk: whole scale groups but the last), by the whole block: quantized
-// from bf16 (a warp a group) or copied from the caller's codes and scales.
-__device__ void gather_fp8(const TeamSync &t, const MoeLayer &m, int64_t tok, uint8_t *row, Range e) {
+// A piece's first two 16-byte vectors a thread (vectors threadIdx.x and
+// threadIdx.x + blockDim.x), loaded before the block knows where the
+// piece goes, so that their trip to memory overlaps the loads that tell
+// it (`ok`: the source is 16-byte aligned and they were loaded).
+struct HeldPiece {
+    uint4 x0, x1;
+    bool ok;
+};
+
+__device__ __forceinline__ HeldPiece hold_piece(const uint8_t *src, uint64_t bytes, bool want) {
+    HeldPiece h;
+    h.ok = want && reinterpret_cast<uint64_t>(src) % 16 == 0;
+    const uint64_t v = bytes / 16, i0 = threadIdx.x, i1 = threadIdx.x + blockDim.x;
+    if (h.ok && i0 < v) h.x0 = reinterpret_cast<const uint4 *>(src)[i0];
+    if (h.ok && i1 < v) h.x1 = reinterpret_cast<const uint4 *>(src)[i1];
+    return h;
+}
+
+// The piece of `bytes` at `src[0]` into each of the `n` rows `dsts`
+// (pointers in shared memory; `aligned`: all 16-byte aligned), by the
+// whole block: the held vectors stored, the rest copied (all of it where
+// nothing is held).
+__device__ __forceinline__ void put_piece(const HeldPiece &h, uint8_t *const *dsts, const uint8_t *const *src, int n,
+                                          uint64_t bytes, bool aligned) {
+    if (!h.ok || !aligned) {
+        block_copy_pairs<true>(dsts, src, n, bytes);
+        return;
+    }
+    const uint64_t v = bytes / 16, i0 = threadIdx.x, i1 = threadIdx.x + blockDim.x;
+    for (int r = 0; r < n; r++) {
+        if (i0 < v) reinterpret_cast<uint4 *>(dsts[r])[i0] = h.x0;
+        if (i1 < v) reinterpret_cast<uint4 *>(dsts[r])[i1] = h.x1;
+    }
+    // The rest of a piece longer than two vectors a thread, and its bytes
+    // past the last whole vector.
+    const uint64_t held = 2 * static_cast<uint64_t>(blockDim.x) < v ? 2 * static_cast<uint64_t>(blockDim.x) * 16 : v * 16;
+    if (held == bytes) return;
+    __shared__ uint8_t *rest[kLayerSharedSlots];
+    __shared__ const uint8_t *rest_src[1];
+    __syncthreads();  // every thread is past the pointers of a rest before
+    for (int r = threadIdx.x; r < n; r += blockDim.x) rest[r] = dsts[r] + held;
+    if (threadIdx.x == 0) rest_src[0] = src[0] + held;
+    __syncthreads();
+    block_copy_pairs<true>(rest, rest_src, n, bytes - held);
+}
+
+// The FP8 payload of token `tok`, elements `e` (a piece: whole scale
+// groups but the last), into the `n` wire rows at `rows` (codes at the
+// row's start, scales at `scales_at`; pointers in shared memory), by the
+// whole block: quantized once from bf16 (a warp a group, several groups'
+// loads in flight) or copied from the caller's codes and scales.
+__device__ void gather_fp8(const TeamSync &t, const MoeLayer &m, int64_t tok, uint8_t *const *rows,
+                           float *const *scales, int n, Range e) {
     const int64_t groups = (m.hidden + kQuantGroup - 1) / kQuantGroup;
     const int64_t g0 = e.lo / kQuantGroup, g1 = (e.hi + kQuantGroup - 1) / kQuantGroup;
-    float *scales = reinterpret_cast<float *>(row + m.scales_at);
     if (m.fp8 == kFp8PreQuantized) {
-        block_copy(row + e.lo, t.mine<uint8_t>(m.tokens + tok * m.hidden + e.lo), e.hi - e.lo);
-        block_copy(reinterpret_cast<uint8_t *>(scales + g0), t.mine<uint8_t>(m.token_scales + (tok * groups + g0) * 4),
-                   (g1 - g0) * 4);
+        const uint8_t *codes = t.mine<uint8_t>(m.tokens + tok * m.hidden + e.lo);
+        for (int k = 0; k < n; k++) block_copy(rows[k] + e.lo, codes, e.hi - e.lo);
+        const float *given = t.mine<float>(m.token_scales + tok * groups * 4);
+        for (int64_t i = threadIdx.x; i < n * (g1 - g0); i += blockDim.x)
+            scales[i / (g1 - g0)][g0 + i % (g1 - g0)] = given[g0 + i % (g1 - g0)];
         return;
     }
     const __nv_bfloat16 *x = t.mine<__nv_bfloat16>(m.tokens + tok * m.hidden * 2);
     const int warps = blockDim.x / 32;
-    for (int64_t g = g0 + threadIdx.x / 32; g < g1; g += warps) {
-        const int64_t at = g * kQuantGroup;
-        const int len = static_cast<int>(m.hidden - at < kQuantGroup ? m.hidden - at : kQuantGroup);
-        quantize_group(x + at, len, row + at, scales + g);
-    }
+    quantize_groups(x, m.hidden, g0 + threadIdx.x / 32, g1, warps, rows, scales, n);
 }
 
 // Phase 0 of the gather on the forwarder: each rail row into its node
@@ -695,7 +741,15 @@ __device__ void gather_slots(const TeamSync &t, const MoeLayer &m, int64_t nt) {
         if (m.fp8 == 0) {
             block_copy(row + b.lo, t.mine<uint8_t>(m.tokens + tok * m.data_bytes + b.lo), b.hi - b.lo);
         } else {
-            gather_fp8(t, m, tok, row, b);  // the FP8 format's data bytes are its codes: one an element
+            __shared__ uint8_t *one_row[1];
+            __shared__ float *one_scales[1];
+            __syncthreads();  // the piece before is done with them
+            if (threadIdx.x == 0) {
+                one_row[0] = row;
+                one_scales[0] = reinterpret_cast<float *>(row + m.scales_at);
+            }
+            __syncthreads();
+            gather_fp8(t, m, tok, one_row, one_scales, 1, b);  // the FP8 format's data bytes are its codes
         }
         if (c != 0) continue;
         // The node-aware form's rows name their source PE too.
@@ -712,9 +766,11 @@ __device__ void gather_slots(const TeamSync &t, const MoeLayer &m, int64_t nt) {
 // Phase 0 of the gather: each token into its wire rows, a block a piece
 // of a token (`LAYER_CHUNK_BYTES`; the host sizes the grid by tokens): the
 // piece loaded once and stored into the row of each of its destination
-// PEs. In the FP8 format the piece is quantized once, into the first of
-// them, and copied from there (codes and scales) into the others. The
-// first piece's block writes the rows' metadata.
+// PEs (in the FP8 format quantized once, its codes and scales stored into
+// each), then, by the first piece's block, the rows' metadata. The
+// token's slots (read a thread a slot) and the piece's first vectors
+// (two a thread) are loaded together, before the block learns where they
+// go: one trip to memory for both.
 __device__ void gather_source(const TeamSync &t, const MoeLayer &m) {
     const int64_t nt = *t.mine<int64_t>(m.state);
     if (nt < 0) return;  // the route failed: nothing is sent
@@ -730,11 +786,14 @@ __device__ void gather_source(const TeamSync &t, const MoeLayer &m) {
     const float *w = t.mine<float>(m.weights);
     const int64_t *slot_rows = t.mine<int64_t>(m.slot_rows);
     const int64_t chunks = pieces_of(nt, m.data_bytes);
-    // A token's slots (their destinations and wire rows, read a thread a
-    // slot), then its distinct destinations' rows, in slot order.
-    __shared__ int slot_dest[kLayerSharedSlots];
+    // The token's slots: each one's destination and local expert there,
+    // weight and wire row; then its distinct destinations' rows in slot
+    // order (and, in the FP8 format, their scales).
+    __shared__ int slot_dest[kLayerSharedSlots], slot_expert[kLayerSharedSlots];
+    __shared__ float slot_weight[kLayerSharedSlots];
     __shared__ int64_t slot_row[kLayerSharedSlots];
     __shared__ uint8_t *rows[kLayerSharedSlots], *dsts[kLayerSharedSlots];
+    __shared__ float *scales[kLayerSharedSlots];
     __shared__ int row_dest[kLayerSharedSlots];
     __shared__ const uint8_t *src[1];
     __shared__ int nrows;
@@ -742,10 +801,15 @@ __device__ void gather_source(const TeamSync &t, const MoeLayer &m) {
         const int64_t tok = unit / chunks;
         const int64_t c = unit % chunks;
         const Range b = piece_bytes(m.data_bytes, c, chunks);
+        const uint8_t *token = t.mine<uint8_t>(m.tokens + tok * m.data_bytes + b.lo);
+        const HeldPiece held = hold_piece(token, b.hi - b.lo, m.fp8 == 0);
         __syncthreads();  // the block's piece before is done with the tables
         for (int j = threadIdx.x; j < m.top_k; j += blockDim.x) {
             const int64_t s = tok * m.top_k + j;
-            slot_dest[j] = dest_of(ids[s], m.ne);  // checked
+            const int g = static_cast<int>(ids[s]);  // checked
+            slot_dest[j] = dest_of(g, m.ne);
+            slot_expert[j] = g % m.ne;
+            slot_weight[j] = w[s];
             slot_row[j] = slot_rows[s];
         }
         __syncthreads();
@@ -758,33 +822,26 @@ __device__ void gather_source(const TeamSync &t, const MoeLayer &m) {
                 seen |= 1ull << d;
                 rows[k] = t.mine<uint8_t>(m.send + slot_row[j] * m.stride);
                 dsts[k] = rows[k] + b.lo;
+                scales[k] = reinterpret_cast<float *>(rows[k] + m.scales_at);
                 row_dest[k++] = d;
             }
             nrows = k;
-            src[0] = m.fp8 == 0 ? t.mine<uint8_t>(m.tokens + tok * m.data_bytes + b.lo) : rows[0] + b.lo;
+            src[0] = token;
         }
         __syncthreads();
         const int k = nrows;
-        if (m.fp8 == 0) {
-            block_copy_pairs<true>(dsts, src, k, b.hi - b.lo);
+        if (m.fp8 != 0) {
+            gather_fp8(t, m, tok, rows, scales, k, b);  // the FP8 format's data bytes are its codes
         } else {
-            // The FP8 format's data bytes are its codes: one an element.
-            gather_fp8(t, m, tok, rows[0], b);
-            __syncthreads();  // the first row's codes and scales, for the copies
-            block_copy_pairs<true>(dsts + 1, src, k - 1, b.hi - b.lo);
-            const int64_t g0 = b.lo / kQuantGroup, ng = (b.hi + kQuantGroup - 1) / kQuantGroup - g0;
-            const float *scales = reinterpret_cast<const float *>(rows[0] + m.scales_at) + g0;
-            for (int64_t i = threadIdx.x; i < (k - 1) * ng; i += blockDim.x)
-                reinterpret_cast<float *>(rows[1 + i / ng] + m.scales_at)[g0 + i % ng] = scales[i % ng];
+            put_piece(held, dsts, src, k, b.hi - b.lo, true);  // wire rows: 16-byte aligned
         }
         if (c != 0) continue;
         // The node-aware form's rows name their source PE too.
-        const int64_t token = m.origin > 0 ? static_cast<int64_t>(m.origin - 1) << kOriginShift | tok : tok;
-        for (int i = threadIdx.x; i < k; i += blockDim.x) *wire_token(rows[i], m) = token;
+        const int64_t token_field = m.origin > 0 ? static_cast<int64_t>(m.origin - 1) << kOriginShift | tok : tok;
+        for (int i = threadIdx.x; i < k; i += blockDim.x) *wire_token(rows[i], m) = token_field;
         for (int i = threadIdx.x; i < k * m.top_k; i += blockDim.x) {
             const int r = i / m.top_k, j = i % m.top_k;
-            const int g = static_cast<int>(ids[tok * m.top_k + j]);  // checked
-            wire_slots(rows[r], m)[j] = WireSlot{slot_dest[j] == row_dest[r] ? g % m.ne : -1, w[tok * m.top_k + j]};
+            wire_slots(rows[r], m)[j] = WireSlot{slot_dest[j] == row_dest[r] ? slot_expert[j] : -1, slot_weight[j]};
         }
     }
 }
@@ -833,6 +890,7 @@ __device__ void gather_receiver(const TeamSync &t, const MoeLayer &m) {
     __shared__ int32_t dst_rows[kLayerSharedSlots], slot_at[kLayerSharedSlots];
     __shared__ const uint8_t *src[1];
     __shared__ int ndst;
+    __shared__ bool dsts_aligned;
     // The FP8 format's codes go as the native format's elements do (one
     // byte an element, in `recv_codes`), unless they are dequantized too.
     const bool one_load = m.top_k <= kLayerSharedSlots && (m.fp8 == 0 || !m.dequantize);
@@ -844,23 +902,28 @@ __device__ void gather_receiver(const TeamSync &t, const MoeLayer &m) {
         uint8_t *row = stage + r * m.stride;
         const WireSlot *slots = wire_slots(row, m);
         if (one_load) {
+            // The piece's first vectors and the slots' view rows (a thread a
+            // slot), their loads in flight together.
+            const HeldPiece held = hold_piece(row + b.lo, b.hi - b.lo, true);
             __syncthreads();  // the block's copy of the chunk before is done with dsts
-            // The slots' view rows, read a thread a slot (all in flight at once).
             for (int j = threadIdx.x; j < m.top_k; j += blockDim.x) slot_at[j] = slots[j].at;
             __syncthreads();
             if (threadIdx.x == 0) {
                 int k = 0;
+                uint64_t align = 0;
                 for (int j = 0; j < m.top_k; j++) {
                     const int32_t at = slot_at[j];
                     if (at < 0) continue;
                     dsts[k] = t.mine<uint8_t>(view + at * m.data_bytes) + b.lo;
+                    align |= reinterpret_cast<uint64_t>(dsts[k]);
                     dst_rows[k++] = at;
                 }
                 src[0] = row + b.lo;
                 ndst = k;
+                dsts_aligned = align % 16 == 0;
             }
             __syncthreads();
-            block_copy_pairs<true>(dsts, src, ndst, b.hi - b.lo);
+            put_piece(held, dsts, src, ndst, b.hi - b.lo, dsts_aligned);
             if (m.fp8 != 0) {
                 // The chunk's scale groups into every view row.
                 const uint64_t g0 = b.lo / kQuantGroup, ng = (b.hi + kQuantGroup - 1) / kQuantGroup - g0;
@@ -885,9 +948,10 @@ __device__ void gather_receiver(const TeamSync &t, const MoeLayer &m) {
         // pair's flag rises with its rows' last chunk.
         __syncthreads();
         for (int j = threadIdx.x; j < m.top_k; j += blockDim.x) {
-            if (slots[j].at < 0) continue;
+            const int32_t at = one_load ? slot_at[j] : slots[j].at;
+            if (at < 0) continue;
             const int s = staged_source(t, m, r, so);
-            const int e = view_expert(t, m, s, slots[j].at, view_so);
+            const int e = view_expert(t, m, s, at, view_so);
             if (e < 0) continue;
             const int pair = e * view_sources(t, m) + s;
             count_placed(arrivals, pair, static_cast<uint32_t>(view_so[pair] * chunks), epoch);

@@ -36,31 +36,50 @@ template <typename T> __device__ __forceinline__ T dequantize_one(uint8_t q, flo
     return from_acc<T>(static_cast<typename Acc<T>::type>(__fmul_rn(__half2float(__half(h)), scale)));
 }
 
-// One group of `len` (≤ kQuantGroup) elements of `x` into `q` and its
-// scale into `*scale_out`, by a whole warp: lane l takes elements l,
-// l + 32, l + 64 and l + 96. Returns the scale on every lane.
+// Most groups a warp of `quantize_groups` has in flight.
+constexpr int kQuantBatch = 4;
+
+// Groups g0, g0 + step, … below g1 of the `len` elements at `x`, by a
+// whole warp: lane l takes elements l, l + 32, l + 64 and l + 96 of each,
+// the loads of up to kQuantBatch groups in flight together. Each group's
+// codes go into every one of the `n` code rows `q[k]` (at the group's
+// elements) and its scale into every `scales[k]` (at the group's index).
 template <typename T>
-__device__ __forceinline__ float quantize_group(const T *x, int len, uint8_t *q, float *scale_out) {
+__device__ __forceinline__ void quantize_groups(const T *x, int64_t len, int64_t g0, int64_t g1, int64_t step,
+                                                uint8_t *const *q, float *const *scales, int n) {
     const int lane = threadIdx.x % 32;
-    float v[kQuantGroup / 32];
-    float amax = 0.0f;
+    constexpr int kPer = kQuantGroup / 32;
+    for (int64_t g = g0; g < g1; g += step * kQuantBatch) {
+        float v[kQuantBatch][kPer];
 #pragma unroll
-    for (int j = 0; j < kQuantGroup / 32; j++) {
-        const int i = lane + 32 * j;
-        v[j] = i < len ? quant_in(x[i]) : 0.0f;
-        amax = fmaxf(amax, fabsf(v[j]));
+        for (int b = 0; b < kQuantBatch; b++)
+#pragma unroll
+            for (int j = 0; j < kPer; j++) {
+                const int64_t i = (g + b * step) * kQuantGroup + lane + 32 * j;
+                v[b][j] = g + b * step < g1 && i < len ? quant_in(x[i]) : 0.0f;
+            }
+#pragma unroll
+        for (int b = 0; b < kQuantBatch; b++) {
+            const int64_t gb = g + b * step;
+            if (gb >= g1) break;  // the same on every lane
+            float amax = 0.0f;
+#pragma unroll
+            for (int j = 0; j < kPer; j++) amax = fmaxf(amax, fabsf(v[b][j]));
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+            float scale = __fdiv_rn(amax, kE4m3Max);
+            if (scale == 0.0f) scale = 1.0f;
+#pragma unroll
+            for (int j = 0; j < kPer; j++) {
+                const int64_t i = gb * kQuantGroup + lane + 32 * j;
+                if (i >= len) continue;
+                const uint8_t code = quantize_one(v[b][j], scale);
+                for (int k = 0; k < n; k++) q[k][i] = code;
+            }
+            if (lane == 0)
+                for (int k = 0; k < n; k++) scales[k][gb] = scale;
+        }
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    float scale = __fdiv_rn(amax, kE4m3Max);
-    if (scale == 0.0f) scale = 1.0f;
-#pragma unroll
-    for (int j = 0; j < kQuantGroup / 32; j++) {
-        const int i = lane + 32 * j;
-        if (i < len) q[i] = quantize_one(v[j], scale);
-    }
-    if (lane == 0) *scale_out = scale;
-    return scale;
 }
 
 }  // namespace k
