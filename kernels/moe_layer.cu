@@ -308,8 +308,70 @@ __device__ __forceinline__ Range owned(uint64_t units, int o, int owners) {
 // key's total by thread 0 (whole block, owners at most one a thread: a
 // scan of the block a key, so that no thread walks the owners one by
 // one through global memory).
+// Most keys `scan_owners` takes a warp a key (with a warp's worth of
+// owners or fewer), and their totals and starts: one array whatever the
+// scan's callbacks (a static array in the template would be one for each
+// of them).
+constexpr int kScanWarpKeys = 256;
+struct ScanKeys {
+    uint32_t sum[kScanWarpKeys];
+    uint64_t before[kScanWarpKeys];
+};
+__device__ __forceinline__ ScanKeys &scan_keys() {
+    __shared__ ScanKeys keys;
+    return keys;
+}
+
+// `scan_owners` for at most 32 owners and kScanWarpKeys keys: a warp a
+// key, the keys' totals first, then their starts (one warp's scan over
+// the keys), then each key's owners: three block barriers in all, not
+// three a key (what a decode step's few tokens take).
+template <typename Base, typename Total>
+__device__ void scan_few_owners(uint32_t *count, int keys, int owners, Base base, Total total) {
+    uint32_t *key_sum = scan_keys().sum;
+    uint64_t *key_before = scan_keys().before;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    for (int key = warp; key < keys; key += warps) {
+        const uint32_t x = lane < owners ? count[static_cast<uint64_t>(key) * owners + lane] : 0;
+        const uint32_t sum = __reduce_add_sync(0xffffffffu, x);
+        if (lane == 0) key_sum[key] = sum;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        uint64_t carry = 0;
+        for (int k0 = 0; k0 < keys; k0 += 32) {
+            const uint64_t x = k0 + lane < keys ? key_sum[k0 + lane] : 0;
+            uint64_t incl = x;
+            for (int d = 1; d < 32; d <<= 1) {
+                const uint64_t y = __shfl_up_sync(0xffffffffu, incl, d);
+                if (lane >= d) incl += y;
+            }
+            if (k0 + lane < keys) key_before[k0 + lane] = carry + incl - x;
+            carry += __shfl_sync(0xffffffffu, incl, 31);
+        }
+    }
+    __syncthreads();
+    for (int key = warp; key < keys; key += warps) {
+        uint32_t *c = &count[static_cast<uint64_t>(key) * owners];
+        const uint32_t x = lane < owners ? c[lane] : 0;
+        uint32_t incl = x;
+        for (int d = 1; d < 32; d <<= 1) {
+            const uint32_t y = __shfl_up_sync(0xffffffffu, incl, d);
+            if (lane >= d) incl += y;
+        }
+        const uint64_t start = base(key, key_before[key]);
+        if (lane < owners) c[lane] = static_cast<uint32_t>(start + incl - x);
+        if (lane == 0) total(key, key_sum[key]);
+    }
+    __syncthreads();
+}
+
 template <typename Base, typename Total>
 __device__ void scan_owners(uint32_t *count, int keys, int owners, Base base, Total total) {
+    if (owners <= 32 && keys <= kScanWarpKeys) {
+        scan_few_owners(count, keys, owners, base, total);
+        return;
+    }
     __shared__ uint32_t warp_sums[kBlockThreads / 32], key_sum;
     const int o = threadIdx.x, lane = o % 32, warp = o / 32, warps = (owners + 31) / 32;
     uint64_t before = 0;
