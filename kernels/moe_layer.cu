@@ -158,16 +158,18 @@ __device__ __forceinline__ void count_placed(const ArrivalWords &a, int pair, ui
 // rows go whole, a block a row: each unit costs its own steps (an arrival
 // counted, the slots read). `pieces_of` gives the pieces of each of
 // `rows` rows of `bytes` (the same in every block).
-__device__ __forceinline__ int64_t pieces_of(int64_t rows, int64_t bytes) {
-    const int64_t c = bytes <= kLayerChunkBytes ? 1 : (bytes + kLayerChunkBytes - 1) / kLayerChunkBytes;
+// The source's gather quantizing to FP8 takes pieces of `kLayerQuantChunk`
+// codes instead (a group a warp: quantizing, not moving, is its work).
+__device__ __forceinline__ int64_t pieces_of(int64_t rows, int64_t bytes, int64_t chunk = kLayerChunkBytes) {
+    const int64_t c = bytes <= chunk ? 1 : (bytes + chunk - 1) / chunk;
     return rows * c <= static_cast<int64_t>(gridDim.x) ? c : 1;
 }
 
-// Piece `c` of `pieces` of a row of `bytes`.
-__device__ __forceinline__ Range piece_bytes(int64_t bytes, int64_t c, int64_t pieces) {
+// Piece `c` of `pieces` (of `chunk` bytes) of a row of `bytes`.
+__device__ __forceinline__ Range piece_bytes(int64_t bytes, int64_t c, int64_t pieces, int64_t chunk = kLayerChunkBytes) {
     if (pieces == 1) return Range{0, static_cast<uint64_t>(bytes)};
-    const uint64_t lo = static_cast<uint64_t>(c) * kLayerChunkBytes;
-    const uint64_t hi = lo + kLayerChunkBytes < static_cast<uint64_t>(bytes) ? lo + kLayerChunkBytes : bytes;
+    const uint64_t lo = static_cast<uint64_t>(c) * chunk;
+    const uint64_t hi = lo + chunk < static_cast<uint64_t>(bytes) ? lo + chunk : bytes;
     return Range{lo, hi};
 }
 
@@ -847,7 +849,8 @@ __device__ void gather_source(const TeamSync &t, const MoeLayer &m) {
     const int64_t *ids = t.mine<int64_t>(m.ids);
     const float *w = t.mine<float>(m.weights);
     const int64_t *slot_rows = t.mine<int64_t>(m.slot_rows);
-    const int64_t chunks = pieces_of(nt, m.data_bytes);
+    const int64_t chunk = m.fp8 == kFp8Quantize ? kLayerQuantChunk : kLayerChunkBytes;
+    const int64_t chunks = pieces_of(nt, m.data_bytes, chunk);
     // The token's slots: each one's destination and local expert there,
     // weight and wire row; then its distinct destinations' rows in slot
     // order (and, in the FP8 format, their scales).
@@ -862,7 +865,7 @@ __device__ void gather_source(const TeamSync &t, const MoeLayer &m) {
     for (int64_t unit = blockIdx.x; unit < nt * chunks; unit += gridDim.x) {
         const int64_t tok = unit / chunks;
         const int64_t c = unit % chunks;
-        const Range b = piece_bytes(m.data_bytes, c, chunks);
+        const Range b = piece_bytes(m.data_bytes, c, chunks, chunk);
         const uint8_t *token = t.mine<uint8_t>(m.tokens + tok * m.data_bytes + b.lo);
         const HeldPiece held = hold_piece(token, b.hi - b.lo, m.fp8 == 0);
         __syncthreads();  // the block's piece before is done with the tables

@@ -531,6 +531,9 @@ pub(crate) const FP8_PRE_QUANTIZED: i32 = 2;
 /// The MoE layer's row kernels split a row into pieces of this many bytes,
 /// a block a piece (`kLayerChunkBytes` in abi.cuh; a test checks they agree).
 pub(crate) const LAYER_CHUNK_BYTES: usize = 8192;
+/// The source's gather quantizing to FP8 splits a token into pieces of
+/// this many elements (`kLayerQuantChunk` in abi.cuh; a test checks they agree).
+pub(crate) const LAYER_QUANT_CHUNK: usize = 1024;
 /// Most slots of a token the MoE layer's gather keeps in shared memory: up
 /// to this top-k it works a token at a time, beyond it a slot at a time
 /// (`kLayerSharedSlots` in abi.cuh; a test checks they agree).
@@ -655,6 +658,7 @@ mod tests {
         for (line, what) in [
             (format!("constexpr int64_t kLayerChunkBytes = {};", super::LAYER_CHUNK_BYTES), "LAYER_CHUNK_BYTES"),
             (format!("constexpr int kLayerSharedSlots = {};", super::LAYER_SHARED_SLOTS), "LAYER_SHARED_SLOTS"),
+            (format!("constexpr int64_t kLayerQuantChunk = {};", super::LAYER_QUANT_CHUNK), "LAYER_QUANT_CHUNK"),
             (
                 format!(
                     "constexpr int kFp8Quantize = {}, kFp8PreQuantized = {};",

@@ -1,7 +1,7 @@
 //! Launchers of the MoE layer's own kernels (`moe_layer.cu`): local, on
 //! the world's view, each in the phase its [`MoeLayer`] names.
 
-use super::abi::{MoeLayer, TeamSync, LAYER_CHUNK_BYTES, LAYER_SHARED_SLOTS};
+use super::abi::{MoeLayer, TeamSync, FP8_QUANTIZE, LAYER_CHUNK_BYTES, LAYER_QUANT_CHUNK, LAYER_SHARED_SLOTS};
 use super::kernel_id::KernelId;
 use super::kernels::Kernels;
 use super::module::Grid;
@@ -12,17 +12,19 @@ use crate::error::Result;
 /// Most blocks of the combine: a block a row, or a piece of one.
 const MAX_ROW_BLOCKS: usize = 1024;
 
-/// The gather's blocks: half the kernels' width, twice as many of them
-/// (on an SM, two blocks' units in flight where the kernel's registers fit
-/// one block of 512 threads), at most [`MAX_GATHER_BLOCKS`]. A piece of
-/// [`LAYER_CHUNK_BYTES`] is still one 16-byte vector load a thread.
-const GATHER_THREADS: u32 = 256;
+/// The gather's blocks: where its units fill more than a block an SM,
+/// half the kernels' width and up to twice as many blocks (on an SM, two
+/// blocks' units in flight where the kernel's registers fit one block of
+/// 512 threads; a piece of [`LAYER_CHUNK_BYTES`] is still one 16-byte
+/// vector load a thread), at most [`MAX_GATHER_BLOCKS`]; else the whole
+/// width, a unit's work over as many threads as can take it.
+const NARROW_GATHER_THREADS: u32 = 256;
 const MAX_GATHER_BLOCKS: usize = 2048;
 
 /// The blocks of a row kernel over `rows` rows of `bytes` each, a block a
-/// piece of [`LAYER_CHUNK_BYTES`] (as the kernels split them), at most `most`.
-fn row_blocks(rows: usize, bytes: i64, most: usize) -> usize {
-    let pieces = usize::try_from(bytes).unwrap_or(0).div_ceil(LAYER_CHUNK_BYTES).max(1);
+/// piece of `chunk` bytes (as the kernels split them), at most `most`.
+fn row_blocks(rows: usize, bytes: i64, chunk: usize, most: usize) -> usize {
+    let pieces = usize::try_from(bytes).unwrap_or(0).div_ceil(chunk).max(1);
     rows.saturating_mul(pieces).clamp(1, most)
 }
 
@@ -40,7 +42,12 @@ impl Kernels {
         // SAFETY: (TeamSync, MoeLayer) as the kernels declare; regions
         // checked by the layer; counts and ids checked on the device.
         unsafe { self.launch_with(KernelId::MoeRoute, 1, 0, t, m, s) }?;
-        let grid = Grid { blocks: row_blocks(rows, m.data_bytes, MAX_GATHER_BLOCKS), threads: GATHER_THREADS };
+        // The source's gather quantizing to FP8 takes smaller pieces.
+        let quantizing = m.phase == 0 && m.fp8 == FP8_QUANTIZE && m.forward_in == 0;
+        let chunk = if quantizing { LAYER_QUANT_CHUNK } else { LAYER_CHUNK_BYTES };
+        let blocks = row_blocks(rows, m.data_bytes, chunk, MAX_GATHER_BLOCKS);
+        let threads = if blocks > self.resident_blocks { NARROW_GATHER_THREADS } else { super::abi::THREADS };
+        let grid = Grid { blocks, threads };
         // SAFETY: as above.
         unsafe { self.launch_in(KernelId::MoeGather, grid, 0, t, m, s) }
     }
@@ -59,7 +66,7 @@ impl Kernels {
     /// The combine kernel (f32, f64, f16, bf16): a block per piece of a
     /// staged row or token, `rows` at most.
     pub(crate) fn moe_combine(&self, dtype: DType, t: TeamSync, m: MoeLayer, rows: usize, s: CUstream) -> Result<()> {
-        let blocks = row_blocks(rows, m.hidden * dtype.size() as i64, MAX_ROW_BLOCKS);
+        let blocks = row_blocks(rows, m.hidden * dtype.size() as i64, LAYER_CHUNK_BYTES, MAX_ROW_BLOCKS);
         // SAFETY: (TeamSync, MoeLayer) as the kernels declare; regions checked by the layer.
         unsafe { self.launch_with(KernelId::MoeCombine(dtype), blocks, 0, t, m, s) }
     }
