@@ -399,7 +399,7 @@ constexpr int kFp8Quantize = 1, kFp8PreQuantized = 2;
 constexpr int64_t kLayerChunkBytes = 8192;
 // The source's gather quantizing to FP8 splits a token into pieces of this
 // many elements (`LAYER_QUANT_CHUNK` in abi.rs): a multiple of kQuantGroup.
-constexpr int64_t kLayerQuantChunk = 1024;
+constexpr int64_t kLayerQuantChunk = 2048;
 // Most slots of a token (or of a staged row) a row kernel keeps in shared
 // memory; a larger top-k takes the slower loops that read them from
 // global memory, and the source's gather then works a slot at a time, not

@@ -533,7 +533,7 @@ pub(crate) const FP8_PRE_QUANTIZED: i32 = 2;
 pub(crate) const LAYER_CHUNK_BYTES: usize = 8192;
 /// The source's gather quantizing to FP8 splits a token into pieces of
 /// this many elements (`kLayerQuantChunk` in abi.cuh; a test checks they agree).
-pub(crate) const LAYER_QUANT_CHUNK: usize = 1024;
+pub(crate) const LAYER_QUANT_CHUNK: usize = 2048;
 /// Most slots of a token the MoE layer's gather keeps in shared memory: up
 /// to this top-k it works a token at a time, beyond it a slot at a time
 /// (`kLayerSharedSlots` in abi.cuh; a test checks they agree).
