@@ -363,16 +363,6 @@ template <int K> __device__ void a2av_write_so(const TeamSync &t, const A2av &a,
         }
 }
 
-// Inclusive sum of `v` over the warp's lanes (whole warp).
-__device__ __forceinline__ uint64_t warp_inclusive_sum(uint64_t v) {
-    const int lane = threadIdx.x % 32;
-    for (int o = 1; o < 32; o <<= 1) {
-        uint64_t u = __shfl_up_sync(0xffffffffu, v, o);
-        if (lane >= o) v += u;
-    }
-    return v;
-}
-
 // Where each of this PE's chunks goes, into the send plan (after a good
 // check): for chunk e for destination d (entry i of this PE's splits,
 // output entry j there), {source row, destination row, rows, first row

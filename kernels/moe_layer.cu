@@ -343,11 +343,7 @@ __device__ void scan_few_owners(uint32_t *count, int keys, int owners, Base base
         uint64_t carry = 0;
         for (int k0 = 0; k0 < keys; k0 += 32) {
             const uint64_t x = k0 + lane < keys ? key_sum[k0 + lane] : 0;
-            uint64_t incl = x;
-            for (int d = 1; d < 32; d <<= 1) {
-                const uint64_t y = __shfl_up_sync(0xffffffffu, incl, d);
-                if (lane >= d) incl += y;
-            }
+            const uint64_t incl = warp_inclusive_sum(x);
             if (k0 + lane < keys) key_before[k0 + lane] = carry + incl - x;
             carry += __shfl_sync(0xffffffffu, incl, 31);
         }
@@ -356,11 +352,7 @@ __device__ void scan_few_owners(uint32_t *count, int keys, int owners, Base base
     for (int key = warp; key < keys; key += warps) {
         uint32_t *c = &count[static_cast<uint64_t>(key) * owners];
         const uint32_t x = lane < owners ? c[lane] : 0;
-        uint32_t incl = x;
-        for (int d = 1; d < 32; d <<= 1) {
-            const uint32_t y = __shfl_up_sync(0xffffffffu, incl, d);
-            if (lane >= d) incl += y;
-        }
+        const uint32_t incl = warp_inclusive_sum(x);
         const uint64_t start = base(key, key_before[key]);
         if (lane < owners) c[lane] = static_cast<uint32_t>(start + incl - x);
         if (lane == 0) total(key, key_sum[key]);
@@ -380,20 +372,12 @@ __device__ void scan_owners(uint32_t *count, int keys, int owners, Base base, To
     for (int key = 0; key < keys; key++) {
         uint32_t *c = &count[static_cast<uint64_t>(key) * owners];
         const uint32_t x = o < owners ? c[o] : 0;
-        uint32_t incl = x;
-        for (int d = 1; d < 32; d <<= 1) {
-            const uint32_t y = __shfl_up_sync(0xffffffffu, incl, d);
-            if (lane >= d) incl += y;
-        }
+        const uint32_t incl = warp_inclusive_sum(x);
         if (lane == 31) warp_sums[warp] = incl;
         __syncthreads();
         if (warp == 0) {
             const uint32_t own = lane < warps ? warp_sums[lane] : 0;
-            uint32_t w = own;
-            for (int d = 1; d < 32; d <<= 1) {
-                const uint32_t y = __shfl_up_sync(0xffffffffu, w, d);
-                if (lane >= d) w += y;
-            }
+            const uint32_t w = warp_inclusive_sum(own);
             if (lane < warps) warp_sums[lane] = w - own;  // the warps before's
             if (lane == 31) key_sum = w;
         }

@@ -24,6 +24,16 @@ __device__ __forceinline__ Range split(uint64_t units, uint64_t part, uint64_t p
     return {div64(units * part, parts), div64(units * (part + 1), parts)};
 }
 
+// Inclusive sum of `v` over the warp's lanes (whole warp).
+template <typename T> __device__ __forceinline__ T warp_inclusive_sum(T v) {
+    const int lane = threadIdx.x % 32;
+    for (int o = 1; o < 32; o <<= 1) {
+        const T u = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += u;
+    }
+    return v;
+}
+
 // Copies `bytes` by the `n` threads of a block whose index less the
 // group's first is `tid` (whole warps): 16-byte vectors when both ends
 // allow.
