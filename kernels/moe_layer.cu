@@ -812,8 +812,9 @@ __device__ void gather_slots(const TeamSync &t, const MoeLayer &m, int64_t nt) {
 }
 
 // Phase 0 of the gather: each token into its wire rows, a block a piece
-// of a token (`LAYER_CHUNK_BYTES`; the host sizes the grid by tokens): the
-// piece loaded once and stored into the row of each of its destination
+// of a token (of `kLayerChunkBytes`, or quantizing to FP8 of
+// `kLayerQuantChunk` elements; the host sizes the grid alike, by
+// tokens): the piece loaded once and stored into the row of each of its destination
 // PEs (in the FP8 format quantized once, its codes and scales stored into
 // each), then, by the first piece's block, the rows' metadata. The
 // token's slots (read a thread a slot) and the piece's first vectors
