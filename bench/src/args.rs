@@ -120,6 +120,12 @@ pub(super) struct Args {
     /// it [default: none]
     #[arg(long, value_parser = parse_bytes_or_zero)]
     pub(super) pull_bcast_min_bytes: Option<usize>,
+    /// GPU kernels' tuning: the smallest broadcast (bytes) of three or
+    /// more PEs over NVLink that the members relay (the root sends each of
+    /// n−1 shares to one member, which stores it on into the others)
+    /// rather than the root pushing it to every member [default: 512K]
+    #[arg(long, value_parser = parse_bytes_or_zero)]
+    pub(super) relay_bcast_min_bytes: Option<usize>,
     /// ag_matmul, matmul_rs: rows of a (ag_matmul: once gathered, each PE's
     /// shard is m / PEs rows; matmul_rs: each PE's out is m / PEs rows)
     #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..))]
@@ -163,6 +169,7 @@ impl Args {
             moe_lines_max_bytes: self.moe_lines_max_bytes,
             solo_copy_engine_min_bytes: self.solo_ce_min_bytes,
             broadcast_pull_min_bytes: self.pull_bcast_min_bytes,
+            broadcast_relay_min_bytes: self.relay_bcast_min_bytes,
         }
     }
 }

@@ -312,6 +312,18 @@ pub fn broadcast_pull_min_bytes(tuning: &Tuning) -> usize {
 /// from 32 MiB (at 16 MiB 55.7 µs against 55.1; docs/perf.md).
 pub const BROADCAST_PULL_MIN_BYTES: usize = usize::MAX;
 
+/// Smallest broadcast (bytes) that the members relay, under `tuning`; by
+/// default [`BROADCAST_RELAY_MIN_BYTES`].
+pub fn broadcast_relay_min_bytes(tuning: &Tuning) -> usize {
+    tuning.broadcast_relay_min_bytes.unwrap_or(BROADCAST_RELAY_MIN_BYTES)
+}
+
+/// By default a team of three or more over NVLink relays broadcasts from
+/// 512 KiB (`shmem_broadcast_relay`): the root's pushes send each byte
+/// n−1 times through the root's links, the relay once, and the root's
+/// links bound both.
+pub const BROADCAST_RELAY_MIN_BYTES: usize = 512 << 10;
+
 /// Largest all-reduce of the push kernel ([`AllReduceAlgo::Push`]), bytes per PE.
 pub const PUSH_MAX_BYTES: usize = abi::PUSH_MAX_BYTES;
 
@@ -472,6 +484,13 @@ pub struct Tuning {
     /// through NVLink rather than the root pushing it (every member over
     /// NVLink): by default as [`broadcast_pull_min_bytes`] says (none).
     pub broadcast_pull_min_bytes: Option<usize>,
+    /// Smallest broadcast (bytes) of a team of three or more over NVLink
+    /// that the members relay: the root sends each of n−1 shares once, to
+    /// one member, which stores it on into the others as it lands, rather
+    /// than the root storing everything into every peer: by default as
+    /// [`broadcast_relay_min_bytes`] says. A pulled broadcast
+    /// ([`Tuning::broadcast_pull_min_bytes`]) is pulled at any size.
+    pub broadcast_relay_min_bytes: Option<usize>,
 }
 
 /// Up to this many bytes per PE the automatic all-reduce is one-shot (each
@@ -757,11 +776,32 @@ pub(crate) fn all_gather_by_copy_engine(asked: AllGatherAlgo, nvlink: bool) -> b
     asked == AllGatherAlgo::CopyEngine && nvlink
 }
 
-/// Whether a broadcast of `bytes` is pulled from the root by every member
-/// (each with the root's NVLink address: `nvlink`) rather than pushed by
-/// the root: from [`broadcast_pull_min_bytes`].
-pub(crate) fn broadcast_pulls(nvlink: bool, bytes: usize, tuning: &Tuning) -> bool {
-    nvlink && bytes >= broadcast_pull_min_bytes(tuning)
+/// How the kernels move a broadcast over a team whose members all reach
+/// each other over NVLink (`nvlink`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BroadcastForm {
+    /// The root pushes (or the protocol of its size: [`protocol`]).
+    Push,
+    /// Every member pulls from the root ([`broadcast_pull_min_bytes`]).
+    Pull,
+    /// The members relay shares of it ([`broadcast_relay_min_bytes`]; three
+    /// or more).
+    Relay,
+}
+
+/// The form of a broadcast of `bytes` over a team of `n_pes`: pulled from
+/// [`broadcast_pull_min_bytes`], else relayed from
+/// [`broadcast_relay_min_bytes`] at three or more PEs, else pushed.
+pub(crate) fn broadcast_form(nvlink: bool, n_pes: usize, bytes: usize, tuning: &Tuning) -> BroadcastForm {
+    if !nvlink {
+        BroadcastForm::Push
+    } else if bytes >= broadcast_pull_min_bytes(tuning) {
+        BroadcastForm::Pull
+    } else if n_pes >= 3 && bytes >= broadcast_relay_min_bytes(tuning) {
+        BroadcastForm::Relay
+    } else {
+        BroadcastForm::Push
+    }
 }
 
 /// How the kernels run one MoE all-to-all-v.
@@ -1059,11 +1099,21 @@ mod tests {
         assert!(!all_gather_by_copy_engine(AllGatherAlgo::Auto, true));
         assert!(!all_gather_by_copy_engine(AllGatherAlgo::Sm, true));
         let none = Tuning::default();
-        assert!(!broadcast_pulls(true, usize::MAX - 1, &none), "no broadcast pulled by default");
-        let tuned = Tuning { broadcast_pull_min_bytes: Some(16 << 20), ..Tuning::default() };
-        assert!(broadcast_pulls(true, 16 << 20, &tuned));
-        assert!(!broadcast_pulls(true, (16 << 20) - 1, &tuned));
-        assert!(!broadcast_pulls(false, 16 << 20, &tuned));
+        use BroadcastForm::{Pull, Push, Relay};
+        let (mib, relay) = (1 << 20, BROADCAST_RELAY_MIN_BYTES);
+        assert_eq!(broadcast_form(true, 4, usize::MAX - 1, &none), Relay, "no broadcast pulled by default");
+        assert_eq!(broadcast_form(true, 3, relay, &none), Relay);
+        assert_eq!(broadcast_form(true, 4, relay - 1, &none), Push);
+        assert_eq!(broadcast_form(true, 2, 256 * mib, &none), Push, "a pair has nobody to relay to");
+        assert_eq!(broadcast_form(false, 4, 256 * mib, &none), Push, "relays need NVLink");
+        let tuned = Tuning { broadcast_pull_min_bytes: Some(16 * mib), ..Tuning::default() };
+        assert_eq!(broadcast_form(true, 4, 16 * mib, &tuned), Pull);
+        assert_eq!(broadcast_form(true, 2, 16 * mib, &tuned), Pull);
+        assert_eq!(broadcast_form(true, 4, 16 * mib - 1, &tuned), Relay);
+        assert_eq!(broadcast_form(false, 4, 16 * mib, &tuned), Push);
+        let relays = Tuning { broadcast_relay_min_bytes: Some(0), ..Tuning::default() };
+        assert_eq!(broadcast_form(true, 3, 1, &relays), Relay);
+        assert_eq!(broadcast_form(true, 2, 1, &relays), Push);
     }
 
     #[test]

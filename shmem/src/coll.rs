@@ -7,7 +7,7 @@
 //! Across nodes the host backend takes the node-aware forms where they
 //! apply ([`crate::AcrossNodes`], `host/nodes.rs`).
 
-use crate::algo::{self, Solo};
+use crate::algo::{self, BroadcastForm, Solo};
 use crate::buffer::{Region, SymSlice};
 use crate::context::{Context, Stream};
 use crate::control::DescRow;
@@ -560,10 +560,11 @@ impl Team {
                     }
                 }
                 OpKind::Broadcast => {
-                    if algo::broadcast_pulls(nvlink, d.len * elem, &cfg.tuning) {
-                        k.broadcast_pull(t, d.offset, s.offset, d.len * elem, root, cu)
-                    } else {
-                        k.broadcast(t, p, d.offset, s.offset, d.len * elem, root, cu)
+                    let bytes = d.len * elem;
+                    match algo::broadcast_form(nvlink, self.n_pes(), bytes, &cfg.tuning) {
+                        BroadcastForm::Pull => k.broadcast_pull(t, d.offset, s.offset, bytes, root, cu),
+                        BroadcastForm::Relay => k.broadcast_relay(t, d.offset, s.offset, bytes, root, cu),
+                        BroadcastForm::Push => k.broadcast(t, p, d.offset, s.offset, bytes, root, cu),
                     }
                 }
                 OpKind::AllToAll => {

@@ -50,6 +50,8 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("coll::all_reduce::sm", |e| world(e, Coll::AllReduce, Variant::Sm)),
     ("coll::teams::sm", |e| teams(e, Variant::Sm)),
     ("coll::broadcast::pull", |e| world(e, Coll::Broadcast, Variant::Pull)),
+    ("coll::broadcast::relay", |e| world(e, Coll::Broadcast, Variant::Relay)),
+    ("coll::teams::relay", |e| teams(e, Variant::Relay)),
     ("coll::all_gather::copy_engine", |e| world(e, Coll::AllGather, Variant::CopyEngine)),
     ("coll::all_reduce::copy_engine", |e| world(e, Coll::AllReduce, Variant::CopyEngine)),
     ("coll::teams::copy_engine", |e| teams(e, Variant::CopyEngine)),

@@ -36,6 +36,9 @@ pub enum Variant {
     /// Every broadcast pulled by its members over NVLink
     /// ([`Tuning::broadcast_pull_min_bytes`] 0).
     Pull,
+    /// Every broadcast of three or more PEs over NVLink relayed by its
+    /// members ([`Tuning::broadcast_relay_min_bytes`] 0).
+    Relay,
     /// The flat forms across nodes ([`AcrossNodes::Flat`]).
     Flat,
     /// The node-aware forms wherever they apply, one PE a node included
@@ -55,7 +58,8 @@ pub enum Variant {
 /// default grid changes at 32 KiB) and in 8-byte packets (by default in
 /// lines from 256 KiB); a team of one never copies by a copy
 /// engine (by default it does in graphs, and from 2 or 8 MiB outside); a
-/// broadcast is never pulled (nor by default); the MoE ops take
+/// broadcast is never pulled (nor by default) nor relayed (by default it
+/// is from 512 KiB at three or more PEs); the MoE ops take
 /// the one kernel, not the line kernel, for every input but an empty one
 /// (by default the line kernel wherever it fits).
 pub const TUNED: Tuning = Tuning {
@@ -68,6 +72,7 @@ pub const TUNED: Tuning = Tuning {
     moe_lines_max_bytes: Some(0),
     solo_copy_engine_min_bytes: Some(usize::MAX),
     broadcast_pull_min_bytes: Some(usize::MAX),
+    broadcast_relay_min_bytes: Some(usize::MAX),
 };
 
 impl Variant {
@@ -87,6 +92,7 @@ impl Variant {
             Variant::Tuned => "tuned",
             Variant::Lines => "lines",
             Variant::Pull => "pull",
+            Variant::Relay => "relay",
             Variant::Flat => "flat",
             Variant::NodeAware => "node_aware",
             Variant::NodeGrouped => "node_grouped",
@@ -113,6 +119,9 @@ impl Variant {
             Variant::Pull => {
                 Collectives { tuning: Tuning { broadcast_pull_min_bytes: Some(0), ..base.tuning }, ..base }
             }
+            Variant::Relay => {
+                Collectives { tuning: Tuning { broadcast_relay_min_bytes: Some(0), ..base.tuning }, ..base }
+            }
             Variant::Flat => Collectives { across_nodes: AcrossNodes::Flat, ..base },
             Variant::NodeAware => Collectives { across_nodes: AcrossNodes::NodeAware, ..base },
             Variant::NodeGrouped => {
@@ -134,7 +143,7 @@ impl Variant {
             | Variant::LowLatency128
             | Variant::Push => coll == Coll::AllReduce,
             Variant::Sm | Variant::CopyEngine => coll == Coll::AllGather,
-            Variant::Pull => coll == Coll::Broadcast,
+            Variant::Pull | Variant::Relay => coll == Coll::Broadcast,
             // Its kernels run up to 1 MiB a peer: the small and medium sizes.
             Variant::Tuned | Variant::Lines => false,
         }
@@ -195,6 +204,7 @@ pub fn graph_replay(env: &Env) -> TestResult {
         Variant::Tuned,
         Variant::Lines,
         Variant::Pull,
+        Variant::Relay,
     ] {
         let _settings = Settings::apply(&env.ctx, v);
         replay(env, stream, v, &mut rep)?;

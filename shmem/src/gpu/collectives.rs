@@ -237,6 +237,26 @@ impl Kernels {
         unsafe { self.launch5(KernelId::BroadcastPull, grid, t, dst, src, bytes, root as i32, s) }
     }
 
+    /// Broadcast relayed by the members (`shmem_broadcast_relay`): the root
+    /// stores each of n−1 shares into one member, which stores it on into
+    /// the others. Every member must reach every other over NVLink, and the
+    /// team have three or more.
+    pub(crate) fn broadcast_relay(
+        &self,
+        t: TeamSync,
+        dst: usize,
+        src: usize,
+        bytes: usize,
+        root: usize,
+        s: CUstream,
+    ) -> Result<()> {
+        debug_assert!(t.nvlink() && t.n >= 3, "relays need three or more members over NVLink");
+        let grid = Grid::of(Self::blocks(&t, bytes.div_ceil(16)));
+        // SAFETY: (TeamSync, dst, src, bytes, root) as the kernel declares;
+        // regions checked and agreed by the caller.
+        unsafe { self.launch5(KernelId::BroadcastRelay, grid, t, dst, src, bytes, root as i32, s) }
+    }
+
     /// Launches a (TeamSync, dst, src, bytes, int) kernel of `move.cu` by
     /// the [`protocol`] of `bytes`.
     #[allow(clippy::too_many_arguments)]

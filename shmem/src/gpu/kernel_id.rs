@@ -178,6 +178,8 @@ pub(crate) enum KernelId {
     /// `shmem_moe_agree` of `moe_layer.cu`: the node-aware MoE layer's
     /// agreement over the world.
     MoeAgree,
+    /// `shmem_broadcast_relay`: the broadcast relayed by the members.
+    BroadcastRelay,
     /// `shmem_amo`: a host-initiated atomic through NVSHMEM.
     Amo,
     /// `shmem_allgather_nodes`, `shmem_broadcast_nodes`,
@@ -201,7 +203,7 @@ pub(crate) enum KernelId {
 }
 
 /// Kernels without arguments of their own, in [`KernelId::index`] order.
-const SINGLES: [KernelId; 14] = [
+const SINGLES: [KernelId; 15] = [
     KernelId::SelfCheck,
     KernelId::Barrier,
     KernelId::Agree,
@@ -216,6 +218,7 @@ const SINGLES: [KernelId; 14] = [
     KernelId::BroadcastNodes,
     KernelId::AllToAllNodes,
     KernelId::MoeAgree,
+    KernelId::BroadcastRelay,
 ];
 
 const DTYPES: usize = DType::ALL.len();
@@ -262,6 +265,7 @@ impl KernelId {
             KernelId::BroadcastNodes => 11,
             KernelId::AllToAllNodes => 12,
             KernelId::MoeAgree => 13,
+            KernelId::BroadcastRelay => 14,
             KernelId::SumSlots(d) => SUM_SLOTS_AT + dtype(d),
             KernelId::MoeCombine(d) => MOE_COMBINE_AT + dtype(d),
             KernelId::A2avFused(k) => A2AV_FUSED_AT + k as usize,
@@ -295,6 +299,7 @@ impl KernelId {
             KernelId::BroadcastNodes => "shmem_broadcast_nodes".into(),
             KernelId::AllToAllNodes => "shmem_alltoall_nodes".into(),
             KernelId::MoeAgree => "shmem_moe_agree".into(),
+            KernelId::BroadcastRelay => "shmem_broadcast_relay".into(),
             KernelId::SumSlots(d) => format!("shmem_sum_slots_{}", d.name()),
             KernelId::MoeCombine(d) => format!("shmem_moe_combine_{}", d.name()),
             KernelId::A2avFused(k) => format!("shmem_a2av_fused_{}", a2av(k)),
