@@ -42,7 +42,8 @@ pub enum AllReduceAlgo {
     /// 112 and 8-byte flags for 8-byte elements): 1.07× the data's bytes on
     /// the link (1.14× with 8-byte flags), against the 8-byte packets' 2×. World
     /// team, up to the packets' room (1 MiB a peer in worlds of up to 8
-    /// PEs, else 128 KiB), NVLink path. The automatic choice from
+    /// PEs, else 128 KiB), NVLink path, no PE sharing its GPU (there the
+    /// 8-byte packets). The automatic choice from
     /// [`LOW_LATENCY_LINES_MIN_BYTES`] a peer.
     LowLatency128,
     /// Every PE stores its input into every peer's staging with one flag
@@ -527,6 +528,12 @@ pub(crate) struct TeamShape {
     pub(crate) n_pes: usize,
     /// Every member is reached over NVLink (no RMA).
     pub(crate) nvlink: bool,
+    /// The line protocol may serve it: no PE of the world shares its GPU
+    /// with another. A line's two flags vouch for 64-byte halves, which
+    /// NVLink delivers whole; stores to a process on the same GPU reach
+    /// its memory in 32-byte sectors, so a receiver there can see a half's
+    /// flag beside older contents in its other sector.
+    pub(crate) lines: bool,
 }
 
 impl TeamShape {
@@ -643,7 +650,7 @@ pub(crate) fn low_latency_takes(team: TeamShape, bytes: usize, tuning: &Tuning) 
 /// ([`AllReduceAlgo::LowLatency128`]): the low-latency packets' room, which
 /// their lines share.
 pub(crate) fn lines_take(team: TeamShape, bytes: usize) -> bool {
-    team.world_over_nvlink() && bytes <= low_latency_room_bytes(team.n_pes)
+    team.world_over_nvlink() && team.lines && bytes <= low_latency_room_bytes(team.n_pes)
 }
 
 /// Whether the push kernels take `bytes` per peer on `team`.
@@ -658,7 +665,7 @@ pub(crate) fn push_takes(team: TeamShape, bytes: usize) -> bool {
 /// it, else loads and stores.
 pub(crate) fn protocol(team: TeamShape, bytes: usize, tuning: &Tuning) -> Protocol {
     if low_latency_takes(team, bytes, tuning) {
-        if bytes >= low_latency_lines_min_bytes(tuning) {
+        if team.lines && bytes >= low_latency_lines_min_bytes(tuning) {
             Protocol::LowLatency128
         } else {
             Protocol::LowLatency
@@ -712,7 +719,7 @@ pub(crate) fn all_reduce_choice(
         AllReduceAlgo::TwoShotStores => AllReduceChoice::TwoShot,
         _ if wide && bytes >= WIDE_TWO_SHOT_MIN_BYTES => AllReduceChoice::TwoShot,
         _ if wide && bytes >= WIDE_LINES_MIN_BYTES && lines_take(team, bytes) => AllReduceChoice::LowLatency128,
-        _ if ll && bytes >= low_latency_lines_min_bytes(tuning) => AllReduceChoice::LowLatency128,
+        _ if ll && team.lines && bytes >= low_latency_lines_min_bytes(tuning) => AllReduceChoice::LowLatency128,
         _ if ll => AllReduceChoice::LowLatency,
         _ if push => AllReduceChoice::Push,
         _ if one_shot && bytes <= ONE_SHOT_MAX_BYTES => AllReduceChoice::OneShot,
@@ -834,6 +841,7 @@ pub(crate) fn moe_form(
 ) -> MoeForm {
     let (n, ne) = (team.n_pes, experts_per_pe);
     let lines = team.world_over_nvlink()
+        && team.lines
         && ne <= abi::A2AV_LINES_MAX_EXPERTS
         && abi::a2av_lines_shared_bytes(n, ne, with_offsets) <= abi::A2AV_SHARED_MAX_BYTES
         && moe_lines_fit(n, ne, with_offsets, input_bytes)
@@ -970,7 +978,7 @@ mod tests {
         assert_eq!(low_latency_threads(8, 16, lines, &tuned(1024)), 640);
     }
 
-    const PAIR: TeamShape = TeamShape { world: true, n_pes: 2, nvlink: true };
+    const PAIR: TeamShape = TeamShape { world: true, n_pes: 2, nvlink: true, lines: true };
 
     #[test]
     fn the_kernels_take_teams_of_up_to_64_unless_nvshmem_is_asked_for() {
@@ -1114,6 +1122,26 @@ mod tests {
         let relays = Tuning { broadcast_relay_min_bytes: Some(0), ..Tuning::default() };
         assert_eq!(broadcast_form(true, 3, 1, &relays), Relay);
         assert_eq!(broadcast_form(true, 2, 1, &relays), Push);
+    }
+
+    #[test]
+    fn no_lines_where_pes_share_a_gpu() {
+        let none = Tuning::default();
+        let shared = TeamShape { lines: false, ..PAIR };
+        let four = TeamShape { n_pes: 4, ..shared };
+        let lines_asked = Tuning { low_latency_lines_min_bytes: Some(0), ..Tuning::default() };
+        for (team, bytes) in [(shared, 512 << 10), (four, 128 << 10)] {
+            assert!(!lines_take(team, bytes));
+            assert_eq!(protocol(team, bytes, &none), Protocol::LowLatency);
+            assert_eq!(protocol(team, 8, &lines_asked), Protocol::LowLatency);
+            for asked in [AllReduceAlgo::Auto, AllReduceAlgo::LowLatency128] {
+                assert_eq!(all_reduce_choice(team, asked, bytes, false, &none), AllReduceChoice::LowLatency);
+            }
+        }
+        assert_eq!(protocol(TeamShape { lines: true, ..shared }, 512 << 10, &none), Protocol::LowLatency128);
+        let row = 7168 * 2;
+        assert_eq!(moe_form(shared, 8, false, 128 * row, MoeKernels::Lines, &none), MoeForm::OneKernel);
+        assert_eq!(moe_form(PAIR, 8, false, 128 * row, MoeKernels::Lines, &none), MoeForm::Lines);
     }
 
     #[test]

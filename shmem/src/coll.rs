@@ -507,7 +507,7 @@ impl Team {
             let t = agreement.map_or(plain, |(epoch, row)| plain.agreeing(epoch, row));
             let cu = st.cu_stream();
             let (dt, op) = (T::DTYPE, op.unwrap_or(ReduceOp::Sum));
-            let p = Protocols::new(team.slot == 0, &cfg.tuning);
+            let p = Protocols::new(team.slot == 0, k.lines(), &cfg.tuning);
             let rails = self.gpu_rails(g);
             if let Some(per_node) = rails {
                 let order = cfg.reduce_order;

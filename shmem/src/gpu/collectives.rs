@@ -23,17 +23,19 @@ use std::ffi::c_void;
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Protocols {
     world: bool,
+    lines: bool,
     tuning: Tuning,
 }
 
 impl Protocols {
-    pub(crate) fn new(world: bool, tuning: &Tuning) -> Protocols {
-        Protocols { world, tuning: *tuning }
+    /// `lines`: [`Kernels::lines`].
+    pub(crate) fn new(world: bool, lines: bool, tuning: &Tuning) -> Protocols {
+        Protocols { world, lines, tuning: *tuning }
     }
 
     /// What the choice reads of team `t`.
     pub(crate) fn shape(&self, t: &TeamSync) -> TeamShape {
-        TeamShape { world: self.world, n_pes: t.n_pes(), nvlink: t.nvlink() }
+        TeamShape { world: self.world, n_pes: t.n_pes(), nvlink: t.nvlink(), lines: self.lines }
     }
 
     /// The low-latency kernels' grid for `bytes` per peer, in lines of

@@ -40,6 +40,10 @@ pub(crate) struct Kernels {
     /// ([`Kernels::set_resident_blocks`]): the MoE line kernel's grid
     /// stays within them (`Kernels::all_to_all_v`). Before, this PE's SMs.
     pub(super) resident_blocks: usize,
+    /// Whether the line protocols may run ([`TeamShape::lines`](crate::algo::TeamShape::lines)): no PE of
+    /// the world shares its GPU, agreed when the kernels are loaded
+    /// ([`Kernels::set_shared_gpu`]).
+    pub(super) lines: bool,
 }
 
 impl Kernels {
@@ -64,6 +68,7 @@ impl Kernels {
             agree_error,
             peer_died,
             resident_blocks: sms.max(1) as usize,
+            lines: true,
         };
         k.selfcheck(g, me, n)?;
         let world: Vec<usize> = (0..n).collect();
@@ -94,6 +99,17 @@ impl Kernels {
     /// 56 blocks, in 13 on 66).
     pub(crate) fn set_resident_blocks(&mut self, blocks: usize) {
         self.resident_blocks = blocks.max(1);
+    }
+
+    /// Whether the line protocols may run ([`TeamShape::lines`](crate::algo::TeamShape::lines)).
+    pub(crate) fn lines(&self) -> bool {
+        self.lines
+    }
+
+    /// Some PE of the world shares its GPU with another (agreed by every
+    /// PE): no line protocol runs, the low-latency kernels keep to packets.
+    pub(crate) fn set_shared_gpu(&mut self) {
+        self.lines = false;
     }
 
     /// Runs `shmem_selfcheck`: the kernels' NVSHMEM state must name this

@@ -317,14 +317,16 @@ impl GpuWorld {
             Err(Error::BackendUnavailable(m)) if m.contains("built without") => Ok(None),
             other => other.map(Some),
         };
-        // Whether this PE has the kernels, and the blocks its GPU holds at
-        // once (`Kernels::set_resident_blocks`).
+        // Whether this PE has the kernels, the blocks its GPU holds at once
+        // (`Kernels::set_resident_blocks`) and whether it shares its GPU
+        // (`Kernels::set_shared_gpu`).
         let (mine, loaded) = match loaded {
             Ok(k) => {
                 let sms = k.as_ref().map_or(0, |k| k.resident_blocks());
                 let resident = if pes_per_gpu > 1 { sms - sms / 8 } else { sms };
                 let mut word = vec![k.is_some() as u8];
                 word.extend((resident as u32).to_le_bytes());
+                word.push((pes_per_gpu > 1) as u8);
                 (Ok(word), k)
             }
             Err(e) => (Err(e), None),
@@ -332,8 +334,12 @@ impl GpuWorld {
         let usable = agree_ok(boot, mine, "loading the device kernels")?;
         // Every PE runs the kernels, or none does, with the same grids.
         let resident = usable.iter().filter_map(|u| Some(u32::from_le_bytes(u.get(1..5)?.try_into().ok()?))).min();
+        let shared = usable.iter().any(|u| u.get(5) == Some(&1));
         world.kernels = loaded.filter(|_| usable.iter().all(|u| u.first() == Some(&1))).map(|mut k| {
             k.set_resident_blocks(resident.unwrap_or(1) as usize);
+            if shared {
+                k.set_shared_gpu();
+            }
             k
         });
         Ok(world)
