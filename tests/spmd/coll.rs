@@ -113,7 +113,7 @@ const HOST_NODES_SMALL: &[usize] = &[1, 3, 9, 33, 4099];
 const MEDIUM: &[usize] = &[24_579, (1 << 16) + 5];
 const LARGE: usize = (1 << 20) + 3;
 /// GPU only, f32 and bf16: the all-reduce's vector, the all-gather's output,
-/// the reduce-scatter's input.
+/// the reduce-scatter's input, the broadcast's vector.
 const HUGE_BYTES: usize = 256 << 20;
 /// Poisoned bytes after every region, which no call may touch.
 const GUARD_BYTES: usize = 64;
@@ -220,6 +220,8 @@ impl Plan {
         let huge = match self.coll {
             Coll::AllReduce => HUGE_BYTES / dtype.size(),
             Coll::AllGather | Coll::ReduceScatter => HUGE_BYTES / dtype.size() / env.n(),
+            // The relayed broadcast's parts reach its most steps from 48 MiB at 4 PEs.
+            Coll::Broadcast => HUGE_BYTES / dtype.size(),
             _ => 0,
         };
         if huge > 0 && huge_on() {

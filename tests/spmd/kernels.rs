@@ -183,8 +183,9 @@ impl Drop for Settings<'_> {
     }
 }
 
-/// GPU only: all-reduces (bf16 and f32 sums), an all-gather (f32) and
-/// reduce-scatters (f32 and bf16 sums) captured once into a CUDA graph,
+/// GPU only: all-reduces (bf16 and f32 sums), an all-gather (f32),
+/// reduce-scatters (f32 and bf16 sums) and a broadcast (f32, from the last
+/// PE) captured once into a CUDA graph,
 /// under each algorithm setting, then replayed 1000 times with new random
 /// inputs written from the host between replays; every result exact, the
 /// sums bit for bit the sums in PE order, as eager calls give them.
@@ -270,6 +271,7 @@ fn replay(env: &Env, stream: &std::sync::Arc<cudarc::driver::CudaStream>, v: Var
     const AR_LEN: usize = 4099; // odd: the kernels' vector loops and their tails
     const AG_LEN: usize = 4099;
     const RS_LEN: usize = 1031;
+    const BC_LEN: usize = 8195;
     let (me, n, s, ctx) = (env.me(), env.n(), &env.s, &env.ctx);
     let ar_bf16 = Sum::<bf16>::new(ctx, false, AR_LEN, 0)?;
     let ar_f32 = Sum::<f32>::new(ctx, false, AR_LEN, 3)?;
@@ -277,6 +279,9 @@ fn replay(env: &Env, stream: &std::sync::Arc<cudarc::driver::CudaStream>, v: Var
     let rs_bf16 = Sum::<bf16>::new(ctx, true, RS_LEN, 4)?;
     let ag_src = ctx.alloc::<f32>(AG_LEN)?;
     let ag_dst = ctx.alloc::<f32>(AG_LEN * n)?;
+    let bc_src = ctx.alloc::<f32>(BC_LEN)?;
+    let bc_dst = ctx.alloc::<f32>(BC_LEN)?;
+    let bc_root = n - 1;
     ctx.barrier_all(s)?;
     stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
     let captured = ar_bf16
@@ -284,7 +289,8 @@ fn replay(env: &Env, stream: &std::sync::Arc<cudarc::driver::CudaStream>, v: Var
         .and_then(|()| ar_f32.call(ctx, s))
         .and_then(|()| ctx.all_gather(&ag_dst, &ag_src, s))
         .and_then(|()| rs_f32.call(ctx, s))
-        .and_then(|()| rs_bf16.call(ctx, s));
+        .and_then(|()| rs_bf16.call(ctx, s))
+        .and_then(|()| ctx.broadcast(&bc_dst, &bc_src, bc_root, s));
     let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
     if let (Err(e @ shmem::Error::Invalid(m)), true) = (&captured, ctx.force_rma()) {
         if m.contains("captured") {
@@ -298,7 +304,7 @@ fn replay(env: &Env, stream: &std::sync::Arc<cudarc::driver::CudaStream>, v: Var
     captured?;
     let graph = graph.ok_or("capture gave no graph")?;
     let rma = if ctx.force_rma() { " (RMA forced)" } else { "" };
-    let name = format!("graph of all_reduces, an all_gather, reduce_scatters, settings {}{rma}", v.name());
+    let name = format!("graph of all_reduces, an all_gather, reduce_scatters, a broadcast, settings {}{rma}", v.name());
     // SHMEM_TEST_REPLAYS: fewer for the sanitizers' runs (each replay is
     // checked on the host, which under a sanitizer is what takes the time).
     let replays: usize = match std::env::var("SHMEM_TEST_REPLAYS") {
@@ -315,6 +321,9 @@ fn replay(env: &Env, stream: &std::sync::Arc<cudarc::driver::CudaStream>, v: Var
         rs_bf16.write(env, seed)?;
         ag_src.copy_from_host(&(0..AG_LEN).map(|i| ag_in(me, i)).collect::<Vec<_>>(), s)?;
         ag_dst.fill(poison(), s)?;
+        let bc_in = |i: usize| payload::<f32>(seed ^ 5, bc_root, i);
+        bc_src.copy_from_host(&(0..BC_LEN).map(bc_in).collect::<Vec<_>>(), s)?;
+        bc_dst.fill(poison(), s)?;
         graph.launch()?;
         ar_bf16.check(env, rep, &label, seed)?;
         ar_f32.check(env, rep, &label, seed)?;
@@ -322,6 +331,8 @@ fn replay(env: &Env, stream: &std::sync::Arc<cudarc::driver::CudaStream>, v: Var
         rs_bf16.check(env, rep, &label, seed)?;
         let want: Vec<f32> = (0..AG_LEN * n).map(|i| ag_in(i / AG_LEN, i % AG_LEN)).collect();
         rep.check(&label, seed, "all_gather f32", &ag_dst.copy_to_host(s)?, &want);
+        let want: Vec<f32> = (0..BC_LEN).map(bc_in).collect();
+        rep.check(&label, seed, "broadcast f32", &bc_dst.copy_to_host(s)?, &want);
     }
     drop(graph);
     ctx.barrier_all(s)?;
