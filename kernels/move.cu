@@ -159,52 +159,15 @@ extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
 // Broadcast relayed by the members, for large broadcasts of a team of three
 // or more whose members all reach each other over NVLink. A root that
 // stores into every peer sends each byte n−1 times through its own links;
-// here it sends each byte once: the vector is cut into n−1 shares, share j
-// goes to its relay, member (root + 1 + j) % n, which stores it on into
-// the other members' destinations (not the root's) as it lands. Bytes out:
-// the root `bytes`, a relay (n−2)/(n−1) of them.
-//
-// Block b takes part b of every share, in `relay_steps` steps: the root
-// stores step s of its parts into the relays' destinations (and its own,
-// unless `dst` is `src`), then signals each relay on the Data array with
-// epoch + s; a relay waits for that, stores the step of its own part on
-// into the other non-roots, and once all its steps are out signals them
-// the last step's value and waits for the same from every other relay.
-// So a step's forwarding overlaps the root's next step. The kernel takes
-// `relay_steps` epochs of its channel (every member counts the same from
-// the arguments and the grid): a step's signal is one of those epochs, so
-// every word stays at or below the channel's counter for the kernels
-// after it. Nothing is read from a peer, so no exit barrier is needed:
-// a PE ends once everything it is sent has landed.
-namespace shmem {
-namespace k {
-
-// Most steps of a block's part, and the least bytes of a step.
-constexpr uint64_t kRelayMaxSteps = 16;
-constexpr uint64_t kRelayMinStepBytes = 8 << 10;
-
-// Steps of each block's part (the same on every member): enough that a
-// step is at least kRelayMinStepBytes, at most kRelayMaxSteps.
-__device__ __forceinline__ uint64_t relay_steps(uint64_t units, uint64_t shares) {
-    const uint64_t part = div64(div64(units + shares - 1, shares) + gridDim.x - 1, gridDim.x) * 16;
-    const uint64_t steps = div64(part, kRelayMinStepBytes);
-    return steps < 1 ? 1 : steps > kRelayMaxSteps ? kRelayMaxSteps : steps;
-}
-
-// Bytes of step `s` (of `steps`) of block `blockIdx.x`'s part of share `j`
-// (of `shares`) of a vector of `bytes` (`units` of 16).
-__device__ __forceinline__ Range relay_step(uint64_t bytes, uint64_t units, int j, int shares, uint64_t s,
-                                            uint64_t steps) {
-    const Range share = split(units, j, shares);
-    const Range part = split(share.hi - share.lo, blockIdx.x, gridDim.x);
-    const Range step = split(part.hi - part.lo, s, steps);
-    const uint64_t lo = share.lo + part.lo + step.lo, hi = share.lo + part.lo + step.hi;
-    return {min(lo * 16, bytes), min(hi * 16, bytes)};
-}
-
-}  // namespace k
-}  // namespace shmem
-
+// here each byte leaves the root once: the vector is cut into n−1 shares,
+// and share j's relay, member (root + 1 + j) % n, reads it from the root's
+// source through NVLink and stores it into its own destination and every
+// other non-root's in the same pass (`block_copy_pairs`: each load once,
+// its stores to all of them). Bytes out of the root: `bytes` (read by the
+// relays); out of a relay, (n−2)/(n−1) of them. The root waits until every
+// relay has said on its channel that it is done reading (Depart), so that
+// the source may change once the root's kernel ends; a relay waits until
+// every other relay has said its share landed (Data).
 extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
     shmem_broadcast_relay(TeamSync t, uint64_t dst, uint64_t src, uint64_t bytes, int root) {
     shmem::k::follow_stream();
@@ -212,57 +175,43 @@ extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
     using namespace shmem::k;
     __shared__ uint8_t *dsts[kMaxTeam];
     __shared__ const uint8_t *srcs[1];
-    const int shares = t.n - 1;
-    const uint64_t units = (bytes + 15) / 16, steps = relay_steps(units, shares);
-    const uint64_t epoch = begin_epoch(t), last = epoch + steps - 1;
+    const uint64_t epoch = begin_epoch(t);
     exchange(t, Arrive, epoch);
-    // Member `pe`'s share (pe ≠ root), and the relay of share j.
-    auto share_of = [&](int pe) { return pe > root ? pe - root - 1 : pe + t.n - root - 1; };
-    auto relay = [&](int j) { return root + 1 + j < t.n ? root + 1 + j : root + 1 + j - t.n; };
     if (t.rank == root) {
-        const bool self = dst != src;
-        for (uint64_t s = 0; s < steps; s++) {
-            // Blocks start on different shares, so that not all of them
-            // store into one relay at once.
-            for (int i = 0; i < shares; i++) {
-                const int j = (static_cast<int>(blockIdx.x) + i) % shares;
-                const Range r = relay_step(bytes, units, j, shares, s, steps);
-                __syncthreads();  // the copy before has read the pointers
-                if (threadIdx.x == 0) {
-                    srcs[0] = t.mine<uint8_t>(src) + r.lo;
-                    dsts[0] = t.at<uint8_t>(relay(j), dst + r.lo);
-                    dsts[1] = t.mine<uint8_t>(dst) + r.lo;
-                }
-                __syncthreads();
-                block_copy_pairs<true>(dsts, srcs, self ? 2 : 1, r.hi - r.lo);
-            }
-            __syncthreads();
-            for (int j = threadIdx.x; j < shares; j += blockDim.x) signal(t, Data, relay(j), epoch + s);
+        if (dst != src) {
+            const Range r = block_bytes(bytes, blockIdx.x, gridDim.x);
+            block_copy(t.mine<uint8_t>(dst) + r.lo, t.mine<uint8_t>(src) + r.lo, r.hi - r.lo);
         }
+        wait_all(t, Depart, epoch, t.rank);
     } else {
-        const int mine = share_of(t.rank);
-        for (uint64_t s = 0; s < steps; s++) {
-            const Range r = relay_step(bytes, units, mine, shares, s, steps);
-            if (threadIdx.x == 0) {
-                wait_geq(t.word(Data, blockIdx.x, root), epoch + s);
-                srcs[0] = t.mine<uint8_t>(dst) + r.lo;
-                int nd = 0;
-                for (int i = 1; i < t.n; i++) {
-                    const int pe = t.after(i);
-                    if (pe != root) dsts[nd++] = t.at<uint8_t>(pe, dst + r.lo);
-                }
+        // This member's share, and this block's part of it.
+        const int shares = t.n - 1, mine = t.rank > root ? t.rank - root - 1 : t.rank + t.n - root - 1;
+        const Range share = split((bytes + 15) / 16, mine, shares);
+        const Range part = split(share.hi - share.lo, blockIdx.x, gridDim.x);
+        const uint64_t lo = min((share.lo + part.lo) * 16, bytes), hi = min((share.lo + part.hi) * 16, bytes);
+        if (threadIdx.x == 0) {
+            srcs[0] = t.at<uint8_t>(root, src + lo);
+            int nd = 0;
+            for (int i = 0; i < t.n; i++) {
+                const int pe = t.after(i);
+                if (pe != root) dsts[nd++] = t.at<uint8_t>(pe, dst + lo);
             }
-            __syncthreads();
-            block_copy_pairs<true>(dsts, srcs, t.n - 2, r.hi - r.lo);
-            __syncthreads();  // the copy has read the pointers
+        }
+        __syncthreads();
+        block_copy_pairs<true>(dsts, srcs, t.n - 1, hi - lo);
+        __syncthreads();
+        for (int pe = threadIdx.x; pe < t.n; pe += blockDim.x) {
+            if (pe == root) {
+                signal(t, Depart, pe, epoch);
+            } else if (pe != t.rank) {
+                signal(t, Data, pe, epoch);
+            }
         }
         for (int pe = threadIdx.x; pe < t.n; pe += blockDim.x)
-            if (pe != root && pe != t.rank) signal(t, Data, pe, last);
-        for (int pe = threadIdx.x; pe < t.n; pe += blockDim.x)
-            if (pe != root && pe != t.rank) wait_geq(t.word(Data, blockIdx.x, pe), last);
+            if (pe != root && pe != t.rank) wait_geq(t.word(Data, blockIdx.x, pe), epoch);
+        __syncthreads();
     }
-    __syncthreads();
-    end_epoch(t, last);
+    end_epoch(t, epoch);
 }
 
 // All-to-all: block j of this PE's source (heap `src`, `bytes` per block)

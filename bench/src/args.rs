@@ -121,9 +121,10 @@ pub(super) struct Args {
     #[arg(long, value_parser = parse_bytes_or_zero)]
     pub(super) pull_bcast_min_bytes: Option<usize>,
     /// GPU kernels' tuning: the smallest broadcast (bytes) of three or
-    /// more PEs over NVLink that the members relay (the root sends each of
-    /// n−1 shares to one member, which stores it on into the others)
-    /// rather than the root pushing it to every member [default: 512K]
+    /// more PEs over NVLink that the members relay (each of n−1 members
+    /// reads its share of the root's source and stores it into every
+    /// non-root) rather than the root pushing it to every member
+    /// [default: past 1M]
     #[arg(long, value_parser = parse_bytes_or_zero)]
     pub(super) relay_bcast_min_bytes: Option<usize>,
     /// ag_matmul, matmul_rs: rows of a (ag_matmul: once gathered, each PE's

@@ -220,7 +220,6 @@ impl Plan {
         let huge = match self.coll {
             Coll::AllReduce => HUGE_BYTES / dtype.size(),
             Coll::AllGather | Coll::ReduceScatter => HUGE_BYTES / dtype.size() / env.n(),
-            // The relayed broadcast's parts reach its most steps from 48 MiB at 4 PEs.
             Coll::Broadcast => HUGE_BYTES / dtype.size(),
             _ => 0,
         };

@@ -59,7 +59,7 @@ pub enum Variant {
 /// lines from 256 KiB); a team of one never copies by a copy
 /// engine (by default it does in graphs, and from 2 or 8 MiB outside); a
 /// broadcast is never pulled (nor by default) nor relayed (by default it
-/// is from 512 KiB at three or more PEs); the MoE ops take
+/// is past 1 MiB at three or more PEs); the MoE ops take
 /// the one kernel, not the line kernel, for every input but an empty one
 /// (by default the line kernel wherever it fits).
 pub const TUNED: Tuning = Tuning {

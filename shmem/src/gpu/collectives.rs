@@ -239,10 +239,10 @@ impl Kernels {
         unsafe { self.launch5(KernelId::BroadcastPull, grid, t, dst, src, bytes, root as i32, s) }
     }
 
-    /// Broadcast relayed by the members (`shmem_broadcast_relay`): the root
-    /// stores each of n−1 shares into one member, which stores it on into
-    /// the others. Every member must reach every other over NVLink, and the
-    /// team have three or more.
+    /// Broadcast relayed by the members (`shmem_broadcast_relay`): each of
+    /// n−1 members reads its share of the root's source and stores it into
+    /// every non-root. Every member must reach every other over NVLink, and
+    /// the team have three or more.
     pub(crate) fn broadcast_relay(
         &self,
         t: TeamSync,
