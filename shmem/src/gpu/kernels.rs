@@ -40,8 +40,9 @@ pub(crate) struct Kernels {
     /// ([`Kernels::set_resident_blocks`]): the MoE line kernel's grid
     /// stays within them (`Kernels::all_to_all_v`). Before, this PE's SMs.
     pub(super) resident_blocks: usize,
-    /// Whether the line protocols may run ([`TeamShape::lines`](crate::algo::TeamShape::lines)): no PE of
-    /// the world shares its GPU, agreed when the kernels are loaded
+    /// Whether the line protocols may run
+    /// ([`TeamShape::lines`](crate::algo::TeamShape::lines)): no PE of the
+    /// world shares its GPU, agreed when the kernels are loaded
     /// ([`Kernels::set_shared_gpu`]).
     pub(super) lines: bool,
 }
@@ -101,7 +102,8 @@ impl Kernels {
         self.resident_blocks = blocks.max(1);
     }
 
-    /// Whether the line protocols may run ([`TeamShape::lines`](crate::algo::TeamShape::lines)).
+    /// Whether the line protocols may run
+    /// ([`TeamShape::lines`](crate::algo::TeamShape::lines)).
     pub(crate) fn lines(&self) -> bool {
         self.lines
     }
