@@ -7,7 +7,7 @@
 //! Across nodes the host backend takes the node-aware forms where they
 //! apply ([`crate::AcrossNodes`], `host/nodes.rs`).
 
-use crate::algo::{self, BroadcastForm, Solo};
+use crate::algo::{self, Solo};
 use crate::buffer::{Region, SymSlice};
 use crate::context::{Context, Stream};
 use crate::control::DescRow;
@@ -561,11 +561,8 @@ impl Team {
                 }
                 OpKind::Broadcast => {
                     let bytes = d.len * elem;
-                    match algo::broadcast_form(nvlink, self.n_pes(), bytes, &cfg.tuning) {
-                        BroadcastForm::Pull => k.broadcast_pull(t, d.offset, s.offset, bytes, root, cu),
-                        BroadcastForm::Relay => k.broadcast_relay(t, d.offset, s.offset, bytes, root, cu),
-                        BroadcastForm::Push => k.broadcast(t, p, d.offset, s.offset, bytes, root, cu),
-                    }
+                    let form = algo::broadcast_form(nvlink, self.n_pes(), bytes, &cfg.tuning);
+                    k.broadcast(form, t, p, d.offset, s.offset, bytes, root, cu)
                 }
                 OpKind::AllToAll => {
                     let per_pe = d.len / self.n_pes() * elem;

@@ -10,7 +10,7 @@ use super::module::Grid;
 use super::{CUstream, CudaCall, GpuWorld};
 use crate::algo::{
     all_reduce_choice, low_latency_blocks, low_latency_threads, protocol, push_blocks, reduce_line_data_bytes,
-    AllReduceAlgo, AllReduceChoice, Protocol, ReduceOrder, TeamShape, Tuning,
+    AllReduceAlgo, AllReduceChoice, BroadcastForm, Protocol, ReduceOrder, TeamShape, Tuning,
 };
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
@@ -205,10 +205,17 @@ impl Kernels {
     }
 
     /// Broadcast of `bytes` from member `root`'s `src` into every member's
-    /// `dst`, pushed by the root.
+    /// `dst`, in `form` ([`broadcast_form`](crate::algo::broadcast_form)):
+    /// pushed by the root, by the [`protocol`] of `bytes`; pulled from the
+    /// root by every member (`shmem_broadcast_pull`; the root waits until
+    /// all have read); or relayed (`shmem_broadcast_relay`: each of n−1
+    /// members reads its share of the root's source and stores it into
+    /// every non-root; three or more members). Pulls and relays need every
+    /// member's NVLink address (`t.rma == 0`).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn broadcast(
         &self,
+        form: BroadcastForm,
         t: TeamSync,
         p: Protocols,
         dst: usize,
@@ -217,46 +224,17 @@ impl Kernels {
         root: usize,
         s: CUstream,
     ) -> Result<()> {
-        self.launch_move(Movement::Broadcast, t, p, dst, src, bytes, root as i32, s)
-    }
-
-    /// Broadcast by pulls (`shmem_broadcast_pull`): every member reads the
-    /// root's source through NVLink, and the root waits until all have.
-    /// Every member must reach the root over NVLink (`t.rma == 0`).
-    pub(crate) fn broadcast_pull(
-        &self,
-        t: TeamSync,
-        dst: usize,
-        src: usize,
-        bytes: usize,
-        root: usize,
-        s: CUstream,
-    ) -> Result<()> {
-        debug_assert!(t.nvlink(), "pulls need every member's NVLink address");
+        let id = match form {
+            BroadcastForm::Push => return self.launch_move(Movement::Broadcast, t, p, dst, src, bytes, root as i32, s),
+            BroadcastForm::Pull => KernelId::BroadcastPull,
+            BroadcastForm::Relay => KernelId::BroadcastRelay,
+        };
+        debug_assert!(t.nvlink(), "pulls and relays need every member's NVLink address");
+        debug_assert!(form != BroadcastForm::Relay || t.n >= 3, "relays need three or more members");
         let grid = Grid::of(Self::blocks(&t, bytes.div_ceil(16)));
         // SAFETY: (TeamSync, dst, src, bytes, root) as the kernel declares;
         // regions checked and agreed by the caller.
-        unsafe { self.launch5(KernelId::BroadcastPull, grid, t, dst, src, bytes, root as i32, s) }
-    }
-
-    /// Broadcast relayed by the members (`shmem_broadcast_relay`): each of
-    /// n−1 members reads its share of the root's source and stores it into
-    /// every non-root. Every member must reach every other over NVLink, and
-    /// the team have three or more.
-    pub(crate) fn broadcast_relay(
-        &self,
-        t: TeamSync,
-        dst: usize,
-        src: usize,
-        bytes: usize,
-        root: usize,
-        s: CUstream,
-    ) -> Result<()> {
-        debug_assert!(t.nvlink() && t.n >= 3, "relays need three or more members over NVLink");
-        let grid = Grid::of(Self::blocks(&t, bytes.div_ceil(16)));
-        // SAFETY: (TeamSync, dst, src, bytes, root) as the kernel declares;
-        // regions checked and agreed by the caller.
-        unsafe { self.launch5(KernelId::BroadcastRelay, grid, t, dst, src, bytes, root as i32, s) }
+        unsafe { self.launch5(id, grid, t, dst, src, bytes, root as i32, s) }
     }
 
     /// Launches a (TeamSync, dst, src, bytes, int) kernel of `move.cu` by
