@@ -325,7 +325,8 @@ pub fn broadcast_relay_min_bytes(tuning: &Tuning) -> usize {
 /// once. On 4 × H200 (f32, eager) the relay took 17.3 µs at 2 MiB against
 /// the root's stores' 27.0, 76.3 at 16 MiB against 147.7 and 814 at 256
 /// MiB against 2216; at 1 MiB 14.1 against the push kernel's 15.3, but at 3
-/// PEs 13.9 against 12.1 (graph-replayed: 12.0 against 9.4).
+/// PEs, in two runs on two such machines, 13.9 against 12.1
+/// (graph-replayed: 12.0 against 9.4).
 pub const BROADCAST_RELAY_MIN_BYTES: usize = abi::PUSH_MAX_BYTES + 1;
 
 /// Largest all-reduce of the push kernel ([`AllReduceAlgo::Push`]), bytes per PE.
