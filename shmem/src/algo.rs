@@ -546,6 +546,13 @@ impl TeamShape {
     fn world_over_nvlink(self) -> bool {
         self.world && self.nvlink
     }
+
+    /// Whether the world's line protocols (the low-latency lines, the MoE
+    /// line kernel) may serve this team: as [`TeamShape::world_over_nvlink`],
+    /// and no PE sharing its GPU ([`TeamShape::lines`]).
+    fn lines_serve(self) -> bool {
+        self.world_over_nvlink() && self.lines
+    }
 }
 
 /// How a collective's kernel reaches the peers: by loads and stores (or
@@ -654,7 +661,7 @@ pub(crate) fn low_latency_takes(team: TeamShape, bytes: usize, tuning: &Tuning) 
 /// ([`AllReduceAlgo::LowLatency128`]): the low-latency packets' room, which
 /// their lines share.
 pub(crate) fn lines_take(team: TeamShape, bytes: usize) -> bool {
-    team.world_over_nvlink() && team.lines && bytes <= low_latency_room_bytes(team.n_pes)
+    team.lines_serve() && bytes <= low_latency_room_bytes(team.n_pes)
 }
 
 /// Whether the push kernels take `bytes` per peer on `team`.
@@ -669,7 +676,7 @@ pub(crate) fn push_takes(team: TeamShape, bytes: usize) -> bool {
 /// it, else loads and stores.
 pub(crate) fn protocol(team: TeamShape, bytes: usize, tuning: &Tuning) -> Protocol {
     if low_latency_takes(team, bytes, tuning) {
-        if team.lines && bytes >= low_latency_lines_min_bytes(tuning) {
+        if bytes >= low_latency_lines_min_bytes(tuning) && lines_take(team, bytes) {
             Protocol::LowLatency128
         } else {
             Protocol::LowLatency
@@ -723,7 +730,9 @@ pub(crate) fn all_reduce_choice(
         AllReduceAlgo::TwoShotStores => AllReduceChoice::TwoShot,
         _ if wide && bytes >= WIDE_TWO_SHOT_MIN_BYTES => AllReduceChoice::TwoShot,
         _ if wide && bytes >= WIDE_LINES_MIN_BYTES && lines_take(team, bytes) => AllReduceChoice::LowLatency128,
-        _ if ll && team.lines && bytes >= low_latency_lines_min_bytes(tuning) => AllReduceChoice::LowLatency128,
+        _ if ll && bytes >= low_latency_lines_min_bytes(tuning) && lines_take(team, bytes) => {
+            AllReduceChoice::LowLatency128
+        }
         _ if ll => AllReduceChoice::LowLatency,
         _ if push => AllReduceChoice::Push,
         _ if one_shot && bytes <= ONE_SHOT_MAX_BYTES => AllReduceChoice::OneShot,
@@ -844,8 +853,7 @@ pub(crate) fn moe_form(
     tuning: &Tuning,
 ) -> MoeForm {
     let (n, ne) = (team.n_pes, experts_per_pe);
-    let lines = team.world_over_nvlink()
-        && team.lines
+    let lines = team.lines_serve()
         && ne <= abi::A2AV_LINES_MAX_EXPERTS
         && abi::a2av_lines_shared_bytes(n, ne, with_offsets) <= abi::A2AV_SHARED_MAX_BYTES
         && moe_lines_fit(n, ne, with_offsets, input_bytes)
