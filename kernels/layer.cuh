@@ -1,0 +1,350 @@
+// The MoE layer's row helpers (moe_layer.cu and its decode form,
+// moe_decode.cu): the wire row's parts, the pieces a row kernel splits a
+// row into, a token's checked destinations, loading a piece once and
+// storing it into several rows, the FP8 gather and placement, the
+// arrival counts, and the combine's sums.
+#pragma once
+#include "common.cuh"
+#include "quant.cuh"
+
+namespace shmem {
+namespace k {
+
+// A slot of a wire row's metadata: the local expert (or, after the
+// receiver's phase 1, the row in the view), -1 for a slot routed elsewhere.
+struct WireSlot {
+    int32_t at;
+    float weight;
+};
+static_assert(sizeof(WireSlot) == 8, "WireSlot: size");
+
+__device__ __forceinline__ int64_t *wire_token(uint8_t *row, const MoeLayer &m) {
+    return reinterpret_cast<int64_t *>(row + m.meta);
+}
+
+__device__ __forceinline__ WireSlot *wire_slots(uint8_t *row, const MoeLayer &m) {
+    return reinterpret_cast<WireSlot *>(row + m.meta + 8);
+}
+
+// Rows staged by the last dispatch exchange, or -1 when it failed.
+__device__ __forceinline__ int64_t staged_rows(const TeamSync &t, const MoeLayer &m) {
+    const int64_t *so = t.mine<int64_t>(m.stage_so);
+    if (so[0] < 0) return -1;
+    int64_t total = 0;
+    for (int s = 0; s < t.n; s++) total += so[s];
+    return total;
+}
+
+// The source PEs of the receiver's view: the world in the node-aware
+// form (`view_n`), else the team's.
+__device__ __forceinline__ int view_sources(const TeamSync &t, const MoeLayer &m) {
+    return m.view_n > 0 ? m.view_n : t.n;
+}
+
+// The arrival flags (ne × the view's sources), the epoch word after them,
+// then the placement counters (as many u32).
+struct ArrivalWords {
+    uint64_t *flags;
+    uint64_t *epoch;
+    uint32_t *placed;
+};
+
+__device__ __forceinline__ ArrivalWords arrival_words(const TeamSync &t, const MoeLayer &m) {
+    uint64_t *base = t.mine<uint64_t>(m.arrivals);
+    const int64_t pairs = static_cast<int64_t>(m.ne) * view_sources(t, m);
+    return ArrivalWords{base, base + pairs, reinterpret_cast<uint32_t *>(base + pairs + 1)};
+}
+
+// The source PE of staged row `r` in the view: the one its token field
+// names in the node-aware form; else by position, rows coming
+// source-major.
+// `so`: the exchange's out splits and offsets (`m.stage_so`, or a copy).
+__device__ __forceinline__ int staged_source(const TeamSync &t, const MoeLayer &m, int64_t r, const int64_t *so) {
+    if (m.view_n > 0) {
+        const uint8_t *row = t.mine<uint8_t>(m.stage) + r * m.stride;
+        return static_cast<int>(static_cast<uint64_t>(*reinterpret_cast<const int64_t *>(row + m.meta)) >>
+                                kOriginShift);
+    }
+    int s = 0;
+    while (s + 1 < t.n && r >= so[t.n + s + 1]) s++;
+    return s;
+}
+
+// The local expert whose block holds view row `at` of source `s`'s rows.
+// `view_so`: the view's splits and offsets (`m.view_so`, or a copy).
+__device__ __forceinline__ int view_expert(const TeamSync &t, const MoeLayer &m, int s, int64_t at,
+                                           const int64_t *view_so) {
+    const int n = view_sources(t, m);
+    const int64_t mm = static_cast<int64_t>(m.ne) * n;
+    for (int e = 0; e < m.ne; e++) {
+        const int64_t start = view_so[mm + e * n + s];
+        if (at >= start && at < start + view_so[e * n + s]) return e;
+    }
+    return -1;
+}
+
+// Thread: one more row of pair (e, s) placed, by this thread's block,
+// whose writes the __syncthreads before put ahead of this thread's. The
+// counter's acq_rel add releases them (cumulatively) and acquires the
+// earlier counts of the pair, so the block that counts its last row
+// releases every row of the pair with the flag.
+__device__ __forceinline__ void count_placed(const ArrivalWords &a, int pair, uint32_t rows, uint64_t epoch) {
+    uint32_t before;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(a.placed + pair) : "memory");
+    if (before + 1 == rows) st_release64(a.flags + pair, epoch);
+}
+
+// The row kernels' unit of work: a row (a token's elements, or in the
+// FP8 format its codes) or, where the rows' pieces of kLayerChunkBytes
+// fit the grid at once, a piece, so that a few rows still spread over many
+// blocks (the host sizes the grids by pieces: `LAYER_CHUNK_BYTES`). Many
+// rows go whole, a block a row: each unit costs its own steps (an arrival
+// counted, the slots read). `pieces_of` gives the pieces of each of
+// `rows` rows of `bytes` (the same in every block).
+// The source's gather quantizing to FP8 takes pieces of `kLayerQuantChunk`
+// codes instead (a group a warp: quantizing, not moving, is its work).
+__device__ __forceinline__ int64_t pieces_of(int64_t rows, int64_t bytes, int64_t chunk = kLayerChunkBytes) {
+    const int64_t c = bytes <= chunk ? 1 : (bytes + chunk - 1) / chunk;
+    return rows * c <= static_cast<int64_t>(gridDim.x) ? c : 1;
+}
+
+// Piece `c` of `pieces` (of `chunk` bytes) of a row of `bytes`.
+__device__ __forceinline__ Range piece_bytes(int64_t bytes, int64_t c, int64_t pieces, int64_t chunk = kLayerChunkBytes) {
+    if (pieces == 1) return Range{0, static_cast<uint64_t>(bytes)};
+    const uint64_t lo = static_cast<uint64_t>(c) * chunk;
+    const uint64_t hi = lo + chunk < static_cast<uint64_t>(bytes) ? lo + chunk : bytes;
+    return Range{lo, hi};
+}
+
+// Most slots a token's route keeps in registers (`token_dests`); a
+// larger top-k takes the loops that read them from memory one by one.
+constexpr int kRouteFastSlots = 8;
+
+// Token `tok`'s slots (top_k at most kRouteFastSlots): their destination
+// PEs into `d` (-1 past top_k), and the first bad slot's fault as
+// `token_fault` gives it (~0 when none). The token's ids and weights are
+// loaded all at once and checked in registers: not a trip to memory a
+// slot, nor one for each pair of slots compared.
+__device__ __forceinline__ unsigned long long token_dests(const MoeLayer &m, const int64_t *ids, const float *w,
+                                                         int64_t tok, int experts, int (&d)[kRouteFastSlots]);
+
+// The destination PE of a checked expert id (`g < experts < 2³¹`): a
+// 32-bit division, many times cheaper on the device than a 64-bit one.
+__device__ __forceinline__ int dest_of(int64_t g, int ne) { return static_cast<int>(g) / ne; }
+
+__device__ __forceinline__ unsigned long long token_dests(const MoeLayer &m, const int64_t *ids, const float *w,
+                                                         int64_t tok, int experts, int (&d)[kRouteFastSlots]) {
+    const int k = m.top_k;
+    int64_t g[kRouteFastSlots];
+    float x[kRouteFastSlots];
+#pragma unroll
+    for (int j = 0; j < kRouteFastSlots; j++) {
+        g[j] = j < k ? ids[tok * k + j] : -1;
+        x[j] = j < k ? w[tok * k + j] : 0.0f;
+    }
+    unsigned long long fault = ~0ull;
+#pragma unroll
+    for (int j = 0; j < kRouteFastSlots; j++) {
+        d[j] = -1;
+        if (j >= k || fault != ~0ull) continue;
+        const unsigned long long at = static_cast<unsigned long long>(tok * k + j) + 1;
+        if (g[j] < 0 || g[j] >= experts) {
+            fault = kRouteExpertOutOfRange << kRouteFaultShift | at;
+            continue;
+        }
+        bool repeated = false;
+#pragma unroll
+        for (int i = 0; i < j; i++) repeated |= g[i] == g[j];
+        if (repeated) {
+            fault = kRouteRepeatedExpert << kRouteFaultShift | at;
+        } else if (!isfinite(x[j])) {
+            fault = kRouteBadWeight << kRouteFaultShift | at;
+        } else {
+            d[j] = dest_of(g[j], m.ne);
+        }
+    }
+    return fault;
+}
+
+
+// A piece's first two 16-byte vectors a thread (vectors threadIdx.x and
+// threadIdx.x + blockDim.x), loaded before the block knows where the
+// piece goes, so that their trip to memory overlaps the loads that tell
+// it (`ok`: the source is 16-byte aligned and they were loaded).
+struct HeldPiece {
+    uint4 x0, x1;
+    bool ok;
+};
+
+__device__ __forceinline__ HeldPiece hold_piece(const uint8_t *src, uint64_t bytes, bool want) {
+    HeldPiece h;
+    h.ok = want && reinterpret_cast<uint64_t>(src) % 16 == 0;
+    const uint64_t v = bytes / 16, i0 = threadIdx.x, i1 = threadIdx.x + blockDim.x;
+    if (h.ok && i0 < v) h.x0 = reinterpret_cast<const uint4 *>(src)[i0];
+    if (h.ok && i1 < v) h.x1 = reinterpret_cast<const uint4 *>(src)[i1];
+    return h;
+}
+
+// The piece of `bytes` at `src[0]` into each of the `n` rows `dsts`
+// (pointers in shared memory; `aligned`: all 16-byte aligned), by the
+// whole block: the held vectors stored, the rest copied (all of it where
+// nothing is held).
+__device__ __forceinline__ void put_piece(const HeldPiece &h, uint8_t *const *dsts, const uint8_t *const *src, int n,
+                                          uint64_t bytes, bool aligned) {
+    if (!h.ok || !aligned) {
+        block_copy_pairs<true>(dsts, src, n, bytes);
+        return;
+    }
+    const uint64_t v = bytes / 16, i0 = threadIdx.x, i1 = threadIdx.x + blockDim.x;
+    for (int r = 0; r < n; r++) {
+        if (i0 < v) reinterpret_cast<uint4 *>(dsts[r])[i0] = h.x0;
+        if (i1 < v) reinterpret_cast<uint4 *>(dsts[r])[i1] = h.x1;
+    }
+    // The rest of a piece longer than two vectors a thread, and its bytes
+    // past the last whole vector.
+    const uint64_t held = 2 * static_cast<uint64_t>(blockDim.x) < v ? 2 * static_cast<uint64_t>(blockDim.x) * 16 : v * 16;
+    if (held == bytes) return;
+    __shared__ uint8_t *rest[kLayerSharedSlots];
+    __shared__ const uint8_t *rest_src[1];
+    __syncthreads();  // every thread is past the pointers of a rest before
+    for (int r = threadIdx.x; r < n; r += blockDim.x) rest[r] = dsts[r] + held;
+    if (threadIdx.x == 0) rest_src[0] = src[0] + held;
+    __syncthreads();
+    block_copy_pairs<true>(rest, rest_src, n, bytes - held);
+}
+
+// The FP8 payload of token `tok`, elements `e` (a piece: whole scale
+// groups but the last), into the `n` wire rows at `rows` (codes at the
+// row's start, scales at `scales_at`; pointers in shared memory), by the
+// whole block: quantized once from bf16 (a warp a group, several groups'
+// loads in flight) or copied from the caller's codes and scales.
+inline __device__ void gather_fp8(const TeamSync &t, const MoeLayer &m, int64_t tok, uint8_t *const *rows,
+                           float *const *scales, int n, Range e) {
+    const int64_t groups = (m.hidden + kQuantGroup - 1) / kQuantGroup;
+    const int64_t g0 = e.lo / kQuantGroup, g1 = (e.hi + kQuantGroup - 1) / kQuantGroup;
+    if (m.fp8 == kFp8PreQuantized) {
+        const uint8_t *codes = t.mine<uint8_t>(m.tokens + tok * m.hidden + e.lo);
+        for (int k = 0; k < n; k++) block_copy(rows[k] + e.lo, codes, e.hi - e.lo);
+        const float *given = t.mine<float>(m.token_scales + tok * groups * 4);
+        for (int64_t i = threadIdx.x; i < n * (g1 - g0); i += blockDim.x)
+            scales[i / (g1 - g0)][g0 + i % (g1 - g0)] = given[g0 + i % (g1 - g0)];
+        return;
+    }
+    const __nv_bfloat16 *x = t.mine<__nv_bfloat16>(m.tokens + tok * m.hidden * 2);
+    const int warps = blockDim.x / 32;
+    quantize_groups(x, m.hidden, g0 + threadIdx.x / 32, g1, warps, rows, scales, n);
+}
+
+
+// The FP8 format: elements `e` (a chunk: whole scale groups but the
+// last) of staged row `row`, codes and scales, into view row `at`, and
+// with `dequantize` their bf16 values, by the whole block.
+inline __device__ void place_fp8(const TeamSync &t, const MoeLayer &m, const uint8_t *row, int64_t at, Range e) {
+    const int64_t groups = (m.hidden + kQuantGroup - 1) / kQuantGroup;
+    const uint64_t g0 = e.lo / kQuantGroup, g1 = (e.hi + kQuantGroup - 1) / kQuantGroup;
+    const float *scales = reinterpret_cast<const float *>(row + m.scales_at);
+    block_copy(t.mine<uint8_t>(m.recv_codes + at * m.hidden + e.lo), row + e.lo, e.hi - e.lo);
+    block_copy(t.mine<uint8_t>(m.recv_scales + (at * groups + g0) * 4), reinterpret_cast<const uint8_t *>(scales + g0),
+               (g1 - g0) * 4);
+    if (!m.dequantize) return;
+    __nv_bfloat16 *x = t.mine<__nv_bfloat16>(m.recv + at * m.hidden * 2);
+    for (uint64_t i = e.lo + threadIdx.x; i < e.hi; i += blockDim.x)
+        x[i] = dequantize_one<__nv_bfloat16>(row[i], scales[i / kQuantGroup]);
+}
+
+
+// acc + w × x and acc + x, rounded after each step as the host does (no FMA).
+__device__ __forceinline__ float weigh(float acc, float w, float x) { return __fadd_rn(acc, __fmul_rn(w, x)); }
+__device__ __forceinline__ double weigh(double acc, float w, double x) {
+    return __dadd_rn(acc, __dmul_rn(static_cast<double>(w), x));
+}
+__device__ __forceinline__ float add(float acc, float x) { return __fadd_rn(acc, x); }
+__device__ __forceinline__ double add(double acc, double x) { return __dadd_rn(acc, x); }
+
+// Whether `p` is 16-byte aligned.
+__device__ __forceinline__ bool aligned16(const void *p) { return reinterpret_cast<uint64_t>(p) % 16 == 0; }
+
+// The 16-byte vectors `lo` to `hi` of `out`: each the fold of `rows`
+// rows' vectors in row order, `step(acc, i, x)` adding row i's element x
+// to the accumulator (which starts at 0), rounded once (whole block;
+// `row(i)` is row i's first element, 16-byte aligned).
+template <typename T, typename Row, typename Step>
+__device__ __forceinline__ void fold_vectors(T *out, uint64_t lo, uint64_t hi, int rows, Row row, Step step) {
+    using A = typename Acc<T>::type;
+    using V = Vec<T>;
+    constexpr int kN = V::kN;
+    for (uint64_t v = lo + threadIdx.x; v < hi; v += blockDim.x) {
+        A acc[kN];
+#pragma unroll
+        for (int e = 0; e < kN; e++) acc[e] = 0;
+        for (int i = 0; i < rows; i++) {
+            const V x = reinterpret_cast<const V *>(row(i))[v];
+#pragma unroll
+            for (int e = 0; e < kN; e++) acc[e] = step(acc[e], i, to_acc(x.v[e]));
+        }
+        V y;
+#pragma unroll
+        for (int e = 0; e < kN; e++) y.v[e] = from_acc<T>(acc[e]);
+        reinterpret_cast<V *>(out)[v] = y;
+    }
+}
+
+
+// Each of the `nt` tokens' partials, which came back into `m.send` at
+// the token's wire rows (`m.slot_rows`), summed in ascending PE order
+// (ascending wire row) and rounded once into `m.out`, a block a chunk of
+// a token (whole block, every block).
+template <typename T> __device__ void combine_tokens(const TeamSync &t, const MoeLayer &m, int64_t nt) {
+    using A = typename Acc<T>::type;
+    const int64_t *slot_rows = t.mine<int64_t>(m.slot_rows);
+    const uint8_t *back = t.mine<uint8_t>(m.send);
+    const int64_t row_bytes = m.hidden * static_cast<int64_t>(sizeof(T)), chunks = pieces_of(nt, row_bytes);
+    const int64_t out_stride = m.out_stride > 0 ? m.out_stride : row_bytes;
+    const bool vectors = m.top_k <= kLayerSharedSlots && row_bytes % 16 == 0 && m.back_stride % 16 == 0 &&
+                         out_stride % 16 == 0 && aligned16(back) && aligned16(t.mine<uint8_t>(m.out));
+    // The token's distinct wire rows, ascending (ascending PE).
+    __shared__ int64_t held[kLayerSharedSlots];
+    __shared__ int nheld;
+    for (int64_t w = blockIdx.x; w < nt * chunks; w += gridDim.x) {
+        const int64_t tok = w / chunks;
+        const Range b = piece_bytes(row_bytes, w % chunks, chunks);
+        T *out = t.mine<T>(m.out + tok * out_stride);
+        const int64_t *rows = slot_rows + tok * m.top_k;
+        if (vectors) {
+            __syncthreads();  // the chunk before is done with held
+            if (threadIdx.x == 0) {
+                int k = 0;
+                for (int64_t last = -1;;) {
+                    int64_t next = -1;
+                    for (int j = 0; j < m.top_k; j++)
+                        if (rows[j] > last && (next < 0 || rows[j] < next)) next = rows[j];
+                    if (next < 0) break;
+                    held[k++] = next;
+                    last = next;
+                }
+                nheld = k;
+            }
+            __syncthreads();
+            fold_vectors(
+                out, b.lo / 16, b.hi / 16, nheld,
+                [&](int i) { return reinterpret_cast<const T *>(back + held[i] * m.back_stride); },
+                [](A acc, int, A x) { return add(acc, x); });
+            continue;
+        }
+        for (uint64_t h = b.lo / sizeof(T) + threadIdx.x; h < b.hi / sizeof(T); h += blockDim.x) {
+            A acc = 0;
+            // The token's distinct wire rows, ascending: ascending PE.
+            for (int64_t last = -1;;) {
+                int64_t next = -1;
+                for (int j = 0; j < m.top_k; j++)
+                    if (rows[j] > last && (next < 0 || rows[j] < next)) next = rows[j];
+                if (next < 0) break;
+                acc = add(acc, to_acc(reinterpret_cast<const T *>(back + next * m.back_stride)[h]));
+                last = next;
+            }
+            out[h] = from_acc<T>(acc);
+        }
+    }
+}
+}  // namespace k
+}  // namespace shmem
