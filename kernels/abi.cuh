@@ -387,6 +387,10 @@ struct MoeLayer {
     int origin;  // the rail route: 1 + this PE, carried in the token field (kOriginShift); 0 in the flat form
     int view_n;  // the node stage's receiver: source PEs of the view (the world); 0: the team's
     uint64_t arrivals;  // ne × n u64 arrival flags (n: the view's sources), entry e × n + source, then the epoch
+    // The decode form (moe_decode.cu); 0 in the exchange form.
+    uint64_t decode;  // kDecodeHeadWords + 3n u64: the decode form's words (`DecodeWords`)
+    uint64_t views;  // n × max_tokens × top_k i32: the view row of each staged slot, -1 for another PE's
+    uint64_t error;  // device address of the host-mapped `A2avError` (the routing faults it finds)
 };
 // Where the node-aware form's token field carries its source PE.
 constexpr int kOriginShift = 32;
@@ -405,7 +409,22 @@ constexpr int64_t kLayerQuantChunk = 2048;
 // global memory, and the source's gather then works a slot at a time, not
 // a token (`LAYER_SHARED_SLOTS` in abi.rs sizes its grid alike).
 constexpr int kLayerSharedSlots = 64;
-static_assert(sizeof(MoeLayer) == 296, "MoeLayer: size");
+// The decode form (moe_decode.cu): at most this many tokens a PE, this many
+// experts a PE, this top-k, and this many units of the receiver's placement a block
+// (`DECODE_MAX_TOKENS`, `DECODE_MAX_EXPERTS`, `DECODE_UNITS` in abi.rs);
+// the head of its words (the operation counter, the blocks done with it);
+// where its token field carries the wire row the combine's partial goes
+// back to (the token below).
+constexpr int kDecodeMaxTokens = 256;
+constexpr int kDecodeMaxExperts = 32;
+constexpr int kDecodeMaxTopK = 8;
+constexpr int kDecodeUnits = 64;
+constexpr int kDecodeHeadWords = 2;
+constexpr int kDecodeRowShift = 32;
+static_assert(sizeof(MoeLayer) == 320, "MoeLayer: size");
+static_assert(offsetof(MoeLayer, decode) == 296, "MoeLayer::decode");
+static_assert(offsetof(MoeLayer, views) == 304, "MoeLayer::views");
+static_assert(offsetof(MoeLayer, error) == 312, "MoeLayer::error");
 static_assert(offsetof(MoeLayer, forward_in) == 240, "MoeLayer::forward_in");
 static_assert(offsetof(MoeLayer, forward_so) == 248, "MoeLayer::forward_so");
 static_assert(offsetof(MoeLayer, next_so) == 256, "MoeLayer::next_so");

@@ -330,11 +330,13 @@ impl Bench<'_> {
             let want_so = r.layer_so(me);
             let per_node = if moe.node_aware() { ctx.node().n_pes() } else { n };
             let want_out = expected_combine(r, &own, me, per_node);
-            let settings = Imp::Shmem.settings(self.args.tuning()).expect("a shmem row");
-            for &op in ops {
-                if !self.runs(Imp::Shmem, op, shape.bytes(elem)) {
+            // The automatic form (the decode form where it fits), and with
+            // `--impl shmem-lines` the exchange form beside it.
+            for (op, imp) in ops.iter().flat_map(|&op| [(op, Imp::Shmem), (op, Imp::ShmemLines)]) {
+                if !self.runs(imp, op, shape.bytes(elem)) {
                     continue;
                 }
+                let settings = imp.settings(self.args.tuning()).expect("a shmem row");
                 let (run, poison, read, want, splits): Parts<'_, T> = match op {
                     Op::LayerDispatch => (
                         &|| Ok(dispatch().map(|_| ())?),
@@ -354,14 +356,15 @@ impl Bench<'_> {
                         None,
                     ),
                 };
+                ctx.set_collectives(Collectives { moe_local_blocks: self.args.moe_local_blocks, ..settings });
                 if op == Op::LayerCombine {
-                    // The view as the dispatch leaves it, whatever ran before.
+                    // The view as the dispatch leaves it (in this form),
+                    // whatever ran before.
                     dispatch()?;
                 }
-                ctx.set_collectives(Collectives { moe_local_blocks: self.args.moe_local_blocks, ..settings });
                 let case = Case {
                     op,
-                    imp: Imp::Shmem,
+                    imp,
                     dtype: Some(T::NAME),
                     bytes: shape.bytes(elem),
                     run,

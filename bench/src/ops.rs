@@ -257,7 +257,9 @@ impl Imp {
             Imp::ShmemLl128 => op == Op::AllReduce && bytes <= ll_room,
             Imp::ShmemPush => op == Op::AllReduce && bytes <= shmem::algo::PUSH_MAX_BYTES,
             Imp::ShmemCe => op == Op::AllGather,
-            Imp::Shmem2k | Imp::ShmemLines => op.is_moe(),
+            Imp::Shmem2k => op.is_moe(),
+            // The layer's exchange form beside its decode form.
+            Imp::ShmemLines => op.is_moe() || op.is_layer(),
             Imp::ShmemRma => op.is_collective() || op.is_moe(),
             Imp::Nvshmem => op.is_collective(),
             Imp::Nccl => op.is_collective() || op.is_moe(),

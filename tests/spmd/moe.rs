@@ -35,6 +35,7 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("moe::errors::sizes", err_sizes),
     ("moe::errors::bad_on_one_pe", err_bad_on_one_pe),
     ("moe::errors::layer", err_layer),
+    ("moe::errors::layer_on_device", err_layer_on_device),
     ("moe::device_error_fails_next_call", device_error_fails_next_call),
     ("moe::graph_replay_gpu_only", graph_replay),
     // The two-kernel form where the one-kernel form would run (the GPU
@@ -44,6 +45,9 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("moe::plan_then_move::all_to_all_v_2d_offset", |e| with_form(e, MoeKernels::PlanThenMove, all_to_all_v_2d_offset)),
     ("moe::plan_then_move::errors::bad_on_one_pe", |e| with_form(e, MoeKernels::PlanThenMove, err_bad_on_one_pe)),
     ("moe::plan_then_move::graph_replay_gpu_only", |e| with_form(e, MoeKernels::PlanThenMove, graph_replay)),
+    // The layer's exchange form where its decode form would run.
+    ("moe::plan_then_move::layer_on_device", |e| with_form(e, MoeKernels::PlanThenMove, layer_on_device)),
+    ("moe::plan_then_move::errors::layer_on_device", |e| with_form(e, MoeKernels::PlanThenMove, err_layer_on_device)),
     // The line kernel where it fits (the GPU backend's world team over
     // NVLink; elsewhere the default forms).
     ("moe::lines::all_to_all_v", |e| with_form(e, MoeKernels::Lines, all_to_all_v)),
@@ -1118,6 +1122,75 @@ fn err_layer(env: &Env) -> TestResult {
     let out = moe.combine(view, &layout, s)?;
     assert_bits_eq(&out, &tokens, "combine after refusals");
     Ok(())
+}
+
+/// A bad routing on one PE in `dispatch_on_device`, found on the device
+/// (ids out of range or repeated, a weight not finite, a token count
+/// negative or above `max_tokens`): on every PE the call, or the next
+/// `check_device` after it has run, fails naming the PE and the fault
+/// (on the host backend, where the call checks at once, the bad PE's own
+/// error); the view and its layout are as they were; then the layer works.
+fn err_layer_on_device(env: &Env) -> TestResult {
+    let (n, me, s) = (env.n(), env.me(), &env.s);
+    let c = MoeConfig::new(4, 3, 2, 2);
+    let moe = MoeAllToAll::<f32>::new(&env.ctx, c)?;
+    let mine: Vec<f32> = (0..3 * 4).map(|i| (me * 100 + i) as f32).collect();
+    let good_ids = vec![0i64, 1, 1, 0, (2 * n - 1) as i64, 0];
+    let good_weights = vec![0.5f32; 6];
+    let tokens = env.ctx.alloc::<f32>(mine.len())?;
+    tokens.copy_from_host(&mine, s)?;
+    let (ids, weights, count) = (env.ctx.alloc::<i64>(6)?, env.ctx.alloc::<f32>(6)?, env.ctx.alloc::<i64>(1)?);
+    let out = env.ctx.alloc::<f32>(mine.len())?;
+    let set = |i: &[i64], w: &[f32], nt: i64| -> TestResult {
+        ids.copy_from_host(i, s)?;
+        weights.copy_from_host(w, s)?;
+        count.copy_from_host(&[nt], s)?;
+        Ok(())
+    };
+    // Identity experts and weights 1/2: the round trip gives the tokens.
+    let round_trip = |what: &str| -> TestResult {
+        set(&good_ids, &good_weights, 3)?;
+        out.fill(poison(), s)?;
+        let view = moe.dispatch_on_device(&tokens, &ids, &weights, &count, s)?;
+        moe.combine_on_device(view, &out, s)?;
+        assert_bits_eq(&out.copy_to_host(s)?, &mine, what);
+        env.ctx.check_device()?;
+        Ok(())
+    };
+    round_trip("the round trip")?;
+    let view = moe.dispatch_on_device(&tokens, &ids, &weights, &count, s)?;
+    let (seen, layout) = (view.copy_to_host(s)?, moe.device_layout().copy_to_host(s)?);
+    let bad = n - 1;
+    let mut nan = good_weights.clone();
+    nan[3] = f32::NAN;
+    let cases: Vec<(RoutingFault, Vec<i64>, Vec<f32>, i64)> = vec![
+        (RoutingFault::ExpertOutOfRange, vec![0, 1, 1, (2 * n) as i64, 0, 1], good_weights.clone(), 3),
+        (RoutingFault::ExpertOutOfRange, vec![-1; 6], good_weights.clone(), 3),
+        (RoutingFault::RepeatedExpert, vec![0, 1, 1, 1, 0, 1], good_weights.clone(), 3),
+        (RoutingFault::NonFiniteWeight, good_ids.clone(), nan, 3),
+        (RoutingFault::TooManyTokens, good_ids.clone(), good_weights.clone(), 4),
+        (RoutingFault::TooManyTokens, good_ids.clone(), good_weights.clone(), -1),
+    ];
+    for (fault, bad_ids, bad_weights, nt) in cases {
+        if me == bad {
+            set(&bad_ids, &bad_weights, nt)?;
+        } else {
+            set(&good_ids, &good_weights, 3)?;
+        }
+        let r = moe.dispatch_on_device(&tokens, &ids, &weights, &count, s).map(drop);
+        let r = r.and_then(|()| s.synchronize()).and_then(|()| env.ctx.check_device());
+        match r {
+            Err(Error::BadRouting { fault: f, detail }) if me == bad => assert_eq!(f, fault, "PE {me}: {detail}"),
+            Err(e) => {
+                let m = e.to_string();
+                assert!(m.contains(&format!("PE {bad} ")) && m.contains(fault.describe()), "{fault:?}: PE {me}: {m}");
+            }
+            Ok(()) => panic!("{fault:?}: a bad dispatch succeeded on PE {me}"),
+        }
+        assert_bits_eq(&view.copy_to_host(s)?, &seen, &format!("{fault:?}: the view after a refused dispatch"));
+        assert_eq!(moe.device_layout().copy_to_host(s)?, layout, "{fault:?}: the layout after a refusal");
+    }
+    round_trip("the round trip after the refusals")
 }
 
 /// `dispatch_on_device` and `combine_on_device` (everything in device

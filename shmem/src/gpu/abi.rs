@@ -522,6 +522,13 @@ pub(crate) struct MoeLayer {
     /// `expert × n + source`), the epoch word, the placement counters
     /// (see `MoeAllToAll::arrivals`).
     pub arrivals: u64,
+    /// The decode form (`moe_decode.cu`; 0 in the exchange form): its
+    /// words, [`DECODE_HEAD_WORDS`] + `3 n` u64, zeroed.
+    pub decode: u64,
+    /// `n × max_tokens × top_k` i32: the view row of each staged slot.
+    pub views: u64,
+    /// Device address of the host-mapped [`A2avError`] (set by the launcher).
+    pub error: u64,
 }
 
 /// `MoeLayer::fp8`: e4m3 on the wire, quantized from bf16 tokens in the gather.
@@ -539,7 +546,21 @@ pub(crate) const LAYER_QUANT_CHUNK: usize = 2048;
 /// (`kLayerSharedSlots` in abi.cuh; a test checks they agree).
 pub(crate) const LAYER_SHARED_SLOTS: usize = 64;
 
-const _: () = assert!(size_of::<MoeLayer>() == 296);
+/// The MoE layer's decode form: at most this many tokens a PE
+/// (`kDecodeMaxTokens` in abi.cuh), experts a PE (`kDecodeMaxExperts`), top-k
+/// (`kDecodeMaxTopK`) and
+/// units of the receiver's placement a block (`kDecodeUnits`); its words'
+/// head (`kDecodeHeadWords`). A test checks they agree.
+pub(crate) const DECODE_MAX_TOKENS: usize = 256;
+pub(crate) const DECODE_MAX_EXPERTS: usize = 32;
+pub(crate) const DECODE_MAX_TOP_K: usize = 8;
+pub(crate) const DECODE_UNITS: usize = 64;
+pub(crate) const DECODE_HEAD_WORDS: usize = 2;
+
+const _: () = assert!(size_of::<MoeLayer>() == 320);
+const _: () = assert!(offset_of!(MoeLayer, decode) == 296);
+const _: () = assert!(offset_of!(MoeLayer, views) == 304);
+const _: () = assert!(offset_of!(MoeLayer, error) == 312);
 const _: () = assert!(offset_of!(MoeLayer, forward_in) == 240);
 const _: () = assert!(offset_of!(MoeLayer, forward_so) == 248);
 const _: () = assert!(offset_of!(MoeLayer, next_so) == 256);
@@ -659,6 +680,11 @@ mod tests {
             (format!("constexpr int64_t kLayerChunkBytes = {};", super::LAYER_CHUNK_BYTES), "LAYER_CHUNK_BYTES"),
             (format!("constexpr int kLayerSharedSlots = {};", super::LAYER_SHARED_SLOTS), "LAYER_SHARED_SLOTS"),
             (format!("constexpr int64_t kLayerQuantChunk = {};", super::LAYER_QUANT_CHUNK), "LAYER_QUANT_CHUNK"),
+            (format!("constexpr int kDecodeMaxTokens = {};", super::DECODE_MAX_TOKENS), "DECODE_MAX_TOKENS"),
+            (format!("constexpr int kDecodeMaxExperts = {};", super::DECODE_MAX_EXPERTS), "DECODE_MAX_EXPERTS"),
+            (format!("constexpr int kDecodeMaxTopK = {};", super::DECODE_MAX_TOP_K), "DECODE_MAX_TOP_K"),
+            (format!("constexpr int kDecodeUnits = {};", super::DECODE_UNITS), "DECODE_UNITS"),
+            (format!("constexpr int kDecodeHeadWords = {};", super::DECODE_HEAD_WORDS), "DECODE_HEAD_WORDS"),
             (
                 format!(
                     "constexpr int kFp8Quantize = {}, kFp8PreQuantized = {};",

@@ -192,6 +192,9 @@ pub(crate) enum KernelId {
     SumSlots(DType),
     /// `shmem_moe_combine_{dtype}` (f32, f64, f16, bf16).
     MoeCombine(DType),
+    /// `shmem_moe_decode_{dtype}` of `moe_decode.cu` (f32, f64, f16,
+    /// bf16): the MoE layer's decode form, its dispatch and its combine.
+    MoeDecode(DType),
     /// `shmem_a2av_fused_{kind}`: the one-kernel MoE all-to-all-v.
     A2avFused(A2avKind),
     /// `shmem_a2av_lines_{kind}`: the MoE line kernel.
@@ -226,7 +229,8 @@ const OPS: usize = ReduceOp::ALL.len();
 const KINDS: usize = A2avKind::ALL.len();
 const SUM_SLOTS_AT: usize = SINGLES.len();
 const MOE_COMBINE_AT: usize = SUM_SLOTS_AT + DTYPES;
-const A2AV_FUSED_AT: usize = MOE_COMBINE_AT + DTYPES;
+const MOE_DECODE_AT: usize = MOE_COMBINE_AT + DTYPES;
+const A2AV_FUSED_AT: usize = MOE_DECODE_AT + DTYPES;
 const A2AV_LINES_AT: usize = A2AV_FUSED_AT + KINDS;
 const MOVE_AT: usize = A2AV_LINES_AT + KINDS;
 const REDUCE_AT: usize = MOVE_AT + Movement::ALL.len() * PROTOCOLS.len();
@@ -268,6 +272,7 @@ impl KernelId {
             KernelId::BroadcastRelay => 14,
             KernelId::SumSlots(d) => SUM_SLOTS_AT + dtype(d),
             KernelId::MoeCombine(d) => MOE_COMBINE_AT + dtype(d),
+            KernelId::MoeDecode(d) => MOE_DECODE_AT + dtype(d),
             KernelId::A2avFused(k) => A2AV_FUSED_AT + k as usize,
             KernelId::A2avLines(k) => A2AV_LINES_AT + k as usize,
             KernelId::Move(m, p) => MOVE_AT + m as usize * PROTOCOLS.len() + p as usize,
@@ -302,6 +307,7 @@ impl KernelId {
             KernelId::BroadcastRelay => "shmem_broadcast_relay".into(),
             KernelId::SumSlots(d) => format!("shmem_sum_slots_{}", d.name()),
             KernelId::MoeCombine(d) => format!("shmem_moe_combine_{}", d.name()),
+            KernelId::MoeDecode(d) => format!("shmem_moe_decode_{}", d.name()),
             KernelId::A2avFused(k) => format!("shmem_a2av_fused_{}", a2av(k)),
             KernelId::A2avLines(k) => format!("shmem_a2av_lines_{}", a2av(k)),
             KernelId::Move(m, p) => format!("{}{}", m.symbol(), protocol_suffix(p)),
@@ -330,6 +336,7 @@ impl KernelId {
         let mut all = SINGLES.to_vec();
         all.extend([DType::F32, DType::F16, DType::BF16].map(KernelId::SumSlots));
         all.extend([DType::F32, DType::F64, DType::F16, DType::BF16].map(KernelId::MoeCombine));
+        all.extend([DType::F32, DType::F64, DType::F16, DType::BF16].map(KernelId::MoeDecode));
         all.extend(A2avKind::ALL.map(KernelId::A2avFused));
         all.extend(A2avKind::ALL.map(KernelId::A2avLines));
         for m in Movement::ALL {
@@ -363,6 +370,7 @@ mod tests {
         let mut all = SINGLES.to_vec();
         all.extend(DType::ALL.map(KernelId::SumSlots));
         all.extend(DType::ALL.map(KernelId::MoeCombine));
+        all.extend(DType::ALL.map(KernelId::MoeDecode));
         all.extend(A2avKind::ALL.map(KernelId::A2avFused));
         all.extend(A2avKind::ALL.map(KernelId::A2avLines));
         for m in Movement::ALL {

@@ -17,10 +17,10 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Mutex;
 
-pub(crate) use super::abi::{A2av, MoeLayer, MAX_TEAM, ROUTE_THREADS};
+pub(crate) use super::abi::{A2av, MoeLayer, DECODE_HEAD_WORDS, MAX_TEAM, ROUTE_THREADS};
 pub(crate) use super::layout::Layout;
 pub(crate) use super::module::not_built;
-pub(crate) use super::moe_layer::source_units;
+pub(crate) use super::moe_layer::{decode_fits, source_units};
 pub(crate) use super::record::{AgreementFailure, DeviceCheckFailure};
 
 /// The loaded kernels and their state.

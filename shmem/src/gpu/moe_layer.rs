@@ -1,7 +1,10 @@
 //! Launchers of the MoE layer's own kernels (`moe_layer.cu`): local, on
 //! the world's view, each in the phase its [`MoeLayer`] names.
 
-use super::abi::{MoeLayer, TeamSync, FP8_QUANTIZE, LAYER_CHUNK_BYTES, LAYER_QUANT_CHUNK, LAYER_SHARED_SLOTS};
+use super::abi::{
+    MoeLayer, TeamSync, DECODE_MAX_EXPERTS, DECODE_MAX_TOKENS, DECODE_MAX_TOP_K, DECODE_UNITS, FP8_QUANTIZE,
+    LAYER_CHUNK_BYTES, LAYER_QUANT_CHUNK, LAYER_SHARED_SLOTS, MAX_BLOCKS,
+};
 use super::kernel_id::KernelId;
 use super::kernels::Kernels;
 use super::module::Grid;
@@ -34,7 +37,44 @@ pub(crate) fn source_units(max_tokens: usize, top_k: usize) -> usize {
     max_tokens.saturating_mul(if top_k > LAYER_SHARED_SLOTS { top_k } else { 1 })
 }
 
+/// Most blocks of the decode form's kernels.
+const DECODE_BLOCKS: usize = 64;
+
+/// Whether a layer of `max_tokens` tokens a PE, `top_k` and
+/// `experts_per_pe` on `n` PEs fits the decode form's kernels
+/// (`moe_decode.cu`): their limits, and the receiver's rows within what
+/// its blocks' unit tables hold. The team's links are the caller's to
+/// check (every member over NVLink).
+pub(crate) fn decode_fits(max_tokens: usize, top_k: usize, experts_per_pe: usize, n: usize) -> bool {
+    max_tokens <= DECODE_MAX_TOKENS
+        && top_k <= DECODE_MAX_TOP_K
+        && experts_per_pe <= DECODE_MAX_EXPERTS
+        && n.saturating_mul(max_tokens) <= DECODE_UNITS * DECODE_BLOCKS.min(MAX_BLOCKS)
+}
+
 impl Kernels {
+    /// The decode form's grid: the same on every PE and in both phases (a
+    /// member counts the blocks of each operation), every block resident
+    /// at once (each waits for every member's blocks), at most
+    /// [`DECODE_BLOCKS`].
+    pub(crate) fn decode_blocks(&self) -> Option<usize> {
+        (self.resident_blocks >= DECODE_BLOCKS).then_some(DECODE_BLOCKS)
+    }
+
+    /// The decode form's kernel for `dtype` (its combine's; the dispatch
+    /// moves bytes), phase 0 the dispatch and 1 the combine, on
+    /// [`Kernels::decode_blocks`] blocks.
+    pub(crate) fn moe_decode(&self, dtype: DType, t: TeamSync, m: MoeLayer, s: CUstream) -> Result<()> {
+        let blocks = self.decode_blocks().ok_or_else(|| {
+            crate::error::Error::Invalid("MoeAllToAll: the decode form needs more resident blocks".into())
+        })?;
+        let m = MoeLayer { error: self.a2av_error.device, ..m };
+        // SAFETY: (TeamSync, MoeLayer) as the kernels declare; regions
+        // checked by the layer, which allocated the decode form's words
+        // and views; counts and ids checked on the device.
+        unsafe { self.launch_with(KernelId::MoeDecode(dtype), blocks, 0, t, m, s) }
+    }
+
     /// The route kernel (one block), then the gather (a block per piece of
     /// one of `rows` units: the source's [`source_units`], the
     /// forwarder's slots or the staged rows).

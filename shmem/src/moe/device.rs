@@ -1,9 +1,11 @@
 //! [`MoeAllToAll`]'s device path on the GPU backend: the route and gather
 //! kernels, the 1D all-to-all-v of wire rows, the receiver's expansion,
-//! the combine's two phases (see `kernels/moe_layer.cu`). Nothing waits on
+//! the combine's two phases (see `kernels/moe_layer.cu`); and the decode
+//! form, a kernel for each (`kernels/moe_decode.cu`), where every PE is
+//! reached over NVLink and the configuration fits it. Nothing waits on
 //! the host, so a dispatch and a combine can be captured in a CUDA graph.
 
-use super::layer::{CombineElement, DeviceTokens, MoeAllToAll};
+use super::layer::{CombineElement, DeviceTokens, MoeAllToAll, LAST_DECODE, LAST_EXCHANGE};
 use super::nodes::Rails;
 use super::Agreement;
 use crate::buffer::SymSlice;
@@ -13,7 +15,9 @@ use crate::error::Result;
 use crate::gpu::abi::{FP8_PRE_QUANTIZED, FP8_QUANTIZE};
 use crate::gpu::kernels::{not_built, source_units, MoeLayer};
 use crate::gpu::GpuWorld;
-use crate::team::OpKind;
+use crate::team::{Desc, OpKind};
+use crate::MoeKernels;
+use std::sync::atomic::Ordering;
 
 /// A result as the verdict the agreement carries and the value kept for
 /// after it.
@@ -46,6 +50,8 @@ impl<T: Element> MoeAllToAll<T> {
             state: self.state.offset as u64,
             scratch: self.scratch.offset as u64,
             arrivals: self.arrivals.offset as u64,
+            decode: self.decode.as_ref().map_or(0, |d| d.words.offset) as u64,
+            views: self.decode.as_ref().map_or(0, |d| d.views.offset) as u64,
             data_bytes: w.data as i64,
             meta: w.meta as i64,
             stride: w.stride as i64,
@@ -116,6 +122,15 @@ impl<T: Element> MoeAllToAll<T> {
         if let Some(r) = &self.rails {
             return self.dispatch_nodes_gpu(g, r, pre, tokens, (ids, weights, count), dequantize, stream);
         }
+        if self.decode_form(g)? {
+            self.last_form.store(LAST_DECODE, Ordering::Relaxed);
+            let m = pre.and_then(|_| {
+                let m = MoeLayer { fp8, dequantize: i32::from(dequantize), ..self.layer_args(0) };
+                self.source_args(tokens, (ids, weights, count), m)
+            });
+            return self.decode_launch(g, OpKind::MoeDispatch, m, stream);
+        }
+        self.last_form.store(LAST_EXCHANGE, Ordering::Relaxed);
         let pre = pre.and_then(|_| {
             let k = g.kernels.as_ref().ok_or_else(not_built)?;
             let t = k.team(self.team.state.slot, &self.team.state.members, false)?;
@@ -154,6 +169,9 @@ impl<T: CombineElement> MoeAllToAll<T> {
                 ..self.layer_args(phase)
             })
         };
+        if self.last_form.load(Ordering::Relaxed) == LAST_DECODE {
+            return self.decode_launch(g, OpKind::MoeCombine, pre.and_then(|_| args(1)), stream);
+        }
         let pre = pre.and_then(|_| {
             let k = g.kernels.as_ref().ok_or_else(not_built)?;
             let t = k.team(self.team.state.slot, &self.team.state.members, false)?;
@@ -168,6 +186,48 @@ impl<T: CombineElement> MoeAllToAll<T> {
 }
 
 impl<T: Element> MoeAllToAll<T> {
+    /// Whether this call takes the decode form: the configuration fits it
+    /// (its buffers were allocated), every member is reached over NVLink,
+    /// the kernels' grid fits the GPUs and the MoE kernels are left to
+    /// choose ([`MoeKernels::Auto`]); the same on every PE.
+    fn decode_form(&self, g: &GpuWorld) -> Result<bool> {
+        let settings = *self.team.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(k) = g.kernels.as_ref().filter(|_| self.decode.is_some() && settings.moe == MoeKernels::Auto) else {
+            return Ok(false);
+        };
+        let t = k.team(self.team.state.slot, &self.team.state.members, settings.force_rma)?;
+        Ok(t.nvlink() && k.decode_blocks().is_some())
+    }
+
+    /// The decode form's kernel with `m` (its phase the call's), agreed on
+    /// the device first where the call is eager (`kind`: the call's); `m`
+    /// an error: this PE's call failed its checks, and its peers fail the
+    /// agreement with it.
+    fn decode_launch(&self, g: &GpuWorld, kind: OpKind, m: Result<MoeLayer>, stream: &Stream) -> Result<()> {
+        let team = &self.team;
+        let m = m.and_then(|m| team.ctx.check_device().map(|()| m));
+        let k = g.kernels.as_ref().ok_or_else(not_built)?;
+        let force = team.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner()).force_rma;
+        let t = k.team(team.state.slot, &team.state.members, force)?;
+        let st = g.stream(stream);
+        if crate::gpu::capturing(st) {
+            return k.moe_decode(T::DTYPE, t, m?, st.cu_stream());
+        }
+        let mut desc = Desc::new(kind);
+        desc.dtype = Some(T::DTYPE);
+        let words = self.decode.as_ref().map_or(0, |d| d.words.offset);
+        desc.args = [self.send.offset, self.stage.offset, self.recv.offset, words, 0].map(|x| x as u64);
+        let (epoch, row) = team.device_row(&desc, m.as_ref().err());
+        match m {
+            Ok(m) => k.moe_decode(T::DTYPE, t.agreeing(epoch, row), m, st.cu_stream()),
+            Err(e) => {
+                // The peers' agreement waits for this PE's row.
+                let _ = team.agree_alone((epoch, row), stream);
+                Err(e)
+            }
+        }
+    }
+
     /// The rail stage's arguments: destinations are nodes of
     /// `L × experts_per_pe` experts, the rows name this PE.
     fn rail_args(&self, r: &Rails, phase: i32) -> MoeLayer {

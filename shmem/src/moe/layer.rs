@@ -58,11 +58,13 @@ use crate::context::{Context, Stream};
 use crate::dtype::Element;
 use crate::error::{Error, Result, RoutingFault};
 use crate::fp8::fp8_e4m3;
+use crate::gpu::kernels::{decode_fits, DECODE_HEAD_WORDS};
 use crate::quant;
 use crate::team::{Desc, OpKind, Team};
 use half::{bf16, f16};
 use rayon::prelude::*;
 use std::ops::Range;
+use std::sync::atomic::AtomicU8;
 use std::sync::Mutex;
 
 /// The sizes a [`MoeAllToAll`] is built for; the same on every PE.
@@ -551,6 +553,12 @@ pub struct MoeAllToAll<T: Element> {
     /// The arrival flags, the epoch word and the device path's placement
     /// counters (see [`MoeAllToAll::arrivals`]).
     pub(super) arrivals: SymmetricBuffer<u64>,
+    /// The decode form's buffers, where the configuration fits its kernels
+    /// (see `moe/device.rs`).
+    pub(super) decode: Option<DecodeBuffers>,
+    /// The form of the last device dispatch, which its combine takes:
+    /// [`LAST_NONE`], [`LAST_EXCHANGE`] or [`LAST_DECODE`].
+    pub(super) last_form: AtomicU8,
     /// The host backend's layout of the last `dispatch_on_device`.
     last: Mutex<Option<Layout>>,
     /// The node-aware form's rails (see `nodes.rs`); `None` in the flat
@@ -562,6 +570,21 @@ pub struct MoeAllToAll<T: Element> {
 
 /// An exchange of wire rows: input, output, splits, out splits/offsets.
 pub(super) type WireBuffers<'a> = (SymSlice<'a, u8>, SymSlice<'a, u8>, SymSlice<'a, i64>, SymSlice<'a, i64>);
+
+/// [`MoeAllToAll::last_form`]: no device dispatch yet, the exchange
+/// form's, the decode form's.
+pub(super) const LAST_NONE: u8 = 0;
+pub(super) const LAST_EXCHANGE: u8 = 1;
+pub(super) const LAST_DECODE: u8 = 2;
+
+/// The decode form's buffers: its words (the operation counter, and per
+/// PE the operation it began, its blocks done and what it sent; zeroed),
+/// and the view row of each slot of each staged row (`n × max_tokens ×
+/// top_k`, which its combine reads).
+pub(super) struct DecodeBuffers {
+    pub(super) words: SymmetricBuffer<u64>,
+    pub(super) views: SymmetricBuffer<i32>,
+}
 
 /// The buffers only the FP8 format needs (see [`MoeAllToAll`]'s fields).
 pub(super) struct Fp8Buffers {
@@ -649,6 +672,14 @@ impl<T: Element> MoeAllToAll<T> {
         } else {
             None
         };
+        let decode = if shape.is_none() && decode_fits(c.max_tokens, c.top_k, c.experts_per_pe, n) {
+            Some(DecodeBuffers {
+                words: ctx.alloc_zeroed(DECODE_HEAD_WORDS + 3 * n)?,
+                views: ctx.alloc(n * c.max_tokens * c.top_k)?,
+            })
+        } else {
+            None
+        };
         Ok(MoeAllToAll {
             send: ctx.alloc(send_rows * wire.stride.max(wire.back_stride))?,
             stage: ctx.alloc(rows(c.stage_rows(n)) * wire.stride)?,
@@ -661,6 +692,8 @@ impl<T: Element> MoeAllToAll<T> {
             state: ctx.alloc(2)?,
             scratch: ctx.alloc(scratch_len(&c, n, shape))?,
             arrivals: ctx.alloc_zeroed(super::arrivals::arrival_words(c.experts_per_pe, n))?,
+            decode,
+            last_form: AtomicU8::new(LAST_NONE),
             last: Mutex::new(None),
             rails,
             fp8,
@@ -690,12 +723,15 @@ impl<T: Element> MoeAllToAll<T> {
         let i64s =
             self.send_splits.len + self.stage_so.len + self.back_so.len + self.dispatch_splits.len + self.state.len;
         let fp8 = self.fp8.as_ref().map_or(0, |f| f.partials.len + f.codes.len + f.scales.len * size_of::<f32>());
+        let decode =
+            self.decode.as_ref().map_or(0, |d| d.words.len * size_of::<u64>() + d.views.len * size_of::<i32>());
         self.send.len
             + self.stage.len
             + self.recv.len * size_of::<T>()
             + (i64s + self.slot_rows.len + self.arrivals.len) * size_of::<i64>()
             + self.scratch.len * size_of::<u32>()
             + fp8
+            + decode
             + self.rails.as_ref().map_or(0, Rails::memory_bytes)
     }
 

@@ -1,0 +1,672 @@
+// The decode form of `MoeAllToAll` (shmem/src/moe/layer.rs): a dispatch
+// and a combine of one kernel each, for a team whose members are all
+// reached over NVLink, at most kDecodeMaxTokens tokens a PE, a top-k of at
+// most kDecodeMaxTopK and at most kDecodeMaxExperts experts a PE. The
+// exchange form (moe_layer.cu) runs a one-block route kernel, a gather, a
+// 1D all-to-all-v and a second route and gather; here no kernel waits on
+// another's splits and nothing is routed by one block alone.
+//
+// The dispatch (phase 0). Every block routes all of this PE's tokens in
+// shared memory (each token's destination PEs and its rank among this
+// PE's tokens for each), then stores its share of the tokens' pieces
+// straight into each destination's staging at row `this PE × max_tokens
+// + rank` (the exchange form packs the sources' rows; here each source
+// has its own run), with the wire row's metadata: the token field also
+// names, above kDecodeRowShift, this PE's wire row for that destination,
+// where the combine's partial comes back. Each block then counts itself
+// done at every member (`data`, a release add); block 0 first stores
+// there the rows it sent that member, or its routing fault (`info`).
+// Every block waits until every member's blocks are all done, lays the
+// view out from the staged rows' slots (rows per expert and source, each
+// row's rank in its expert's block: the same in every block, so no block
+// waits on another's layout) and places its share of the staged rows
+// into the view, counting the arrivals as the exchange form does.
+//
+// The combine (phase 1). Each block weighs and sums its share of the
+// staged rows' experts' outputs and stores each partial straight into its
+// source's `send` at the wire row the metadata names; it counts itself
+// done at every member and, once every member's blocks are, sums its
+// share of this PE's tokens as the exchange form's source phase does.
+//
+// Reuse. A PE stores into a member's staging, `send` or `info` only once
+// that member has begun the same operation: each PE says so at every
+// member as its kernel begins (`start`), and by then everything it did
+// with them before has ended (stream order). The operations of the two
+// phases share one counter and the same grid, so each member's `data`
+// grows by the grid's blocks an operation.
+//
+// Failures. Eager calls agree on the device first (agree.cuh); where they
+// do not, nothing is written and the layer's state says the dispatch
+// failed. A bad routing: the source stores no row and sends its fault's
+// marker (`kRouteBad - code`) as its `info`; every member, seeing one,
+// writes nothing into the view, poisons `stage_so` so that the combine
+// writes nothing either, and records the fault for the host as the
+// exchange form's check does (class NegativeSplit, entry 0 of the PE's
+// splits), so the next call fails on every PE naming the PE and the fault.
+#include "layer.cuh"
+
+namespace shmem {
+namespace k {
+
+static_assert(kDecodeMaxTopK == kRouteFastSlots, "the decode route keeps a token's slots in registers");
+static_assert(kDecodeMaxTokens <= kBlockThreads, "the decode route takes a token a thread");
+static_assert(kDecodeMaxExperts <= 32, "a row's local experts are a 32-bit mask");
+
+__device__ __forceinline__ void red_release_add64(uint64_t *p, uint64_t v) {
+    asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// The decode form's words (`MoeLayer::decode`), after the head (the
+// operation counter, then the count of blocks done with it): per member
+// `s`, `start` (the operation `s` has begun), `data` (blocks of `s` done
+// sending this PE their rows or partials, over every operation), `info`
+// (the rows `s` sent this PE in its last dispatch, or its fault's marker).
+struct DecodeWords {
+    const TeamSync &t;
+    uint64_t base;
+    __device__ uint64_t *word(int pe, int i) const {
+        const uint64_t off = base + static_cast<uint64_t>(i) * 8;
+        return pe == t.rank ? t.mine<uint64_t>(off) : t.at<uint64_t>(pe, off);
+    }
+    __device__ uint64_t *op() const { return word(t.rank, 0); }
+    __device__ unsigned int *done() const { return reinterpret_cast<unsigned int *>(word(t.rank, 1)); }
+    // Member `pe`'s word about member `s`.
+    __device__ uint64_t *start(int pe, int s) const { return word(pe, kDecodeHeadWords + s); }
+    __device__ uint64_t *data(int pe, int s) const { return word(pe, kDecodeHeadWords + t.n + s); }
+    __device__ uint64_t *info(int pe, int s) const { return word(pe, kDecodeHeadWords + 2 * t.n + s); }
+};
+
+// This operation's number (every block reads the counter as it starts;
+// the last block done advances it, `decode_end`), after block 0 has told
+// every member that this PE began it.
+__device__ uint64_t decode_begin(const DecodeWords &w) {
+    __shared__ uint64_t op;
+    if (threadIdx.x == 0) op = *w.op() + 1;
+    __syncthreads();
+    const uint64_t o = op;
+    if (blockIdx.x == 0)
+        for (int pe = threadIdx.x; pe < w.t.n; pe += blockDim.x)
+            if (pe != w.t.rank) st_release64(w.start(pe, w.t.rank), o);
+    return o;
+}
+
+// The block is done with operation `op`: the last block of the grid
+// advances the counter (and stores `epoch` into `epoch_word`, if any).
+__device__ void decode_end(const DecodeWords &w, uint64_t op, uint64_t *epoch_word, uint64_t epoch) {
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    __threadfence();
+    if (atomicAdd(w.done(), 1u) != gridDim.x - 1) return;
+    *w.done() = 0;
+    if (epoch_word != nullptr) *epoch_word = epoch;
+    *w.op() = op;
+}
+
+// One thread: waits until member `d` has begun operation `op`, once a
+// block (`begun`: the members seen so far, in shared memory).
+__device__ __forceinline__ void wait_begun(const DecodeWords &w, int d, uint64_t op, unsigned long long *begun) {
+    if (d == w.t.rank || (*reinterpret_cast<volatile unsigned long long *>(begun) >> d & 1)) return;
+    wait_geq(w.start(w.t.rank, d), op);
+    atomicOr(begun, 1ull << d);
+}
+
+// The block has stored everything it sends this operation: one more
+// block done at every member (release: the block's stores, before the
+// barrier, come first).
+__device__ __forceinline__ void decode_done(const DecodeWords &w) {
+    __syncthreads();
+    for (int pe = threadIdx.x; pe < w.t.n; pe += blockDim.x) red_release_add64(w.data(pe, w.t.rank), 1);
+}
+
+// Waits (whole block) until every member's blocks are done with `op`.
+__device__ __forceinline__ void decode_wait(const DecodeWords &w, uint64_t op) {
+    for (int s = threadIdx.x; s < w.t.n; s += blockDim.x) wait_geq(w.data(w.t.rank, s), op * gridDim.x);
+    __syncthreads();
+}
+
+// This PE's tokens, routed (in shared memory, the same in every block).
+struct DecodeRoute {
+    int8_t dest[kDecodeMaxTokens][kDecodeMaxTopK];  // each slot's destination PE, -1 past top_k
+    int16_t rank[kDecodeMaxTokens][kDecodeMaxTopK];  // the token's rank among this PE's tokens for it
+    int32_t count[kMaxTeam];  // rows to each member
+    int32_t first[kMaxTeam];  // where each member's rows start among this PE's wire rows
+    uint16_t warp_count[kDecodeMaxTokens / 32][kMaxTeam];  // then each warp's tokens' first rank
+    unsigned long long fault;  // the first bad slot's code (0: a bad token count), ~0 if none
+    int64_t nt;
+};
+
+// Routes this PE's tokens (whole block): the token count, or -1 where it
+// or a token is bad (`r.fault` says which).
+__device__ int64_t decode_route(const TeamSync &t, const MoeLayer &m, DecodeRoute &r) {
+    const int n = t.n, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    if (threadIdx.x == 0) {
+        r.nt = *t.mine<int64_t>(m.n_tokens);
+        r.fault = r.nt >= 0 && r.nt <= m.max_tokens ? ~0ull : 0;
+    }
+    __syncthreads();
+    const int64_t nt = r.fault == ~0ull ? r.nt : 0;
+    const int tok = threadIdx.x;
+    int d[kDecodeMaxTopK];
+    uint64_t mask = 0;
+    if (tok < nt) {
+        const unsigned long long f =
+            token_dests(m, t.mine<int64_t>(m.ids), t.mine<float>(m.weights), tok, n * m.ne, d);
+        if (f != ~0ull) atomicMin(&r.fault, f);
+#pragma unroll
+        for (int j = 0; j < kDecodeMaxTopK; j++)
+            if (d[j] >= 0) mask |= 1ull << d[j];
+    }
+    __syncthreads();
+    if (r.fault != ~0ull) return -1;
+    // A token's rank for each destination: a ballot a member over each
+    // warp's tokens, then the warps before.
+    int below[kDecodeMaxTopK];
+    for (int pe = 0; pe < n; pe++) {
+        const unsigned b = __ballot_sync(~0u, mask >> pe & 1);
+        if (warp < kDecodeMaxTokens / 32 && lane == 0) r.warp_count[warp][pe] = static_cast<uint16_t>(__popc(b));
+#pragma unroll
+        for (int j = 0; j < kDecodeMaxTopK; j++)
+            if (tok < nt && d[j] == pe) below[j] = __popc(b & ((1u << lane) - 1));
+    }
+    __syncthreads();
+    if (threadIdx.x < n) {
+        int sum = 0;
+        for (int w = 0; w < kDecodeMaxTokens / 32; w++) {
+            const int c = r.warp_count[w][threadIdx.x];
+            r.warp_count[w][threadIdx.x] = static_cast<uint16_t>(sum);
+            sum += c;
+        }
+        r.count[threadIdx.x] = sum;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int at = 0;
+        for (int pe = 0; pe < n; pe++) {
+            r.first[pe] = at;
+            at += r.count[pe];
+        }
+    }
+    if (tok < nt)
+#pragma unroll
+        for (int j = 0; j < kDecodeMaxTopK; j++) {
+            r.dest[tok][j] = static_cast<int8_t>(d[j]);
+            r.rank[tok][j] = static_cast<int16_t>(d[j] >= 0 ? r.warp_count[warp][d[j]] + below[j] : 0);
+        }
+    __syncthreads();
+    return nt;
+}
+
+// This PE's wire rows: what the combine's source phase reads (block 0):
+// each slot's wire row, the rows to each member, the token count.
+__device__ void decode_source_state(const TeamSync &t, const MoeLayer &m, const DecodeRoute &r, int64_t nt) {
+    int64_t *slot_rows = t.mine<int64_t>(m.slot_rows);
+    for (int64_t s = threadIdx.x; s < nt * m.top_k; s += blockDim.x) {
+        const int d = r.dest[s / m.top_k][s % m.top_k];
+        slot_rows[s] = r.first[d] + r.rank[s / m.top_k][s % m.top_k];
+    }
+    for (int pe = threadIdx.x; pe < t.n; pe += blockDim.x) t.mine<int64_t>(m.send_splits)[pe] = r.count[pe];
+    if (threadIdx.x == 0) t.mine<int64_t>(m.state)[0] = nt;
+}
+
+// Stores this block's share of the tokens' pieces into their destinations'
+// staging, with the metadata (as the exchange form's gather does, a block
+// a piece of a token, loaded once and stored into each destination's row).
+__device__ void decode_send(const TeamSync &t, const MoeLayer &m, const DecodeWords &dw, const DecodeRoute &r,
+                            int64_t nt, uint64_t op, unsigned long long *begun) {
+    const int64_t *ids = t.mine<int64_t>(m.ids);
+    const float *w = t.mine<float>(m.weights);
+    const int64_t chunk = m.fp8 == kFp8Quantize ? kLayerQuantChunk : kLayerChunkBytes;
+    const int64_t chunks = pieces_of(nt, m.data_bytes, chunk);
+    __shared__ uint8_t *rows[kDecodeMaxTopK], *dsts[kDecodeMaxTopK];
+    __shared__ float *scales[kDecodeMaxTopK];
+    __shared__ int row_dest[kDecodeMaxTopK];
+    __shared__ int64_t row_field[kDecodeMaxTopK];
+    __shared__ const uint8_t *src[1];
+    __shared__ int nrows;
+    for (int64_t unit = blockIdx.x; unit < nt * chunks; unit += gridDim.x) {
+        const int64_t tok = unit / chunks, c = unit % chunks;
+        const Range b = piece_bytes(m.data_bytes, c, chunks, chunk);
+        const uint8_t *token = t.mine<uint8_t>(m.tokens + tok * m.data_bytes + b.lo);
+        const HeldPiece held = hold_piece(token, b.hi - b.lo, m.fp8 == 0);
+        __syncthreads();  // the piece before is done with the tables
+        if (threadIdx.x == 0) {
+            uint64_t seen = 0;
+            int k = 0;
+            for (int j = 0; j < m.top_k; j++) {
+                const int d = r.dest[tok][j];
+                if (seen >> d & 1) continue;
+                seen |= 1ull << d;
+                const int rank = r.rank[tok][j];
+                const uint64_t off = m.stage + (static_cast<uint64_t>(t.rank) * m.max_tokens + rank) * m.stride;
+                rows[k] = d == t.rank ? t.mine<uint8_t>(off) : t.at<uint8_t>(d, off);
+                dsts[k] = rows[k] + b.lo;
+                scales[k] = reinterpret_cast<float *>(rows[k] + m.scales_at);
+                row_field[k] = static_cast<int64_t>(r.first[d] + rank) << kDecodeRowShift | tok;
+                row_dest[k++] = d;
+            }
+            nrows = k;
+            src[0] = token;
+        }
+        __syncthreads();
+        const int k = nrows;
+        if (threadIdx.x < k) wait_begun(dw, row_dest[threadIdx.x], op, begun);
+        __syncthreads();
+        if (m.fp8 != 0) {
+            gather_fp8(t, m, tok, rows, scales, k, b);  // the FP8 format's data bytes are its codes
+        } else {
+            put_piece(held, dsts, src, k, b.hi - b.lo, true);  // wire rows: 16-byte aligned
+        }
+        if (c != 0) continue;
+        for (int i = threadIdx.x; i < k; i += blockDim.x) *wire_token(rows[i], m) = row_field[i];
+        for (int i = threadIdx.x; i < k * m.top_k; i += blockDim.x) {
+            const int q = i / m.top_k, j = i % m.top_k;
+            const int g = static_cast<int>(ids[tok * m.top_k + j]);  // checked
+            wire_slots(rows[q], m)[j] = WireSlot{r.dest[tok][j] == row_dest[q] ? g % m.ne : -1, w[tok * m.top_k + j]};
+        }
+    }
+}
+
+// The staged rows, packed source-major, and the view's layout (in shared
+// memory, the same in every block).
+struct DecodeView {
+    int32_t first[kMaxTeam + 1];  // where each source's rows start, packed; then the total
+    uint32_t pair[kDecodeMaxExperts * kMaxTeam];  // rows of each (local expert, source)
+    int32_t block_start[kDecodeMaxExperts];  // where each expert's block starts in the view
+    int32_t carry[kDecodeMaxExperts];  // rows of each expert in the passes before
+    uint16_t warp_count[kBlockThreads / 32][kDecodeMaxExperts];  // then each warp's rows' first rank
+    int32_t unit_row[kDecodeUnits][kDecodeMaxTopK];  // the view rows of this block's units' slots
+};
+
+// The source of packed staged row `r`, and its row in the staging.
+__device__ __forceinline__ int decode_source(const DecodeView &v, int n, int64_t r) {
+    int s = 0;
+    while (s + 1 < n && r >= v.first[s + 1]) s++;
+    return s;
+}
+__device__ __forceinline__ int64_t decode_staged(const DecodeView &v, const MoeLayer &m, int s, int64_t r) {
+    return static_cast<int64_t>(s) * m.max_tokens + r - v.first[s];
+}
+
+// A staged row's local experts: into `e` (-1 for a slot of another PE,
+// and past top_k) and as a mask.
+__device__ __forceinline__ uint32_t row_experts(const uint8_t *row, const MoeLayer &m, int (&e)[kDecodeMaxTopK]) {
+    const WireSlot *slots = reinterpret_cast<const WireSlot *>(row + m.meta + 8);
+    uint32_t mask = 0;
+#pragma unroll
+    for (int j = 0; j < kDecodeMaxTopK; j++) {
+        e[j] = j < m.top_k ? slots[j].at : -1;
+        if (e[j] >= 0) mask |= 1u << e[j];
+    }
+    return mask;
+}
+
+// The view's layout from the staged rows (whole block): rows per (expert,
+// source); the experts' blocks (expert-major, each source's rows in PE
+// order, each in token order, padded to major_align); and the view row
+// of each slot of this block's units of `pieces` pieces a row
+// (`unit_row`) and, for the combine, of each slot of the staged rows
+// `r ≡ blockIdx.x` (`m.views`). Block 0 writes the view's splits and
+// offsets and raises the arrival flags of the pairs that receive nothing.
+__device__ void decode_layout(const TeamSync &t, const MoeLayer &m, DecodeView &v, int64_t pieces,
+                              const ArrivalWords &arrivals, uint64_t epoch) {
+    const int n = t.n, ne = m.ne, lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    const int64_t total = v.first[n];
+    const uint8_t *stage = t.mine<uint8_t>(m.stage);
+    for (int i = threadIdx.x; i < ne * n; i += blockDim.x) v.pair[i] = 0;
+    for (int e = threadIdx.x; e < ne; e += blockDim.x) v.carry[e] = 0;
+    __syncthreads();
+    for (int64_t r = threadIdx.x; r < total; r += blockDim.x) {
+        const int s = decode_source(v, n, r);
+        int e[kDecodeMaxTopK];
+        row_experts(stage + decode_staged(v, m, s, r) * m.stride, m, e);
+#pragma unroll
+        for (int j = 0; j < kDecodeMaxTopK; j++)
+            if (e[j] >= 0) atomicAdd(&v.pair[e[j] * n + s], 1u);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const int64_t a = m.major_align;
+        int64_t at = 0;
+        for (int e = 0; e < ne; e++) {
+            v.block_start[e] = static_cast<int32_t>(at);
+            int64_t len = 0;
+            for (int s = 0; s < n; s++) len += v.pair[e * n + s];
+            len = (len + a - 1) / a * a;
+            at += len > a ? len : a;
+        }
+    }
+    __syncthreads();
+    if (blockIdx.x == 0) {
+        int64_t *view_so = t.mine<int64_t>(m.view_so);
+        const int64_t mm = static_cast<int64_t>(ne) * n;
+        for (int e = threadIdx.x; e < ne; e += blockDim.x) {
+            int64_t at = v.block_start[e];
+            for (int s = 0; s < n; s++) {
+                const uint32_t rows = v.pair[e * n + s];
+                view_so[e * n + s] = rows;
+                view_so[mm + e * n + s] = at;
+                at += rows;
+                if (rows == 0) st_release64(arrivals.flags + e * n + s, epoch);
+            }
+        }
+    }
+    // Each row's rank in its experts' blocks: rows a thread, in passes of
+    // the block's width, a ballot an expert.
+    int32_t *views = t.mine<int32_t>(m.views);
+    for (int64_t base = 0; base < total; base += blockDim.x) {
+        const int64_t r = base + threadIdx.x;
+        int s = 0, e[kDecodeMaxTopK];
+        uint32_t mask = 0;
+        int64_t staged = 0;
+        if (r < total) {
+            s = decode_source(v, n, r);
+            staged = decode_staged(v, m, s, r);
+            mask = row_experts(stage + staged * m.stride, m, e);
+        }
+        int below[kDecodeMaxTopK];
+        for (int x = 0; x < ne; x++) {
+            const unsigned b = __ballot_sync(~0u, mask >> x & 1);
+            if (lane == 0) v.warp_count[warp][x] = static_cast<uint16_t>(__popc(b));
+#pragma unroll
+            for (int j = 0; j < kDecodeMaxTopK; j++)
+                if (r < total && e[j] == x) below[j] = __popc(b & ((1u << lane) - 1));
+        }
+        __syncthreads();
+        // Each warp's rows' first rank in each expert's block.
+        for (int x = threadIdx.x; x < ne; x += blockDim.x) {
+            int32_t at = v.carry[x];
+            for (int w = 0; w < warps; w++) {
+                const int32_t c = v.warp_count[w][x];
+                v.warp_count[w][x] = static_cast<uint16_t>(at);
+                at += c;
+            }
+            v.carry[x] = at;
+        }
+        __syncthreads();
+        if (r < total) {
+            int32_t at[kDecodeMaxTopK];
+#pragma unroll
+            for (int j = 0; j < kDecodeMaxTopK; j++)
+                at[j] = e[j] >= 0 ? v.block_start[e[j]] + v.warp_count[warp][e[j]] + below[j] : -1;
+            for (int64_t c = 0; c < pieces; c++) {
+                const int64_t w = r * pieces + c;
+                if (w % gridDim.x != blockIdx.x) continue;
+#pragma unroll
+                for (int j = 0; j < kDecodeMaxTopK; j++) v.unit_row[w / gridDim.x][j] = at[j];
+            }
+            if (r % gridDim.x == blockIdx.x)
+                for (int j = 0; j < m.top_k; j++) views[staged * m.top_k + j] = at[j];
+        }
+        __syncthreads();  // the counts are read before the next pass's
+    }
+}
+
+// Places this block's units (a piece of a staged row each) into the view
+// rows of its slots, as the exchange form's receiving gather does, and
+// counts them placed for the arrival flags.
+__device__ void decode_place(const TeamSync &t, const MoeLayer &m, const DecodeView &v, int64_t pieces,
+                             const ArrivalWords &arrivals, uint64_t epoch) {
+    const int n = t.n;
+    const int64_t total = v.first[n];
+    uint8_t *stage = t.mine<uint8_t>(m.stage);
+    __shared__ uint8_t *dsts[kDecodeMaxTopK];
+    __shared__ int32_t dst_rows[kDecodeMaxTopK];
+    __shared__ const uint8_t *src[1];
+    __shared__ int ndst;
+    __shared__ bool dsts_aligned;
+    // As the exchange form: FP8 codes go as one-byte elements, unless they
+    // are dequantized too.
+    const bool one_load = m.fp8 == 0 || !m.dequantize;
+    const uint64_t view = m.fp8 == 0 ? m.recv : m.recv_codes;
+    const int64_t groups = (m.hidden + kQuantGroup - 1) / kQuantGroup;
+    for (int64_t w = blockIdx.x; w < total * pieces; w += gridDim.x) {
+        const int64_t r = w / pieces, u = w / gridDim.x;
+        const int s = decode_source(v, n, r);
+        const Range b = piece_bytes(m.data_bytes, w % pieces, pieces);
+        const uint8_t *row = stage + decode_staged(v, m, s, r) * m.stride;
+        const HeldPiece held = hold_piece(row + b.lo, b.hi - b.lo, one_load);
+        __syncthreads();  // the unit before is done with dsts
+        if (threadIdx.x == 0) {
+            int k = 0;
+            uint64_t align = 0;
+            for (int j = 0; j < m.top_k; j++) {
+                const int32_t at = v.unit_row[u][j];
+                if (at < 0) continue;
+                dsts[k] = t.mine<uint8_t>(view + at * m.data_bytes) + b.lo;
+                align |= reinterpret_cast<uint64_t>(dsts[k]);
+                dst_rows[k++] = at;
+            }
+            src[0] = row + b.lo;
+            ndst = k;
+            dsts_aligned = align % 16 == 0;
+        }
+        __syncthreads();
+        if (one_load) {
+            put_piece(held, dsts, src, ndst, b.hi - b.lo, dsts_aligned);
+            if (m.fp8 != 0) {
+                const uint64_t g0 = b.lo / kQuantGroup, ng = (b.hi + kQuantGroup - 1) / kQuantGroup - g0;
+                const float *scales = reinterpret_cast<const float *>(row + m.scales_at);
+                float *out = t.mine<float>(m.recv_scales);
+                for (uint64_t i = threadIdx.x; i < ndst * ng; i += blockDim.x)
+                    out[dst_rows[i / ng] * groups + g0 + i % ng] = scales[g0 + i % ng];
+            }
+        } else {
+            for (int k = 0; k < ndst; k++) place_fp8(t, m, row, dst_rows[k], b);
+        }
+        // The piece is in every block it goes to: count it for each pair.
+        __syncthreads();
+        const WireSlot *slots = reinterpret_cast<const WireSlot *>(row + m.meta + 8);
+        for (int j = threadIdx.x; j < m.top_k; j += blockDim.x) {
+            const int e = slots[j].at;
+            if (e < 0) continue;
+            count_placed(arrivals, e * n + s, v.pair[e * n + s] * static_cast<uint32_t>(pieces), epoch);
+        }
+    }
+}
+
+// Records source `s`'s routing fault (its `marker`) for the host, as the
+// exchange form's check records a bad split (one thread).
+__device__ void decode_report(const MoeLayer &m, int s, int64_t marker) {
+    if (m.error == 0) return;
+    volatile A2avError *e = reinterpret_cast<volatile A2avError *>(m.error);
+    if (e->count == 0) {
+        e->code = static_cast<unsigned long long>(NegativeSplit) << kA2avErrClassShift |
+                  static_cast<unsigned long long>(A2avV) << kA2avErrKindShift |
+                  static_cast<unsigned long long>(s) << kA2avErrPeShift;
+        e->value = marker;
+        e->limit = static_cast<unsigned long long>(m.max_tokens) * (m.top_k < 64 ? m.top_k : 64);
+    }
+    __threadfence_system();
+    e->count = e->count + 1;
+}
+
+// Phase 0: the dispatch (see the top of the file).
+__device__ void decode_dispatch(const TeamSync &t, const MoeLayer &m, const DecodeWords &dw, uint64_t op) {
+    __shared__ DecodeRoute route;
+    __shared__ DecodeView view;
+    __shared__ unsigned long long begun;
+    __shared__ uint64_t epoch;
+    const int n = t.n;
+    const ArrivalWords arrivals = arrival_words(t, m);
+    if (threadIdx.x == 0) {
+        begun = 0;
+        epoch = *arrivals.epoch + 1;
+    }
+    const int64_t nt = decode_route(t, m, route);
+    if (blockIdx.x == 0) {
+        if (nt >= 0) {
+            decode_source_state(t, m, route, nt);
+        } else if (threadIdx.x == 0) {
+            t.mine<int64_t>(m.state)[0] = -1;
+        }
+    }
+    if (nt > 0) decode_send(t, m, dw, route, nt, op, &begun);
+    // The placement counters from zero, a share a block, before the
+    // block's count of itself done: every block places only once every
+    // block of this PE has counted itself done (below).
+    const int64_t pairs = static_cast<int64_t>(m.ne) * n;
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < pairs;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+        arrivals.placed[i] = 0;
+    // Block 0: this PE's rows for each member, or its fault's marker.
+    if (blockIdx.x == 0)
+        for (int pe = threadIdx.x; pe < n; pe += blockDim.x) {
+            wait_begun(dw, pe, op, &begun);
+            const int64_t marker = kRouteBad - static_cast<int64_t>(route.fault);
+            *dw.info(pe, t.rank) = nt >= 0 ? route.count[pe] : marker;
+        }
+    decode_done(dw);
+    decode_wait(dw, op);
+    // What each member sent: its rows, where they go in the packed order,
+    // or the first member's fault.
+    __shared__ int bad_source;
+    if (threadIdx.x == 0) {
+        bad_source = -1;
+        int32_t at = 0;
+        for (int s = 0; s < n; s++) {
+            const int64_t rows = static_cast<int64_t>(*dw.info(t.rank, s));
+            view.first[s] = at;
+            if (rows < 0 && bad_source < 0) bad_source = s;
+            at += rows < 0 ? 0 : static_cast<int32_t>(rows);
+        }
+        view.first[n] = at;
+    }
+    __syncthreads();
+    int64_t *stage_so = t.mine<int64_t>(m.stage_so);
+    if (bad_source >= 0) {
+        if (blockIdx.x == 0 && threadIdx.x == 0) {
+            stage_so[0] = -1;
+            decode_report(m, bad_source, static_cast<int64_t>(*dw.info(t.rank, bad_source)));
+        }
+        decode_end(dw, op, nullptr, 0);
+        return;
+    }
+    if (blockIdx.x == 0)
+        for (int s = threadIdx.x; s < n; s += blockDim.x) {
+            stage_so[s] = view.first[s + 1] - view.first[s];
+            stage_so[n + s] = view.first[s];
+        }
+    const int64_t pieces = pieces_of(view.first[n], m.data_bytes);
+    decode_layout(t, m, view, pieces, arrivals, epoch);
+    decode_place(t, m, view, pieces, arrivals, epoch);
+    decode_end(dw, op, arrivals.epoch, epoch);
+}
+
+// Phase 1: the combine (see the top of the file).
+template <typename T> __device__ void decode_combine(const TeamSync &t, const MoeLayer &m, const DecodeWords &dw,
+                                                     uint64_t op) {
+    using A = typename Acc<T>::type;
+    const int n = t.n;
+    const int64_t *so = t.mine<int64_t>(m.stage_so);
+    const int64_t nt = *t.mine<int64_t>(m.state);
+    // After a failed dispatch every PE's `stage_so` says so: none writes
+    // (each still counts its blocks, as every operation does).
+    if (so[0] < 0 || nt < 0) {
+        decode_done(dw);
+        decode_end(dw, op, nullptr, 0);
+        return;
+    }
+    __shared__ int32_t first[kMaxTeam + 1];
+    __shared__ unsigned long long begun;
+    if (threadIdx.x == 0) {
+        begun = 0;
+        int64_t at = 0;
+        for (int s = 0; s < n; s++) {
+            first[s] = static_cast<int32_t>(at);
+            at += so[s];
+        }
+        first[n] = static_cast<int32_t>(at);
+    }
+    __syncthreads();
+    const int64_t total = first[n];
+    const uint8_t *stage = t.mine<uint8_t>(m.stage);
+    const T *outputs = t.mine<T>(m.outputs);
+    const int32_t *views = t.mine<int32_t>(m.views);
+    const int64_t row_bytes = m.hidden * static_cast<int64_t>(sizeof(T)), chunks = pieces_of(total, row_bytes);
+    const bool vectors = row_bytes % 16 == 0 && m.back_stride % 16 == 0 && aligned16(outputs);
+    __shared__ WireSlot held[kDecodeMaxTopK];
+    __shared__ int nheld;
+    __shared__ T *partial;
+    for (int64_t w = blockIdx.x; w < total * chunks; w += gridDim.x) {
+        const int64_t r = w / chunks;
+        const Range b = piece_bytes(row_bytes, w % chunks, chunks);
+        int s = 0;
+        while (s + 1 < n && r >= first[s + 1]) s++;
+        const int64_t staged = static_cast<int64_t>(s) * m.max_tokens + r - first[s];
+        const uint8_t *row = stage + staged * m.stride;
+        __syncthreads();  // the piece before is done with held
+        if (threadIdx.x == 0) {
+            const WireSlot *slots = reinterpret_cast<const WireSlot *>(row + m.meta + 8);
+            int k = 0;
+            for (int j = 0; j < m.top_k; j++) {
+                const int32_t at = views[staged * m.top_k + j];
+                if (at >= 0) held[k++] = WireSlot{at, slots[j].weight};
+            }
+            nheld = k;
+            const uint64_t wire_row = static_cast<uint64_t>(*reinterpret_cast<const int64_t *>(row + m.meta)) >>
+                                      kDecodeRowShift;
+            const uint64_t off = m.send + wire_row * m.back_stride;
+            partial = s == t.rank ? t.mine<T>(off) : t.at<T>(s, off);
+            wait_begun(dw, s, op, &begun);
+        }
+        __syncthreads();
+        if (vectors) {
+            fold_vectors(
+                partial, b.lo / 16, b.hi / 16, nheld,
+                [&](int i) { return outputs + static_cast<int64_t>(held[i].at) * m.hidden; },
+                [&](A acc, int i, A x) { return weigh(acc, held[i].weight, x); });
+            continue;
+        }
+        for (uint64_t h = b.lo / sizeof(T) + threadIdx.x; h < b.hi / sizeof(T); h += blockDim.x) {
+            A acc = 0;
+            for (int i = 0; i < nheld; i++)
+                acc = weigh(acc, held[i].weight, to_acc(outputs[static_cast<int64_t>(held[i].at) * m.hidden + h]));
+            partial[h] = from_acc<T>(acc);
+        }
+    }
+    decode_done(dw);
+    decode_wait(dw, op);
+    combine_tokens<T>(t, m, nt);
+    decode_end(dw, op, nullptr, 0);
+}
+
+// Both phases (after `follow_stream`): the agreement of an eager call,
+// then the operation.
+template <typename T> __device__ __forceinline__ void moe_decode(const TeamSync &t, const MoeLayer &m) {
+    phase_begin(m.phase == 0 ? "decode_dispatch" : "decode_combine");
+    if (!agree(t)) {
+        // Every PE skips the call; a dispatch's state says it failed.
+        if (m.phase == 0 && blockIdx.x == 0 && threadIdx.x == 0) {
+            t.mine<int64_t>(m.state)[0] = -1;
+            t.mine<int64_t>(m.stage_so)[0] = -1;
+        }
+        phase_end();
+        return;
+    }
+    const DecodeWords dw{t, m.decode};
+    const uint64_t op = decode_begin(dw);
+    if (m.phase == 0) {
+        decode_dispatch(t, m, dw, op);
+    } else {
+        decode_combine<T>(t, m, dw, op);
+    }
+    phase_mark("kernel");
+    phase_end();
+}
+
+}  // namespace k
+}  // namespace shmem
+
+using shmem::k::MoeLayer;
+using shmem::k::TeamSync;
+
+#define SHMEM_MOE_DECODE(name, T)                                         \
+    extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads) \
+        shmem_moe_decode_##name(TeamSync t, MoeLayer m) {                 \
+        shmem::k::follow_stream();                                        \
+        shmem::k::moe_decode<T>(t, m);                                    \
+    }
+SHMEM_MOE_DECODE(f32, float)
+SHMEM_MOE_DECODE(f64, double)
+SHMEM_MOE_DECODE(f16, __half)
+SHMEM_MOE_DECODE(bf16, __nv_bfloat16)
