@@ -388,7 +388,7 @@ struct MoeLayer {
     int view_n;  // the node stage's receiver: source PEs of the view (the world); 0: the team's
     uint64_t arrivals;  // ne × n u64 arrival flags (n: the view's sources), entry e × n + source, then the epoch
     // The decode form (moe_decode.cu); 0 in the exchange form.
-    uint64_t decode;  // kDecodeHeadWords + 3n u64: the decode form's words (`DecodeWords`)
+    uint64_t decode;  // kDecodeHeadWords + 4n u64: the decode form's words (`DecodeWords`)
     uint64_t views;  // n × max_tokens × top_k i32: the view row of each staged slot, -1 for another PE's
     uint64_t error;  // device address of the host-mapped `A2avError` (the routing faults it finds)
 };

@@ -83,15 +83,24 @@ __device__ __forceinline__ int view_expert(const TeamSync &t, const MoeLayer &m,
     return -1;
 }
 
-// Thread: one more row of pair (e, s) placed, by this thread's block,
-// whose writes the __syncthreads before put ahead of this thread's. The
+// Raises an arrival flag (`shmem_device.cuh`'s `moe_wait_arrival`): a
+// store with release semantics at the GPU's scope, which the waiters (on
+// this PE's GPU) share; a system-scope release would wait for this
+// thread's stores to peers as well.
+__device__ __forceinline__ void raise_arrival(uint64_t *flag, uint64_t epoch) {
+    asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(flag), "l"(epoch) : "memory");
+}
+
+// Thread: one more row of pair (e, s) placed, by this thread's block (or
+// warp), whose writes the __syncthreads (or __syncwarp) before put ahead
+// of this thread's. The
 // counter's acq_rel add releases them (cumulatively) and acquires the
 // earlier counts of the pair, so the block that counts its last row
 // releases every row of the pair with the flag.
 __device__ __forceinline__ void count_placed(const ArrivalWords &a, int pair, uint32_t rows, uint64_t epoch) {
     uint32_t before;
     asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(a.placed + pair) : "memory");
-    if (before + 1 == rows) st_release64(a.flags + pair, epoch);
+    if (before + 1 == rows) raise_arrival(a.flags + pair, epoch);
 }
 
 // The row kernels' unit of work: a row (a token's elements, or in the
@@ -120,52 +129,64 @@ __device__ __forceinline__ Range piece_bytes(int64_t bytes, int64_t c, int64_t p
 // larger top-k takes the loops that read them from memory one by one.
 constexpr int kRouteFastSlots = 8;
 
-// Token `tok`'s slots (top_k at most kRouteFastSlots): their destination
-// PEs into `d` (-1 past top_k), and the first bad slot's fault as
-// `token_fault` gives it (~0 when none). The token's ids and weights are
-// loaded all at once and checked in registers: not a trip to memory a
-// slot, nor one for each pair of slots compared.
-__device__ __forceinline__ unsigned long long token_dests(const MoeLayer &m, const int64_t *ids, const float *w,
-                                                         int64_t tok, int experts, int (&d)[kRouteFastSlots]);
-
 // The destination PE of a checked expert id (`g < experts < 2³¹`): a
 // 32-bit division, many times cheaper on the device than a 64-bit one.
 __device__ __forceinline__ int dest_of(int64_t g, int ne) { return static_cast<int>(g) / ne; }
 
-__device__ __forceinline__ unsigned long long token_dests(const MoeLayer &m, const int64_t *ids, const float *w,
-                                                         int64_t tok, int experts, int (&d)[kRouteFastSlots]) {
-    const int k = m.top_k;
+// A token's ids and weights (top_k at most kRouteFastSlots), in registers.
+struct TokenSlots {
     int64_t g[kRouteFastSlots];
     float x[kRouteFastSlots];
+};
+
+// Token `tok`'s ids and weights, loaded all at once (-1 and 0 past top_k).
+__device__ __forceinline__ TokenSlots load_token(const MoeLayer &m, const int64_t *ids, const float *w, int64_t tok) {
+    const int k = m.top_k;
+    TokenSlots t;
 #pragma unroll
     for (int j = 0; j < kRouteFastSlots; j++) {
-        g[j] = j < k ? ids[tok * k + j] : -1;
-        x[j] = j < k ? w[tok * k + j] : 0.0f;
+        t.g[j] = j < k ? ids[tok * k + j] : -1;
+        t.x[j] = j < k ? w[tok * k + j] : 0.0f;
     }
+    return t;
+}
+
+// Token `tok`'s slots `t`, checked in registers (not a trip to memory a
+// slot, nor one for each pair of slots compared): their destination PEs
+// into `d` (-1 past top_k), and the first bad slot's fault as
+// `token_fault` gives it (~0 when none).
+__device__ __forceinline__ unsigned long long check_token(const MoeLayer &m, const TokenSlots &t, int64_t tok,
+                                                         int experts, int (&d)[kRouteFastSlots]) {
+    const int k = m.top_k;
     unsigned long long fault = ~0ull;
 #pragma unroll
     for (int j = 0; j < kRouteFastSlots; j++) {
         d[j] = -1;
         if (j >= k || fault != ~0ull) continue;
         const unsigned long long at = static_cast<unsigned long long>(tok * k + j) + 1;
-        if (g[j] < 0 || g[j] >= experts) {
+        if (t.g[j] < 0 || t.g[j] >= experts) {
             fault = kRouteExpertOutOfRange << kRouteFaultShift | at;
             continue;
         }
         bool repeated = false;
 #pragma unroll
-        for (int i = 0; i < j; i++) repeated |= g[i] == g[j];
+        for (int i = 0; i < j; i++) repeated |= t.g[i] == t.g[j];
         if (repeated) {
             fault = kRouteRepeatedExpert << kRouteFaultShift | at;
-        } else if (!isfinite(x[j])) {
+        } else if (!isfinite(t.x[j])) {
             fault = kRouteBadWeight << kRouteFaultShift | at;
         } else {
-            d[j] = dest_of(g[j], m.ne);
+            d[j] = dest_of(t.g[j], m.ne);
         }
     }
     return fault;
 }
 
+// Token `tok`'s slots loaded and checked (`load_token`, `check_token`).
+__device__ __forceinline__ unsigned long long token_dests(const MoeLayer &m, const int64_t *ids, const float *w,
+                                                         int64_t tok, int experts, int (&d)[kRouteFastSlots]) {
+    return check_token(m, load_token(m, ids, w, tok), tok, experts, d);
+}
 
 // A piece's first two 16-byte vectors a thread (vectors threadIdx.x and
 // threadIdx.x + blockDim.x), loaded before the block knows where the
@@ -264,16 +285,27 @@ __device__ __forceinline__ double add(double acc, double x) { return __dadd_rn(a
 // Whether `p` is 16-byte aligned.
 __device__ __forceinline__ bool aligned16(const void *p) { return reinterpret_cast<uint64_t>(p) % 16 == 0; }
 
+// The threads that share a loop: this one's first step and their count
+// (the block's, or a warp's).
+struct Lanes {
+    uint32_t first, stride;
+};
+__device__ __forceinline__ Lanes block_lanes() { return Lanes{threadIdx.x, blockDim.x}; }
+__device__ __forceinline__ Lanes warp_lanes() { return Lanes{threadIdx.x % 32, 32}; }
+
 // The 16-byte vectors `lo` to `hi` of `out`: each the fold of `rows`
 // rows' vectors in row order, `step(acc, i, x)` adding row i's element x
-// to the accumulator (which starts at 0), rounded once (whole block;
-// `row(i)` is row i's first element, 16-byte aligned).
+// to the accumulator (which starts at 0), rounded once (the whole block,
+// or the `l` that share it; `row(i)` is row i's first element, 16-byte
+// aligned).
+
 template <typename T, typename Row, typename Step>
-__device__ __forceinline__ void fold_vectors(T *out, uint64_t lo, uint64_t hi, int rows, Row row, Step step) {
+__device__ __forceinline__ void fold_vectors(T *out, uint64_t lo, uint64_t hi, int rows, Row row, Step step,
+                                             Lanes l = block_lanes()) {
     using A = typename Acc<T>::type;
     using V = Vec<T>;
     constexpr int kN = V::kN;
-    for (uint64_t v = lo + threadIdx.x; v < hi; v += blockDim.x) {
+    for (uint64_t v = lo + l.first; v < hi; v += l.stride) {
         A acc[kN];
 #pragma unroll
         for (int e = 0; e < kN; e++) acc[e] = 0;

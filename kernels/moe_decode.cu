@@ -20,20 +20,23 @@
 // view out from the staged rows' slots (rows per expert and source, each
 // row's rank in its expert's block: the same in every block, so no block
 // waits on another's layout) and places its share of the staged rows
-// into the view, counting the arrivals as the exchange form does.
+// into the view, a warp a piece of a row, counting the arrivals as the
+// exchange form does.
 //
-// The combine (phase 1). Each block weighs and sums its share of the
+// The combine (phase 1). Each warp weighs and sums its share of the
 // staged rows' experts' outputs and stores each partial straight into its
-// source's `send` at the wire row the metadata names; it counts itself
+// source's `send` at the wire row the metadata names; each block counts itself
 // done at every member and, once every member's blocks are, sums its
 // share of this PE's tokens as the exchange form's source phase does.
 //
-// Reuse. A PE stores into a member's staging, `send` or `info` only once
-// that member has begun the same operation: each PE says so at every
-// member as its kernel begins (`start`), and by then everything it did
-// with them before has ended (stream order). The operations of the two
-// phases share one counter and the same grid, so each member's `data`
-// grows by the grid's blocks an operation.
+// Reuse. A PE stores into a member's staging or `send` only once that
+// member has begun the same operation: each PE says so at every member as
+// its kernel begins (`start`), and by then everything it did with them
+// before has ended (stream order). `info` comes in two, by the
+// operation's parity: every operation waits for every member's blocks,
+// so a member that writes one again has seen this PE done with it. The
+// operations of the two phases share one counter and the same grid, so
+// each member's `data` grows by the grid's blocks an operation.
 //
 // Failures. Eager calls agree on the device first (agree.cuh); where they
 // do not, nothing is written and the layer's state says the dispatch
@@ -59,8 +62,8 @@ __device__ __forceinline__ void red_release_add64(uint64_t *p, uint64_t v) {
 // The decode form's words (`MoeLayer::decode`), after the head (the
 // operation counter, then the count of blocks done with it): per member
 // `s`, `start` (the operation `s` has begun), `data` (blocks of `s` done
-// sending this PE their rows or partials, over every operation), `info`
-// (the rows `s` sent this PE in its last dispatch, or its fault's marker).
+// sending this PE their rows or partials, over every operation), two
+// `info` (the rows `s` sent this PE in a dispatch, or its fault's marker).
 struct DecodeWords {
     const TeamSync &t;
     uint64_t base;
@@ -73,7 +76,12 @@ struct DecodeWords {
     // Member `pe`'s word about member `s`.
     __device__ uint64_t *start(int pe, int s) const { return word(pe, kDecodeHeadWords + s); }
     __device__ uint64_t *data(int pe, int s) const { return word(pe, kDecodeHeadWords + t.n + s); }
-    __device__ uint64_t *info(int pe, int s) const { return word(pe, kDecodeHeadWords + 2 * t.n + s); }
+    // By the operation's parity: a member writes it again two operations
+    // later, after every member's blocks were done with the one between,
+    // so after this PE read it.
+    __device__ uint64_t *info(int pe, int s, uint64_t op) const {
+        return word(pe, kDecodeHeadWords + static_cast<int>(2 + (op & 1)) * t.n + s);
+    }
 };
 
 // This operation's number (every block reads the counter as it starts;
@@ -84,9 +92,11 @@ __device__ uint64_t decode_begin(const DecodeWords &w) {
     if (threadIdx.x == 0) op = *w.op() + 1;
     __syncthreads();
     const uint64_t o = op;
+    // Nothing to release: this PE's kernels before this one have ended,
+    // their loads of what the members may now overwrite done.
     if (blockIdx.x == 0)
         for (int pe = threadIdx.x; pe < w.t.n; pe += blockDim.x)
-            if (pe != w.t.rank) st_release64(w.start(pe, w.t.rank), o);
+            if (pe != w.t.rank) *reinterpret_cast<volatile uint64_t *>(w.start(pe, w.t.rank)) = o;
     return o;
 }
 
@@ -139,18 +149,20 @@ struct DecodeRoute {
 // or a token is bad (`r.fault` says which).
 __device__ int64_t decode_route(const TeamSync &t, const MoeLayer &m, DecodeRoute &r) {
     const int n = t.n, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int tok = threadIdx.x;
+    // Every possible token's slots, loaded beside the token count.
+    TokenSlots slots;
+    if (tok < m.max_tokens) slots = load_token(m, t.mine<int64_t>(m.ids), t.mine<float>(m.weights), tok);
     if (threadIdx.x == 0) {
         r.nt = *t.mine<int64_t>(m.n_tokens);
         r.fault = r.nt >= 0 && r.nt <= m.max_tokens ? ~0ull : 0;
     }
     __syncthreads();
     const int64_t nt = r.fault == ~0ull ? r.nt : 0;
-    const int tok = threadIdx.x;
     int d[kDecodeMaxTopK];
     uint64_t mask = 0;
     if (tok < nt) {
-        const unsigned long long f =
-            token_dests(m, t.mine<int64_t>(m.ids), t.mine<float>(m.weights), tok, n * m.ne, d);
+        const unsigned long long f = check_token(m, slots, tok, n * m.ne, d);
         if (f != ~0ull) atomicMin(&r.fault, f);
 #pragma unroll
         for (int j = 0; j < kDecodeMaxTopK; j++)
@@ -275,6 +287,7 @@ struct DecodeView {
     int32_t carry[kDecodeMaxExperts];  // rows of each expert in the passes before
     uint16_t warp_count[kBlockThreads / 32][kDecodeMaxExperts];  // then each warp's rows' first rank
     int32_t unit_row[kDecodeUnits][kDecodeMaxTopK];  // the view rows of this block's units' slots
+    int8_t unit_expert[kDecodeUnits][kDecodeMaxTopK];  // and their local experts (-1: none)
 };
 
 // The source of packed staged row `r`, and its row in the staging.
@@ -337,17 +350,17 @@ __device__ void decode_layout(const TeamSync &t, const MoeLayer &m, DecodeView &
     }
     __syncthreads();
     if (blockIdx.x == 0) {
+        // A thread a pair: its rows and where they start; a pair that
+        // receives nothing has arrived.
         int64_t *view_so = t.mine<int64_t>(m.view_so);
         const int64_t mm = static_cast<int64_t>(ne) * n;
-        for (int e = threadIdx.x; e < ne; e += blockDim.x) {
+        for (int i = threadIdx.x; i < ne * n; i += blockDim.x) {
+            const int e = i / n, s = i % n;
             int64_t at = v.block_start[e];
-            for (int s = 0; s < n; s++) {
-                const uint32_t rows = v.pair[e * n + s];
-                view_so[e * n + s] = rows;
-                view_so[mm + e * n + s] = at;
-                at += rows;
-                if (rows == 0) st_release64(arrivals.flags + e * n + s, epoch);
-            }
+            for (int q = 0; q < s; q++) at += v.pair[e * n + q];
+            view_so[i] = v.pair[i];
+            view_so[mm + i] = at;
+            if (v.pair[i] == 0) raise_arrival(arrivals.flags + i, epoch);
         }
     }
     // Each row's rank in its experts' blocks: rows a thread, in passes of
@@ -392,7 +405,10 @@ __device__ void decode_layout(const TeamSync &t, const MoeLayer &m, DecodeView &
                 const int64_t w = r * pieces + c;
                 if (w % gridDim.x != blockIdx.x) continue;
 #pragma unroll
-                for (int j = 0; j < kDecodeMaxTopK; j++) v.unit_row[w / gridDim.x][j] = at[j];
+                for (int j = 0; j < kDecodeMaxTopK; j++) {
+                    v.unit_row[w / gridDim.x][j] = at[j];
+                    v.unit_expert[w / gridDim.x][j] = static_cast<int8_t>(e[j]);
+                }
             }
             if (r % gridDim.x == blockIdx.x)
                 for (int j = 0; j < m.top_k; j++) views[staged * m.top_k + j] = at[j];
@@ -401,65 +417,80 @@ __device__ void decode_layout(const TeamSync &t, const MoeLayer &m, DecodeView &
     }
 }
 
-// Places this block's units (a piece of a staged row each) into the view
-// rows of its slots, as the exchange form's receiving gather does, and
-// counts them placed for the arrival flags.
+// A warp: `bytes` at `src` into each of the `n` rows `dsts`, loaded once
+// (16-byte vectors where every pointer allows).
+__device__ __forceinline__ void warp_copy_to(uint8_t *const *dsts, int n, const uint8_t *src, uint64_t bytes) {
+    const int lane = threadIdx.x % 32;
+    uint64_t align = reinterpret_cast<uint64_t>(src) | bytes;
+    for (int k = 0; k < n; k++) align |= reinterpret_cast<uint64_t>(dsts[k]);
+    if (align % 16 == 0) {
+        const uint4 *s = reinterpret_cast<const uint4 *>(src);
+        for (uint64_t v = lane; v < bytes / 16; v += 32) {
+            const uint4 x = s[v];
+            for (int k = 0; k < n; k++) reinterpret_cast<uint4 *>(dsts[k])[v] = x;
+        }
+        return;
+    }
+    for (uint64_t i = lane; i < bytes; i += 32) {
+        const uint8_t x = src[i];
+        for (int k = 0; k < n; k++) dsts[k][i] = x;
+    }
+}
+
+// Places this block's units (a piece of a staged row each), a warp a
+// unit, into the view rows of its slots (the FP8 format's codes as
+// one-byte elements, their scales, and where asked their bf16 values),
+// and counts them placed for the arrival flags.
 __device__ void decode_place(const TeamSync &t, const MoeLayer &m, const DecodeView &v, int64_t pieces,
                              const ArrivalWords &arrivals, uint64_t epoch) {
-    const int n = t.n;
-    const int64_t total = v.first[n];
-    uint8_t *stage = t.mine<uint8_t>(m.stage);
-    __shared__ uint8_t *dsts[kDecodeMaxTopK];
-    __shared__ int32_t dst_rows[kDecodeMaxTopK];
-    __shared__ const uint8_t *src[1];
-    __shared__ int ndst;
-    __shared__ bool dsts_aligned;
-    // As the exchange form: FP8 codes go as one-byte elements, unless they
-    // are dequantized too.
-    const bool one_load = m.fp8 == 0 || !m.dequantize;
+    const int n = t.n, lane = threadIdx.x % 32, wid = threadIdx.x / 32, warps = blockDim.x / 32;
+    const int64_t units = v.first[n] * pieces;
+    __shared__ uint8_t *dsts[kBlockThreads / 32][kDecodeMaxTopK];
+    __shared__ int32_t dst_rows[kBlockThreads / 32][kDecodeMaxTopK];
+    const uint8_t *stage = t.mine<uint8_t>(m.stage);
     const uint64_t view = m.fp8 == 0 ? m.recv : m.recv_codes;
     const int64_t groups = (m.hidden + kQuantGroup - 1) / kQuantGroup;
-    for (int64_t w = blockIdx.x; w < total * pieces; w += gridDim.x) {
-        const int64_t r = w / pieces, u = w / gridDim.x;
+    // Unit u of this block is unit blockIdx.x + u × gridDim.x of the grid.
+    for (int64_t u = threadIdx.x / 32; blockIdx.x + u * gridDim.x < units; u += warps) {
+        const int64_t w = blockIdx.x + u * gridDim.x, r = w / pieces;
         const int s = decode_source(v, n, r);
         const Range b = piece_bytes(m.data_bytes, w % pieces, pieces);
         const uint8_t *row = stage + decode_staged(v, m, s, r) * m.stride;
-        const HeldPiece held = hold_piece(row + b.lo, b.hi - b.lo, one_load);
-        __syncthreads();  // the unit before is done with dsts
-        if (threadIdx.x == 0) {
-            int k = 0;
-            uint64_t align = 0;
-            for (int j = 0; j < m.top_k; j++) {
-                const int32_t at = v.unit_row[u][j];
-                if (at < 0) continue;
-                dsts[k] = t.mine<uint8_t>(view + at * m.data_bytes) + b.lo;
-                align |= reinterpret_cast<uint64_t>(dsts[k]);
-                dst_rows[k++] = at;
-            }
-            src[0] = row + b.lo;
-            ndst = k;
-            dsts_aligned = align % 16 == 0;
+        // The unit's view rows, a lane a slot, gathered in slot order into
+        // the warp's tables (in shared memory: not the stack).
+        const int32_t a = lane < m.top_k ? v.unit_row[u][lane] : -1;
+        const unsigned has = __ballot_sync(~0u, a >= 0);
+        const int k = __popc(has);
+        __syncwarp();  // the unit before is done with the tables
+        if (a >= 0) {
+            const int q = __popc(has & ((1u << lane) - 1));
+            dst_rows[wid][q] = a;
+            dsts[wid][q] = t.mine<uint8_t>(view + a * m.data_bytes) + b.lo;
         }
-        __syncthreads();
-        if (one_load) {
-            put_piece(held, dsts, src, ndst, b.hi - b.lo, dsts_aligned);
-            if (m.fp8 != 0) {
-                const uint64_t g0 = b.lo / kQuantGroup, ng = (b.hi + kQuantGroup - 1) / kQuantGroup - g0;
-                const float *scales = reinterpret_cast<const float *>(row + m.scales_at);
-                float *out = t.mine<float>(m.recv_scales);
-                for (uint64_t i = threadIdx.x; i < ndst * ng; i += blockDim.x)
-                    out[dst_rows[i / ng] * groups + g0 + i % ng] = scales[g0 + i % ng];
-            }
-        } else {
-            for (int k = 0; k < ndst; k++) place_fp8(t, m, row, dst_rows[k], b);
+        __syncwarp();
+        const int32_t *at = dst_rows[wid];
+        warp_copy_to(dsts[wid], k, row + b.lo, b.hi - b.lo);
+        if (m.fp8 != 0) {
+            // The piece's scale groups into every view row, and with
+            // `dequantize` the bf16 values of its codes.
+            const uint64_t g0 = b.lo / kQuantGroup, ng = (b.hi + kQuantGroup - 1) / kQuantGroup - g0;
+            const float *scales = reinterpret_cast<const float *>(row + m.scales_at);
+            float *out = t.mine<float>(m.recv_scales);
+            for (uint64_t i = lane; i < k * ng; i += 32)
+                out[at[i / ng] * groups + g0 + i % ng] = scales[g0 + i % ng];
+            if (m.dequantize)
+                for (int q = 0; q < k; q++) {
+                    __nv_bfloat16 *x = t.mine<__nv_bfloat16>(m.recv + at[q] * m.hidden * 2);
+                    for (uint64_t i = b.lo + lane; i < b.hi; i += 32)
+                        x[i] = dequantize_one<__nv_bfloat16>(row[i], scales[i / kQuantGroup]);
+                }
         }
-        // The piece is in every block it goes to: count it for each pair.
-        __syncthreads();
-        const WireSlot *slots = reinterpret_cast<const WireSlot *>(row + m.meta + 8);
-        for (int j = threadIdx.x; j < m.top_k; j += blockDim.x) {
-            const int e = slots[j].at;
-            if (e < 0) continue;
-            count_placed(arrivals, e * n + s, v.pair[e * n + s] * static_cast<uint32_t>(pieces), epoch);
+        // The piece is in every block it goes to (the warp's stores before
+        // each count, which releases them): count it for each pair.
+        __syncwarp();
+        if (lane < m.top_k) {
+            const int e = v.unit_expert[u][lane];
+            if (e >= 0) count_placed(arrivals, e * n + s, v.pair[e * n + s] * static_cast<uint32_t>(pieces), epoch);
         }
     }
 }
@@ -493,6 +524,7 @@ __device__ void decode_dispatch(const TeamSync &t, const MoeLayer &m, const Deco
         epoch = *arrivals.epoch + 1;
     }
     const int64_t nt = decode_route(t, m, route);
+    phase_mark("route");
     if (blockIdx.x == 0) {
         if (nt >= 0) {
             decode_source_state(t, m, route, nt);
@@ -501,6 +533,7 @@ __device__ void decode_dispatch(const TeamSync &t, const MoeLayer &m, const Deco
         }
     }
     if (nt > 0) decode_send(t, m, dw, route, nt, op, &begun);
+    phase_mark("send");
     // The placement counters from zero, a share a block, before the
     // block's count of itself done: every block places only once every
     // block of this PE has counted itself done (below).
@@ -511,12 +544,14 @@ __device__ void decode_dispatch(const TeamSync &t, const MoeLayer &m, const Deco
     // Block 0: this PE's rows for each member, or its fault's marker.
     if (blockIdx.x == 0)
         for (int pe = threadIdx.x; pe < n; pe += blockDim.x) {
-            wait_begun(dw, pe, op, &begun);
             const int64_t marker = kRouteBad - static_cast<int64_t>(route.fault);
-            *dw.info(pe, t.rank) = nt >= 0 ? route.count[pe] : marker;
+            *dw.info(pe, t.rank, op) = nt >= 0 ? route.count[pe] : marker;
         }
+    phase_mark("info");
     decode_done(dw);
+    phase_mark("done");
     decode_wait(dw, op);
+    phase_mark("wait");
     // What each member sent: its rows, where they go in the packed order,
     // or the first member's fault.
     __shared__ int bad_source;
@@ -524,7 +559,7 @@ __device__ void decode_dispatch(const TeamSync &t, const MoeLayer &m, const Deco
         bad_source = -1;
         int32_t at = 0;
         for (int s = 0; s < n; s++) {
-            const int64_t rows = static_cast<int64_t>(*dw.info(t.rank, s));
+            const int64_t rows = static_cast<int64_t>(*reinterpret_cast<volatile uint64_t *>(dw.info(t.rank, s, op)));
             view.first[s] = at;
             if (rows < 0 && bad_source < 0) bad_source = s;
             at += rows < 0 ? 0 : static_cast<int32_t>(rows);
@@ -536,7 +571,7 @@ __device__ void decode_dispatch(const TeamSync &t, const MoeLayer &m, const Deco
     if (bad_source >= 0) {
         if (blockIdx.x == 0 && threadIdx.x == 0) {
             stage_so[0] = -1;
-            decode_report(m, bad_source, static_cast<int64_t>(*dw.info(t.rank, bad_source)));
+            decode_report(m, bad_source, static_cast<int64_t>(*reinterpret_cast<volatile uint64_t *>(dw.info(t.rank, bad_source, op))));
         }
         decode_end(dw, op, nullptr, 0);
         return;
@@ -548,7 +583,9 @@ __device__ void decode_dispatch(const TeamSync &t, const MoeLayer &m, const Deco
         }
     const int64_t pieces = pieces_of(view.first[n], m.data_bytes);
     decode_layout(t, m, view, pieces, arrivals, epoch);
+    phase_mark("layout");
     decode_place(t, m, view, pieces, arrivals, epoch);
+    phase_mark("place");
     decode_end(dw, op, arrivals.epoch, epoch);
 }
 
@@ -560,9 +597,11 @@ template <typename T> __device__ void decode_combine(const TeamSync &t, const Mo
     const int64_t *so = t.mine<int64_t>(m.stage_so);
     const int64_t nt = *t.mine<int64_t>(m.state);
     // After a failed dispatch every PE's `stage_so` says so: none writes
-    // (each still counts its blocks, as every operation does).
+    // (each still counts its blocks and waits for the members', as every
+    // operation does).
     if (so[0] < 0 || nt < 0) {
         decode_done(dw);
+        decode_wait(dw, op);
         decode_end(dw, op, nullptr, 0);
         return;
     }
@@ -584,49 +623,56 @@ template <typename T> __device__ void decode_combine(const TeamSync &t, const Mo
     const int32_t *views = t.mine<int32_t>(m.views);
     const int64_t row_bytes = m.hidden * static_cast<int64_t>(sizeof(T)), chunks = pieces_of(total, row_bytes);
     const bool vectors = row_bytes % 16 == 0 && m.back_stride % 16 == 0 && aligned16(outputs);
-    __shared__ WireSlot held[kDecodeMaxTopK];
-    __shared__ int nheld;
-    __shared__ T *partial;
-    for (int64_t w = blockIdx.x; w < total * chunks; w += gridDim.x) {
+    const int lane = threadIdx.x % 32, wid = threadIdx.x / 32, warps = blockDim.x / 32;
+    __shared__ WireSlot held_by[kBlockThreads / 32][kDecodeMaxTopK];
+    // A warp a unit (a piece of a staged row): its slots on this PE, their
+    // outputs weighed and summed in slot order, into the source's row.
+    for (int64_t w = static_cast<int64_t>(blockIdx.x) * warps + threadIdx.x / 32; w < total * chunks;
+         w += static_cast<int64_t>(gridDim.x) * warps) {
         const int64_t r = w / chunks;
         const Range b = piece_bytes(row_bytes, w % chunks, chunks);
         int s = 0;
         while (s + 1 < n && r >= first[s + 1]) s++;
         const int64_t staged = static_cast<int64_t>(s) * m.max_tokens + r - first[s];
         const uint8_t *row = stage + staged * m.stride;
-        __syncthreads();  // the piece before is done with held
-        if (threadIdx.x == 0) {
-            const WireSlot *slots = reinterpret_cast<const WireSlot *>(row + m.meta + 8);
-            int k = 0;
-            for (int j = 0; j < m.top_k; j++) {
-                const int32_t at = views[staged * m.top_k + j];
-                if (at >= 0) held[k++] = WireSlot{at, slots[j].weight};
-            }
-            nheld = k;
-            const uint64_t wire_row = static_cast<uint64_t>(*reinterpret_cast<const int64_t *>(row + m.meta)) >>
-                                      kDecodeRowShift;
-            const uint64_t off = m.send + wire_row * m.back_stride;
-            partial = s == t.rank ? t.mine<T>(off) : t.at<T>(s, off);
-            wait_begun(dw, s, op, &begun);
-        }
-        __syncthreads();
+        const WireSlot *slots = reinterpret_cast<const WireSlot *>(row + m.meta + 8);
+        // The slots on this PE, a lane a slot, gathered in slot order into
+        // the warp's table (in shared memory: not the stack).
+        const int32_t at = lane < m.top_k ? views[staged * m.top_k + lane] : -1;
+        const float weight = lane < m.top_k ? slots[lane].weight : 0.0f;
+        const unsigned has = __ballot_sync(~0u, at >= 0);
+        const int k = __popc(has);
+        __syncwarp();  // the unit before is done with the table
+        if (at >= 0) held_by[wid][__popc(has & ((1u << lane) - 1))] = WireSlot{at, weight};
+        __syncwarp();
+        const WireSlot *held = held_by[wid];
+        const uint64_t wire_row =
+            static_cast<uint64_t>(*reinterpret_cast<const int64_t *>(row + m.meta)) >> kDecodeRowShift;
+        const uint64_t off = m.send + wire_row * m.back_stride;
+        T *partial = s == t.rank ? t.mine<T>(off) : t.at<T>(s, off);
+        if (lane == 0) wait_begun(dw, s, op, &begun);
+        __syncwarp();
         if (vectors) {
             fold_vectors(
-                partial, b.lo / 16, b.hi / 16, nheld,
+                partial, b.lo / 16, b.hi / 16, k,
                 [&](int i) { return outputs + static_cast<int64_t>(held[i].at) * m.hidden; },
-                [&](A acc, int i, A x) { return weigh(acc, held[i].weight, x); });
+                [&](A acc, int i, A x) { return weigh(acc, held[i].weight, x); }, warp_lanes());
             continue;
         }
-        for (uint64_t h = b.lo / sizeof(T) + threadIdx.x; h < b.hi / sizeof(T); h += blockDim.x) {
+        for (uint64_t h = b.lo / sizeof(T) + lane; h < b.hi / sizeof(T); h += 32) {
             A acc = 0;
-            for (int i = 0; i < nheld; i++)
+            for (int i = 0; i < k; i++)
                 acc = weigh(acc, held[i].weight, to_acc(outputs[static_cast<int64_t>(held[i].at) * m.hidden + h]));
             partial[h] = from_acc<T>(acc);
         }
     }
+    phase_mark("experts");
     decode_done(dw);
+    phase_mark("done");
     decode_wait(dw, op);
+    phase_mark("wait");
     combine_tokens<T>(t, m, nt);
+    phase_mark("sums");
     decode_end(dw, op, nullptr, 0);
 }
 
@@ -645,6 +691,7 @@ template <typename T> __device__ __forceinline__ void moe_decode(const TeamSync 
     }
     const DecodeWords dw{t, m.decode};
     const uint64_t op = decode_begin(dw);
+    phase_mark("begin");
     if (m.phase == 0) {
         decode_dispatch(t, m, dw, op);
     } else {

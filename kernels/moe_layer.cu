@@ -507,7 +507,7 @@ __device__ void route_receiver(const TeamSync &t, const MoeLayer &m) {
     if (o == 0) *arrivals.epoch = epoch;
     for (int i = o; i < ne * n; i += blockDim.x) {
         arrivals.placed[i] = 0;
-        if (per_source[i] == 0) st_release64(arrivals.flags + i, epoch);
+        if (per_source[i] == 0) raise_arrival(arrivals.flags + i, epoch);
     }
     phase_mark("scan");
     each_slot([&](WireSlot *slots, int j, int e, int) {

@@ -263,8 +263,9 @@ __device__ inline void barrier(const PeerHandle &h, int channel, uint32_t epoch)
 // A decode step's expert kernel can start on one source's rows as they
 // land: the dispatch stores, per (local expert, source PE), the epoch of
 // the dispatch in a flag once that source's rows are all in the expert's
-// block, with release semantics after the rows (a pair that receives no
-// row is marked too). The k-th dispatch of an exchange marks k; flags only
+// block, with release semantics after the rows at the scope of this
+// PE's GPU, where the waiting kernels run (a pair that receives no row is
+// marked too). The k-th dispatch of an exchange marks k; flags only
 // grow, so nothing is reset and CUDA-graph replays keep working: the host
 // reads the last epoch (`Arrivals::last_epoch`) and a kernel waits for a
 // later one, counting its own steps in device memory under graph replays.

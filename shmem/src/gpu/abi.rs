@@ -523,7 +523,7 @@ pub(crate) struct MoeLayer {
     /// (see `MoeAllToAll::arrivals`).
     pub arrivals: u64,
     /// The decode form (`moe_decode.cu`; 0 in the exchange form): its
-    /// words, [`DECODE_HEAD_WORDS`] + `3 n` u64, zeroed.
+    /// words, [`DECODE_HEAD_WORDS`] + `4 n` u64, zeroed.
     pub decode: u64,
     /// `n × max_tokens × top_k` i32: the view row of each staged slot.
     pub views: u64,

@@ -37,28 +37,31 @@ pub(crate) fn source_units(max_tokens: usize, top_k: usize) -> usize {
     max_tokens.saturating_mul(if top_k > LAYER_SHARED_SLOTS { top_k } else { 1 })
 }
 
-/// Most blocks of the decode form's kernels.
-const DECODE_BLOCKS: usize = 64;
+/// The decode form's kernels run on every block the GPUs hold at once,
+/// up to [`MAX_BLOCKS`], and need at least [`DECODE_MIN_BLOCKS`].
+const DECODE_MIN_BLOCKS: usize = 32;
 
 /// Whether a layer of `max_tokens` tokens a PE, `top_k` and
 /// `experts_per_pe` on `n` PEs fits the decode form's kernels
 /// (`moe_decode.cu`): their limits, and the receiver's rows within what
-/// its blocks' unit tables hold. The team's links are the caller's to
-/// check (every member over NVLink).
+/// the unit tables of its fewest blocks hold. The team's links and the
+/// GPUs' blocks are the caller's to check ([`Kernels::decode_blocks`]).
 pub(crate) fn decode_fits(max_tokens: usize, top_k: usize, experts_per_pe: usize, n: usize) -> bool {
     max_tokens <= DECODE_MAX_TOKENS
         && top_k <= DECODE_MAX_TOP_K
         && experts_per_pe <= DECODE_MAX_EXPERTS
-        && n.saturating_mul(max_tokens) <= DECODE_UNITS * DECODE_BLOCKS.min(MAX_BLOCKS)
+        && n.saturating_mul(max_tokens) <= DECODE_UNITS * DECODE_MIN_BLOCKS
 }
 
 impl Kernels {
     /// The decode form's grid: the same on every PE and in both phases (a
     /// member counts the blocks of each operation), every block resident
-    /// at once (each waits for every member's blocks), at most
-    /// [`DECODE_BLOCKS`].
+    /// at once (each waits for every member's blocks): as many as every
+    /// PE's GPU holds at once, a block an SM (agreed at start-up), up to
+    /// [`MAX_BLOCKS`]; `None` below [`DECODE_MIN_BLOCKS`].
     pub(crate) fn decode_blocks(&self) -> Option<usize> {
-        (self.resident_blocks >= DECODE_BLOCKS).then_some(DECODE_BLOCKS)
+        let blocks = self.resident_blocks.min(MAX_BLOCKS);
+        (blocks >= DECODE_MIN_BLOCKS).then_some(blocks)
     }
 
     /// The decode form's kernel for `dtype` (its combine's; the dispatch

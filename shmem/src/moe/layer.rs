@@ -674,7 +674,7 @@ impl<T: Element> MoeAllToAll<T> {
         };
         let decode = if shape.is_none() && decode_fits(c.max_tokens, c.top_k, c.experts_per_pe, n) {
             Some(DecodeBuffers {
-                words: ctx.alloc_zeroed(DECODE_HEAD_WORDS + 3 * n)?,
+                words: ctx.alloc_zeroed(DECODE_HEAD_WORDS + 4 * n)?,
                 views: ctx.alloc(n * c.max_tokens * c.top_k)?,
             })
         } else {
