@@ -222,7 +222,8 @@ __device__ void decode_source_state(const TeamSync &t, const MoeLayer &m, const 
 
 // Stores this block's share of the tokens' pieces into their destinations'
 // staging, with the metadata (as the exchange form's gather does, a block
-// a piece of a token, loaded once and stored into each destination's row).
+// a piece of a token, loaded once and stored into each destination's row;
+// in the FP8 format quantized once).
 __device__ void decode_send(const TeamSync &t, const MoeLayer &m, const DecodeWords &dw, const DecodeRoute &r,
                             int64_t nt, uint64_t op, unsigned long long *begun) {
     const int64_t *ids = t.mine<int64_t>(m.ids);
@@ -274,6 +275,73 @@ __device__ void decode_send(const TeamSync &t, const MoeLayer &m, const DecodeWo
             const int q = i / m.top_k, j = i % m.top_k;
             const int g = static_cast<int>(ids[tok * m.top_k + j]);  // checked
             wire_slots(rows[q], m)[j] = WireSlot{r.dest[tok][j] == row_dest[q] ? g % m.ne : -1, w[tok * m.top_k + j]};
+        }
+    }
+}
+
+// A warp: `bytes` at `src` into each of the `n` rows `dsts`, loaded once
+// (16-byte vectors where every pointer allows).
+__device__ __forceinline__ void warp_copy_to(uint8_t *const *dsts, int n, const uint8_t *src, uint64_t bytes) {
+    const int lane = threadIdx.x % 32;
+    uint64_t align = reinterpret_cast<uint64_t>(src) | bytes;
+    for (int k = 0; k < n; k++) align |= reinterpret_cast<uint64_t>(dsts[k]);
+    if (align % 16 == 0) {
+        const uint4 *s = reinterpret_cast<const uint4 *>(src);
+        for (uint64_t v = lane; v < bytes / 16; v += 32) {
+            const uint4 x = s[v];
+            for (int k = 0; k < n; k++) reinterpret_cast<uint4 *>(dsts[k])[v] = x;
+        }
+        return;
+    }
+    for (uint64_t i = lane; i < bytes; i += 32) {
+        const uint8_t x = src[i];
+        for (int k = 0; k < n; k++) dsts[k][i] = x;
+    }
+}
+
+// `decode_send` in the native format, a warp a piece of a token: the
+// token's distinct destinations a lane a slot, gathered in slot order
+// into the warp's tables, the piece loaded once and stored into each
+// destination's row, then the rows' metadata.
+__device__ void decode_send_warps(const TeamSync &t, const MoeLayer &m, const DecodeWords &dw, const DecodeRoute &r,
+                                  int64_t nt, uint64_t op, unsigned long long *begun) {
+    const int64_t *ids = t.mine<int64_t>(m.ids);
+    const float *w = t.mine<float>(m.weights);
+    const int lane = threadIdx.x % 32, wid = threadIdx.x / 32, warps = blockDim.x / 32;
+    const int64_t per = (m.data_bytes + kLayerChunkBytes - 1) / kLayerChunkBytes;
+    const int64_t chunks = nt * per <= static_cast<int64_t>(gridDim.x) * warps ? per : 1;
+    __shared__ uint8_t *rows[kBlockThreads / 32][kDecodeMaxTopK], *dsts[kBlockThreads / 32][kDecodeMaxTopK];
+    __shared__ int row_dest[kBlockThreads / 32][kDecodeMaxTopK];
+    __shared__ int64_t row_field[kBlockThreads / 32][kDecodeMaxTopK];
+    for (int64_t unit = static_cast<int64_t>(blockIdx.x) * warps + wid; unit < nt * chunks;
+         unit += static_cast<int64_t>(gridDim.x) * warps) {
+        const int64_t tok = unit / chunks, c = unit % chunks;
+        const Range b = piece_bytes(m.data_bytes, c, chunks);
+        // Slot `lane`: the first of its destination?
+        const int d = lane < m.top_k ? r.dest[tok][lane] : -1;
+        bool first = d >= 0;
+        for (int i = 0; i < lane && i < m.top_k && first; i++) first = r.dest[tok][i] != d;
+        const unsigned firsts = __ballot_sync(~0u, first);
+        const int k = __popc(firsts);
+        __syncwarp();  // the unit before is done with the tables
+        if (first) {
+            const int q = __popc(firsts & ((1u << lane) - 1)), rank = r.rank[tok][lane];
+            const uint64_t off = m.stage + (static_cast<uint64_t>(t.rank) * m.max_tokens + rank) * m.stride;
+            rows[wid][q] = d == t.rank ? t.mine<uint8_t>(off) : t.at<uint8_t>(d, off);
+            dsts[wid][q] = rows[wid][q] + b.lo;
+            row_field[wid][q] = static_cast<int64_t>(r.first[d] + rank) << kDecodeRowShift | tok;
+            row_dest[wid][q] = d;
+            wait_begun(dw, d, op, begun);
+        }
+        __syncwarp();
+        warp_copy_to(dsts[wid], k, t.mine<uint8_t>(m.tokens + tok * m.data_bytes + b.lo), b.hi - b.lo);
+        if (c != 0) continue;
+        if (lane < k) *wire_token(rows[wid][lane], m) = row_field[wid][lane];
+        for (int i = lane; i < k * m.top_k; i += 32) {
+            const int q = i / m.top_k, j = i % m.top_k;
+            const int g = static_cast<int>(ids[tok * m.top_k + j]);  // checked
+            wire_slots(rows[wid][q], m)[j] =
+                WireSlot{r.dest[tok][j] == row_dest[wid][q] ? g % m.ne : -1, w[tok * m.top_k + j]};
         }
     }
 }
@@ -417,26 +485,6 @@ __device__ void decode_layout(const TeamSync &t, const MoeLayer &m, DecodeView &
     }
 }
 
-// A warp: `bytes` at `src` into each of the `n` rows `dsts`, loaded once
-// (16-byte vectors where every pointer allows).
-__device__ __forceinline__ void warp_copy_to(uint8_t *const *dsts, int n, const uint8_t *src, uint64_t bytes) {
-    const int lane = threadIdx.x % 32;
-    uint64_t align = reinterpret_cast<uint64_t>(src) | bytes;
-    for (int k = 0; k < n; k++) align |= reinterpret_cast<uint64_t>(dsts[k]);
-    if (align % 16 == 0) {
-        const uint4 *s = reinterpret_cast<const uint4 *>(src);
-        for (uint64_t v = lane; v < bytes / 16; v += 32) {
-            const uint4 x = s[v];
-            for (int k = 0; k < n; k++) reinterpret_cast<uint4 *>(dsts[k])[v] = x;
-        }
-        return;
-    }
-    for (uint64_t i = lane; i < bytes; i += 32) {
-        const uint8_t x = src[i];
-        for (int k = 0; k < n; k++) dsts[k][i] = x;
-    }
-}
-
 // Places this block's units (a piece of a staged row each), a warp a
 // unit, into the view rows of its slots (the FP8 format's codes as
 // one-byte elements, their scales, and where asked their bf16 values),
@@ -532,7 +580,11 @@ __device__ void decode_dispatch(const TeamSync &t, const MoeLayer &m, const Deco
             t.mine<int64_t>(m.state)[0] = -1;
         }
     }
-    if (nt > 0) decode_send(t, m, dw, route, nt, op, &begun);
+    if (nt > 0 && m.fp8 == 0) {
+        decode_send_warps(t, m, dw, route, nt, op, &begun);
+    } else if (nt > 0) {
+        decode_send(t, m, dw, route, nt, op, &begun);
+    }
     phase_mark("send");
     // The placement counters from zero, a share a block, before the
     // block's count of itself done: every block places only once every
