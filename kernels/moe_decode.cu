@@ -59,6 +59,25 @@ __device__ __forceinline__ void red_release_add64(uint64_t *p, uint64_t v) {
     asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
+// A warp's pieces of rows of `bytes`: a multiple of kWarpPieceBytes each
+// (whole FP8 scale groups), as small as keeps every warp of the grid busy
+// with `rows` rows, at most a piece a warp a row (a warp moves 512 bytes
+// a step: a few steps a piece, not many one after another).
+constexpr int64_t kWarpPieceBytes = 512;
+struct WarpPieces {
+    int64_t pieces, chunk;
+    __device__ Range of(int64_t bytes, int64_t c) const { return piece_bytes(bytes, c, pieces, chunk); }
+};
+__device__ __forceinline__ WarpPieces warp_pieces(int64_t rows, int64_t bytes) {
+    const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+    const int64_t fit = rows > 0 ? warps / rows : 1;
+    const int64_t want = fit < 1 ? 1 : fit;
+    int64_t chunk = (bytes + want - 1) / want;
+    chunk = (chunk + kWarpPieceBytes - 1) / kWarpPieceBytes * kWarpPieceBytes;
+    const int64_t pieces = bytes <= chunk ? 1 : (bytes + chunk - 1) / chunk;
+    return WarpPieces{pieces, pieces == 1 ? (bytes > 0 ? bytes : 1) : chunk};
+}
+
 // The decode form's words (`MoeLayer::decode`), after the head (the
 // operation counter, then the count of blocks done with it): per member
 // `s`, `start` (the operation `s` has begun), `data` (blocks of `s` done
@@ -308,15 +327,15 @@ __device__ void decode_send_warps(const TeamSync &t, const MoeLayer &m, const De
     const int64_t *ids = t.mine<int64_t>(m.ids);
     const float *w = t.mine<float>(m.weights);
     const int lane = threadIdx.x % 32, wid = threadIdx.x / 32, warps = blockDim.x / 32;
-    const int64_t per = (m.data_bytes + kLayerChunkBytes - 1) / kLayerChunkBytes;
-    const int64_t chunks = nt * per <= static_cast<int64_t>(gridDim.x) * warps ? per : 1;
+    const WarpPieces wp = warp_pieces(nt, m.data_bytes);
+    const int64_t chunks = wp.pieces;
     __shared__ uint8_t *rows[kBlockThreads / 32][kDecodeMaxTopK], *dsts[kBlockThreads / 32][kDecodeMaxTopK];
     __shared__ int row_dest[kBlockThreads / 32][kDecodeMaxTopK];
     __shared__ int64_t row_field[kBlockThreads / 32][kDecodeMaxTopK];
     for (int64_t unit = static_cast<int64_t>(blockIdx.x) * warps + wid; unit < nt * chunks;
          unit += static_cast<int64_t>(gridDim.x) * warps) {
         const int64_t tok = unit / chunks, c = unit % chunks;
-        const Range b = piece_bytes(m.data_bytes, c, chunks);
+        const Range b = wp.of(m.data_bytes, c);
         // Slot `lane`: the first of its destination?
         const int d = lane < m.top_k ? r.dest[tok][lane] : -1;
         bool first = d >= 0;
@@ -396,13 +415,19 @@ __device__ void decode_layout(const TeamSync &t, const MoeLayer &m, DecodeView &
     for (int i = threadIdx.x; i < ne * n; i += blockDim.x) v.pair[i] = 0;
     for (int e = threadIdx.x; e < ne; e += blockDim.x) v.carry[e] = 0;
     __syncthreads();
+    // This thread's first row's experts, kept for the ranks' first pass.
+    int first_e[kDecodeMaxTopK];
+    uint32_t first_mask = 0;
     for (int64_t r = threadIdx.x; r < total; r += blockDim.x) {
         const int s = decode_source(v, n, r);
         int e[kDecodeMaxTopK];
-        row_experts(stage + decode_staged(v, m, s, r) * m.stride, m, e);
+        const uint32_t mask = row_experts(stage + decode_staged(v, m, s, r) * m.stride, m, e);
 #pragma unroll
-        for (int j = 0; j < kDecodeMaxTopK; j++)
+        for (int j = 0; j < kDecodeMaxTopK; j++) {
             if (e[j] >= 0) atomicAdd(&v.pair[e[j] * n + s], 1u);
+            if (r == threadIdx.x) first_e[j] = e[j];
+        }
+        if (r == threadIdx.x) first_mask = mask;
     }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -417,12 +442,12 @@ __device__ void decode_layout(const TeamSync &t, const MoeLayer &m, DecodeView &
         }
     }
     __syncthreads();
-    if (blockIdx.x == 0) {
-        // A thread a pair: its rows and where they start; a pair that
-        // receives nothing has arrived.
+    {
+        // A thread of the grid a pair: its rows and where they start; a
+        // pair that receives nothing has arrived.
         int64_t *view_so = t.mine<int64_t>(m.view_so);
         const int64_t mm = static_cast<int64_t>(ne) * n;
-        for (int i = threadIdx.x; i < ne * n; i += blockDim.x) {
+        for (int i = blockIdx.x + threadIdx.x * gridDim.x; i < ne * n; i += gridDim.x * blockDim.x) {
             const int e = i / n, s = i % n;
             int64_t at = v.block_start[e];
             for (int q = 0; q < s; q++) at += v.pair[e * n + q];
@@ -442,7 +467,13 @@ __device__ void decode_layout(const TeamSync &t, const MoeLayer &m, DecodeView &
         if (r < total) {
             s = decode_source(v, n, r);
             staged = decode_staged(v, m, s, r);
-            mask = row_experts(stage + staged * m.stride, m, e);
+            if (base == 0) {
+                mask = first_mask;
+#pragma unroll
+                for (int j = 0; j < kDecodeMaxTopK; j++) e[j] = first_e[j];
+            } else {
+                mask = row_experts(stage + staged * m.stride, m, e);
+            }
         }
         int below[kDecodeMaxTopK];
         for (int x = 0; x < ne; x++) {
@@ -489,8 +520,9 @@ __device__ void decode_layout(const TeamSync &t, const MoeLayer &m, DecodeView &
 // unit, into the view rows of its slots (the FP8 format's codes as
 // one-byte elements, their scales, and where asked their bf16 values),
 // and counts them placed for the arrival flags.
-__device__ void decode_place(const TeamSync &t, const MoeLayer &m, const DecodeView &v, int64_t pieces,
+__device__ void decode_place(const TeamSync &t, const MoeLayer &m, const DecodeView &v, const WarpPieces &wp,
                              const ArrivalWords &arrivals, uint64_t epoch) {
+    const int64_t pieces = wp.pieces;
     const int n = t.n, lane = threadIdx.x % 32, wid = threadIdx.x / 32, warps = blockDim.x / 32;
     const int64_t units = v.first[n] * pieces;
     __shared__ uint8_t *dsts[kBlockThreads / 32][kDecodeMaxTopK];
@@ -502,7 +534,7 @@ __device__ void decode_place(const TeamSync &t, const MoeLayer &m, const DecodeV
     for (int64_t u = threadIdx.x / 32; blockIdx.x + u * gridDim.x < units; u += warps) {
         const int64_t w = blockIdx.x + u * gridDim.x, r = w / pieces;
         const int s = decode_source(v, n, r);
-        const Range b = piece_bytes(m.data_bytes, w % pieces, pieces);
+        const Range b = wp.of(m.data_bytes, w % pieces);
         const uint8_t *row = stage + decode_staged(v, m, s, r) * m.stride;
         // The unit's view rows, a lane a slot, gathered in slot order into
         // the warp's tables (in shared memory: not the stack).
@@ -633,8 +665,8 @@ __device__ void decode_dispatch(const TeamSync &t, const MoeLayer &m, const Deco
             stage_so[s] = view.first[s + 1] - view.first[s];
             stage_so[n + s] = view.first[s];
         }
-    const int64_t pieces = pieces_of(view.first[n], m.data_bytes);
-    decode_layout(t, m, view, pieces, arrivals, epoch);
+    const WarpPieces pieces = warp_pieces(view.first[n], m.data_bytes);
+    decode_layout(t, m, view, pieces.pieces, arrivals, epoch);
     phase_mark("layout");
     decode_place(t, m, view, pieces, arrivals, epoch);
     phase_mark("place");
@@ -673,7 +705,9 @@ template <typename T> __device__ void decode_combine(const TeamSync &t, const Mo
     const uint8_t *stage = t.mine<uint8_t>(m.stage);
     const T *outputs = t.mine<T>(m.outputs);
     const int32_t *views = t.mine<int32_t>(m.views);
-    const int64_t row_bytes = m.hidden * static_cast<int64_t>(sizeof(T)), chunks = pieces_of(total, row_bytes);
+    const int64_t row_bytes = m.hidden * static_cast<int64_t>(sizeof(T));
+    const WarpPieces wp = warp_pieces(total, row_bytes);
+    const int64_t chunks = wp.pieces;
     const bool vectors = row_bytes % 16 == 0 && m.back_stride % 16 == 0 && aligned16(outputs);
     const int lane = threadIdx.x % 32, wid = threadIdx.x / 32, warps = blockDim.x / 32;
     __shared__ WireSlot held_by[kBlockThreads / 32][kDecodeMaxTopK];
@@ -682,7 +716,7 @@ template <typename T> __device__ void decode_combine(const TeamSync &t, const Mo
     for (int64_t w = static_cast<int64_t>(blockIdx.x) * warps + threadIdx.x / 32; w < total * chunks;
          w += static_cast<int64_t>(gridDim.x) * warps) {
         const int64_t r = w / chunks;
-        const Range b = piece_bytes(row_bytes, w % chunks, chunks);
+        const Range b = wp.of(row_bytes, w % chunks);
         int s = 0;
         while (s + 1 < n && r >= first[s + 1]) s++;
         const int64_t staged = static_cast<int64_t>(s) * m.max_tokens + r - first[s];

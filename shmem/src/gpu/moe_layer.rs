@@ -3,7 +3,7 @@
 
 use super::abi::{
     MoeLayer, TeamSync, DECODE_MAX_EXPERTS, DECODE_MAX_TOKENS, DECODE_MAX_TOP_K, DECODE_UNITS, FP8_QUANTIZE,
-    LAYER_CHUNK_BYTES, LAYER_QUANT_CHUNK, LAYER_SHARED_SLOTS, MAX_BLOCKS,
+    LAYER_CHUNK_BYTES, LAYER_QUANT_CHUNK, LAYER_SHARED_SLOTS,
 };
 use super::kernel_id::KernelId;
 use super::kernels::Kernels;
@@ -37,9 +37,10 @@ pub(crate) fn source_units(max_tokens: usize, top_k: usize) -> usize {
     max_tokens.saturating_mul(if top_k > LAYER_SHARED_SLOTS { top_k } else { 1 })
 }
 
-/// The decode form's kernels run on every block the GPUs hold at once,
-/// up to [`MAX_BLOCKS`], and need at least [`DECODE_MIN_BLOCKS`].
+/// The decode form's kernels run on half the blocks the GPUs hold at
+/// once, at least [`DECODE_MIN_BLOCKS`] and at most [`DECODE_MAX_BLOCKS`].
 const DECODE_MIN_BLOCKS: usize = 32;
+const DECODE_MAX_BLOCKS: usize = 64;
 
 /// Whether a layer of `max_tokens` tokens a PE, `top_k` and
 /// `experts_per_pe` on `n` PEs fits the decode form's kernels
@@ -56,11 +57,12 @@ pub(crate) fn decode_fits(max_tokens: usize, top_k: usize, experts_per_pe: usize
 impl Kernels {
     /// The decode form's grid: the same on every PE and in both phases (a
     /// member counts the blocks of each operation), every block resident
-    /// at once (each waits for every member's blocks): as many as every
-    /// PE's GPU holds at once, a block an SM (agreed at start-up), up to
-    /// [`MAX_BLOCKS`]; `None` below [`DECODE_MIN_BLOCKS`].
+    /// at once (each waits for every member's blocks): half the blocks
+    /// every PE's GPU holds at once, a block an SM (agreed at start-up),
+    /// so that kernels waiting on the dispatch's arrivals have the rest,
+    /// up to [`DECODE_MAX_BLOCKS`]; `None` below [`DECODE_MIN_BLOCKS`].
     pub(crate) fn decode_blocks(&self) -> Option<usize> {
-        let blocks = self.resident_blocks.min(MAX_BLOCKS);
+        let blocks = (self.resident_blocks / 2).min(DECODE_MAX_BLOCKS);
         (blocks >= DECODE_MIN_BLOCKS).then_some(blocks)
     }
 
