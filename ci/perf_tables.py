@@ -121,8 +121,12 @@ def layer_table(rows, pes):
     if any(r.get("dtype") == "e4m3" for r in mine):
         # shmem-bench --fp8: the FP8 dispatch's logical bytes are the bf16 tokens delivered.
         print("e4m3: the FP8 dispatch of the bf16 tokens; its logical GB/s counts them as bf16, as the bf16 rows do.\n")
-    print("| op | dtype | tokens | top-k | layer | 2D | NCCL | NCCL / layer | link bytes/PE | logical GB/s (DeepEP) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    # shmem-bench --impl shmem-lines: the layer's exchange form beside the automatic one.
+    exchange = any(r["impl"] == "shmem-lines" for r in mine)
+    extra = (" exchange form |", "---|") if exchange else ("", "")
+    print(f"| op | dtype | tokens | top-k | layer |{extra[0]} 2D | NCCL | NCCL / layer | link bytes/PE "
+          "| logical GB/s (DeepEP) |")
+    print(f"|---|---|---|---|---|{extra[1]}---|---|---|---|---|")
     keys = sorted({(LAYER_OPS.index(r["op"]), r["op"], r.get("dtype"), r.get("tokens"), r.get("topk")) for r in mine})
     for _, op, dtype, tokens, topk in keys:
         k = dict(pes=pes, dtype=dtype, tokens=tokens, topk=topk, hidden=hidden)
@@ -132,8 +136,9 @@ def layer_table(rows, pes):
         base = op[len("layer_"):]
         sr, nr = find(rows, op=base, impl="shmem", graph=graph, **k), find(rows, op=base, impl="nccl", graph=graph, **k)
         gbps = f"{lr['logical_gbps']:.1f}" if lr.get("logical_gbps") is not None else "—"
-        print(f"| {op}{'' if graph else ' (eager)'} | {dtype} | {tokens} | {topk} | {cell(lr)} | {cell(sr)} | {cell(nr)} "
-              f"| {ratio(lr, nr)} | {lr.get('link_bytes', '—')} | {gbps} |")
+        xr = f" {cell(find(mine, op=op, impl='shmem-lines', graph=graph, **k))} |" if exchange else ""
+        print(f"| {op}{'' if graph else ' (eager)'} | {dtype} | {tokens} | {topk} | {cell(lr)} |{xr} {cell(sr)} "
+              f"| {cell(nr)} | {ratio(lr, nr)} | {lr.get('link_bytes', '—')} | {gbps} |")
     print()
 
 
