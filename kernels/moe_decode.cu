@@ -232,8 +232,9 @@ __device__ int64_t decode_route(const TeamSync &t, const MoeLayer &m, DecodeRout
 __device__ void decode_source_state(const TeamSync &t, const MoeLayer &m, const DecodeRoute &r, int64_t nt) {
     int64_t *slot_rows = t.mine<int64_t>(m.slot_rows);
     for (int64_t s = threadIdx.x; s < nt * m.top_k; s += blockDim.x) {
-        const int d = r.dest[s / m.top_k][s % m.top_k];
-        slot_rows[s] = r.first[d] + r.rank[s / m.top_k][s % m.top_k];
+        const int tok = static_cast<int>(s) / m.top_k, j = static_cast<int>(s) - tok * m.top_k;
+        const int d = r.dest[tok][j];
+        slot_rows[s] = r.first[d] + r.rank[tok][j];
     }
     for (int pe = threadIdx.x; pe < t.n; pe += blockDim.x) t.mine<int64_t>(m.send_splits)[pe] = r.count[pe];
     if (threadIdx.x == 0) t.mine<int64_t>(m.state)[0] = nt;
@@ -332,9 +333,9 @@ __device__ void decode_send_warps(const TeamSync &t, const MoeLayer &m, const De
     __shared__ uint8_t *rows[kBlockThreads / 32][kDecodeMaxTopK], *dsts[kBlockThreads / 32][kDecodeMaxTopK];
     __shared__ int row_dest[kBlockThreads / 32][kDecodeMaxTopK];
     __shared__ int64_t row_field[kBlockThreads / 32][kDecodeMaxTopK];
-    for (int64_t unit = static_cast<int64_t>(blockIdx.x) * warps + wid; unit < nt * chunks;
-         unit += static_cast<int64_t>(gridDim.x) * warps) {
-        const int64_t tok = unit / chunks, c = unit % chunks;
+    const uint32_t per = static_cast<uint32_t>(chunks);
+    for (uint32_t unit = blockIdx.x * warps + wid; unit < nt * chunks; unit += gridDim.x * warps) {
+        const uint32_t tok = unit / per, c = unit - tok * per;
         const Range b = wp.of(m.data_bytes, c);
         // Slot `lane`: the first of its destination?
         const int d = lane < m.top_k ? r.dest[tok][lane] : -1;
@@ -415,6 +416,7 @@ __device__ void decode_layout(const TeamSync &t, const MoeLayer &m, DecodeView &
     for (int i = threadIdx.x; i < ne * n; i += blockDim.x) v.pair[i] = 0;
     for (int e = threadIdx.x; e < ne; e += blockDim.x) v.carry[e] = 0;
     __syncthreads();
+    phase_mark("zero");
     // This thread's first row's experts, kept for the ranks' first pass.
     int first_e[kDecodeMaxTopK];
     uint32_t first_mask = 0;
@@ -430,18 +432,21 @@ __device__ void decode_layout(const TeamSync &t, const MoeLayer &m, DecodeView &
         if (r == threadIdx.x) first_mask = mask;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        const int64_t a = m.major_align;
-        int64_t at = 0;
-        for (int e = 0; e < ne; e++) {
-            v.block_start[e] = static_cast<int32_t>(at);
-            int64_t len = 0;
-            for (int s = 0; s < n; s++) len += v.pair[e * n + s];
-            len = (len + a - 1) / a * a;
-            at += len > a ? len : a;
-        }
+    phase_mark("count");
+    if (warp == 0) {
+        // A lane an expert (at most 32): its block's length, padded, then
+        // where each starts (a warp's scan).
+        const uint32_t a = static_cast<uint32_t>(m.major_align);
+        uint32_t len = 0;
+        if (lane < ne)
+            for (int s = 0; s < n; s++) len += v.pair[lane * n + s];
+        len = (len + a - 1) / a * a;
+        len = lane < ne ? (len > a ? len : a) : 0;
+        const uint32_t incl = warp_inclusive_sum(len);
+        if (lane < ne) v.block_start[lane] = static_cast<int32_t>(incl - len);
     }
     __syncthreads();
+    phase_mark("starts");
     {
         // A thread of the grid a pair: its rows and where they start; a
         // pair that receives nothing has arrived.
@@ -456,6 +461,7 @@ __device__ void decode_layout(const TeamSync &t, const MoeLayer &m, DecodeView &
             if (v.pair[i] == 0) raise_arrival(arrivals.flags + i, epoch);
         }
     }
+    phase_mark("pairs");
     // Each row's rank in its experts' blocks: rows a thread, in passes of
     // the block's width, a ballot an expert.
     int32_t *views = t.mine<int32_t>(m.views);
@@ -500,13 +506,15 @@ __device__ void decode_layout(const TeamSync &t, const MoeLayer &m, DecodeView &
 #pragma unroll
             for (int j = 0; j < kDecodeMaxTopK; j++)
                 at[j] = e[j] >= 0 ? v.block_start[e[j]] + v.warp_count[warp][e[j]] + below[j] : -1;
-            for (int64_t c = 0; c < pieces; c++) {
-                const int64_t w = r * pieces + c;
-                if (w % gridDim.x != blockIdx.x) continue;
+            // This block's units of the row: units w = r × pieces + c with
+            // w ≡ blockIdx.x (mod gridDim.x), its unit w / gridDim.x (32-bit
+            // arithmetic, no division a piece: rows and units fit in 31 bits).
+            const uint32_t g = gridDim.x, w0 = static_cast<uint32_t>(r) * static_cast<uint32_t>(pieces);
+            for (uint32_t w = w0 + (blockIdx.x + g - w0 % g) % g; w < w0 + pieces; w += g) {
 #pragma unroll
                 for (int j = 0; j < kDecodeMaxTopK; j++) {
-                    v.unit_row[w / gridDim.x][j] = at[j];
-                    v.unit_expert[w / gridDim.x][j] = static_cast<int8_t>(e[j]);
+                    v.unit_row[w / g][j] = at[j];
+                    v.unit_expert[w / g][j] = static_cast<int8_t>(e[j]);
                 }
             }
             if (r % gridDim.x == blockIdx.x)
@@ -531,10 +539,11 @@ __device__ void decode_place(const TeamSync &t, const MoeLayer &m, const DecodeV
     const uint64_t view = m.fp8 == 0 ? m.recv : m.recv_codes;
     const int64_t groups = (m.hidden + kQuantGroup - 1) / kQuantGroup;
     // Unit u of this block is unit blockIdx.x + u × gridDim.x of the grid.
-    for (int64_t u = threadIdx.x / 32; blockIdx.x + u * gridDim.x < units; u += warps) {
-        const int64_t w = blockIdx.x + u * gridDim.x, r = w / pieces;
+    const uint32_t per = static_cast<uint32_t>(pieces);
+    for (uint32_t u = threadIdx.x / 32; blockIdx.x + u * gridDim.x < units; u += warps) {
+        const uint32_t w = blockIdx.x + u * gridDim.x, r = w / per;
         const int s = decode_source(v, n, r);
-        const Range b = wp.of(m.data_bytes, w % pieces);
+        const Range b = wp.of(m.data_bytes, w - r * per);
         const uint8_t *row = stage + decode_staged(v, m, s, r) * m.stride;
         // The unit's view rows, a lane a slot, gathered in slot order into
         // the warp's tables (in shared memory: not the stack).
@@ -639,14 +648,17 @@ __device__ void decode_dispatch(const TeamSync &t, const MoeLayer &m, const Deco
     // What each member sent: its rows, where they go in the packed order,
     // or the first member's fault.
     __shared__ int bad_source;
+    __shared__ int64_t sent[kMaxTeam];
+    for (int s = threadIdx.x; s < n; s += blockDim.x)
+        sent[s] = static_cast<int64_t>(*reinterpret_cast<volatile uint64_t *>(dw.info(t.rank, s, op)));
+    __syncthreads();
     if (threadIdx.x == 0) {
         bad_source = -1;
         int32_t at = 0;
         for (int s = 0; s < n; s++) {
-            const int64_t rows = static_cast<int64_t>(*reinterpret_cast<volatile uint64_t *>(dw.info(t.rank, s, op)));
             view.first[s] = at;
-            if (rows < 0 && bad_source < 0) bad_source = s;
-            at += rows < 0 ? 0 : static_cast<int32_t>(rows);
+            if (sent[s] < 0 && bad_source < 0) bad_source = s;
+            at += sent[s] < 0 ? 0 : static_cast<int32_t>(sent[s]);
         }
         view.first[n] = at;
     }
@@ -655,7 +667,7 @@ __device__ void decode_dispatch(const TeamSync &t, const MoeLayer &m, const Deco
     if (bad_source >= 0) {
         if (blockIdx.x == 0 && threadIdx.x == 0) {
             stage_so[0] = -1;
-            decode_report(m, bad_source, static_cast<int64_t>(*reinterpret_cast<volatile uint64_t *>(dw.info(t.rank, bad_source, op))));
+            decode_report(m, bad_source, sent[bad_source]);
         }
         decode_end(dw, op, nullptr, 0);
         return;
@@ -665,6 +677,7 @@ __device__ void decode_dispatch(const TeamSync &t, const MoeLayer &m, const Deco
             stage_so[s] = view.first[s + 1] - view.first[s];
             stage_so[n + s] = view.first[s];
         }
+    phase_mark("first");
     const WarpPieces pieces = warp_pieces(view.first[n], m.data_bytes);
     decode_layout(t, m, view, pieces.pieces, arrivals, epoch);
     phase_mark("layout");
@@ -713,10 +726,10 @@ template <typename T> __device__ void decode_combine(const TeamSync &t, const Mo
     __shared__ WireSlot held_by[kBlockThreads / 32][kDecodeMaxTopK];
     // A warp a unit (a piece of a staged row): its slots on this PE, their
     // outputs weighed and summed in slot order, into the source's row.
-    for (int64_t w = static_cast<int64_t>(blockIdx.x) * warps + threadIdx.x / 32; w < total * chunks;
-         w += static_cast<int64_t>(gridDim.x) * warps) {
-        const int64_t r = w / chunks;
-        const Range b = wp.of(row_bytes, w % chunks);
+    const uint32_t per = static_cast<uint32_t>(chunks);
+    for (uint32_t w = blockIdx.x * warps + threadIdx.x / 32; w < total * chunks; w += gridDim.x * warps) {
+        const uint32_t r = w / per;
+        const Range b = wp.of(row_bytes, w - r * per);
         int s = 0;
         while (s + 1 < n && r >= first[s + 1]) s++;
         const int64_t staged = static_cast<int64_t>(s) * m.max_tokens + r - first[s];
