@@ -223,6 +223,11 @@ impl<T: Element> MoeAllToAll<T> {
             Err(e) => {
                 // The peers' agreement waits for this PE's row.
                 let _ = team.agree_alone((epoch, row), stream);
+                if kind == OpKind::MoeDispatch {
+                    // As the peers' kernels mark their failed dispatch: a
+                    // combine after it writes nothing here either.
+                    let _ = self.stage_so.slice(0..1).copy_from_host(&[-1], stream);
+                }
                 Err(e)
             }
         }

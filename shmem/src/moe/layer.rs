@@ -716,7 +716,8 @@ impl<T: Element> MoeAllToAll<T> {
     /// wire rows in (`max_tokens × n_pes`) and the dispatched view (every
     /// staged token in up to `min(top_k, experts_per_pe)` blocks, plus each
     /// block's padding). The rest (splits, the device path's slot map and
-    /// counting scratch, the arrival flags) is small: for rows of a few
+    /// counting scratch, the arrival flags, the decode form's words and
+    /// each staged slot's view row) is small: for rows of a few
     /// hundred elements or more the total stays within twice the bytes the
     /// largest dispatch sends, receives and returns as its view.
     pub fn memory_bytes(&self) -> usize {
