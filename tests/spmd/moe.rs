@@ -1212,7 +1212,10 @@ fn layer_on_device(env: &Env) -> TestResult {
     // that read a token's slots from memory one by one.
     on_device::<f32>(env, MoeConfig::new(8, 5, 12, 12), Spread::Random)?;
     on_device::<bf16>(env, MoeConfig::new(8, 3, 70, 66).major_align(4), Spread::Random)?;
-    on_device::<f64>(env, MoeConfig::new(3, 6, 2, 2), Spread::Random)
+    on_device::<f64>(env, MoeConfig::new(3, 6, 2, 2), Spread::Random)?;
+    // Many tokens, each to most PEs: on the GPU's decode form, more staged
+    // rows than a block's threads (the view's ranks in several passes).
+    on_device::<f32>(env, MoeConfig::new(16, 256, 8, 8).major_align(4), Spread::Random)
 }
 
 fn on_device<T: Float>(env: &Env, c: MoeConfig, spread: Spread) -> TestResult {
