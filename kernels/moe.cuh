@@ -315,9 +315,14 @@ template <int K> __device__ unsigned long long a2av_first_error(const A2av &a, c
     return verdict;
 }
 
-// Records a failed check for the host (one thread).
-inline __device__ void a2av_report(const A2av &a, unsigned long long code, long long value) {
+// Records a failed check for the host (one thread). The code names the
+// team's member; the record names its world PE (`pes`: the team's), as
+// the host names PEs.
+inline __device__ void a2av_report(const A2av &a, const int *pes, unsigned long long code, long long value) {
     if (!a.error) return;
+    constexpr unsigned long long kPeMask = (1ull << (kA2avErrKindShift - kA2avErrPeShift)) - 1;
+    const unsigned long long member = code >> kA2avErrPeShift & kPeMask;
+    code = (code & ~(kPeMask << kA2avErrPeShift)) | static_cast<unsigned long long>(pes[member]) << kA2avErrPeShift;
     // Host-mapped: the host reads it without synchronising.
     volatile A2avError *e = reinterpret_cast<volatile A2avError *>(a.error);
     if (e->count == 0) {
@@ -331,10 +336,10 @@ inline __device__ void a2av_report(const A2av &a, unsigned long long code, long 
 
 // A bad exchange's record (whole block, after `a2av_sums`; block 0
 // writes it).
-template <int K> __device__ void a2av_report_first(const A2av &a, const A2avTable &tb) {
+template <int K> __device__ void a2av_report_first(const TeamSync &t, const A2av &a, const A2avTable &tb) {
     long long value;
     unsigned long long first = a2av_first_error<K>(a, tb, &value);
-    if (blockIdx.x == 0 && threadIdx.x == 0) a2av_report(a, first, value);
+    if (blockIdx.x == 0 && threadIdx.x == 0) a2av_report(a, t.pes, first, value);
 }
 
 // What this PE receives, into its out_splits_offsets (after a good

@@ -585,14 +585,15 @@ __device__ void decode_place(const TeamSync &t, const MoeLayer &m, const DecodeV
 }
 
 // Records source `s`'s routing fault (its `marker`) for the host, as the
-// exchange form's check records a bad split (one thread).
-__device__ void decode_report(const MoeLayer &m, int s, int64_t marker) {
+// exchange form's check records a bad split, naming its world PE (one
+// thread; `pe`: member `s`'s).
+__device__ void decode_report(const MoeLayer &m, int pe, int64_t marker) {
     if (m.error == 0) return;
     volatile A2avError *e = reinterpret_cast<volatile A2avError *>(m.error);
     if (e->count == 0) {
         e->code = static_cast<unsigned long long>(NegativeSplit) << kA2avErrClassShift |
                   static_cast<unsigned long long>(A2avV) << kA2avErrKindShift |
-                  static_cast<unsigned long long>(s) << kA2avErrPeShift;
+                  static_cast<unsigned long long>(pe) << kA2avErrPeShift;
         e->value = marker;
         e->limit = static_cast<unsigned long long>(m.max_tokens) * (m.top_k < 64 ? m.top_k : 64);
     }
@@ -667,7 +668,7 @@ __device__ void decode_dispatch(const TeamSync &t, const MoeLayer &m, const Deco
     if (bad_source >= 0) {
         if (blockIdx.x == 0 && threadIdx.x == 0) {
             stage_so[0] = -1;
-            decode_report(m, bad_source, sent[bad_source]);
+            decode_report(m, t.pes[bad_source], sent[bad_source]);
         }
         decode_end(dw, op, nullptr, 0);
         return;

@@ -123,7 +123,7 @@ template <int K> __device__ __forceinline__ void a2av_fused(const TeamSync &team
     phase_mark("sync");
     pk.arrive();
     if (a2av_sums<K>(a, tb, &busiest)) {
-        a2av_report_first<K>(a, tb);  // a bad exchange is never sent
+        a2av_report_first<K>(t, a, tb);  // a bad exchange is never sent
     } else {
         // The working blocks, by the block's last thread beside the plan.
         a2av_plan<K>(t, a, tb, [&] {

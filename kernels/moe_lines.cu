@@ -260,7 +260,7 @@ template <int K> __device__ __forceinline__ void a2av_lines(const TeamSync &team
     __syncthreads();
     phase_mark("sync");
     if (a2av_sums<K>(a, tb)) {
-        a2av_report_first<K>(a, tb);
+        a2av_report_first<K>(team, a, tb);
     } else {
         // The own copy's plan and the receipts' side by side.
         a2av_plan<K>(team, a, tb, [&] { x.plan_recvs(team); });

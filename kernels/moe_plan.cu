@@ -44,7 +44,7 @@ extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads)
     }
     __syncthreads();
     if (a2av_sums<kAnyKind>(a, tb, &busiest)) {
-        a2av_report_first<kAnyKind>(a, tb);
+        a2av_report_first<kAnyKind>(t, a, tb);
         if (threadIdx.x == 0) *tb.verdict() = 1;
         end_epoch(t, epoch);
         return;

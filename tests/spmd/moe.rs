@@ -1129,7 +1129,9 @@ fn err_layer(env: &Env) -> TestResult {
 /// negative or above `max_tokens`): on every PE the call, or the next
 /// `check_device` after it has run, fails naming the PE and the fault
 /// (on the host backend, where the call checks at once, the bad PE's own
-/// error); the view and its layout are as they were; then the layer works.
+/// error; in the node-aware form, off the bad PE's rail, the failed split
+/// of the forwarder that took its rail's failure); the view and its
+/// layout are as they were; then the layer works.
 fn err_layer_on_device(env: &Env) -> TestResult {
     let (n, me, s) = (env.n(), env.me(), &env.s);
     let c = MoeConfig::new(4, 3, 2, 2);
@@ -1182,8 +1184,17 @@ fn err_layer_on_device(env: &Env) -> TestResult {
         match r {
             Err(Error::BadRouting { fault: f, detail }) if me == bad => assert_eq!(f, fault, "PE {me}: {detail}"),
             Err(e) => {
+                // The bad PE and its fault; in the node-aware form, on the
+                // PEs off its rail, the forwarder of their node that took
+                // its rail's failure (the PE of its local rank there).
                 let m = e.to_string();
-                assert!(m.contains(&format!("PE {bad} ")) && m.contains(fault.describe()), "{fault:?}: PE {me}: {m}");
+                let per = env.ctx.node().n_pes();
+                let ok = if moe.node_aware() && me % per != bad % per {
+                    m.contains(&format!("PE {}'s split 0 is negative", me / per * per + bad % per))
+                } else {
+                    m.contains(&format!("PE {bad} ")) && m.contains(fault.describe())
+                };
+                assert!(ok, "{fault:?}: PE {me}: {m}");
             }
             Ok(()) => panic!("{fault:?}: a bad dispatch succeeded on PE {me}"),
         }

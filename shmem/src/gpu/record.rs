@@ -19,7 +19,8 @@ pub(crate) struct DeviceCheckFailure {
     /// The `A2AV_*` class of the failure (`A2AV_NEGATIVE_SPLIT` …
     /// `A2AV_PAST_OUTPUT` in the ABI).
     pub class: u32,
-    /// The PE whose splits (classes up to past-input) or output (past-output) are wrong.
+    /// The PE (its world number) whose splits (classes up to past-input) or
+    /// output (past-output) are wrong.
     pub pe: usize,
     /// The entry of its splits (classes up to past-input).
     pub index: usize,
