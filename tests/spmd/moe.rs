@@ -1184,16 +1184,15 @@ fn err_layer_on_device(env: &Env) -> TestResult {
         match r {
             Err(Error::BadRouting { fault: f, detail }) if me == bad => assert_eq!(f, fault, "PE {me}: {detail}"),
             Err(e) => {
-                // The bad PE and its fault; in the node-aware form, on the
-                // PEs off its rail, the forwarder of their node that took
-                // its rail's failure (the PE of its local rank there).
+                // The bad PE and its fault; in the node-aware form on the
+                // GPU, on the PEs off its rail, the forwarder of their node
+                // that took its rail's failure (the PE of its local rank
+                // there).
                 let m = e.to_string();
                 let per = env.ctx.node().n_pes();
-                let ok = if moe.node_aware() && me % per != bad % per {
-                    m.contains(&format!("PE {}'s split 0 is negative", me / per * per + bad % per))
-                } else {
-                    m.contains(&format!("PE {bad} ")) && m.contains(fault.describe())
-                };
+                let forwarder = format!("PE {}'s split 0 is negative", me / per * per + bad % per);
+                let ok = (m.contains(&format!("PE {bad} ")) && m.contains(fault.describe()))
+                    || (moe.node_aware() && me % per != bad % per && m.contains(&forwarder));
                 assert!(ok, "{fault:?}: PE {me}: {m}");
             }
             Ok(()) => panic!("{fault:?}: a bad dispatch succeeded on PE {me}"),
