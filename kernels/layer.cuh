@@ -322,6 +322,15 @@ __device__ __forceinline__ void fold_vectors(T *out, uint64_t lo, uint64_t hi, i
 }
 
 
+// The smallest of a token's `top_k` wire rows `rows` above `last`, or -1
+// past the largest: in turn, its distinct rows ascending (ascending PE).
+__device__ __forceinline__ int64_t next_wire_row(const int64_t *rows, int top_k, int64_t last) {
+    int64_t next = -1;
+    for (int j = 0; j < top_k; j++)
+        if (rows[j] > last && (next < 0 || rows[j] < next)) next = rows[j];
+    return next;
+}
+
 // Each of the `nt` tokens' partials, which came back into `m.send` at
 // the token's wire rows (`m.slot_rows`), summed in ascending PE order
 // (ascending wire row) and rounded once into `m.out`, a block a chunk of
@@ -346,14 +355,8 @@ template <typename T> __device__ void combine_tokens(const TeamSync &t, const Mo
             __syncthreads();  // the chunk before is done with held
             if (threadIdx.x == 0) {
                 int k = 0;
-                for (int64_t last = -1;;) {
-                    int64_t next = -1;
-                    for (int j = 0; j < m.top_k; j++)
-                        if (rows[j] > last && (next < 0 || rows[j] < next)) next = rows[j];
-                    if (next < 0) break;
-                    held[k++] = next;
-                    last = next;
-                }
+                for (int64_t r = next_wire_row(rows, m.top_k, -1); r >= 0; r = next_wire_row(rows, m.top_k, r))
+                    held[k++] = r;
                 nheld = k;
             }
             __syncthreads();
@@ -366,14 +369,8 @@ template <typename T> __device__ void combine_tokens(const TeamSync &t, const Mo
         for (uint64_t h = b.lo / sizeof(T) + threadIdx.x; h < b.hi / sizeof(T); h += blockDim.x) {
             A acc = 0;
             // The token's distinct wire rows, ascending: ascending PE.
-            for (int64_t last = -1;;) {
-                int64_t next = -1;
-                for (int j = 0; j < m.top_k; j++)
-                    if (rows[j] > last && (next < 0 || rows[j] < next)) next = rows[j];
-                if (next < 0) break;
-                acc = add(acc, to_acc(reinterpret_cast<const T *>(back + next * m.back_stride)[h]));
-                last = next;
-            }
+            for (int64_t r = next_wire_row(rows, m.top_k, -1); r >= 0; r = next_wire_row(rows, m.top_k, r))
+                acc = add(acc, to_acc(reinterpret_cast<const T *>(back + r * m.back_stride)[h]));
             out[h] = from_acc<T>(acc);
         }
     }

@@ -5,7 +5,7 @@
 //! (`move.cu`, `reduce.cuh`), `a2av.rs` (`moe_*.cu`), `moe_layer.rs`
 //! (`moe_layer.cu`) and `overlap.rs` (`overlap.cu`).
 
-use super::abi::{TeamSync, MAX_BLOCKS, RMA_BLOCKS, THREADS};
+use super::abi::{MAX_BLOCKS, RMA_BLOCKS, THREADS};
 use super::kernel_id::KernelId;
 use super::module::{Grid, Module};
 use super::record::{AgreeRecord, HostRecord, PeerDied};
@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Mutex;
 
-pub(crate) use super::abi::{A2av, MoeLayer, DECODE_HEAD_WORDS, MAX_TEAM, ROUTE_THREADS};
+pub(crate) use super::abi::{A2av, MoeLayer, TeamSync, DECODE_HEAD_WORDS, MAX_TEAM, ROUTE_THREADS};
 pub(crate) use super::layout::Layout;
 pub(crate) use super::module::not_built;
 pub(crate) use super::moe_layer::{decode_fits, source_units};

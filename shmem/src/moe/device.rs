@@ -13,7 +13,7 @@ use crate::context::Stream;
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::gpu::abi::{FP8_PRE_QUANTIZED, FP8_QUANTIZE};
-use crate::gpu::kernels::{not_built, source_units, MoeLayer};
+use crate::gpu::kernels::{not_built, source_units, MoeLayer, TeamSync};
 use crate::gpu::GpuWorld;
 use crate::team::{Desc, OpKind};
 use crate::MoeKernels;
@@ -122,13 +122,13 @@ impl<T: Element> MoeAllToAll<T> {
         if let Some(r) = &self.rails {
             return self.dispatch_nodes_gpu(g, r, pre, tokens, (ids, weights, count), dequantize, stream);
         }
-        if self.decode_form(g)? {
+        if let Some(t) = self.decode_form(g)? {
             self.last_form.store(LAST_DECODE, Ordering::Relaxed);
             let m = pre.and_then(|_| {
                 let m = MoeLayer { fp8, dequantize: i32::from(dequantize), ..self.layer_args(0) };
                 self.source_args(tokens, (ids, weights, count), m)
             });
-            return self.decode_launch(g, OpKind::MoeDispatch, m, stream);
+            return self.decode_launch(g, t, OpKind::MoeDispatch, m, stream);
         }
         self.last_form.store(LAST_EXCHANGE, Ordering::Relaxed);
         let pre = pre.and_then(|_| {
@@ -170,7 +170,10 @@ impl<T: CombineElement> MoeAllToAll<T> {
             })
         };
         if self.last_form.load(Ordering::Relaxed) == LAST_DECODE {
-            return self.decode_launch(g, OpKind::MoeCombine, pre.and_then(|_| args(1)), stream);
+            let k = g.kernels.as_ref().ok_or_else(not_built)?;
+            let force = self.team.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner()).force_rma;
+            let t = k.team(self.team.state.slot, &self.team.state.members, force)?;
+            return self.decode_launch(g, t, OpKind::MoeCombine, pre.and_then(|_| args(1)), stream);
         }
         let pre = pre.and_then(|_| {
             let k = g.kernels.as_ref().ok_or_else(not_built)?;
@@ -190,25 +193,31 @@ impl<T: Element> MoeAllToAll<T> {
     /// (its buffers were allocated), every member is reached over NVLink,
     /// the kernels' grid fits the GPUs and the MoE kernels are left to
     /// choose ([`MoeKernels::Auto`]); the same on every PE.
-    fn decode_form(&self, g: &GpuWorld) -> Result<bool> {
+    /// The team's view for its kernel where it does, else `None`.
+    fn decode_form(&self, g: &GpuWorld) -> Result<Option<TeamSync>> {
         let settings = *self.team.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner());
         let Some(k) = g.kernels.as_ref().filter(|_| self.decode.is_some() && settings.moe == MoeKernels::Auto) else {
-            return Ok(false);
+            return Ok(None);
         };
         let t = k.team(self.team.state.slot, &self.team.state.members, settings.force_rma)?;
-        Ok(t.nvlink() && k.decode_blocks().is_some())
+        Ok((t.nvlink() && k.decode_blocks().is_some()).then_some(t))
     }
 
-    /// The decode form's kernel with `m` (its phase the call's), agreed on
+    /// The decode form's kernel on `t` with `m` (its phase the call's), agreed on
     /// the device first where the call is eager (`kind`: the call's); `m`
     /// an error: this PE's call failed its checks, and its peers fail the
     /// agreement with it.
-    fn decode_launch(&self, g: &GpuWorld, kind: OpKind, m: Result<MoeLayer>, stream: &Stream) -> Result<()> {
+    fn decode_launch(
+        &self,
+        g: &GpuWorld,
+        t: TeamSync,
+        kind: OpKind,
+        m: Result<MoeLayer>,
+        stream: &Stream,
+    ) -> Result<()> {
         let team = &self.team;
         let m = m.and_then(|m| team.ctx.check_device().map(|()| m));
         let k = g.kernels.as_ref().ok_or_else(not_built)?;
-        let force = team.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner()).force_rma;
-        let t = k.team(team.state.slot, &team.state.members, force)?;
         let st = g.stream(stream);
         if crate::gpu::capturing(st) {
             return k.moe_decode(T::DTYPE, t, m?, st.cu_stream());
