@@ -388,7 +388,7 @@ struct MoeLayer {
     int view_n;  // the node stage's receiver: source PEs of the view (the world); 0: the team's
     uint64_t arrivals;  // ne × n u64 arrival flags (n: the view's sources), entry e × n + source, then the epoch
     // The decode form (moe_decode.cu); 0 in the exchange form.
-    uint64_t decode;  // kDecodeHeadWords + 4n u64: the decode form's words (`DecodeWords`)
+    uint64_t decode;  // kDecodeHeadWords + n (5 + 2 ne) u64: the decode form's words (`DecodeWords`)
     uint64_t views;  // n × max_tokens × top_k i32: the view row of each staged slot, -1 for another PE's
     uint64_t error;  // device address of the host-mapped `A2avError` (the routing faults it finds)
 };
@@ -410,15 +410,16 @@ constexpr int64_t kLayerQuantChunk = 2048;
 // a token (`LAYER_SHARED_SLOTS` in abi.rs sizes its grid alike).
 constexpr int kLayerSharedSlots = 64;
 // The decode form (moe_decode.cu): at most this many tokens a PE, this many
-// experts a PE, this top-k, and this many units of the receiver's placement a block
-// (`DECODE_MAX_TOKENS`, `DECODE_MAX_EXPERTS`, `DECODE_UNITS` in abi.rs);
+// experts a PE, this top-k, and this many experts in the team (PEs ×
+// experts a PE: the route's rank tables)
+// (`DECODE_MAX_TOKENS`, `DECODE_MAX_EXPERTS`, `DECODE_MAX_PAIRS` in abi.rs);
 // the head of its words (the operation counter, the blocks done with it);
 // where its token field carries the wire row the combine's partial goes
 // back to (the token below).
 constexpr int kDecodeMaxTokens = 256;
 constexpr int kDecodeMaxExperts = 32;
 constexpr int kDecodeMaxTopK = 8;
-constexpr int kDecodeUnits = 64;
+constexpr int kDecodeMaxPairs = 512;
 constexpr int kDecodeHeadWords = 2;
 constexpr int kDecodeRowShift = 32;
 static_assert(sizeof(MoeLayer) == 320, "MoeLayer: size");

@@ -287,6 +287,9 @@ __device__ __forceinline__ bool aligned16(const void *p) { return reinterpret_ca
 
 // The threads that share a loop: this one's first step and their count
 // (the block's, or a warp's).
+// Rows whose vectors `fold_vectors` loads before it adds the first.
+constexpr int kFoldAhead = 2;
+
 struct Lanes {
     uint32_t first, stride;
 };
@@ -297,27 +300,61 @@ __device__ __forceinline__ Lanes warp_lanes() { return Lanes{threadIdx.x % 32, 3
 // rows' vectors in row order, `step(acc, i, x)` adding row i's element x
 // to the accumulator (which starts at 0), rounded once (the whole block,
 // or the `l` that share it; `row(i)` is row i's first element, 16-byte
-// aligned).
-
-template <typename T, typename Row, typename Step>
+// aligned). `kAt` vectors a lane at a time: 2 where a lane has several
+// (a warp's share of a row), 1 where the lanes cover the range in a step.
+template <int kAt = 1, typename T, typename Row, typename Step>
 __device__ __forceinline__ void fold_vectors(T *out, uint64_t lo, uint64_t hi, int rows, Row row, Step step,
                                              Lanes l = block_lanes()) {
     using A = typename Acc<T>::type;
     using V = Vec<T>;
     constexpr int kN = V::kN;
-    for (uint64_t v = lo + l.first; v < hi; v += l.stride) {
-        A acc[kN];
+    // kAt vectors a lane at once (`v`, `v + stride`, …), each with up to
+    // kFoldAhead rows loaded before the first is added, so that their
+    // trips to memory overlap; each folded in row order.
+    for (uint64_t v = lo + l.first; v < hi; v += kAt * l.stride) {
+        bool has[kAt];
+        A acc[kAt][kN];
 #pragma unroll
-        for (int e = 0; e < kN; e++) acc[e] = 0;
-        for (int i = 0; i < rows; i++) {
-            const V x = reinterpret_cast<const V *>(row(i))[v];
+        for (int a = 0; a < kAt; a++) {
+            has[a] = v + a * l.stride < hi;
 #pragma unroll
-            for (int e = 0; e < kN; e++) acc[e] = step(acc[e], i, to_acc(x.v[e]));
+            for (int e = 0; e < kN; e++) acc[a][e] = 0;
         }
-        V y;
+        int i = 0;
+        for (; i + kFoldAhead <= rows; i += kFoldAhead) {
+            V x[kAt][kFoldAhead];
 #pragma unroll
-        for (int e = 0; e < kN; e++) y.v[e] = from_acc<T>(acc[e]);
-        reinterpret_cast<V *>(out)[v] = y;
+            for (int u = 0; u < kFoldAhead; u++)
+#pragma unroll
+                for (int a = 0; a < kAt; a++)
+                    if (has[a]) x[a][u] = reinterpret_cast<const V *>(row(i + u))[v + a * l.stride];
+#pragma unroll
+            for (int u = 0; u < kFoldAhead; u++)
+#pragma unroll
+                for (int a = 0; a < kAt; a++)
+#pragma unroll
+                    for (int e = 0; e < kN; e++)
+                        if (has[a]) acc[a][e] = step(acc[a][e], i + u, to_acc(x[a][u].v[e]));
+        }
+        for (; i < rows; i++) {
+            V x[kAt];
+#pragma unroll
+            for (int a = 0; a < kAt; a++)
+                if (has[a]) x[a] = reinterpret_cast<const V *>(row(i))[v + a * l.stride];
+#pragma unroll
+            for (int a = 0; a < kAt; a++)
+#pragma unroll
+                for (int e = 0; e < kN; e++)
+                    if (has[a]) acc[a][e] = step(acc[a][e], i, to_acc(x[a].v[e]));
+        }
+#pragma unroll
+        for (int a = 0; a < kAt; a++) {
+            if (!has[a]) continue;
+            V y;
+#pragma unroll
+            for (int e = 0; e < kN; e++) y.v[e] = from_acc<T>(acc[a][e]);
+            reinterpret_cast<V *>(out)[v + a * l.stride] = y;
+        }
     }
 }
 

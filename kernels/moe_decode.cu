@@ -7,21 +7,27 @@
 // another's splits and nothing is routed by one block alone.
 //
 // The dispatch (phase 0). Every block routes all of this PE's tokens in
-// shared memory (each token's destination PEs and its rank among this
-// PE's tokens for each), then stores its share of the tokens' pieces
+// shared memory (each token's destination PEs, its rank among this PE's
+// tokens for each, and each slot's rank among this PE's slots of its
+// expert). Block 0 tells every member at once what it will receive
+// (`info`: its rows, and its rows of each of the member's experts, or the
+// routing fault; then `ready`, a release store), so that the members can
+// lay their views out while the rows are on the way. Every block stores
+// its share of the tokens' pieces (block 0, which tells, the grid's last)
 // straight into each destination's staging at row `this PE × max_tokens
 // + rank` (the exchange form packs the sources' rows; here each source
 // has its own run), with the wire row's metadata: the token field also
 // names, above kDecodeRowShift, this PE's wire row for that destination,
-// where the combine's partial comes back. Each block then counts itself
-// done at every member (`data`, a release add); block 0 first stores
-// there the rows it sent that member, or its routing fault (`info`).
-// Every block waits until every member's blocks are all done, lays the
-// view out from the staged rows' slots (rows per expert and source, each
-// row's rank in its expert's block: the same in every block, so no block
-// waits on another's layout) and places its share of the staged rows
-// into the view, a warp a piece of a row, counting the arrivals as the
-// exchange form does.
+// where the combine's partial comes back, and each slot its local expert
+// and rank (`e | rank << 8`). Each block then lays the view out from the
+// members' `info` (rows per expert and source, where each expert's block
+// and each source's run in it start: a few hundred words, the same in
+// every block, so no block waits on another's layout), counts itself done
+// at every member (`data`, a release add), waits until every member's
+// blocks are all done, and places its share of the staged rows into the
+// view, a warp a piece of a row, each slot's view row its run's start plus
+// the rank the source sent, counting the arrivals as the exchange form
+// does.
 //
 // The combine (phase 1). Each warp weighs and sums its share of the
 // staged rows' experts' outputs and stores each partial straight into its
@@ -34,14 +40,15 @@
 // its kernel begins (`start`), and by then everything it did with them
 // before has ended (stream order). `info` comes in two, by the
 // operation's parity: every operation waits for every member's blocks,
-// so a member that writes one again has seen this PE done with it. The
+// so a member that writes one again has seen this PE done with it (this
+// PE reads it before the end of the operation that wrote it). The
 // operations of the two phases share one counter and the same grid, so
 // each member's `data` grows by the grid's blocks an operation.
 //
 // Failures. Eager calls agree on the device first (agree.cuh); where they
 // do not, nothing is written and the layer's state says the dispatch
 // failed. A bad routing: the source stores no row and sends its fault's
-// marker (`kRouteBad - code`) as its `info`; every member, seeing one,
+// marker (`kRouteBad - code`) as its `info`'s rows; every member, seeing one,
 // writes nothing into the view, poisons `stage_so` so that the combine
 // writes nothing either, and records the fault for the host as the
 // exchange form's check does (class NegativeSplit, entry 0 of the PE's
@@ -54,9 +61,17 @@ namespace k {
 static_assert(kDecodeMaxTopK == kRouteFastSlots, "the decode route keeps a token's slots in registers");
 static_assert(kDecodeMaxTokens <= kBlockThreads, "the decode route takes a token a thread");
 static_assert(kDecodeMaxExperts <= 32, "a row's local experts are a 32-bit mask");
+static_assert(kDecodeMaxTokens <= 256, "a slot's rank in its expert's rows from one source is a byte");
 
 __device__ __forceinline__ void red_release_add64(uint64_t *p, uint64_t v) {
     asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// The block whose share of a grid-wide split of work this block takes:
+// block 0 takes the last share, since it also tells the members what
+// this PE sends them and writes the view's splits.
+__device__ __forceinline__ uint32_t decode_share() {
+    return blockIdx.x == 0 ? gridDim.x - 1 : blockIdx.x - 1;
 }
 
 // A warp's pieces of rows of `bytes`: a multiple of kWarpPieceBytes each
@@ -78,14 +93,18 @@ __device__ __forceinline__ WarpPieces warp_pieces(int64_t rows, int64_t bytes) {
     return WarpPieces{pieces, pieces == 1 ? (bytes > 0 ? bytes : 1) : chunk};
 }
 
-// The decode form's words (`MoeLayer::decode`), after the head (the
-// operation counter, then the count of blocks done with it): per member
-// `s`, `start` (the operation `s` has begun), `data` (blocks of `s` done
-// sending this PE their rows or partials, over every operation), two
-// `info` (the rows `s` sent this PE in a dispatch, or its fault's marker).
+// The decode form's words (`MoeLayer::decode`, `decode_words` in abi.rs),
+// after the head (the operation counter, then the count of blocks done
+// with it): per member `s`, `start` (the operation `s` has begun), `data`
+// (blocks of `s` done sending this PE their rows or partials, over every
+// operation), `ready` (the last dispatch whose `info` `s` has stored
+// here), then two `info` records of 1 + ne words a member (the rows `s`
+// sends this PE in a dispatch, or its fault's marker; then its rows of
+// each of this PE's experts).
 struct DecodeWords {
     const TeamSync &t;
     uint64_t base;
+    int ne;
     __device__ uint64_t *word(int pe, int i) const {
         const uint64_t off = base + static_cast<uint64_t>(i) * 8;
         return pe == t.rank ? t.mine<uint64_t>(off) : t.at<uint64_t>(pe, off);
@@ -95,20 +114,26 @@ struct DecodeWords {
     // Member `pe`'s word about member `s`.
     __device__ uint64_t *start(int pe, int s) const { return word(pe, kDecodeHeadWords + s); }
     __device__ uint64_t *data(int pe, int s) const { return word(pe, kDecodeHeadWords + t.n + s); }
+    __device__ uint64_t *ready(int pe, int s) const { return word(pe, kDecodeHeadWords + 2 * t.n + s); }
     // By the operation's parity: a member writes it again two operations
     // later, after every member's blocks were done with the one between,
-    // so after this PE read it.
-    __device__ uint64_t *info(int pe, int s, uint64_t op) const {
-        return word(pe, kDecodeHeadWords + static_cast<int>(2 + (op & 1)) * t.n + s);
+    // so after this PE read it. Word 0 the rows, word 1 + e expert e's.
+    __device__ uint64_t *info(int pe, int s, uint64_t op, int x) const {
+        const int record = static_cast<int>(op & 1) * t.n + s;
+        return word(pe, kDecodeHeadWords + 3 * t.n + record * (1 + ne) + x);
     }
 };
 
 // This operation's number (every block reads the counter as it starts;
 // the last block done advances it, `decode_end`), after block 0 has told
-// every member that this PE began it.
-__device__ uint64_t decode_begin(const DecodeWords &w) {
+// every member that this PE began it. A dispatch's token count and
+// arrival epoch are loaded beside it, by other warps, into `n_tokens` and
+// `epoch` (shared memory; null in the combine).
+__device__ uint64_t decode_begin(const DecodeWords &w, const MoeLayer &m, int64_t *n_tokens, uint64_t *epoch) {
     __shared__ uint64_t op;
     if (threadIdx.x == 0) op = *w.op() + 1;
+    if (n_tokens != nullptr && threadIdx.x == 32) *n_tokens = *w.t.mine<int64_t>(m.n_tokens);
+    if (epoch != nullptr && threadIdx.x == 64) *epoch = *arrival_words(w.t, m).epoch + 1;
     __syncthreads();
     const uint64_t o = op;
     // Nothing to release: this PE's kernels before this one have ended,
@@ -157,6 +182,11 @@ __device__ __forceinline__ void decode_wait(const DecodeWords &w, uint64_t op) {
 struct DecodeRoute {
     int8_t dest[kDecodeMaxTokens][kDecodeMaxTopK];  // each slot's destination PE, -1 past top_k
     int16_t rank[kDecodeMaxTokens][kDecodeMaxTopK];  // the token's rank among this PE's tokens for it
+    uint8_t slot_rank[kDecodeMaxTokens][kDecodeMaxTopK];  // the slot's rank among this PE's slots of its expert
+    // Each warp's tokens of each expert of the team (a bit a lane), then
+    // the warps' tokens of it before; the PE's tokens of each expert.
+    uint32_t expert_warps[kDecodeMaxTokens / 32][kDecodeMaxPairs];
+    uint16_t expert_count[kDecodeMaxPairs];
     int32_t count[kMaxTeam];  // rows to each member
     int32_t first[kMaxTeam];  // where each member's rows start among this PE's wire rows
     uint16_t warp_count[kDecodeMaxTokens / 32][kMaxTeam];  // then each warp's tokens' first rank
@@ -164,31 +194,45 @@ struct DecodeRoute {
     int64_t nt;
 };
 
-// Routes this PE's tokens (whole block): the token count, or -1 where it
-// or a token is bad (`r.fault` says which).
-__device__ int64_t decode_route(const TeamSync &t, const MoeLayer &m, DecodeRoute &r) {
+// Routes this PE's `n_tokens` tokens (whole block): the token count, or
+// -1 where it or a token is bad (`r.fault` says which).
+__device__ int64_t decode_route(const TeamSync &t, const MoeLayer &m, DecodeRoute &r, int64_t n_tokens) {
     const int n = t.n, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int tok = threadIdx.x;
     // Every possible token's slots, loaded beside the token count.
+    const int experts = n * m.ne;
     TokenSlots slots;
     if (tok < m.max_tokens) slots = load_token(m, t.mine<int64_t>(m.ids), t.mine<float>(m.weights), tok);
+    for (int i = threadIdx.x; i < kDecodeMaxTokens / 32 * experts; i += blockDim.x)
+        r.expert_warps[i / experts][i % experts] = 0;
     if (threadIdx.x == 0) {
-        r.nt = *t.mine<int64_t>(m.n_tokens);
+        r.nt = n_tokens;
         r.fault = r.nt >= 0 && r.nt <= m.max_tokens ? ~0ull : 0;
     }
     __syncthreads();
+    phase_mark("route_count");
     const int64_t nt = r.fault == ~0ull ? r.nt : 0;
     int d[kDecodeMaxTopK];
     uint64_t mask = 0;
     if (tok < nt) {
-        const unsigned long long f = check_token(m, slots, tok, n * m.ne, d);
+        const unsigned long long f = check_token(m, slots, tok, experts, d);
         if (f != ~0ull) atomicMin(&r.fault, f);
 #pragma unroll
         for (int j = 0; j < kDecodeMaxTopK; j++)
-            if (d[j] >= 0) mask |= 1ull << d[j];
+            if (d[j] >= 0) {
+                mask |= 1ull << d[j];
+                atomicOr(&r.expert_warps[warp][slots.g[j]], 1u << lane);
+            }
     }
     __syncthreads();
+    phase_mark("route_check");
     if (r.fault != ~0ull) return -1;
+    // A slot's rank among the warp's slots of its expert (the experts of
+    // a token differ: checked), then the warps' before (below).
+    int below_e[kDecodeMaxTopK];
+#pragma unroll
+    for (int j = 0; j < kDecodeMaxTopK; j++)
+        below_e[j] = tok < nt && d[j] >= 0 ? __popc(r.expert_warps[warp][slots.g[j]] & ((1u << lane) - 1)) : 0;
     // A token's rank for each destination: a ballot a member over each
     // warp's tokens, then the warps before.
     int below[kDecodeMaxTopK];
@@ -209,6 +253,15 @@ __device__ int64_t decode_route(const TeamSync &t, const MoeLayer &m, DecodeRout
         }
         r.count[threadIdx.x] = sum;
     }
+    for (int g = threadIdx.x; g < experts; g += blockDim.x) {
+        uint32_t sum = 0;
+        for (int w = 0; w < kDecodeMaxTokens / 32; w++) {
+            const uint32_t c = __popc(r.expert_warps[w][g]);
+            r.expert_warps[w][g] = sum;
+            sum += c;
+        }
+        r.expert_count[g] = static_cast<uint16_t>(sum);
+    }
     __syncthreads();
     if (threadIdx.x == 0) {
         int at = 0;
@@ -222,6 +275,8 @@ __device__ int64_t decode_route(const TeamSync &t, const MoeLayer &m, DecodeRout
         for (int j = 0; j < kDecodeMaxTopK; j++) {
             r.dest[tok][j] = static_cast<int8_t>(d[j]);
             r.rank[tok][j] = static_cast<int16_t>(d[j] >= 0 ? r.warp_count[warp][d[j]] + below[j] : 0);
+            r.slot_rank[tok][j] =
+                static_cast<uint8_t>(d[j] >= 0 ? r.expert_warps[warp][slots.g[j]] + below_e[j] : 0);
         }
     __syncthreads();
     return nt;
@@ -240,14 +295,31 @@ __device__ void decode_source_state(const TeamSync &t, const MoeLayer &m, const 
     if (threadIdx.x == 0) t.mine<int64_t>(m.state)[0] = nt;
 }
 
+// The metadata of token `tok`'s `k` wire rows `rows` (to members
+// `dests`; token fields `fields`), by threads `i0, i0 + step, …`: the
+// token field, and each slot's local expert and its rank among this PE's
+// slots of that expert (`e | rank << 8`) where the slot goes to the row's
+// member, -1 where it goes to another, with its weight.
+__device__ __forceinline__ void decode_row_meta(const TeamSync &t, const MoeLayer &m, const DecodeRoute &r,
+                                                int64_t tok, uint8_t *const *rows, const int64_t *fields,
+                                                const int *dests, int k, int i0, int step) {
+    const int64_t *ids = t.mine<int64_t>(m.ids);
+    const float *w = t.mine<float>(m.weights);
+    for (int i = i0; i < k; i += step) *wire_token(rows[i], m) = fields[i];
+    for (int i = i0; i < k * m.top_k; i += step) {
+        const int q = i / m.top_k, j = i % m.top_k;
+        const int e = static_cast<int>(ids[tok * m.top_k + j] % m.ne);  // checked
+        const int at = r.dest[tok][j] == dests[q] ? e | r.slot_rank[tok][j] << 8 : -1;
+        wire_slots(rows[q], m)[j] = WireSlot{at, w[tok * m.top_k + j]};
+    }
+}
+
 // Stores this block's share of the tokens' pieces into their destinations'
 // staging, with the metadata (as the exchange form's gather does, a block
 // a piece of a token, loaded once and stored into each destination's row;
 // in the FP8 format quantized once).
 __device__ void decode_send(const TeamSync &t, const MoeLayer &m, const DecodeWords &dw, const DecodeRoute &r,
                             int64_t nt, uint64_t op, unsigned long long *begun) {
-    const int64_t *ids = t.mine<int64_t>(m.ids);
-    const float *w = t.mine<float>(m.weights);
     const int64_t chunk = m.fp8 == kFp8Quantize ? kLayerQuantChunk : kLayerChunkBytes;
     const int64_t chunks = pieces_of(nt, m.data_bytes, chunk);
     __shared__ uint8_t *rows[kDecodeMaxTopK], *dsts[kDecodeMaxTopK];
@@ -256,7 +328,7 @@ __device__ void decode_send(const TeamSync &t, const MoeLayer &m, const DecodeWo
     __shared__ int64_t row_field[kDecodeMaxTopK];
     __shared__ const uint8_t *src[1];
     __shared__ int nrows;
-    for (int64_t unit = blockIdx.x; unit < nt * chunks; unit += gridDim.x) {
+    for (int64_t unit = decode_share(); unit < nt * chunks; unit += gridDim.x) {
         const int64_t tok = unit / chunks, c = unit % chunks;
         const Range b = piece_bytes(m.data_bytes, c, chunks, chunk);
         const uint8_t *token = t.mine<uint8_t>(m.tokens + tok * m.data_bytes + b.lo);
@@ -289,25 +361,55 @@ __device__ void decode_send(const TeamSync &t, const MoeLayer &m, const DecodeWo
         } else {
             put_piece(held, dsts, src, k, b.hi - b.lo, true);  // wire rows: 16-byte aligned
         }
-        if (c != 0) continue;
-        for (int i = threadIdx.x; i < k; i += blockDim.x) *wire_token(rows[i], m) = row_field[i];
-        for (int i = threadIdx.x; i < k * m.top_k; i += blockDim.x) {
-            const int q = i / m.top_k, j = i % m.top_k;
-            const int g = static_cast<int>(ids[tok * m.top_k + j]);  // checked
-            wire_slots(rows[q], m)[j] = WireSlot{r.dest[tok][j] == row_dest[q] ? g % m.ne : -1, w[tok * m.top_k + j]};
-        }
+        if (c == 0) decode_row_meta(t, m, r, tok, rows, row_field, row_dest, k, threadIdx.x, blockDim.x);
     }
 }
 
+// A warp's first vectors of a piece, four a lane (vectors lane + 32 u),
+// loaded before the warp knows where the piece goes, so that their trip
+// to memory overlaps the loads that tell it (`ok`: the piece is whole
+// 16-byte vectors).
+constexpr int kWarpHeld = 4;
+struct WarpHeld {
+    uint4 x[kWarpHeld];
+    bool ok;
+};
+__device__ __forceinline__ WarpHeld warp_hold(const uint8_t *src, uint64_t bytes) {
+    const int lane = threadIdx.x % 32;
+    WarpHeld h;
+    h.ok = (reinterpret_cast<uint64_t>(src) | bytes) % 16 == 0;
+    const uint64_t nv = bytes / 16;
+#pragma unroll
+    for (int u = 0; u < kWarpHeld; u++)
+        if (h.ok && lane + 32 * u < nv) h.x[u] = reinterpret_cast<const uint4 *>(src)[lane + 32 * u];
+    return h;
+}
+
 // A warp: `bytes` at `src` into each of the `n` rows `dsts`, loaded once
-// (16-byte vectors where every pointer allows).
-__device__ __forceinline__ void warp_copy_to(uint8_t *const *dsts, int n, const uint8_t *src, uint64_t bytes) {
+// (16-byte vectors where every pointer allows: the held ones stored, the
+// rest four a lane at once, so that their trips to memory overlap).
+__device__ __forceinline__ void warp_copy_to(const WarpHeld &h, uint8_t *const *dsts, int n, const uint8_t *src,
+                                             uint64_t bytes) {
     const int lane = threadIdx.x % 32;
     uint64_t align = reinterpret_cast<uint64_t>(src) | bytes;
     for (int k = 0; k < n; k++) align |= reinterpret_cast<uint64_t>(dsts[k]);
-    if (align % 16 == 0) {
+    if (align % 16 == 0 && h.ok) {
         const uint4 *s = reinterpret_cast<const uint4 *>(src);
-        for (uint64_t v = lane; v < bytes / 16; v += 32) {
+        const uint64_t nv = bytes / 16;
+        for (int k = 0; k < n; k++)
+#pragma unroll
+            for (int u = 0; u < kWarpHeld; u++)
+                if (lane + 32 * u < nv) reinterpret_cast<uint4 *>(dsts[k])[lane + 32 * u] = h.x[u];
+        uint64_t v = lane + 32 * kWarpHeld;
+        for (; v + 96 < nv; v += 128) {
+            uint4 x[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) x[u] = s[v + 32 * u];
+            for (int k = 0; k < n; k++)
+#pragma unroll
+                for (int u = 0; u < 4; u++) reinterpret_cast<uint4 *>(dsts[k])[v + 32 * u] = x[u];
+        }
+        for (; v < nv; v += 32) {
             const uint4 x = s[v];
             for (int k = 0; k < n; k++) reinterpret_cast<uint4 *>(dsts[k])[v] = x;
         }
@@ -325,8 +427,6 @@ __device__ __forceinline__ void warp_copy_to(uint8_t *const *dsts, int n, const 
 // destination's row, then the rows' metadata.
 __device__ void decode_send_warps(const TeamSync &t, const MoeLayer &m, const DecodeWords &dw, const DecodeRoute &r,
                                   int64_t nt, uint64_t op, unsigned long long *begun) {
-    const int64_t *ids = t.mine<int64_t>(m.ids);
-    const float *w = t.mine<float>(m.weights);
     const int lane = threadIdx.x % 32, wid = threadIdx.x / 32, warps = blockDim.x / 32;
     const WarpPieces wp = warp_pieces(nt, m.data_bytes);
     const int64_t chunks = wp.pieces;
@@ -334,9 +434,11 @@ __device__ void decode_send_warps(const TeamSync &t, const MoeLayer &m, const De
     __shared__ int row_dest[kBlockThreads / 32][kDecodeMaxTopK];
     __shared__ int64_t row_field[kBlockThreads / 32][kDecodeMaxTopK];
     const uint32_t per = static_cast<uint32_t>(chunks);
-    for (uint32_t unit = blockIdx.x * warps + wid; unit < nt * chunks; unit += gridDim.x * warps) {
+    for (uint32_t unit = decode_share() * warps + wid; unit < nt * chunks; unit += gridDim.x * warps) {
         const uint32_t tok = unit / per, c = unit - tok * per;
         const Range b = wp.of(m.data_bytes, c);
+        const uint8_t *src = t.mine<uint8_t>(m.tokens + tok * m.data_bytes + b.lo);
+        const WarpHeld held = warp_hold(src, b.hi - b.lo);
         // Slot `lane`: the first of its destination?
         const int d = lane < m.top_k ? r.dest[tok][lane] : -1;
         bool first = d >= 0;
@@ -354,28 +456,18 @@ __device__ void decode_send_warps(const TeamSync &t, const MoeLayer &m, const De
             wait_begun(dw, d, op, begun);
         }
         __syncwarp();
-        warp_copy_to(dsts[wid], k, t.mine<uint8_t>(m.tokens + tok * m.data_bytes + b.lo), b.hi - b.lo);
-        if (c != 0) continue;
-        if (lane < k) *wire_token(rows[wid][lane], m) = row_field[wid][lane];
-        for (int i = lane; i < k * m.top_k; i += 32) {
-            const int q = i / m.top_k, j = i % m.top_k;
-            const int g = static_cast<int>(ids[tok * m.top_k + j]);  // checked
-            wire_slots(rows[wid][q], m)[j] =
-                WireSlot{r.dest[tok][j] == row_dest[wid][q] ? g % m.ne : -1, w[tok * m.top_k + j]};
-        }
+        warp_copy_to(held, dsts[wid], k, src, b.hi - b.lo);
+        if (c == 0) decode_row_meta(t, m, r, tok, rows[wid], row_field[wid], row_dest[wid], k, lane, 32);
     }
 }
 
 // The staged rows, packed source-major, and the view's layout (in shared
-// memory, the same in every block).
+// memory, the same in every block), from the members' `info`.
 struct DecodeView {
     int32_t first[kMaxTeam + 1];  // where each source's rows start, packed; then the total
-    uint32_t pair[kDecodeMaxExperts * kMaxTeam];  // rows of each (local expert, source)
+    uint32_t pair[kDecodeMaxPairs];  // rows of each (local expert, source), entry e × n + s
+    int32_t run[kDecodeMaxPairs];  // where each (local expert, source)'s run starts in the view
     int32_t block_start[kDecodeMaxExperts];  // where each expert's block starts in the view
-    int32_t carry[kDecodeMaxExperts];  // rows of each expert in the passes before
-    uint16_t warp_count[kBlockThreads / 32][kDecodeMaxExperts];  // then each warp's rows' first rank
-    int32_t unit_row[kDecodeUnits][kDecodeMaxTopK];  // the view rows of this block's units' slots
-    int8_t unit_expert[kDecodeUnits][kDecodeMaxTopK];  // and their local experts (-1: none)
 };
 
 // The source of packed staged row `r`, and its row in the staging.
@@ -388,51 +480,13 @@ __device__ __forceinline__ int64_t decode_staged(const DecodeView &v, const MoeL
     return static_cast<int64_t>(s) * m.max_tokens + r - v.first[s];
 }
 
-// A staged row's local experts: into `e` (-1 for a slot of another PE,
-// and past top_k) and as a mask.
-__device__ __forceinline__ uint32_t row_experts(const uint8_t *row, const MoeLayer &m, int (&e)[kDecodeMaxTopK]) {
-    const WireSlot *slots = reinterpret_cast<const WireSlot *>(row + m.meta + 8);
-    uint32_t mask = 0;
-#pragma unroll
-    for (int j = 0; j < kDecodeMaxTopK; j++) {
-        e[j] = j < m.top_k ? slots[j].at : -1;
-        if (e[j] >= 0) mask |= 1u << e[j];
-    }
-    return mask;
-}
-
-// The view's layout from the staged rows (whole block): rows per (expert,
-// source); the experts' blocks (expert-major, each source's rows in PE
-// order, each in token order, padded to major_align); and the view row
-// of each slot of this block's units of `pieces` pieces a row
-// (`unit_row`) and, for the combine, of each slot of the staged rows
-// `r ≡ blockIdx.x` (`m.views`). Block 0 writes the view's splits and
-// offsets and raises the arrival flags of the pairs that receive nothing.
-__device__ void decode_layout(const TeamSync &t, const MoeLayer &m, DecodeView &v, int64_t pieces,
-                              const ArrivalWords &arrivals, uint64_t epoch) {
-    const int n = t.n, ne = m.ne, lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-    const int64_t total = v.first[n];
-    const uint8_t *stage = t.mine<uint8_t>(m.stage);
-    for (int i = threadIdx.x; i < ne * n; i += blockDim.x) v.pair[i] = 0;
-    for (int e = threadIdx.x; e < ne; e += blockDim.x) v.carry[e] = 0;
-    __syncthreads();
-    phase_mark("zero");
-    // This thread's first row's experts, kept for the ranks' first pass.
-    int first_e[kDecodeMaxTopK];
-    uint32_t first_mask = 0;
-    for (int64_t r = threadIdx.x; r < total; r += blockDim.x) {
-        const int s = decode_source(v, n, r);
-        int e[kDecodeMaxTopK];
-        const uint32_t mask = row_experts(stage + decode_staged(v, m, s, r) * m.stride, m, e);
-#pragma unroll
-        for (int j = 0; j < kDecodeMaxTopK; j++) {
-            if (e[j] >= 0) atomicAdd(&v.pair[e[j] * n + s], 1u);
-            if (r == threadIdx.x) first_e[j] = e[j];
-        }
-        if (r == threadIdx.x) first_mask = mask;
-    }
-    __syncthreads();
-    phase_mark("count");
+// The view's layout (whole block) from the rows of each (expert, source)
+// (`v.pair`, as the members' `info` said): the experts' blocks
+// (expert-major, each source's rows in PE order, each in token order,
+// padded to major_align) and where each (expert, source) run starts.
+// Block 0 writes the view's splits and offsets.
+__device__ void decode_layout(const TeamSync &t, const MoeLayer &m, DecodeView &v) {
+    const int n = t.n, ne = m.ne, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     if (warp == 0) {
         // A lane an expert (at most 32): its block's length, padded, then
         // where each starts (a warp's scan).
@@ -446,88 +500,26 @@ __device__ void decode_layout(const TeamSync &t, const MoeLayer &m, DecodeView &
         if (lane < ne) v.block_start[lane] = static_cast<int32_t>(incl - len);
     }
     __syncthreads();
-    phase_mark("starts");
-    {
-        // A thread of the grid a pair: its rows and where they start; a
-        // pair that receives nothing has arrived.
-        int64_t *view_so = t.mine<int64_t>(m.view_so);
-        const int64_t mm = static_cast<int64_t>(ne) * n;
-        for (int i = blockIdx.x + threadIdx.x * gridDim.x; i < ne * n; i += gridDim.x * blockDim.x) {
-            const int e = i / n, s = i % n;
-            int64_t at = v.block_start[e];
-            for (int q = 0; q < s; q++) at += v.pair[e * n + q];
-            view_so[i] = v.pair[i];
-            view_so[mm + i] = at;
-            if (v.pair[i] == 0) raise_arrival(arrivals.flags + i, epoch);
-        }
+    int64_t *view_so = t.mine<int64_t>(m.view_so);
+    const int64_t pairs = static_cast<int64_t>(ne) * n;
+    for (int i = threadIdx.x; i < ne * n; i += blockDim.x) {
+        const int e = i / n, s = i % n;
+        int32_t at = v.block_start[e];
+        for (int q = 0; q < s; q++) at += static_cast<int32_t>(v.pair[e * n + q]);
+        v.run[i] = at;
+        if (blockIdx.x != 0) continue;
+        view_so[i] = v.pair[i];
+        view_so[pairs + i] = at;
     }
-    phase_mark("pairs");
-    // Each row's rank in its experts' blocks: rows a thread, in passes of
-    // the block's width, a ballot an expert.
-    int32_t *views = t.mine<int32_t>(m.views);
-    for (int64_t base = 0; base < total; base += blockDim.x) {
-        const int64_t r = base + threadIdx.x;
-        int s = 0, e[kDecodeMaxTopK];
-        uint32_t mask = 0;
-        int64_t staged = 0;
-        if (r < total) {
-            s = decode_source(v, n, r);
-            staged = decode_staged(v, m, s, r);
-            if (base == 0) {
-                mask = first_mask;
-#pragma unroll
-                for (int j = 0; j < kDecodeMaxTopK; j++) e[j] = first_e[j];
-            } else {
-                mask = row_experts(stage + staged * m.stride, m, e);
-            }
-        }
-        int below[kDecodeMaxTopK];
-        for (int x = 0; x < ne; x++) {
-            const unsigned b = __ballot_sync(~0u, mask >> x & 1);
-            if (lane == 0) v.warp_count[warp][x] = static_cast<uint16_t>(__popc(b));
-#pragma unroll
-            for (int j = 0; j < kDecodeMaxTopK; j++)
-                if (r < total && e[j] == x) below[j] = __popc(b & ((1u << lane) - 1));
-        }
-        __syncthreads();
-        // Each warp's rows' first rank in each expert's block.
-        for (int x = threadIdx.x; x < ne; x += blockDim.x) {
-            int32_t at = v.carry[x];
-            for (int w = 0; w < warps; w++) {
-                const int32_t c = v.warp_count[w][x];
-                v.warp_count[w][x] = static_cast<uint16_t>(at);
-                at += c;
-            }
-            v.carry[x] = at;
-        }
-        __syncthreads();
-        if (r < total) {
-            int32_t at[kDecodeMaxTopK];
-#pragma unroll
-            for (int j = 0; j < kDecodeMaxTopK; j++)
-                at[j] = e[j] >= 0 ? v.block_start[e[j]] + v.warp_count[warp][e[j]] + below[j] : -1;
-            // This block's units of the row: units w = r × pieces + c with
-            // w ≡ blockIdx.x (mod gridDim.x), its unit w / gridDim.x (32-bit
-            // arithmetic, no division a piece: rows and units fit in 31 bits).
-            const uint32_t g = gridDim.x, w0 = static_cast<uint32_t>(r) * static_cast<uint32_t>(pieces);
-            for (uint32_t w = w0 + (blockIdx.x + g - w0 % g) % g; w < w0 + pieces; w += g) {
-#pragma unroll
-                for (int j = 0; j < kDecodeMaxTopK; j++) {
-                    v.unit_row[w / g][j] = at[j];
-                    v.unit_expert[w / g][j] = static_cast<int8_t>(e[j]);
-                }
-            }
-            if (r % gridDim.x == blockIdx.x)
-                for (int j = 0; j < m.top_k; j++) views[staged * m.top_k + j] = at[j];
-        }
-        __syncthreads();  // the counts are read before the next pass's
-    }
+    __syncthreads();
 }
 
 // Places this block's units (a piece of a staged row each), a warp a
 // unit, into the view rows of its slots (the FP8 format's codes as
 // one-byte elements, their scales, and where asked their bf16 values),
-// and counts them placed for the arrival flags.
+// and counts them placed for the arrival flags. A slot's view row is its
+// (expert, source) run's start plus the rank its source sent; the warp of
+// a row's first piece records them for the combine (`m.views`).
 __device__ void decode_place(const TeamSync &t, const MoeLayer &m, const DecodeView &v, const WarpPieces &wp,
                              const ArrivalWords &arrivals, uint64_t epoch) {
     const int64_t pieces = wp.pieces;
@@ -536,18 +528,23 @@ __device__ void decode_place(const TeamSync &t, const MoeLayer &m, const DecodeV
     __shared__ uint8_t *dsts[kBlockThreads / 32][kDecodeMaxTopK];
     __shared__ int32_t dst_rows[kBlockThreads / 32][kDecodeMaxTopK];
     const uint8_t *stage = t.mine<uint8_t>(m.stage);
+    int32_t *views = t.mine<int32_t>(m.views);
     const uint64_t view = m.fp8 == 0 ? m.recv : m.recv_codes;
     const int64_t groups = (m.hidden + kQuantGroup - 1) / kQuantGroup;
-    // Unit u of this block is unit blockIdx.x + u × gridDim.x of the grid.
     const uint32_t per = static_cast<uint32_t>(pieces);
-    for (uint32_t u = threadIdx.x / 32; blockIdx.x + u * gridDim.x < units; u += warps) {
-        const uint32_t w = blockIdx.x + u * gridDim.x, r = w / per;
+    for (uint32_t w = decode_share() * warps + wid; w < units; w += gridDim.x * warps) {
+        const uint32_t r = w / per, c = w - r * per;
         const int s = decode_source(v, n, r);
-        const Range b = wp.of(m.data_bytes, w - r * per);
-        const uint8_t *row = stage + decode_staged(v, m, s, r) * m.stride;
+        const Range b = wp.of(m.data_bytes, c);
+        const int64_t staged = decode_staged(v, m, s, r);
+        const uint8_t *row = stage + staged * m.stride;
+        const WarpHeld held = warp_hold(row + b.lo, b.hi - b.lo);
         // The unit's view rows, a lane a slot, gathered in slot order into
         // the warp's tables (in shared memory: not the stack).
-        const int32_t a = lane < m.top_k ? v.unit_row[u][lane] : -1;
+        const int32_t slot = lane < m.top_k ? reinterpret_cast<const WireSlot *>(row + m.meta + 8)[lane].at : -1;
+        const int e = slot >= 0 ? slot & 0xff : -1;
+        const int32_t a = e >= 0 ? v.run[e * n + s] + (slot >> 8) : -1;
+        if (c == 0 && lane < m.top_k) views[staged * m.top_k + lane] = a;
         const unsigned has = __ballot_sync(~0u, a >= 0);
         const int k = __popc(has);
         __syncwarp();  // the unit before is done with the tables
@@ -558,7 +555,7 @@ __device__ void decode_place(const TeamSync &t, const MoeLayer &m, const DecodeV
         }
         __syncwarp();
         const int32_t *at = dst_rows[wid];
-        warp_copy_to(dsts[wid], k, row + b.lo, b.hi - b.lo);
+        warp_copy_to(held, dsts[wid], k, row + b.lo, b.hi - b.lo);
         if (m.fp8 != 0) {
             // The piece's scale groups into every view row, and with
             // `dequantize` the bf16 values of its codes.
@@ -577,10 +574,7 @@ __device__ void decode_place(const TeamSync &t, const MoeLayer &m, const DecodeV
         // The piece is in every block it goes to (the warp's stores before
         // each count, which releases them): count it for each pair.
         __syncwarp();
-        if (lane < m.top_k) {
-            const int e = v.unit_expert[u][lane];
-            if (e >= 0) count_placed(arrivals, e * n + s, v.pair[e * n + s] * static_cast<uint32_t>(pieces), epoch);
-        }
+        if (e >= 0) count_placed(arrivals, e * n + s, v.pair[e * n + s] * per, epoch);
     }
 }
 
@@ -601,26 +595,60 @@ __device__ void decode_report(const MoeLayer &m, int pe, int64_t marker) {
     e->count = e->count + 1;
 }
 
-// Phase 0: the dispatch (see the top of the file).
-__device__ void decode_dispatch(const TeamSync &t, const MoeLayer &m, const DecodeWords &dw, uint64_t op) {
-    __shared__ DecodeRoute route;
-    __shared__ DecodeView view;
-    __shared__ unsigned long long begun;
-    __shared__ uint64_t epoch;
-    const int n = t.n;
-    const ArrivalWords arrivals = arrival_words(t, m);
-    if (threadIdx.x == 0) {
-        begun = 0;
-        epoch = *arrivals.epoch + 1;
+// Block 0: tells every member what this PE sends it in operation `op`
+// (its rows, or its routing fault's marker; its rows of each of the
+// member's experts), then that it has (`ready`, released).
+__device__ void decode_tell(const TeamSync &t, const MoeLayer &m, const DecodeWords &dw, const DecodeRoute &r,
+                            int64_t nt, uint64_t op) {
+    const int n = t.n, ne = m.ne;
+    const int64_t marker = kRouteBad - static_cast<int64_t>(r.fault);
+    for (int i = threadIdx.x; i < n * (1 + ne); i += blockDim.x) {
+        const int pe = i / (1 + ne), x = i % (1 + ne);
+        int64_t v = 0;
+        if (nt < 0) {
+            v = x == 0 ? marker : 0;
+        } else {
+            v = x == 0 ? r.count[pe] : r.expert_count[pe * ne + x - 1];
+        }
+        *dw.info(pe, t.rank, op, x) = static_cast<uint64_t>(v);
     }
-    const int64_t nt = decode_route(t, m, route);
+    __syncthreads();
+    for (int pe = threadIdx.x; pe < n; pe += blockDim.x) st_release64(dw.ready(pe, t.rank), op);
+}
+
+// The dispatch's tables, in the entry kernel's shared memory: shared
+// variables of the functions it calls would be linked into a pool that
+// every kernel of the image whose calls the linker cannot follow counts
+// against its own limit.
+struct DecodeShared {
+    DecodeRoute route;
+    DecodeView view;
+    int64_t n_tokens;  // as the dispatch began
+    uint64_t epoch;  // the dispatch's arrival epoch
+};
+
+// Phase 0: the dispatch (see the top of the file).
+__device__ void decode_dispatch(const TeamSync &t, const MoeLayer &m, const DecodeWords &dw, uint64_t op,
+                                DecodeShared &sh) {
+    DecodeRoute &route = sh.route;
+    DecodeView &view = sh.view;
+    __shared__ unsigned long long begun;
+    __shared__ int bad_source;
+    __shared__ int64_t sent[kMaxTeam];
+    const int n = t.n, ne = m.ne;
+    const ArrivalWords arrivals = arrival_words(t, m);
+    const uint64_t epoch = sh.epoch;
+    if (threadIdx.x == 0) begun = 0;
+    const int64_t nt = decode_route(t, m, route, sh.n_tokens);
     phase_mark("route");
     if (blockIdx.x == 0) {
+        decode_tell(t, m, dw, route, nt, op);
         if (nt >= 0) {
             decode_source_state(t, m, route, nt);
         } else if (threadIdx.x == 0) {
             t.mine<int64_t>(m.state)[0] = -1;
         }
+        phase_mark("tell");
     }
     if (nt > 0 && m.fp8 == 0) {
         decode_send_warps(t, m, dw, route, nt, op, &begun);
@@ -635,23 +663,18 @@ __device__ void decode_dispatch(const TeamSync &t, const MoeLayer &m, const Deco
     for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < pairs;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x)
         arrivals.placed[i] = 0;
-    // Block 0: this PE's rows for each member, or its fault's marker.
-    if (blockIdx.x == 0)
-        for (int pe = threadIdx.x; pe < n; pe += blockDim.x) {
-            const int64_t marker = kRouteBad - static_cast<int64_t>(route.fault);
-            *dw.info(pe, t.rank, op) = nt >= 0 ? route.count[pe] : marker;
+    // What each member sends: its rows (where they go in the packed
+    // order, or the first member's fault) and its rows of each expert.
+    for (int i = threadIdx.x; i < n * (1 + ne); i += blockDim.x) {
+        const int s = i / (1 + ne), x = i % (1 + ne);
+        wait_geq(dw.ready(t.rank, s), op);
+        const uint64_t v = *reinterpret_cast<volatile uint64_t *>(dw.info(t.rank, s, op, x));
+        if (x == 0) {
+            sent[s] = static_cast<int64_t>(v);
+        } else {
+            view.pair[(x - 1) * n + s] = static_cast<uint32_t>(v);
         }
-    phase_mark("info");
-    decode_done(dw);
-    phase_mark("done");
-    decode_wait(dw, op);
-    phase_mark("wait");
-    // What each member sent: its rows, where they go in the packed order,
-    // or the first member's fault.
-    __shared__ int bad_source;
-    __shared__ int64_t sent[kMaxTeam];
-    for (int s = threadIdx.x; s < n; s += blockDim.x)
-        sent[s] = static_cast<int64_t>(*reinterpret_cast<volatile uint64_t *>(dw.info(t.rank, s, op)));
+    }
     __syncthreads();
     if (threadIdx.x == 0) {
         bad_source = -1;
@@ -664,12 +687,15 @@ __device__ void decode_dispatch(const TeamSync &t, const MoeLayer &m, const Deco
         view.first[n] = at;
     }
     __syncthreads();
+    phase_mark("ready");
     int64_t *stage_so = t.mine<int64_t>(m.stage_so);
     if (bad_source >= 0) {
         if (blockIdx.x == 0 && threadIdx.x == 0) {
             stage_so[0] = -1;
             decode_report(m, t.pes[bad_source], sent[bad_source]);
         }
+        decode_done(dw);
+        decode_wait(dw, op);
         decode_end(dw, op, nullptr, 0);
         return;
     }
@@ -678,11 +704,20 @@ __device__ void decode_dispatch(const TeamSync &t, const MoeLayer &m, const Deco
             stage_so[s] = view.first[s + 1] - view.first[s];
             stage_so[n + s] = view.first[s];
         }
-    phase_mark("first");
-    const WarpPieces pieces = warp_pieces(view.first[n], m.data_bytes);
-    decode_layout(t, m, view, pieces.pieces, arrivals, epoch);
+    // Laid out before the block counts itself done, so that block 0's
+    // splits and offsets are out before any block places a row (and
+    // raises a pair's flag).
+    decode_layout(t, m, view);
     phase_mark("layout");
-    decode_place(t, m, view, pieces, arrivals, epoch);
+    decode_done(dw);
+    // The pairs that receive nothing have arrived.
+    if (blockIdx.x == 0)
+        for (int i = threadIdx.x; i < ne * n; i += blockDim.x)
+            if (view.pair[i] == 0) raise_arrival(arrivals.flags + i, epoch);
+    phase_mark("done");
+    decode_wait(dw, op);
+    phase_mark("wait");
+    decode_place(t, m, view, warp_pieces(view.first[n], m.data_bytes), arrivals, epoch);
     phase_mark("place");
     decode_end(dw, op, arrivals.epoch, epoch);
 }
@@ -753,7 +788,7 @@ template <typename T> __device__ void decode_combine(const TeamSync &t, const Mo
         if (lane == 0) wait_begun(dw, s, op, &begun);
         __syncwarp();
         if (vectors) {
-            fold_vectors(
+            fold_vectors<2>(
                 partial, b.lo / 16, b.hi / 16, k,
                 [&](int i) { return outputs + static_cast<int64_t>(held[i].at) * m.hidden; },
                 [&](A acc, int i, A x) { return weigh(acc, held[i].weight, x); }, warp_lanes());
@@ -778,7 +813,7 @@ template <typename T> __device__ void decode_combine(const TeamSync &t, const Mo
 
 // Both phases (after `follow_stream`): the agreement of an eager call,
 // then the operation.
-template <typename T> __device__ __forceinline__ void moe_decode(const TeamSync &t, const MoeLayer &m) {
+template <typename T> __device__ __forceinline__ void moe_decode(const TeamSync &t, const MoeLayer &m, DecodeShared &sh) {
     phase_begin(m.phase == 0 ? "decode_dispatch" : "decode_combine");
     if (!agree(t)) {
         // Every PE skips the call; a dispatch's state says it failed.
@@ -789,11 +824,12 @@ template <typename T> __device__ __forceinline__ void moe_decode(const TeamSync 
         phase_end();
         return;
     }
-    const DecodeWords dw{t, m.decode};
-    const uint64_t op = decode_begin(dw);
+    const DecodeWords dw{t, m.decode, m.ne};
+    const bool dispatch = m.phase == 0;
+    const uint64_t op = decode_begin(dw, m, dispatch ? &sh.n_tokens : nullptr, dispatch ? &sh.epoch : nullptr);
     phase_mark("begin");
     if (m.phase == 0) {
-        decode_dispatch(t, m, dw, op);
+        decode_dispatch(t, m, dw, op, sh);
     } else {
         decode_combine<T>(t, m, dw, op);
     }
@@ -810,8 +846,9 @@ using shmem::k::TeamSync;
 #define SHMEM_MOE_DECODE(name, T)                                         \
     extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads) \
         shmem_moe_decode_##name(TeamSync t, MoeLayer m) {                 \
+        __shared__ shmem::k::DecodeShared sh;                             \
         shmem::k::follow_stream();                                        \
-        shmem::k::moe_decode<T>(t, m);                                    \
+        shmem::k::moe_decode<T>(t, m, sh);                                \
     }
 SHMEM_MOE_DECODE(f32, float)
 SHMEM_MOE_DECODE(f64, double)

@@ -523,7 +523,7 @@ pub(crate) struct MoeLayer {
     /// (see `MoeAllToAll::arrivals`).
     pub arrivals: u64,
     /// The decode form (`moe_decode.cu`; 0 in the exchange form): its
-    /// words, [`DECODE_HEAD_WORDS`] + `4 n` u64, zeroed.
+    /// words, [`decode_words`] u64, zeroed.
     pub decode: u64,
     /// `n × max_tokens × top_k` i32: the view row of each staged slot.
     pub views: u64,
@@ -548,14 +548,22 @@ pub(crate) const LAYER_SHARED_SLOTS: usize = 64;
 
 /// The MoE layer's decode form: at most this many tokens a PE
 /// (`kDecodeMaxTokens` in abi.cuh), experts a PE (`kDecodeMaxExperts`), top-k
-/// (`kDecodeMaxTopK`) and
-/// units of the receiver's placement a block (`kDecodeUnits`); its words'
-/// head (`kDecodeHeadWords`). A test checks they agree.
+/// (`kDecodeMaxTopK`) and experts in the team, PEs × experts a PE
+/// (`kDecodeMaxPairs`); its words' head (`kDecodeHeadWords`). A test
+/// checks they agree.
 pub(crate) const DECODE_MAX_TOKENS: usize = 256;
 pub(crate) const DECODE_MAX_EXPERTS: usize = 32;
 pub(crate) const DECODE_MAX_TOP_K: usize = 8;
-pub(crate) const DECODE_UNITS: usize = 64;
+pub(crate) const DECODE_MAX_PAIRS: usize = 512;
 pub(crate) const DECODE_HEAD_WORDS: usize = 2;
+
+/// The decode form's words on `n` PEs of `experts_per_pe` experts
+/// (`DecodeWords` in moe_decode.cu): the head, then for each member its
+/// `start`, `data` and `ready` words and, by the operation's parity, two
+/// `info` records of `1 + experts_per_pe` words.
+pub(crate) fn decode_words(n: usize, experts_per_pe: usize) -> usize {
+    DECODE_HEAD_WORDS + n * (3 + 2 * (1 + experts_per_pe))
+}
 
 const _: () = assert!(size_of::<MoeLayer>() == 320);
 const _: () = assert!(offset_of!(MoeLayer, decode) == 296);
@@ -683,7 +691,7 @@ mod tests {
             (format!("constexpr int kDecodeMaxTokens = {};", super::DECODE_MAX_TOKENS), "DECODE_MAX_TOKENS"),
             (format!("constexpr int kDecodeMaxExperts = {};", super::DECODE_MAX_EXPERTS), "DECODE_MAX_EXPERTS"),
             (format!("constexpr int kDecodeMaxTopK = {};", super::DECODE_MAX_TOP_K), "DECODE_MAX_TOP_K"),
-            (format!("constexpr int kDecodeUnits = {};", super::DECODE_UNITS), "DECODE_UNITS"),
+            (format!("constexpr int kDecodeMaxPairs = {};", super::DECODE_MAX_PAIRS), "DECODE_MAX_PAIRS"),
             (format!("constexpr int kDecodeHeadWords = {};", super::DECODE_HEAD_WORDS), "DECODE_HEAD_WORDS"),
             (
                 format!(

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Mutex;
 
-pub(crate) use super::abi::{A2av, MoeLayer, TeamSync, DECODE_HEAD_WORDS, MAX_TEAM, ROUTE_THREADS};
+pub(crate) use super::abi::{decode_words, A2av, MoeLayer, TeamSync, MAX_TEAM, ROUTE_THREADS};
 pub(crate) use super::layout::Layout;
 pub(crate) use super::module::not_built;
 pub(crate) use super::moe_layer::{decode_fits, source_units};

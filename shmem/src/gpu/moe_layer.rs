@@ -2,7 +2,7 @@
 //! the world's view, each in the phase its [`MoeLayer`] names.
 
 use super::abi::{
-    MoeLayer, TeamSync, DECODE_MAX_EXPERTS, DECODE_MAX_TOKENS, DECODE_MAX_TOP_K, DECODE_UNITS, FP8_QUANTIZE,
+    MoeLayer, TeamSync, DECODE_MAX_EXPERTS, DECODE_MAX_PAIRS, DECODE_MAX_TOKENS, DECODE_MAX_TOP_K, FP8_QUANTIZE,
     LAYER_CHUNK_BYTES, LAYER_QUANT_CHUNK, LAYER_SHARED_SLOTS,
 };
 use super::kernel_id::KernelId;
@@ -44,14 +44,14 @@ const DECODE_MAX_BLOCKS: usize = 64;
 
 /// Whether a layer of `max_tokens` tokens a PE, `top_k` and
 /// `experts_per_pe` on `n` PEs fits the decode form's kernels
-/// (`moe_decode.cu`): their limits, and the receiver's rows within what
-/// the unit tables of its fewest blocks hold. The team's links and the
-/// GPUs' blocks are the caller's to check ([`Kernels::decode_blocks`]).
+/// (`moe_decode.cu`): their limits, the team's experts (PEs × experts a PE)
+/// among them. The team's links and the GPUs' blocks are the caller's to
+/// check ([`Kernels::decode_blocks`]).
 pub(crate) fn decode_fits(max_tokens: usize, top_k: usize, experts_per_pe: usize, n: usize) -> bool {
     max_tokens <= DECODE_MAX_TOKENS
         && top_k <= DECODE_MAX_TOP_K
         && experts_per_pe <= DECODE_MAX_EXPERTS
-        && n.saturating_mul(max_tokens) <= DECODE_UNITS * DECODE_MIN_BLOCKS
+        && n.saturating_mul(experts_per_pe) <= DECODE_MAX_PAIRS
 }
 
 impl Kernels {

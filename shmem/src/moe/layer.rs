@@ -58,7 +58,7 @@ use crate::context::{Context, Stream};
 use crate::dtype::Element;
 use crate::error::{Error, Result, RoutingFault};
 use crate::fp8::fp8_e4m3;
-use crate::gpu::kernels::{decode_fits, DECODE_HEAD_WORDS};
+use crate::gpu::kernels::{decode_fits, decode_words};
 use crate::quant;
 use crate::team::{Desc, OpKind, Team};
 use half::{bf16, f16};
@@ -674,7 +674,7 @@ impl<T: Element> MoeAllToAll<T> {
         };
         let decode = if shape.is_none() && decode_fits(c.max_tokens, c.top_k, c.experts_per_pe, n) {
             Some(DecodeBuffers {
-                words: ctx.alloc_zeroed(DECODE_HEAD_WORDS + 4 * n)?,
+                words: ctx.alloc_zeroed(decode_words(n, c.experts_per_pe))?,
                 views: ctx.alloc(n * c.max_tokens * c.top_k)?,
             })
         } else {
