@@ -846,8 +846,8 @@ using shmem::k::TeamSync;
 #define SHMEM_MOE_DECODE(name, T)                                         \
     extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads) \
         shmem_moe_decode_##name(TeamSync t, MoeLayer m) {                 \
-        __shared__ shmem::k::DecodeShared sh;                             \
         shmem::k::follow_stream();                                        \
+        __shared__ shmem::k::DecodeShared sh;                             \
         shmem::k::moe_decode<T>(t, m, sh);                                \
     }
 SHMEM_MOE_DECODE(f32, float)
