@@ -616,10 +616,10 @@ __device__ void decode_tell(const TeamSync &t, const MoeLayer &m, const DecodeWo
     for (int pe = threadIdx.x; pe < n; pe += blockDim.x) st_release64(dw.ready(pe, t.rank), op);
 }
 
-// The dispatch's tables, in the entry kernel's shared memory: shared
-// variables of the functions it calls would be linked into a pool that
-// every kernel of the image whose calls the linker cannot follow counts
-// against its own limit.
+// The dispatch's tables, in the entry kernel's shared memory: declared
+// in the functions it calls, nvlink also counted them against other
+// kernels of the image (shmem_a2av_move, shmem_moe_gather), past their
+// 48 KiB.
 struct DecodeShared {
     DecodeRoute route;
     DecodeView view;
