@@ -191,7 +191,6 @@ struct DecodeRoute {
     int32_t first[kMaxTeam];  // where each member's rows start among this PE's wire rows
     uint16_t warp_count[kDecodeMaxTokens / 32][kMaxTeam];  // then each warp's tokens' first rank
     unsigned long long fault;  // the first bad slot's code (0: a bad token count), ~0 if none
-    int64_t nt;
 };
 
 // Routes this PE's `n_tokens` tokens (whole block): the token count, or
@@ -199,19 +198,17 @@ struct DecodeRoute {
 __device__ int64_t decode_route(const TeamSync &t, const MoeLayer &m, DecodeRoute &r, int64_t n_tokens) {
     const int n = t.n, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int tok = threadIdx.x;
-    // Every possible token's slots, loaded beside the token count.
+    // Every possible token's slots, loaded before the count is checked.
     const int experts = n * m.ne;
     TokenSlots slots;
     if (tok < m.max_tokens) slots = load_token(m, t.mine<int64_t>(m.ids), t.mine<float>(m.weights), tok);
     for (int i = threadIdx.x; i < kDecodeMaxTokens / 32 * experts; i += blockDim.x)
         r.expert_warps[i / experts][i % experts] = 0;
-    if (threadIdx.x == 0) {
-        r.nt = n_tokens;
-        r.fault = r.nt >= 0 && r.nt <= m.max_tokens ? ~0ull : 0;
-    }
+    const bool counted = n_tokens >= 0 && n_tokens <= m.max_tokens;
+    if (threadIdx.x == 0) r.fault = counted ? ~0ull : 0;
     __syncthreads();
     phase_mark("route_count");
-    const int64_t nt = r.fault == ~0ull ? r.nt : 0;
+    const int64_t nt = counted ? n_tokens : 0;
     int d[kDecodeMaxTopK];
     uint64_t mask = 0;
     if (tok < nt) {

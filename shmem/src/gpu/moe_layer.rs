@@ -116,3 +116,20 @@ impl Kernels {
         unsafe { self.launch_with(KernelId::MoeCombine(dtype), blocks, 0, t, m, s) }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::decode_fits;
+
+    /// The decode form takes the route's rank tables' limit (PEs × experts
+    /// a PE) and the per-PE limits, and nothing on PEs × tokens.
+    #[test]
+    fn decode_fits_the_kernels_tables() {
+        assert!(decode_fits(256, 8, 32, 16));
+        assert!(!decode_fits(256, 8, 32, 17));
+        assert!(decode_fits(256, 8, 8, 64));
+        assert!(!decode_fits(257, 8, 8, 4));
+        assert!(!decode_fits(256, 9, 8, 4));
+        assert!(!decode_fits(256, 8, 33, 4));
+    }
+}
