@@ -285,11 +285,11 @@ __device__ __forceinline__ double add(double acc, double x) { return __dadd_rn(a
 // Whether `p` is 16-byte aligned.
 __device__ __forceinline__ bool aligned16(const void *p) { return reinterpret_cast<uint64_t>(p) % 16 == 0; }
 
-// The threads that share a loop: this one's first step and their count
-// (the block's, or a warp's).
 // Rows whose vectors `fold_vectors` loads before it adds the first.
 constexpr int kFoldAhead = 2;
 
+// The threads that share a loop: this one's first step and their count
+// (the block's, or a warp's).
 struct Lanes {
     uint32_t first, stride;
 };
