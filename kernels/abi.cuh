@@ -358,7 +358,7 @@ struct MoeLayer {
     uint64_t view_so;  // 2 × ne × n i64: the view's splits and offsets
     uint64_t slot_rows;  // max_tokens × top_k i64: each slot's wire row
     uint64_t state;  // 2 i64: the last dispatch's token count (-1 after a bad one), the world agreement's verdict
-    uint64_t scratch;  // u32 counters: blockDim.x × (n + ne), then ne × n
+    uint64_t scratch;  // u32 counters: blockDim.x × (n + ne), then ne × n; or the ranked route's (`RankScratch`)
     uint64_t outputs;  // the experts' outputs, laid out as the view
     uint64_t out;  // the combine's result: n_tokens rows
     int64_t data_bytes;  // a token's bytes
@@ -409,6 +409,14 @@ constexpr int64_t kLayerQuantChunk = 2048;
 // global memory, and the source's gather then works a slot at a time, not
 // a token (`LAYER_SHARED_SLOTS` in abi.rs sizes its grid alike).
 constexpr int kLayerSharedSlots = 64;
+// The flat form's route over many blocks (moe_layer.cu's `shmem_moe_rank`
+// and `shmem_moe_stamp`) takes a top-k up to this (kRouteFastSlots in
+// layer.cuh) and experts a PE up to kRankKeys, a chunk of kRankChunk
+// tokens or rows a block (`RANK_TOP_K`, `RANK_KEYS`, `RANK_CHUNK` in
+// abi.rs size its grids and scratch alike).
+constexpr int kRankTopK = 8;
+constexpr int kRankKeys = 64;
+constexpr int kRankChunk = kBlockThreads;
 // The decode form (moe_decode.cu): at most this many tokens a PE, this many
 // experts a PE, this top-k, and this many experts in the team (PEs ×
 // experts a PE: the route's rank tables)

@@ -1225,7 +1225,11 @@ fn layer_on_device(env: &Env) -> TestResult {
     on_device::<f64>(env, MoeConfig::new(3, 6, 2, 2), Spread::Random)?;
     // Many tokens, each to most PEs: on the GPU's decode form, more staged
     // rows than a block's threads (the view's ranks in several passes).
-    on_device::<f32>(env, MoeConfig::new(16, 256, 8, 8).major_align(4), Spread::Random)
+    on_device::<f32>(env, MoeConfig::new(16, 256, 8, 8).major_align(4), Spread::Random)?;
+    // More tokens than the decode form takes, and than a block of the
+    // exchange form's route ranks (512): its chunks' first rows.
+    on_device::<bf16>(env, MoeConfig::new(8, 1100, 8, 8).major_align(4), Spread::Random)?;
+    on_device::<f32>(env, MoeConfig::new(4, 1300, 64, 3), Spread::OnePe)
 }
 
 fn on_device<T: Float>(env: &Env, c: MoeConfig, spread: Spread) -> TestResult {

@@ -464,7 +464,9 @@ pub(crate) struct MoeLayer {
     /// the verdict of the node-aware form's agreement over the world
     /// (`shmem_moe_agree`; non-zero: failed).
     pub state: u64,
-    /// u32 counters: [`ROUTE_THREADS`] × (`n + ne`), then `ne × n`.
+    /// u32 counters: the one-block route's [`ROUTE_THREADS`] × (`n + ne`),
+    /// then `ne × n`; or the flat form's route over many blocks' words and
+    /// tables (`rank_scratch_len`), zeroed at allocation.
     pub scratch: u64,
     /// The experts' outputs, laid out as the view.
     pub outputs: u64,
@@ -545,6 +547,15 @@ pub(crate) const LAYER_QUANT_CHUNK: usize = 2048;
 /// to this top-k it works a token at a time, beyond it a slot at a time
 /// (`kLayerSharedSlots` in abi.cuh; a test checks they agree).
 pub(crate) const LAYER_SHARED_SLOTS: usize = 64;
+
+/// The flat form's route over many blocks (`shmem_moe_rank`,
+/// `shmem_moe_stamp` of moe_layer.cu) takes a top-k up to [`RANK_TOP_K`]
+/// and experts a PE up to [`RANK_KEYS`], a chunk of [`RANK_CHUNK`] tokens
+/// or staged rows a block (`kRankTopK`, `kRankKeys`, `kRankChunk` in
+/// abi.cuh; a test checks they agree).
+pub(crate) const RANK_TOP_K: usize = 8;
+pub(crate) const RANK_KEYS: usize = 64;
+pub(crate) const RANK_CHUNK: usize = THREADS as usize;
 
 /// The MoE layer's decode form: at most this many tokens a PE
 /// (`kDecodeMaxTokens` in abi.cuh), experts a PE (`kDecodeMaxExperts`), top-k
@@ -687,6 +698,9 @@ mod tests {
         for (line, what) in [
             (format!("constexpr int64_t kLayerChunkBytes = {};", super::LAYER_CHUNK_BYTES), "LAYER_CHUNK_BYTES"),
             (format!("constexpr int kLayerSharedSlots = {};", super::LAYER_SHARED_SLOTS), "LAYER_SHARED_SLOTS"),
+            (format!("constexpr int kRankTopK = {};", super::RANK_TOP_K), "RANK_TOP_K"),
+            (format!("constexpr int kRankKeys = {};", super::RANK_KEYS), "RANK_KEYS"),
+            ("constexpr int kRankChunk = kBlockThreads;".to_string(), "RANK_CHUNK"),
             (format!("constexpr int64_t kLayerQuantChunk = {};", super::LAYER_QUANT_CHUNK), "LAYER_QUANT_CHUNK"),
             (format!("constexpr int kDecodeMaxTokens = {};", super::DECODE_MAX_TOKENS), "DECODE_MAX_TOKENS"),
             (format!("constexpr int kDecodeMaxExperts = {};", super::DECODE_MAX_EXPERTS), "DECODE_MAX_EXPERTS"),

@@ -175,6 +175,10 @@ pub(crate) enum KernelId {
     /// `shmem_moe_route`, `shmem_moe_gather` of `moe_layer.cu`.
     MoeRoute,
     MoeGather,
+    /// `shmem_moe_rank`, `shmem_moe_stamp` of `moe_layer.cu`: the flat
+    /// form's route over many blocks.
+    MoeRank,
+    MoeStamp,
     /// `shmem_moe_agree` of `moe_layer.cu`: the node-aware MoE layer's
     /// agreement over the world.
     MoeAgree,
@@ -206,7 +210,7 @@ pub(crate) enum KernelId {
 }
 
 /// Kernels without arguments of their own, in [`KernelId::index`] order.
-const SINGLES: [KernelId; 15] = [
+const SINGLES: [KernelId; 17] = [
     KernelId::SelfCheck,
     KernelId::Barrier,
     KernelId::Agree,
@@ -222,6 +226,8 @@ const SINGLES: [KernelId; 15] = [
     KernelId::AllToAllNodes,
     KernelId::MoeAgree,
     KernelId::BroadcastRelay,
+    KernelId::MoeRank,
+    KernelId::MoeStamp,
 ];
 
 const DTYPES: usize = DType::ALL.len();
@@ -270,6 +276,8 @@ impl KernelId {
             KernelId::AllToAllNodes => 12,
             KernelId::MoeAgree => 13,
             KernelId::BroadcastRelay => 14,
+            KernelId::MoeRank => 15,
+            KernelId::MoeStamp => 16,
             KernelId::SumSlots(d) => SUM_SLOTS_AT + dtype(d),
             KernelId::MoeCombine(d) => MOE_COMBINE_AT + dtype(d),
             KernelId::MoeDecode(d) => MOE_DECODE_AT + dtype(d),
@@ -305,6 +313,8 @@ impl KernelId {
             KernelId::AllToAllNodes => "shmem_alltoall_nodes".into(),
             KernelId::MoeAgree => "shmem_moe_agree".into(),
             KernelId::BroadcastRelay => "shmem_broadcast_relay".into(),
+            KernelId::MoeRank => "shmem_moe_rank".into(),
+            KernelId::MoeStamp => "shmem_moe_stamp".into(),
             KernelId::SumSlots(d) => format!("shmem_sum_slots_{}", d.name()),
             KernelId::MoeCombine(d) => format!("shmem_moe_combine_{}", d.name()),
             KernelId::MoeDecode(d) => format!("shmem_moe_decode_{}", d.name()),

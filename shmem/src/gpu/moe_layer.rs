@@ -3,7 +3,7 @@
 
 use super::abi::{
     MoeLayer, TeamSync, DECODE_MAX_EXPERTS, DECODE_MAX_PAIRS, DECODE_MAX_TOKENS, DECODE_MAX_TOP_K, FP8_QUANTIZE,
-    LAYER_CHUNK_BYTES, LAYER_QUANT_CHUNK, LAYER_SHARED_SLOTS,
+    LAYER_CHUNK_BYTES, LAYER_QUANT_CHUNK, LAYER_SHARED_SLOTS, RANK_CHUNK, RANK_KEYS, RANK_TOP_K,
 };
 use super::kernel_id::KernelId;
 use super::kernels::Kernels;
@@ -35,6 +35,28 @@ fn row_blocks(rows: usize, bytes: i64, chunk: usize, most: usize) -> usize {
 /// slots: a token each, or beyond [`LAYER_SHARED_SLOTS`] a slot.
 pub(crate) fn source_units(max_tokens: usize, top_k: usize) -> usize {
     max_tokens.saturating_mul(if top_k > LAYER_SHARED_SLOTS { top_k } else { 1 })
+}
+
+/// The grid of the flat form's route over many blocks (`shmem_moe_rank`
+/// and `shmem_moe_stamp`) for `m`'s phase on `n` PEs: a block a chunk of
+/// [`RANK_CHUNK`] tokens (phase 0) or of one source's staged rows (phase
+/// 1); `None` where that route does not serve (the node-aware form's
+/// stages, a top-k or experts a PE beyond its masks), which takes the
+/// one-block route.
+fn rank_blocks(m: &MoeLayer, n: i32) -> Option<usize> {
+    let flat = m.forward_in == 0 && m.view_n == 0 && m.origin == 0;
+    let fits = m.top_k as usize <= RANK_TOP_K && m.ne as usize <= RANK_KEYS;
+    let chunks = usize::try_from(m.max_tokens).ok()?.div_ceil(RANK_CHUNK);
+    (flat && fits).then_some(if m.phase == 0 { chunks } else { chunks * n as usize })
+}
+
+/// `u32`s of scratch the flat form's route over many blocks takes for
+/// `max_tokens` tokens a PE and `experts_per_pe` on `n` PEs: its three
+/// u64 words, then per (chunk, key) a total and a first row, for the
+/// receiver's `n × chunks` chunks of `experts_per_pe` keys (the larger
+/// side: the source's are `chunks` of `n`).
+pub(crate) fn rank_scratch_len(max_tokens: usize, experts_per_pe: usize, n: usize) -> usize {
+    6 + 2 * max_tokens.div_ceil(RANK_CHUNK) * n * experts_per_pe
 }
 
 /// The decode form's kernels run on half the blocks the GPUs hold at
@@ -80,13 +102,23 @@ impl Kernels {
         unsafe { self.launch_with(KernelId::MoeDecode(dtype), blocks, 0, t, m, s) }
     }
 
-    /// The route kernel (one block), then the gather (a block per piece of
-    /// one of `rows` units: the source's [`source_units`], the
-    /// forwarder's slots or the staged rows).
+    /// The route (the flat form's over many blocks where
+    /// [`rank_blocks`] serves, else the one-block kernel), then the gather
+    /// (a block per piece of one of `rows` units: the source's
+    /// [`source_units`], the forwarder's slots or the staged rows).
     pub(crate) fn moe_route(&self, t: TeamSync, m: MoeLayer, rows: usize, s: CUstream) -> Result<()> {
         // SAFETY: (TeamSync, MoeLayer) as the kernels declare; regions
-        // checked by the layer; counts and ids checked on the device.
-        unsafe { self.launch_with(KernelId::MoeRoute, 1, 0, t, m, s) }?;
+        // checked by the layer (its scratch sized by `rank_scratch_len` and
+        // zeroed at allocation); counts and ids checked on the device.
+        unsafe {
+            match rank_blocks(&m, t.n) {
+                Some(blocks) => {
+                    self.launch_with(KernelId::MoeRank, blocks, 0, t, m, s)?;
+                    self.launch_with(KernelId::MoeStamp, blocks, 0, t, m, s)?;
+                }
+                None => self.launch_with(KernelId::MoeRoute, 1, 0, t, m, s)?,
+            }
+        }
         // The source's gather quantizing to FP8 takes smaller pieces.
         let quantizing = m.phase == 0 && m.fp8 == FP8_QUANTIZE && m.forward_in == 0;
         let chunk = if quantizing { LAYER_QUANT_CHUNK } else { LAYER_CHUNK_BYTES };

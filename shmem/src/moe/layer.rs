@@ -58,7 +58,7 @@ use crate::context::{Context, Stream};
 use crate::dtype::Element;
 use crate::error::{Error, Result, RoutingFault};
 use crate::fp8::fp8_e4m3;
-use crate::gpu::kernels::{decode_fits, decode_words};
+use crate::gpu::kernels::{decode_fits, decode_words, rank_scratch_len};
 use crate::quant;
 use crate::team::{Desc, OpKind, Team};
 use half::{bf16, f16};
@@ -603,11 +603,12 @@ impl<T: Element> std::fmt::Debug for MoeAllToAll<T> {
 /// form's, or the largest of the node-aware form's stages (`shape`: nodes
 /// and PEs a node): the rail's route (nodes as destinations of
 /// `L × experts_per_pe` experts), the node's, and the receiver's, which
-/// also keeps where each source's rows start and end.
+/// also keeps where each source's rows start and end; the flat form's
+/// also the tables of its route over many blocks.
 pub(super) fn scratch_len(c: &MoeConfig, n: usize, shape: Option<(usize, usize)>) -> usize {
     let route = |dests: usize, ne: usize| crate::gpu::kernels::ROUTE_THREADS * (dests + ne) + dests * ne;
     match shape {
-        None => route(n, c.experts_per_pe),
+        None => route(n, c.experts_per_pe).max(rank_scratch_len(c.max_tokens, c.experts_per_pe, n)),
         Some((nodes, l)) => route(nodes, l * c.experts_per_pe).max(route(n, c.experts_per_pe) + 2 * n),
     }
 }
@@ -690,7 +691,7 @@ impl<T: Element> MoeAllToAll<T> {
             dispatch_splits: ctx.alloc(2 * entries)?,
             slot_rows: ctx.alloc(c.max_tokens * c.top_k)?,
             state: ctx.alloc(2)?,
-            scratch: ctx.alloc(scratch_len(&c, n, shape))?,
+            scratch: ctx.alloc_zeroed(scratch_len(&c, n, shape))?,
             arrivals: ctx.alloc_zeroed(super::arrivals::arrival_words(c.experts_per_pe, n))?,
             decode,
             last_form: AtomicU8::new(LAST_NONE),
