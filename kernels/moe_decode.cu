@@ -74,25 +74,6 @@ __device__ __forceinline__ uint32_t decode_share() {
     return blockIdx.x == 0 ? gridDim.x - 1 : blockIdx.x - 1;
 }
 
-// A warp's pieces of rows of `bytes`: a multiple of kWarpPieceBytes each
-// (whole FP8 scale groups), as small as keeps every warp of the grid busy
-// with `rows` rows, at most a piece a warp a row (a warp moves 512 bytes
-// a step: a few steps a piece, not many one after another).
-constexpr int64_t kWarpPieceBytes = 512;
-struct WarpPieces {
-    int64_t pieces, chunk;
-    __device__ Range of(int64_t bytes, int64_t c) const { return piece_bytes(bytes, c, pieces, chunk); }
-};
-__device__ __forceinline__ WarpPieces warp_pieces(int64_t rows, int64_t bytes) {
-    const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
-    const int64_t fit = rows > 0 ? warps / rows : 1;
-    const int64_t want = fit < 1 ? 1 : fit;
-    int64_t chunk = (bytes + want - 1) / want;
-    chunk = (chunk + kWarpPieceBytes - 1) / kWarpPieceBytes * kWarpPieceBytes;
-    const int64_t pieces = bytes <= chunk ? 1 : (bytes + chunk - 1) / chunk;
-    return WarpPieces{pieces, pieces == 1 ? (bytes > 0 ? bytes : 1) : chunk};
-}
-
 // The decode form's words (`MoeLayer::decode`, `decode_words` in abi.rs),
 // after the head (the operation counter, then the count of blocks done
 // with it): per member `s`, `start` (the operation `s` has begun), `data`

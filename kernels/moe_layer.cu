@@ -17,7 +17,9 @@
 //   ("The flat form's route over many blocks" below).
 // - `shmem_moe_gather` (many blocks). Phase 0: copies each token into its
 //   wire rows and writes their metadata. Phase 1: copies each staged row
-//   into the view rows of its slots.
+//   into the view rows of its slots. A warp a row (or a piece of one)
+//   where the top-k fits a warp's registers (`gather_warps`,
+//   `place_warps`), else a block a piece.
 // - `shmem_moe_combine_<dtype>` (many blocks). Phase 0, the expert side:
 //   each staged row becomes the weighted sum of its slots' expert outputs,
 //   in slot order, in the accumulator's type, rounded once. Phase 1, the
@@ -865,6 +867,183 @@ __device__ void gather_slots(const TeamSync &t, const MoeLayer &m, int64_t nt) {
     }
 }
 
+// A warp's token (or staged row) of up to kRankTopK slots, a lane a slot,
+// and the rows of its distinct destinations, in slot order, in
+// registers: valid below `k`; row q is that of the q-th lane of
+// `firsts`. `d` is the lane's slot's destination (-1 for none), `row` its
+// row of `stride` bytes from `base`.
+struct WarpRows {
+    uint8_t *row[kRankTopK];
+    unsigned firsts;
+    int k;
+};
+__device__ __forceinline__ WarpRows warp_rows(uint8_t *base, int64_t stride, int d, int64_t row) {
+    const int lane = threadIdx.x % 32;
+    bool first = d >= 0;
+#pragma unroll
+    for (int i = 0; i < kRankTopK; i++) {
+        const int di = __shfl_sync(0xffffffffu, d, i);
+        if (i < lane && di == d) first = false;
+    }
+    WarpRows w;
+    w.firsts = __ballot_sync(0xffffffffu, first);
+    w.k = __popc(w.firsts);
+    unsigned f = w.firsts;
+#pragma unroll
+    for (int q = 0; q < kRankTopK; q++) {
+        const int from = f != 0 ? __ffs(f) - 1 : 0;
+        f &= f - 1;
+        w.row[q] = base + __shfl_sync(0xffffffffu, row, from) * stride;
+    }
+    return w;
+}
+
+// A warp: `bytes` at `src` into rows `w.row[q] + at` below `w.k`, loaded
+// once: 16-byte vectors, four a lane in flight, where the source, the
+// offset and the length allow, else bytes.
+__device__ __forceinline__ void warp_put(const WarpRows &w, uint64_t at, const uint8_t *src, uint64_t bytes) {
+    const int lane = threadIdx.x % 32;
+    if ((reinterpret_cast<uint64_t>(src) | at | bytes) % 16 != 0) {
+        for (uint64_t i = lane; i < bytes; i += 32) {
+            const uint8_t x = src[i];
+#pragma unroll
+            for (int q = 0; q < kRankTopK; q++)
+                if (q < w.k) w.row[q][at + i] = x;
+        }
+        return;
+    }
+    const uint4 *s = reinterpret_cast<const uint4 *>(src);
+    const uint64_t nv = bytes / 16;
+    for (uint64_t v = lane; v < nv; v += 128) {
+        uint4 x[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            if (v + 32 * u < nv) x[u] = s[v + 32 * u];
+#pragma unroll
+        for (int q = 0; q < kRankTopK; q++) {
+            if (q >= w.k) break;
+            uint4 *o = reinterpret_cast<uint4 *>(w.row[q] + at);
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (v + 32 * u < nv) o[v + 32 * u] = x[u];
+        }
+    }
+}
+
+// A warp: elements `e` (whole scale groups but the last) of the `hidden`
+// bf16 elements at `x` quantized (quant.cuh's rule) into every row below
+// `w.k`: codes at the row's start, scales at `scales_at`. A lane takes
+// four consecutive elements of a group, so that a group is one 8-byte
+// load and one 4-byte store a lane (hidden a multiple of 4), and four
+// groups' loads are in flight at once.
+__device__ __forceinline__ void warp_quantize(const WarpRows &w, const MoeLayer &m, const __nv_bfloat16 *x, Range e) {
+    const int lane = threadIdx.x % 32;
+    const int64_t groups = (e.hi + kQuantGroup - 1) / kQuantGroup;
+    for (int64_t g0 = e.lo / kQuantGroup; g0 < groups; g0 += 4) {
+        uint2 raw[4];
+#pragma unroll
+        for (int b = 0; b < 4; b++) {
+            const int64_t i = (g0 + b) * kQuantGroup + lane * 4;
+            raw[b] = g0 + b < groups && i < m.hidden ? *reinterpret_cast<const uint2 *>(x + i) : make_uint2(0, 0);
+        }
+#pragma unroll
+        for (int b = 0; b < 4; b++) {
+            if (g0 + b >= groups) break;  // the same on every lane
+            const __nv_bfloat16 *h = reinterpret_cast<const __nv_bfloat16 *>(&raw[b]);
+            float v[4], amax = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                v[j] = quant_in(h[j]);
+                amax = fmaxf(amax, fabsf(v[j]));
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+            float scale = __fdiv_rn(amax, kE4m3Max);
+            if (scale == 0.0f) scale = 1.0f;
+            uint32_t codes = 0;
+#pragma unroll
+            for (int j = 0; j < 4; j++) codes |= static_cast<uint32_t>(quantize_one(v[j], scale)) << (8 * j);
+            const int64_t i = (g0 + b) * kQuantGroup + lane * 4;
+#pragma unroll
+            for (int q = 0; q < kRankTopK; q++) {
+                if (q >= w.k) break;
+                if (i < m.hidden) *reinterpret_cast<uint32_t *>(w.row[q] + i) = codes;
+                if (lane == 0) reinterpret_cast<float *>(w.row[q] + m.scales_at)[g0 + b] = scale;
+            }
+        }
+    }
+}
+
+// The warps the row kernels' warp forms keep busy before they split rows
+// into pieces: sixteen an SM (what the gather's registers let an SM hold
+// at once), not the grid's many more, which wait for a turn; each piece
+// costs its own trip for the row's slots.
+__device__ __forceinline__ int64_t resident_warps() {
+    uint32_t sms;
+    asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
+    return static_cast<int64_t>(sms) * 16;
+}
+
+// Whether `gather_warps` takes this gather: a top-k up to kRankTopK; in
+// the FP8 format quantizing, a hidden size of whole 4-element steps.
+__device__ __forceinline__ bool gathers_by_warp(const MoeLayer &m) {
+    return m.forward_in == 0 && m.top_k <= kRankTopK && (m.fp8 != kFp8Quantize || m.hidden % 4 == 0);
+}
+
+// Phase 0 of the gather where `gathers_by_warp`: a warp a piece of a
+// token (`warp_pieces`: a whole token where tokens are many), its slots a
+// lane each and its destinations' rows in registers, with no block
+// barrier between pieces (an SM keeps many in flight); the piece loaded
+// once and stored (in the FP8 format quantized once, or the caller's
+// codes copied) into each row; the first piece's warp also writes the
+// rows' metadata (and the caller's scales). `kWhole`: every piece is a
+// whole token (a loop with fewer registers live).
+template <bool kWhole> __device__ void gather_warps(const TeamSync &t, const MoeLayer &m, int64_t nt, WarpPieces wp) {
+    const int lane = threadIdx.x % 32, per_block = blockDim.x / 32;
+    const int64_t *ids = t.mine<int64_t>(m.ids);
+    const float *w = t.mine<float>(m.weights);
+    const int64_t *slot_rows = t.mine<int64_t>(m.slot_rows);
+    const int64_t groups = (m.hidden + kQuantGroup - 1) / kQuantGroup;
+    // The node-aware form's rows name their source PE too.
+    const int64_t origin = m.origin > 0 ? static_cast<int64_t>(m.origin - 1) << kOriginShift : 0;
+    const int64_t pieces = kWhole ? 1 : wp.pieces, step = static_cast<int64_t>(gridDim.x) * per_block;
+    for (int64_t unit = static_cast<int64_t>(blockIdx.x) * per_block + threadIdx.x / 32; unit < nt * pieces;
+         unit += step) {
+        const int64_t tok = kWhole ? unit : unit / pieces, c = kWhole ? 0 : unit % pieces;
+        const Range b = kWhole ? Range{0, static_cast<uint64_t>(m.data_bytes)} : wp.of(m.data_bytes, c);
+        int g = 0;
+        float weight = 0.0f;
+        int64_t row = 0;
+        if (lane < m.top_k) {
+            const int64_t s = tok * m.top_k + lane;
+            g = static_cast<int>(ids[s]);  // checked
+            weight = w[s];
+            row = slot_rows[s];
+        }
+        const int d = lane < m.top_k ? dest_of(g, m.ne) : -1;
+        const WarpRows rows = warp_rows(t.mine<uint8_t>(m.send), m.stride, d, row);
+        if (m.fp8 == 0) {
+            warp_put(rows, b.lo, t.mine<uint8_t>(m.tokens + tok * m.data_bytes + b.lo), b.hi - b.lo);
+        } else if (m.fp8 == kFp8Quantize) {
+            warp_quantize(rows, m, t.mine<__nv_bfloat16>(m.tokens + tok * m.hidden * 2), b);
+        } else {
+            warp_put(rows, b.lo, t.mine<uint8_t>(m.tokens + tok * m.hidden + b.lo), b.hi - b.lo);
+            if (c == 0)
+                warp_put(rows, m.scales_at, t.mine<uint8_t>(m.token_scales + tok * groups * 4), groups * 4);
+        }
+        if (c != 0) continue;
+        unsigned f = rows.firsts;
+#pragma unroll
+        for (int q = 0; q < kRankTopK; q++) {
+            if (q >= rows.k) break;
+            const int dq = __shfl_sync(0xffffffffu, d, __ffs(f) - 1);  // row q's destination
+            f &= f - 1;
+            if (lane == 0) *wire_token(rows.row[q], m) = origin | tok;
+            if (lane < m.top_k) wire_slots(rows.row[q], m)[lane] = WireSlot{d == dq ? g % m.ne : -1, weight};
+        }
+    }
+}
+
 // Phase 0 of the gather: each token into its wire rows, a block a piece
 // of a token (of `kLayerChunkBytes`, or quantizing to FP8 of
 // `kLayerQuantChunk` elements; the host sizes the grid alike, by
@@ -879,6 +1058,15 @@ __device__ void gather_source(const TeamSync &t, const MoeLayer &m) {
     if (nt < 0) return;  // the route failed: nothing is sent
     if (m.forward_in != 0) {
         gather_forward(t, m, nt);
+        return;
+    }
+    if (gathers_by_warp(m)) {
+        const WarpPieces wp = warp_pieces(nt, m.data_bytes, resident_warps());  // the FP8 format's data bytes are its codes
+        if (wp.pieces == 1) {
+            gather_warps<true>(t, m, nt, wp);
+        } else {
+            gather_warps<false>(t, m, nt, wp);
+        }
         return;
     }
     if (m.top_k > kLayerSharedSlots) {
@@ -949,6 +1137,59 @@ __device__ void gather_source(const TeamSync &t, const MoeLayer &m) {
         }
     }
 }
+// Whether `place_warps` takes the receiver's gather: the flat form, a
+// top-k up to kRankTopK, and in the FP8 format the codes and scales alone
+// (no bf16 view).
+__device__ __forceinline__ bool places_by_warp(const MoeLayer &m) {
+    return m.view_n == 0 && m.top_k <= kRankTopK && (m.fp8 == 0 || !m.dequantize);
+}
+
+// Phase 1 of the gather where `places_by_warp`: a warp a piece of a
+// staged row (`warp_pieces`), its slots' view rows a lane each, in
+// registers (each slot's expert differs, so does its row); the piece
+// loaded once and stored into each (in the FP8 format its codes; the
+// first piece's warp also the scales), then each slot's pair counted
+// (`count_placed`). `so` and `view_so` as `gather_receiver` holds them.
+__device__ void place_warps(const TeamSync &t, const MoeLayer &m, int64_t total, const int64_t *so,
+                            const int64_t *view_so) {
+    const int lane = threadIdx.x % 32, per_block = blockDim.x / 32;
+    uint8_t *stage = t.mine<uint8_t>(m.stage);
+    const ArrivalWords arrivals = arrival_words(t, m);
+    const uint64_t epoch = *arrivals.epoch;
+    uint8_t *view = t.mine<uint8_t>(m.fp8 == 0 ? m.recv : m.recv_codes);
+    float *recv_scales = t.mine<float>(m.recv_scales);
+    const int64_t groups = (m.hidden + kQuantGroup - 1) / kQuantGroup;
+    const WarpPieces wp = warp_pieces(total, m.data_bytes, resident_warps());  // the FP8 format's data bytes are its codes
+    const int64_t step = static_cast<int64_t>(gridDim.x) * per_block;
+    for (int64_t unit = static_cast<int64_t>(blockIdx.x) * per_block + threadIdx.x / 32; unit < total * wp.pieces;
+         unit += step) {
+        const int64_t r = unit / wp.pieces, c = unit % wp.pieces;
+        const Range b = wp.of(m.data_bytes, c);
+        const uint8_t *row = stage + r * m.stride;
+        const int32_t at = lane < m.top_k ? wire_slots(const_cast<uint8_t *>(row), m)[lane].at : -1;
+        const WarpRows rows = warp_rows(view, m.data_bytes, at, at);
+        warp_put(rows, b.lo, row + b.lo, b.hi - b.lo);
+        if (m.fp8 != 0 && c == 0) {
+            const float *scales = reinterpret_cast<const float *>(row + m.scales_at);
+            unsigned f = rows.firsts;
+#pragma unroll
+            for (int q = 0; q < kRankTopK; q++) {
+                if (q >= rows.k) break;
+                const int64_t aq = __shfl_sync(0xffffffffu, at, __ffs(f) - 1);  // row q's place in the view
+                f &= f - 1;
+                for (int64_t g = lane; g < groups; g += 32) recv_scales[aq * groups + g] = scales[g];
+            }
+        }
+        __syncwarp();  // the warp's stores before its counts
+        if (at < 0) continue;
+        const int s = staged_source(t, m, r, so);
+        const int e = view_expert(t, m, s, at, view_so);
+        if (e < 0) continue;
+        const int pair = e * t.n + s;
+        count_placed(arrivals, pair, static_cast<uint32_t>(view_so[pair] * wp.pieces), epoch);
+    }
+}
+
 // Phase 1 of the gather: each staged row into its view rows, a block a
 // chunk of a row. In the native format each thread loads its vectors of
 // the chunk once and stores them into every view row of the row's slots.
@@ -972,6 +1213,10 @@ __device__ void gather_receiver(const TeamSync &t, const MoeLayer &m) {
         __syncthreads();
         so = tables;
         view_so = tables + 2 * kMaxTeam;
+    }
+    if (places_by_warp(m)) {
+        place_warps(t, m, total, so, view_so);
+        return;
     }
     __shared__ uint8_t *dsts[kLayerSharedSlots];
     __shared__ int32_t dst_rows[kLayerSharedSlots], slot_at[kLayerSharedSlots];
