@@ -525,6 +525,7 @@ __device__ void route_receiver(const TeamSync &t, const MoeLayer &m) {
         *c = *c + 1;
     });
 }
+
 // ---- The flat form's route over many blocks ----
 //
 // Where its top-k and experts a PE fit (kRankTopK, kRankKeys; not the
@@ -553,8 +554,9 @@ static_assert(kRankChunk == kBlockThreads, "the ranked route takes an item a thr
 // The ranked route's scratch (`MoeLayer::scratch`, zeroed at allocation):
 // the blocks done of each phase's count (never reset: a launch's last
 // block is the one whose count makes a multiple of the grid), the fault
-// word (the complement of the worst fault's code, 0 for none; the last
-// block reads and clears it), then per (chunk, key) the chunk's total and
+// word (the complement of the lowest fault code seen, as the one-block
+// route keeps the lowest; 0 for none; the last block reads and clears
+// it), then per (chunk, key) the chunk's total and
 // its first row, for the larger phase's n × chunks chunks of ne keys.
 struct RankScratch {
     unsigned long long *done, *fault;
@@ -745,7 +747,7 @@ __device__ void rank_count(const TeamSync &t, const MoeLayer &m, RankShared &sh)
     if (m.phase == 0) {
         const int64_t nt = *t.mine<int64_t>(m.n_tokens);
         const bool count_ok = nt >= 0 && nt <= m.max_tokens;
-        // A bad count is fault code 0, the worst (no token is checked).
+        // A bad count is fault code 0, the lowest (no token is checked).
         if (!count_ok && blockIdx.x == 0 && threadIdx.x == 0) atomicMax(x.fault, ~0ull);
         const RankToken tok = rank_token(t, m, count_ok ? nt : 0);
         if (tok.fault != ~0ull) atomicMax(x.fault, ~tok.fault);

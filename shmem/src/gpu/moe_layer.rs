@@ -151,7 +151,7 @@ impl Kernels {
 
 #[cfg(test)]
 mod tests {
-    use super::decode_fits;
+    use super::{decode_fits, rank_blocks, rank_scratch_len, MoeLayer};
 
     /// The decode form takes the route's rank tables' limit (PEs × experts
     /// a PE) and the per-PE limits, and nothing on PEs × tokens.
@@ -163,5 +163,25 @@ mod tests {
         assert!(!decode_fits(257, 8, 8, 4));
         assert!(!decode_fits(256, 9, 8, 4));
         assert!(!decode_fits(256, 8, 33, 4));
+    }
+
+    /// The route over many blocks serves the flat form within its masks,
+    /// a block a chunk of 512 tokens (phase 0) or of one source's staged
+    /// rows (phase 1), and its scratch holds both sides' tables.
+    #[test]
+    fn rank_blocks_serve_the_flat_form_within_the_masks() {
+        let m = MoeLayer { max_tokens: 1100, top_k: 8, ne: 64, ..MoeLayer::default() };
+        assert_eq!(rank_blocks(&m, 4), Some(3));
+        assert_eq!(rank_blocks(&MoeLayer { phase: 1, ..m }, 4), Some(12));
+        assert_eq!(rank_blocks(&MoeLayer { max_tokens: 512, ..m }, 4), Some(1));
+        assert_eq!(rank_blocks(&MoeLayer { top_k: 9, ..m }, 4), None);
+        assert_eq!(rank_blocks(&MoeLayer { ne: 65, ..m }, 4), None);
+        assert_eq!(rank_blocks(&MoeLayer { origin: 1, ..m }, 4), None);
+        assert_eq!(rank_blocks(&MoeLayer { forward_in: 64, ..m }, 4), None);
+        assert_eq!(rank_blocks(&MoeLayer { view_n: 8, phase: 1, ..m }, 4), None);
+        // Three u64 words, then a total and a first row per (chunk, key):
+        // the receiver's 4 × 3 chunks of 64 experts, more than the source's
+        // 3 chunks of 4 destinations.
+        assert_eq!(rank_scratch_len(1100, 64, 4), 6 + 2 * 12 * 64);
     }
 }
