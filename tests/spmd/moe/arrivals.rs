@@ -11,12 +11,15 @@ use super::{random_weight, routable, routing, Spread};
 use crate::util::{needs_gpu, poison, Env, TestResult};
 use crate::TestFn;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
-use shmem::{bf16, Fp8DeviceTokens, Fp8Out, Fp8Tokens, Layout, MoeAllToAll, MoeConfig};
+use shmem::{bf16, Fp8DeviceTokens, Fp8Out, Fp8Tokens, Layout, MoeAllToAll, MoeConfig, MoeKernels};
 
 pub const TESTS: &[(&str, TestFn)] = &[
     ("moe::arrivals::marked_after_dispatch", marked_after_dispatch),
     ("moe::arrivals::waiter_kernel_gpu_only", waiter_kernel),
     ("moe::arrivals::waiter_in_graph_gpu_only", waiter_in_graph),
+    // The layer's exchange form where its decode form would run.
+    ("moe::lines::arrivals::marked_after_dispatch", |e| super::with_form(e, MoeKernels::Lines, marked_after_dispatch)),
+    ("moe::lines::arrivals::waiter_kernel_gpu_only", |e| super::with_form(e, MoeKernels::Lines, waiter_kernel)),
 ];
 
 /// Every pair's flag is `epoch`, and so is the epoch word; `layout` (the

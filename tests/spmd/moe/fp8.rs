@@ -11,7 +11,9 @@ use super::{combine_group, exact_weight, expected_blocks, routable, routing, Rou
 use crate::util::{deferred_mismatch, mix, poison, Env, TestResult};
 use crate::{assert_err, TestFn};
 use shmem::quant::{dequantize_vec, quantize_vec, scales_len, GROUP};
-use shmem::{bf16, fp8_e4m3, Error, Fp8DeviceTokens, Fp8Out, Fp8Tokens, Fp8View, Layout, MoeAllToAll, MoeConfig};
+use shmem::{
+    bf16, fp8_e4m3, Error, Fp8DeviceTokens, Fp8Out, Fp8Tokens, Fp8View, Layout, MoeAllToAll, MoeConfig, MoeKernels,
+};
 
 pub const TESTS: &[(&str, TestFn)] = &[
     ("moe::fp8::quantized_bit_exact", quantized_bit_exact),
@@ -20,6 +22,12 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("moe::fp8::on_device", on_device),
     ("moe::fp8::errors::missing_scales", missing_scales),
     ("moe::fp8::errors::not_fp8", not_fp8),
+    // The layer's exchange form where its decode form would run (its
+    // gathers quantize, copy and place in their own code).
+    ("moe::lines::fp8::quantized_bit_exact", |e| super::with_form(e, MoeKernels::Lines, quantized_bit_exact)),
+    ("moe::lines::fp8::pre_quantized", |e| super::with_form(e, MoeKernels::Lines, pre_quantized)),
+    ("moe::lines::fp8::on_device", |e| super::with_form(e, MoeKernels::Lines, on_device)),
+    ("moe::lines::fp8::errors::missing_scales", |e| super::with_form(e, MoeKernels::Lines, missing_scales)),
 ];
 
 /// The configurations: hidden a multiple of the group and not (a short
