@@ -958,10 +958,7 @@ __device__ __forceinline__ void warp_quantize(const WarpRows &w, const MoeLayer 
                 v[j] = quant_in(h[j]);
                 amax = fmaxf(amax, fabsf(v[j]));
             }
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-            float scale = __fdiv_rn(amax, kE4m3Max);
-            if (scale == 0.0f) scale = 1.0f;
+            const float scale = warp_group_scale(amax);
             uint32_t codes = 0;
 #pragma unroll
             for (int j = 0; j < 4; j++) codes |= static_cast<uint32_t>(quantize_one(v[j], scale)) << (8 * j);

@@ -36,6 +36,16 @@ template <typename T> __device__ __forceinline__ T dequantize_one(uint8_t q, flo
     return from_acc<T>(static_cast<typename Acc<T>::type>(__fmul_rn(__half2float(__half(h)), scale)));
 }
 
+// The scale of a group whose elements a warp holds, from each lane's
+// amax of its share (the whole warp): the group's amax / 448, or 1 where
+// that is zero.
+__device__ __forceinline__ float warp_group_scale(float amax) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float scale = __fdiv_rn(amax, kE4m3Max);
+    return scale == 0.0f ? 1.0f : scale;
+}
+
 // Most groups a warp of `quantize_groups` has in flight.
 constexpr int kQuantBatch = 4;
 
@@ -65,10 +75,7 @@ __device__ __forceinline__ void quantize_groups(const T *x, int64_t len, int64_t
             float amax = 0.0f;
 #pragma unroll
             for (int j = 0; j < kPer; j++) amax = fmaxf(amax, fabsf(v[b][j]));
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-            float scale = __fdiv_rn(amax, kE4m3Max);
-            if (scale == 0.0f) scale = 1.0f;
+            const float scale = warp_group_scale(amax);
 #pragma unroll
             for (int j = 0; j < kPer; j++) {
                 const int64_t i = gb * kQuantGroup + lane + 32 * j;
