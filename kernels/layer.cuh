@@ -388,11 +388,40 @@ __device__ __forceinline__ int64_t next_wire_row(const int64_t *rows, int top_k,
     return next;
 }
 
+// A token's distinct wire rows (its `top_k` slots' `rows`, top_k at most
+// 64), ascending (ascending PE), into `held`; their count (a warp, two
+// slots a lane: the slots are loaded at once, where `next_wire_row`'s
+// search goes through them one by one for each row).
+__device__ __forceinline__ int token_wire_rows(const int64_t *rows, int top_k, int64_t *held) {
+    const int lane = threadIdx.x % 32;
+    const int64_t r0 = lane < top_k ? rows[lane] : -1, r1 = lane + 32 < top_k ? rows[lane + 32] : -1;
+    // A slot's row counts if no slot before has it; its place is the
+    // count of the distinct rows below it.
+    bool first0 = r0 >= 0, first1 = r1 >= 0;
+    for (int i = 0; i < top_k; i++) {
+        const int64_t x = __shfl_sync(~0u, i < 32 ? r0 : r1, i % 32);
+        first0 &= !(i < lane && x == r0);
+        first1 &= !(i < lane + 32 && x == r1);
+    }
+    int below0 = 0, below1 = 0;
+    for (int i = 0; i < top_k; i++) {
+        const int64_t x = __shfl_sync(~0u, i < 32 ? (first0 ? r0 : -1) : (first1 ? r1 : -1), i % 32);
+        below0 += x >= 0 && x < r0;
+        below1 += x >= 0 && x < r1;
+    }
+    if (first0) held[below0] = r0;
+    if (first1) held[below1] = r1;
+    return __popc(__ballot_sync(~0u, first0)) + __popc(__ballot_sync(~0u, first1));
+}
+
 // Each of the `nt` tokens' partials, which came back into `m.send` at
 // the token's wire rows (`m.slot_rows`), summed in ascending PE order
 // (ascending wire row) and rounded once into `m.out`, a block a chunk of
-// a token (whole block, every block).
-template <typename T> __device__ void combine_tokens(const TeamSync &t, const MoeLayer &m, int64_t nt) {
+// a token (whole block, every block). `arrived()` (whole block, ending in
+// a barrier) waits until the partials are in: the block's first token's
+// rows are read before it.
+template <typename T, typename Arrived>
+__device__ void combine_tokens(const TeamSync &t, const MoeLayer &m, int64_t nt, Arrived arrived) {
     using A = typename Acc<T>::type;
     const int64_t *slot_rows = t.mine<int64_t>(m.slot_rows);
     const uint8_t *back = t.mine<uint8_t>(m.send);
@@ -403,6 +432,7 @@ template <typename T> __device__ void combine_tokens(const TeamSync &t, const Mo
     // The token's distinct wire rows, ascending (ascending PE).
     __shared__ int64_t held[kLayerSharedSlots];
     __shared__ int nheld;
+    bool in = false;
     for (int64_t w = blockIdx.x; w < nt * chunks; w += gridDim.x) {
         const int64_t tok = w / chunks;
         const Range b = piece_bytes(row_bytes, w % chunks, chunks);
@@ -410,18 +440,25 @@ template <typename T> __device__ void combine_tokens(const TeamSync &t, const Mo
         const int64_t *rows = slot_rows + tok * m.top_k;
         if (vectors) {
             __syncthreads();  // the chunk before is done with held
-            if (threadIdx.x == 0) {
-                int k = 0;
-                for (int64_t r = next_wire_row(rows, m.top_k, -1); r >= 0; r = next_wire_row(rows, m.top_k, r))
-                    held[k++] = r;
-                nheld = k;
+            if (threadIdx.x < 32) {
+                const int k = token_wire_rows(rows, m.top_k, held);
+                if (threadIdx.x == 0) nheld = k;
             }
-            __syncthreads();
+            if (in) {
+                __syncthreads();
+            } else {
+                arrived();
+                in = true;
+            }
             fold_vectors(
                 out, b.lo / 16, b.hi / 16, nheld,
                 [&](int i) { return reinterpret_cast<const T *>(back + held[i] * m.back_stride); },
                 [](A acc, int, A x) { return add(acc, x); });
             continue;
+        }
+        if (!in) {
+            arrived();
+            in = true;
         }
         for (uint64_t h = b.lo / sizeof(T) + threadIdx.x; h < b.hi / sizeof(T); h += blockDim.x) {
             A acc = 0;
@@ -431,6 +468,10 @@ template <typename T> __device__ void combine_tokens(const TeamSync &t, const Mo
             out[h] = from_acc<T>(acc);
         }
     }
+    if (!in) arrived();
+}
+template <typename T> __device__ void combine_tokens(const TeamSync &t, const MoeLayer &m, int64_t nt) {
+    combine_tokens<T>(t, m, nt, [] { __syncthreads(); });
 }
 }  // namespace k
 }  // namespace shmem

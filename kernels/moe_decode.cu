@@ -11,19 +11,21 @@
 // tokens for each, and each slot's rank among this PE's slots of its
 // expert). Block 0 tells every member at once what it will receive
 // (`info`: its rows, and its rows of each of the member's experts, or the
-// routing fault; then `ready`, a release store), so that the members can
-// lay their views out while the rows are on the way. Every block stores
-// its share of the tokens' pieces (block 0, which tells, the grid's last)
+// routing fault; then `ready` and its count of itself done, behind one
+// fence), so that the members can lay their views out while the rows are
+// on the way; it sends no row, so that nothing delays that. Every other
+// block stores its share of the tokens' pieces
 // straight into each destination's staging at row `this PE × max_tokens
 // + rank` (the exchange form packs the sources' rows; here each source
 // has its own run), with the wire row's metadata: the token field also
 // names, above kDecodeRowShift, this PE's wire row for that destination,
 // where the combine's partial comes back, and each slot its local expert
-// and rank (`e | rank << 8`). Each block then lays the view out from the
+// and rank (`e | rank << 8`), and counts itself done at every member
+// (`data`, a release add). Each block then lays the view out from the
 // members' `info` (rows per expert and source, where each expert's block
 // and each source's run in it start: a few hundred words, the same in
-// every block, so no block waits on another's layout), counts itself done
-// at every member (`data`, a release add), waits until every member's
+// every block, so no block waits on another's layout; each writes the
+// view's splits and offsets), waits until every member's
 // blocks are all done, and places its share of the staged rows into the
 // view, a warp a piece of a row, each slot's view row its run's start plus
 // the rank the source sent, counting the arrivals as the exchange form
@@ -67,12 +69,33 @@ __device__ __forceinline__ void red_release_add64(uint64_t *p, uint64_t v) {
     asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
+// A fence, then strong relaxed writes: each write after the fence releases
+// what the thread (and, through a barrier before, its block) stored before
+// it, as a release would, and two such writes wait for one fence, not one
+// each.
+__device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+__device__ __forceinline__ void st_relaxed64(uint64_t *p, uint64_t v) {
+    asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ void red_relaxed_add64(uint64_t *p, uint64_t v) {
+    asm volatile("red.relaxed.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
 // The block whose share of a grid-wide split of work this block takes:
 // block 0 takes the last share, since it also tells the members what
 // this PE sends them and writes the view's splits.
 __device__ __forceinline__ uint32_t decode_share() {
     return blockIdx.x == 0 ? gridDim.x - 1 : blockIdx.x - 1;
 }
+
+// The senders of wire rows in the native format (`decode_send_warps`):
+// every block but block 0, which tells the members what this PE sends
+// them and counts itself done with the same release (`decode_tell`),
+// behind no row of its own. (The FP8 format's sender quantizes a block a
+// piece, and a block fewer would take another round of rows: there block
+// 0 takes the last share, and counts itself done after it.)
+__device__ __forceinline__ uint32_t decode_sender() { return blockIdx.x - 1; }
+__device__ __forceinline__ uint32_t decode_senders() { return gridDim.x - 1; }
 
 // The decode form's words (`MoeLayer::decode`, `decode_words` in abi.rs),
 // after the head (the operation counter, then the count of blocks done
@@ -174,22 +197,29 @@ struct DecodeRoute {
     unsigned long long fault;  // the first bad slot's code (0: a bad token count), ~0 if none
 };
 
-// Routes this PE's `n_tokens` tokens (whole block): the token count, or
-// -1 where it or a token is bad (`r.fault` says which).
-__device__ int64_t decode_route(const TeamSync &t, const MoeLayer &m, DecodeRoute &r, int64_t n_tokens) {
-    const int n = t.n, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int tok = threadIdx.x;
-    // Every possible token's slots, loaded before the count is checked.
-    const int experts = n * m.ne;
-    TokenSlots slots;
-    if (tok < m.max_tokens) slots = load_token(m, t.mine<int64_t>(m.ids), t.mine<float>(m.weights), tok);
+// The route's tables from zero (whole block), before the barrier of
+// `decode_begin`.
+__device__ __forceinline__ void decode_route_zero(const TeamSync &t, const MoeLayer &m, DecodeRoute &r) {
+    const int experts = t.n * m.ne;
     for (int i = threadIdx.x; i < kDecodeMaxTokens / 32 * experts; i += blockDim.x)
         r.expert_warps[i / experts][i % experts] = 0;
+}
+
+// Routes this PE's `n_tokens` tokens (whole block; `slots`: thread
+// `tok`'s token's, loaded beside the operation's number, the tables
+// zeroed before it): the token count, or -1 where it or a token is bad
+// (`r.fault` says which).
+__device__ int64_t decode_route(const TeamSync &t, const MoeLayer &m, DecodeRoute &r, int64_t n_tokens,
+                                const TokenSlots &slots) {
+    const int n = t.n, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int tok = threadIdx.x;
+    const int experts = n * m.ne;
     const bool counted = n_tokens >= 0 && n_tokens <= m.max_tokens;
     if (threadIdx.x == 0) r.fault = counted ? ~0ull : 0;
     __syncthreads();
     phase_mark("route_count");
     const int64_t nt = counted ? n_tokens : 0;
+    const int holding = static_cast<int>((nt + 31) / 32);  // the warps that hold tokens
     int d[kDecodeMaxTopK];
     uint64_t mask = 0;
     if (tok < nt) {
@@ -224,7 +254,7 @@ __device__ int64_t decode_route(const TeamSync &t, const MoeLayer &m, DecodeRout
     __syncthreads();
     if (threadIdx.x < n) {
         int sum = 0;
-        for (int w = 0; w < kDecodeMaxTokens / 32; w++) {
+        for (int w = 0; w < holding; w++) {
             const int c = r.warp_count[w][threadIdx.x];
             r.warp_count[w][threadIdx.x] = static_cast<uint16_t>(sum);
             sum += c;
@@ -233,7 +263,7 @@ __device__ int64_t decode_route(const TeamSync &t, const MoeLayer &m, DecodeRout
     }
     for (int g = threadIdx.x; g < experts; g += blockDim.x) {
         uint32_t sum = 0;
-        for (int w = 0; w < kDecodeMaxTokens / 32; w++) {
+        for (int w = 0; w < holding; w++) {
             const uint32_t c = __popc(r.expert_warps[w][g]);
             r.expert_warps[w][g] = sum;
             sum += c;
@@ -406,13 +436,13 @@ __device__ __forceinline__ void warp_copy_to(const WarpHeld &h, uint8_t *const *
 __device__ void decode_send_warps(const TeamSync &t, const MoeLayer &m, const DecodeWords &dw, const DecodeRoute &r,
                                   int64_t nt, uint64_t op, unsigned long long *begun) {
     const int lane = threadIdx.x % 32, wid = threadIdx.x / 32, warps = blockDim.x / 32;
-    const WarpPieces wp = warp_pieces(nt, m.data_bytes);
+    const WarpPieces wp = warp_pieces(nt, m.data_bytes, static_cast<int64_t>(decode_senders()) * warps);
     const int64_t chunks = wp.pieces;
     __shared__ uint8_t *rows[kBlockThreads / 32][kDecodeMaxTopK], *dsts[kBlockThreads / 32][kDecodeMaxTopK];
     __shared__ int row_dest[kBlockThreads / 32][kDecodeMaxTopK];
     __shared__ int64_t row_field[kBlockThreads / 32][kDecodeMaxTopK];
     const uint32_t per = static_cast<uint32_t>(chunks);
-    for (uint32_t unit = decode_share() * warps + wid; unit < nt * chunks; unit += gridDim.x * warps) {
+    for (uint32_t unit = decode_sender() * warps + wid; unit < nt * chunks; unit += decode_senders() * warps) {
         const uint32_t tok = unit / per, c = unit - tok * per;
         const Range b = wp.of(m.data_bytes, c);
         const uint8_t *src = t.mine<uint8_t>(m.tokens + tok * m.data_bytes + b.lo);
@@ -462,7 +492,7 @@ __device__ __forceinline__ int64_t decode_staged(const DecodeView &v, const MoeL
 // (`v.pair`, as the members' `info` said): the experts' blocks
 // (expert-major, each source's rows in PE order, each in token order,
 // padded to major_align) and where each (expert, source) run starts.
-// Block 0 writes the view's splits and offsets.
+// Every block writes the view's splits and offsets (the same words).
 __device__ void decode_layout(const TeamSync &t, const MoeLayer &m, DecodeView &v) {
     const int n = t.n, ne = m.ne, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     if (warp == 0) {
@@ -485,7 +515,6 @@ __device__ void decode_layout(const TeamSync &t, const MoeLayer &m, DecodeView &
         int32_t at = v.block_start[e];
         for (int q = 0; q < s; q++) at += static_cast<int32_t>(v.pair[e * n + q]);
         v.run[i] = at;
-        if (blockIdx.x != 0) continue;
         view_so[i] = v.pair[i];
         view_so[pairs + i] = at;
     }
@@ -575,9 +604,13 @@ __device__ void decode_report(const MoeLayer &m, int pe, int64_t marker) {
 
 // Block 0: tells every member what this PE sends it in operation `op`
 // (its rows, or its routing fault's marker; its rows of each of the
-// member's experts), then that it has (`ready`, released).
+// member's experts), then, behind one fence, that it has (`ready`) and,
+// where `done` (block 0 sends no wire row), that block 0 is done sending
+// (`data`). The fence also puts this PE's placement counters, from zero,
+// ahead of its count of itself done: a block places only once every block
+// of this PE has counted itself done.
 __device__ void decode_tell(const TeamSync &t, const MoeLayer &m, const DecodeWords &dw, const DecodeRoute &r,
-                            int64_t nt, uint64_t op) {
+                            int64_t nt, uint64_t op, const ArrivalWords &arrivals, bool done) {
     const int n = t.n, ne = m.ne;
     const int64_t marker = kRouteBad - static_cast<int64_t>(r.fault);
     for (int i = threadIdx.x; i < n * (1 + ne); i += blockDim.x) {
@@ -590,8 +623,13 @@ __device__ void decode_tell(const TeamSync &t, const MoeLayer &m, const DecodeWo
         }
         *dw.info(pe, t.rank, op, x) = static_cast<uint64_t>(v);
     }
+    for (int i = threadIdx.x; i < ne * n; i += blockDim.x) arrivals.placed[i] = 0;
     __syncthreads();
-    for (int pe = threadIdx.x; pe < n; pe += blockDim.x) st_release64(dw.ready(pe, t.rank), op);
+    for (int pe = threadIdx.x; pe < n; pe += blockDim.x) {
+        fence_acq_rel_sys();
+        st_relaxed64(dw.ready(pe, t.rank), op);
+        if (done) red_relaxed_add64(dw.data(pe, t.rank), 1);
+    }
 }
 
 // The dispatch's tables, in the entry kernel's shared memory: declared
@@ -605,22 +643,29 @@ struct DecodeShared {
     uint64_t epoch;  // the dispatch's arrival epoch
 };
 
-// Phase 0: the dispatch (see the top of the file).
-__device__ void decode_dispatch(const TeamSync &t, const MoeLayer &m, const DecodeWords &dw, uint64_t op,
-                                DecodeShared &sh) {
+// Phase 0: the dispatch (see the top of the file), from its beginning:
+// each thread's token's slots are loaded, and the route's tables zeroed,
+// beside the operation's number.
+__device__ void decode_dispatch(const TeamSync &t, const MoeLayer &m, const DecodeWords &dw, DecodeShared &sh) {
     DecodeRoute &route = sh.route;
     DecodeView &view = sh.view;
     __shared__ unsigned long long begun;
     __shared__ int bad_source;
     __shared__ int64_t sent[kMaxTeam];
     const int n = t.n, ne = m.ne;
-    const ArrivalWords arrivals = arrival_words(t, m);
-    const uint64_t epoch = sh.epoch;
+    TokenSlots slots;
+    if (static_cast<int64_t>(threadIdx.x) < m.max_tokens)
+        slots = load_token(m, t.mine<int64_t>(m.ids), t.mine<float>(m.weights), threadIdx.x);
+    decode_route_zero(t, m, route);
     if (threadIdx.x == 0) begun = 0;
-    const int64_t nt = decode_route(t, m, route, sh.n_tokens);
+    const uint64_t op = decode_begin(dw, m, &sh.n_tokens, &sh.epoch);
+    phase_mark("begin");
+    const int64_t nt = decode_route(t, m, route, sh.n_tokens, slots);
     phase_mark("route");
-    if (blockIdx.x == 0) {
-        decode_tell(t, m, dw, route, nt, op);
+    // Block 0 sends no row in the native format (`decode_sender`).
+    const bool teller = blockIdx.x == 0, told_done = m.fp8 == 0;
+    if (teller) {
+        decode_tell(t, m, dw, route, nt, op, arrival_words(t, m), told_done);
         if (nt >= 0) {
             decode_source_state(t, m, route, nt);
         } else if (threadIdx.x == 0) {
@@ -628,19 +673,13 @@ __device__ void decode_dispatch(const TeamSync &t, const MoeLayer &m, const Deco
         }
         phase_mark("tell");
     }
-    if (nt > 0 && m.fp8 == 0) {
-        decode_send_warps(t, m, dw, route, nt, op, &begun);
-    } else if (nt > 0) {
+    if (nt > 0 && m.fp8 != 0) {
         decode_send(t, m, dw, route, nt, op, &begun);
+    } else if (nt > 0 && !teller) {
+        decode_send_warps(t, m, dw, route, nt, op, &begun);
     }
+    if (!teller || !told_done) decode_done(dw);
     phase_mark("send");
-    // The placement counters from zero, a share a block, before the
-    // block's count of itself done: every block places only once every
-    // block of this PE has counted itself done (below).
-    const int64_t pairs = static_cast<int64_t>(m.ne) * n;
-    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < pairs;
-         i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-        arrivals.placed[i] = 0;
     // What each member sends: its rows (where they go in the packed
     // order, or the first member's fault) and its rows of each expert.
     for (int i = threadIdx.x; i < n * (1 + ne); i += blockDim.x) {
@@ -666,13 +705,14 @@ __device__ void decode_dispatch(const TeamSync &t, const MoeLayer &m, const Deco
     }
     __syncthreads();
     phase_mark("ready");
+    const ArrivalWords arrivals = arrival_words(t, m);
+    const uint64_t epoch = sh.epoch;
     int64_t *stage_so = t.mine<int64_t>(m.stage_so);
     if (bad_source >= 0) {
         if (blockIdx.x == 0 && threadIdx.x == 0) {
             stage_so[0] = -1;
             decode_report(m, t.pes[bad_source], sent[bad_source]);
         }
-        decode_done(dw);
         decode_wait(dw, op);
         decode_end(dw, op, nullptr, 0);
         return;
@@ -682,17 +722,15 @@ __device__ void decode_dispatch(const TeamSync &t, const MoeLayer &m, const Deco
             stage_so[s] = view.first[s + 1] - view.first[s];
             stage_so[n + s] = view.first[s];
         }
-    // Laid out before the block counts itself done, so that block 0's
-    // splits and offsets are out before any block places a row (and
-    // raises a pair's flag).
+    // Every block writes the view's splits and offsets as it lays them
+    // out (the same words), so that its own rows' arrival flags release
+    // them: no block waits for another's layout.
     decode_layout(t, m, view);
-    phase_mark("layout");
-    decode_done(dw);
     // The pairs that receive nothing have arrived.
     if (blockIdx.x == 0)
         for (int i = threadIdx.x; i < ne * n; i += blockDim.x)
             if (view.pair[i] == 0) raise_arrival(arrivals.flags + i, epoch);
-    phase_mark("done");
+    phase_mark("layout");
     decode_wait(dw, op);
     phase_mark("wait");
     decode_place(t, m, view, warp_pieces(view.first[n], m.data_bytes), arrivals, epoch);
@@ -700,30 +738,36 @@ __device__ void decode_dispatch(const TeamSync &t, const MoeLayer &m, const Deco
     decode_end(dw, op, arrivals.epoch, epoch);
 }
 
-// Phase 1: the combine (see the top of the file).
-template <typename T> __device__ void decode_combine(const TeamSync &t, const MoeLayer &m, const DecodeWords &dw,
-                                                     uint64_t op) {
+// Phase 1: the combine (see the top of the file), from its beginning:
+// the dispatch's token count and rows from each member are loaded beside
+// the operation's number.
+template <typename T> __device__ void decode_combine(const TeamSync &t, const MoeLayer &m, const DecodeWords &dw) {
     using A = typename Acc<T>::type;
     const int n = t.n;
+    __shared__ int64_t rows_from[kMaxTeam], dispatched;
+    __shared__ int32_t first[kMaxTeam + 1];
+    __shared__ unsigned long long begun;
     const int64_t *so = t.mine<int64_t>(m.stage_so);
-    const int64_t nt = *t.mine<int64_t>(m.state);
+    if (threadIdx.x < n) rows_from[threadIdx.x] = so[threadIdx.x];
+    if (threadIdx.x == 96) dispatched = *t.mine<int64_t>(m.state);
+    if (threadIdx.x == 0) begun = 0;
+    const uint64_t op = decode_begin(dw, m, nullptr, nullptr);
+    phase_mark("begin");
+    const int64_t nt = dispatched;
     // After a failed dispatch every PE's `stage_so` says so: none writes
     // (each still counts its blocks and waits for the members', as every
     // operation does).
-    if (so[0] < 0 || nt < 0) {
+    if (rows_from[0] < 0 || nt < 0) {
         decode_done(dw);
         decode_wait(dw, op);
         decode_end(dw, op, nullptr, 0);
         return;
     }
-    __shared__ int32_t first[kMaxTeam + 1];
-    __shared__ unsigned long long begun;
     if (threadIdx.x == 0) {
-        begun = 0;
         int64_t at = 0;
         for (int s = 0; s < n; s++) {
             first[s] = static_cast<int32_t>(at);
-            at += so[s];
+            at += rows_from[s];
         }
         first[n] = static_cast<int32_t>(at);
     }
@@ -782,9 +826,10 @@ template <typename T> __device__ void decode_combine(const TeamSync &t, const Mo
     phase_mark("experts");
     decode_done(dw);
     phase_mark("done");
-    decode_wait(dw, op);
-    phase_mark("wait");
-    combine_tokens<T>(t, m, nt);
+    combine_tokens<T>(t, m, nt, [&] {
+        decode_wait(dw, op);
+        phase_mark("wait");
+    });
     phase_mark("sums");
     decode_end(dw, op, nullptr, 0);
 }
@@ -803,13 +848,10 @@ template <typename T> __device__ __forceinline__ void moe_decode(const TeamSync 
         return;
     }
     const DecodeWords dw{t, m.decode, m.ne};
-    const bool dispatch = m.phase == 0;
-    const uint64_t op = decode_begin(dw, m, dispatch ? &sh.n_tokens : nullptr, dispatch ? &sh.epoch : nullptr);
-    phase_mark("begin");
     if (m.phase == 0) {
-        decode_dispatch(t, m, dw, op, sh);
+        decode_dispatch(t, m, dw, sh);
     } else {
-        decode_combine<T>(t, m, dw, op);
+        decode_combine<T>(t, m, dw);
     }
     phase_mark("kernel");
     phase_end();
