@@ -2,7 +2,8 @@
 // profiling build: `SHMEM_KERNEL_PHASES=1` at build time (build.rs) defines
 // SHMEM_PHASES; without it every call here compiles to nothing.
 //
-// Thread 0 of block 0 reads %globaltimer (32 ns steps on H100/H200) when
+// Thread 0 of block 0 (or of the block SHMEM_KERNEL_PHASE_BLOCK names
+// at build time) reads %globaltimer (32 ns steps on H100/H200) when
 // the kernel starts (`phase_begin`) and at each named point (`phase_mark`,
 // also inside helpers). On every kPhaseEvery-th launch (per source file)
 // it prints, after the kernel's last stamp (`phase_end`), one line a
@@ -52,7 +53,11 @@ __device__ __forceinline__ uint64_t phase_now() {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
-__device__ __forceinline__ bool phase_stamper() { return blockIdx.x == 0 && threadIdx.x == 0; }
+// The stamping block: 0 unless the build says (SHMEM_KERNEL_PHASE_BLOCK).
+#ifndef SHMEM_PHASE_BLOCK
+#define SHMEM_PHASE_BLOCK 0
+#endif
+__device__ __forceinline__ bool phase_stamper() { return blockIdx.x == SHMEM_PHASE_BLOCK && threadIdx.x == 0; }
 __device__ __forceinline__ void phase_begin(const char *kernel) {
     if (!phase_stamper()) return;
     PhaseState &p = phase_state;

@@ -34,7 +34,15 @@ fn main() {
     let kernels = manifest.join("../kernels");
     let toolchain = manifest.join("../.gpu-toolchain/nvidia");
     println!("cargo::rerun-if-changed={}", kernels.display());
-    for var in ["NVCC", "CUDA_HOME", "NVSHMEM_HOME", "SHMEM_CUDA_ARCHS", "SHMEM_NO_KERNELS", "SHMEM_KERNEL_PHASES"] {
+    for var in [
+        "NVCC",
+        "CUDA_HOME",
+        "NVSHMEM_HOME",
+        "SHMEM_CUDA_ARCHS",
+        "SHMEM_NO_KERNELS",
+        "SHMEM_KERNEL_PHASES",
+        "SHMEM_KERNEL_PHASE_BLOCK",
+    ] {
         println!("cargo::rerun-if-env-changed={var}");
     }
     println!("cargo::rerun-if-changed={}", toolchain.join("nvshmem/include/non_abi/nvshmem_version.h").display());
@@ -75,6 +83,7 @@ fn main() {
     }
     archs.hash(&mut key);
     phases().hash(&mut key);
+    phase_block().hash(&mut key);
     // What the cache holds besides the image (bump when that changes).
     "image and stack frames".hash(&mut key);
     let cache_root = out.ancestors().nth(4).map_or_else(|| out.clone(), |t| t.join("shmem-kernels"));
@@ -105,6 +114,13 @@ fn main() {
 /// (`SHMEM_KERNEL_PHASES=1`; see kernels/phases.cuh).
 fn phases() -> bool {
     std::env::var_os("SHMEM_KERNEL_PHASES").is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// The block whose thread 0 stamps the phases in a profiling build
+/// (`SHMEM_KERNEL_PHASE_BLOCK`, 0 by default), as a macro definition.
+fn phase_block() -> String {
+    let block = std::env::var("SHMEM_KERNEL_PHASE_BLOCK").ok().and_then(|v| v.parse::<u32>().ok()).unwrap_or(0);
+    format!("-DSHMEM_PHASE_BLOCK={block}")
 }
 
 /// The `.cuh` headers the sources include.
@@ -176,6 +192,7 @@ fn build(
                                     ])
                                     // A profiling build: phase stamps (kernels/phases.cuh).
                                     .args(phases.then_some("-DSHMEM_PHASES"))
+                                    .args(phases.then(phase_block))
                                     .arg("-I")
                                     .arg(kernels)
                                     .arg("-I")
