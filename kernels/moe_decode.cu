@@ -13,11 +13,12 @@
 // (`info`: its rows, and its rows of each of the member's experts, or the
 // routing fault; then `ready` and its count of itself done, behind one
 // fence), so that the members can lay their views out while the rows are
-// on the way; it sends no row, so that nothing delays that. Every other
-// block stores its share of the tokens' pieces
-// straight into each destination's staging at row `this PE × max_tokens
-// + rank` (the exchange form packs the sources' rows; here each source
-// has its own run), with the wire row's metadata: the token field also
+// on the way; it sends no row, so that nothing delays that (but in the
+// FP8 format: `decode_sender`). Every other block stores its share of the
+// tokens' pieces straight into each destination's staging at row `this
+// PE × max_tokens + rank` (the exchange form packs the sources' rows;
+// here each source has its own run), with the wire row's metadata: the
+// token field also
 // names, above kDecodeRowShift, this PE's wire row for that destination,
 // where the combine's partial comes back, and each slot its local expert
 // and rank (`e | rank << 8`), and counts itself done at every member
@@ -25,8 +26,8 @@
 // members' `info` (rows per expert and source, where each expert's block
 // and each source's run in it start: a few hundred words, the same in
 // every block, so no block waits on another's layout; each writes the
-// view's splits and offsets), waits until every member's
-// blocks are all done, and places its share of the staged rows into the
+// view's splits and offsets), waits until every member's blocks are all
+// done, and places its share of the staged rows into the
 // view, a warp a piece of a row, each slot's view row its run's start plus
 // the rank the source sent, counting the arrivals as the exchange form
 // does.
@@ -83,7 +84,7 @@ __device__ __forceinline__ void red_relaxed_add64(uint64_t *p, uint64_t v) {
 
 // The block whose share of a grid-wide split of work this block takes:
 // block 0 takes the last share, since it also tells the members what
-// this PE sends them and writes the view's splits.
+// this PE sends them.
 __device__ __forceinline__ uint32_t decode_share() {
     return blockIdx.x == 0 ? gridDim.x - 1 : blockIdx.x - 1;
 }
