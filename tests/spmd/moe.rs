@@ -683,6 +683,9 @@ enum Spread {
     OnePe,
     /// Every token to experts of every PE (slot `j` on PE `j % n`).
     EveryPe,
+    /// A token's first 32 slots on one PE (each token's at random), the
+    /// rest at random: a top-k past 32 meets its other PEs late.
+    Late,
     /// No PE has tokens.
     Nothing,
 }
@@ -710,10 +713,12 @@ fn routing<T: Float>(
     let mut ids = Vec::new();
     for _ in 0..n_tokens {
         let mut mine: Vec<i64> = Vec::new();
+        let first = if spread == Spread::Late { rng.below(n) } else { 0 };
         while mine.len() < c.top_k {
             let g = match spread {
                 Spread::OnePe => hot * ne + rng.below(ne),
                 Spread::EveryPe => (mine.len() % n) * ne + rng.below(ne),
+                Spread::Late if mine.len() < 32 => first * ne + rng.below(ne),
                 _ => rng.below(n * ne),
             } as i64;
             if !mine.contains(&g) {
@@ -730,7 +735,7 @@ fn routing<T: Float>(
 /// `spread` (a world too small for the case skips it).
 fn routable(c: &MoeConfig, n: usize, spread: Spread) -> bool {
     let reach = if spread == Spread::OnePe { c.experts_per_pe } else { n * c.experts_per_pe };
-    c.top_k <= reach
+    c.top_k <= reach && (spread != Spread::Late || c.top_k.min(32) <= c.experts_per_pe)
 }
 
 /// What expert `g` does to a row: scales it by `g + 1`.
@@ -1222,6 +1227,10 @@ fn layer_on_device(env: &Env) -> TestResult {
     // that read a token's slots from memory one by one.
     on_device::<f32>(env, MoeConfig::new(8, 5, 12, 12), Spread::Random)?;
     on_device::<bf16>(env, MoeConfig::new(8, 3, 70, 66).major_align(4), Spread::Random)?;
+    // A top-k past a warp's lanes but within the sums' shared slots (64):
+    // a lane holds two of a token's slots as the sums find its distinct
+    // wire rows.
+    on_device::<bf16>(env, MoeConfig::new(8, 3, 48, 40).major_align(4), Spread::Late)?;
     on_device::<f64>(env, MoeConfig::new(3, 6, 2, 2), Spread::Random)?;
     // Many tokens, each to most PEs: on the GPU's decode form, more staged
     // rows than a block's threads (the view's ranks in several passes).
