@@ -119,7 +119,12 @@ fn phases() -> bool {
 /// The block whose thread 0 stamps the phases in a profiling build
 /// (`SHMEM_KERNEL_PHASE_BLOCK`, 0 by default), as a macro definition.
 fn phase_block() -> String {
-    let block = std::env::var("SHMEM_KERNEL_PHASE_BLOCK").ok().and_then(|v| v.parse::<u32>().ok()).unwrap_or(0);
+    let block = match std::env::var("SHMEM_KERNEL_PHASE_BLOCK") {
+        Ok(v) if !v.is_empty() => v
+            .parse::<u32>()
+            .unwrap_or_else(|_| panic!("SHMEM_KERNEL_PHASE_BLOCK is {v:?}, not a block index (0, 1, ...)")),
+        _ => 0,
+    };
     format!("-DSHMEM_PHASE_BLOCK={block}")
 }
 
