@@ -428,7 +428,7 @@ constexpr int kDecodeMaxTokens = 256;
 constexpr int kDecodeMaxExperts = 32;
 constexpr int kDecodeMaxTopK = 8;
 constexpr int kDecodeMaxPairs = 512;
-constexpr int kDecodeHeadWords = 2;
+constexpr int kDecodeHeadWords = 3;
 constexpr int kDecodeRowShift = 32;
 static_assert(sizeof(MoeLayer) == 320, "MoeLayer: size");
 static_assert(offsetof(MoeLayer, decode) == 296, "MoeLayer::decode");

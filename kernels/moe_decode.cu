@@ -45,8 +45,10 @@
 // operation's parity: every operation waits for every member's blocks,
 // so a member that writes one again has seen this PE done with it (this
 // PE reads it before the end of the operation that wrote it). The
-// operations of the two phases share one counter and the same grid, so
-// each member's `data` grows by the grid's blocks an operation.
+// operations of the two phases share one counter; each member's `data`
+// grows by the operation's grid (`DecodeOp`): the dispatch's leaves SMs
+// to the kernels that wait on its arrivals, the combine may take them
+// all (`Kernels::decode_blocks`).
 //
 // Failures. Eager calls agree on the device first (agree.cuh); where they
 // do not, nothing is written and the layer's state says the dispatch
@@ -99,8 +101,8 @@ __device__ __forceinline__ uint32_t decode_sender() { return blockIdx.x - 1; }
 __device__ __forceinline__ uint32_t decode_senders() { return gridDim.x - 1; }
 
 // The decode form's words (`MoeLayer::decode`, `decode_words` in abi.rs),
-// after the head (the operation counter, then the count of blocks done
-// with it): per member `s`, `start` (the operation `s` has begun), `data`
+// after the head (the operation counter, the count of blocks done with
+// it, then the blocks of every operation so far): per member `s`, `start` (the operation `s` has begun), `data`
 // (blocks of `s` done sending this PE their rows or partials, over every
 // operation), `ready` (the last dispatch whose `info` `s` has stored
 // here), then two `info` records of 1 + ne words a member (the rows `s`
@@ -116,6 +118,7 @@ struct DecodeWords {
     }
     __device__ uint64_t *op() const { return word(t.rank, 0); }
     __device__ unsigned int *done() const { return reinterpret_cast<unsigned int *>(word(t.rank, 1)); }
+    __device__ uint64_t *blocks() const { return word(t.rank, 2); }
     // Member `pe`'s word about member `s`.
     __device__ uint64_t *start(int pe, int s) const { return word(pe, kDecodeHeadWords + s); }
     __device__ uint64_t *data(int pe, int s) const { return word(pe, kDecodeHeadWords + t.n + s); }
@@ -129,36 +132,48 @@ struct DecodeWords {
     }
 };
 
-// This operation's number (every block reads the counter as it starts;
-// the last block done advances it, `decode_end`), after block 0 has told
-// every member that this PE began it. A dispatch's token count and
-// arrival epoch are loaded beside it, by other warps, into `n_tokens` and
-// `epoch` (shared memory; null in the combine).
-__device__ uint64_t decode_begin(const DecodeWords &w, const MoeLayer &m, int64_t *n_tokens, uint64_t *epoch) {
-    __shared__ uint64_t op;
-    if (threadIdx.x == 0) op = *w.op() + 1;
+// An operation: its number, and how many blocks of each member will have
+// counted themselves done at this PE once every member's blocks are done
+// with it (`data`: the blocks of every operation so far, this one's
+// grid's among them). The combine's grid may differ from the dispatch's
+// (`Kernels::decode_blocks`), so the count is a sum, not a product; every
+// member runs the same operations on the same grids, so the sums agree.
+struct DecodeOp {
+    uint64_t op, blocks;
+};
+
+// This operation (every block reads the counters as it starts; the last
+// block done advances them, `decode_end`), after block 0 has told every
+// member that this PE began it. A dispatch's token count and arrival
+// epoch are loaded beside it, by other warps, into `n_tokens` and `epoch`
+// (shared memory; null in the combine).
+__device__ DecodeOp decode_begin(const DecodeWords &w, const MoeLayer &m, int64_t *n_tokens, uint64_t *epoch) {
+    __shared__ DecodeOp op;
+    if (threadIdx.x == 0) op.op = *w.op() + 1;
+    if (threadIdx.x == 96) op.blocks = *w.blocks() + gridDim.x;
     if (n_tokens != nullptr && threadIdx.x == 32) *n_tokens = *w.t.mine<int64_t>(m.n_tokens);
     if (epoch != nullptr && threadIdx.x == 64) *epoch = *arrival_words(w.t, m).epoch + 1;
     __syncthreads();
-    const uint64_t o = op;
+    const DecodeOp o = op;
     // Nothing to release: this PE's kernels before this one have ended,
     // their loads of what the members may now overwrite done.
     if (blockIdx.x == 0)
         for (int pe = threadIdx.x; pe < w.t.n; pe += blockDim.x)
-            if (pe != w.t.rank) *reinterpret_cast<volatile uint64_t *>(w.start(pe, w.t.rank)) = o;
+            if (pe != w.t.rank) *reinterpret_cast<volatile uint64_t *>(w.start(pe, w.t.rank)) = o.op;
     return o;
 }
 
-// The block is done with operation `op`: the last block of the grid
-// advances the counter (and stores `epoch` into `epoch_word`, if any).
-__device__ void decode_end(const DecodeWords &w, uint64_t op, uint64_t *epoch_word, uint64_t epoch) {
+// The block is done with operation `o`: the last block of the grid
+// advances the counters (and stores `epoch` into `epoch_word`, if any).
+__device__ void decode_end(const DecodeWords &w, const DecodeOp &o, uint64_t *epoch_word, uint64_t epoch) {
     __syncthreads();
     if (threadIdx.x != 0) return;
     __threadfence();
     if (atomicAdd(w.done(), 1u) != gridDim.x - 1) return;
     *w.done() = 0;
     if (epoch_word != nullptr) *epoch_word = epoch;
-    *w.op() = op;
+    *w.blocks() = o.blocks;
+    *w.op() = o.op;
 }
 
 // One thread: waits until member `d` has begun operation `op`, once a
@@ -177,9 +192,9 @@ __device__ __forceinline__ void decode_done(const DecodeWords &w) {
     for (int pe = threadIdx.x; pe < w.t.n; pe += blockDim.x) red_release_add64(w.data(pe, w.t.rank), 1);
 }
 
-// Waits (whole block) until every member's blocks are done with `op`.
-__device__ __forceinline__ void decode_wait(const DecodeWords &w, uint64_t op) {
-    for (int s = threadIdx.x; s < w.t.n; s += blockDim.x) wait_geq(w.data(w.t.rank, s), op * gridDim.x);
+// Waits (whole block) until every member's blocks are done with `o`.
+__device__ __forceinline__ void decode_wait(const DecodeWords &w, const DecodeOp &o) {
+    for (int s = threadIdx.x; s < w.t.n; s += blockDim.x) wait_geq(w.data(w.t.rank, s), o.blocks);
     __syncthreads();
 }
 
@@ -659,7 +674,8 @@ __device__ void decode_dispatch(const TeamSync &t, const MoeLayer &m, const Deco
         slots = load_token(m, t.mine<int64_t>(m.ids), t.mine<float>(m.weights), threadIdx.x);
     decode_route_zero(t, m, route);
     if (threadIdx.x == 0) begun = 0;
-    const uint64_t op = decode_begin(dw, m, &sh.n_tokens, &sh.epoch);
+    const DecodeOp o = decode_begin(dw, m, &sh.n_tokens, &sh.epoch);
+    const uint64_t op = o.op;
     phase_mark("begin");
     const int64_t nt = decode_route(t, m, route, sh.n_tokens, slots);
     phase_mark("route");
@@ -714,8 +730,8 @@ __device__ void decode_dispatch(const TeamSync &t, const MoeLayer &m, const Deco
             stage_so[0] = -1;
             decode_report(m, t.pes[bad_source], sent[bad_source]);
         }
-        decode_wait(dw, op);
-        decode_end(dw, op, nullptr, 0);
+        decode_wait(dw, o);
+        decode_end(dw, o, nullptr, 0);
         return;
     }
     if (blockIdx.x == 0)
@@ -732,11 +748,11 @@ __device__ void decode_dispatch(const TeamSync &t, const MoeLayer &m, const Deco
         for (int i = threadIdx.x; i < ne * n; i += blockDim.x)
             if (view.pair[i] == 0) raise_arrival(arrivals.flags + i, epoch);
     phase_mark("layout");
-    decode_wait(dw, op);
+    decode_wait(dw, o);
     phase_mark("wait");
     decode_place(t, m, view, warp_pieces(view.first[n], m.data_bytes), arrivals, epoch);
     phase_mark("place");
-    decode_end(dw, op, arrivals.epoch, epoch);
+    decode_end(dw, o, arrivals.epoch, epoch);
 }
 
 // Phase 1: the combine (see the top of the file), from its beginning:
@@ -752,7 +768,8 @@ template <typename T> __device__ void decode_combine(const TeamSync &t, const Mo
     if (threadIdx.x < n) rows_from[threadIdx.x] = so[threadIdx.x];
     if (threadIdx.x == 96) dispatched = *t.mine<int64_t>(m.state);
     if (threadIdx.x == 0) begun = 0;
-    const uint64_t op = decode_begin(dw, m, nullptr, nullptr);
+    const DecodeOp o = decode_begin(dw, m, nullptr, nullptr);
+    const uint64_t op = o.op;
     phase_mark("begin");
     const int64_t nt = dispatched;
     // After a failed dispatch every PE's `stage_so` says so: none writes
@@ -760,8 +777,8 @@ template <typename T> __device__ void decode_combine(const TeamSync &t, const Mo
     // operation does).
     if (rows_from[0] < 0 || nt < 0) {
         decode_done(dw);
-        decode_wait(dw, op);
-        decode_end(dw, op, nullptr, 0);
+        decode_wait(dw, o);
+        decode_end(dw, o, nullptr, 0);
         return;
     }
     if (threadIdx.x == 0) {
@@ -828,11 +845,11 @@ template <typename T> __device__ void decode_combine(const TeamSync &t, const Mo
     decode_done(dw);
     phase_mark("done");
     combine_tokens<T>(t, m, nt, [&] {
-        decode_wait(dw, op);
+        decode_wait(dw, o);
         phase_mark("wait");
     });
     phase_mark("sums");
-    decode_end(dw, op, nullptr, 0);
+    decode_end(dw, o, nullptr, 0);
 }
 
 // Both phases (after `follow_stream`): the agreement of an eager call,

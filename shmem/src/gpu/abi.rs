@@ -566,7 +566,7 @@ pub(crate) const DECODE_MAX_TOKENS: usize = 256;
 pub(crate) const DECODE_MAX_EXPERTS: usize = 32;
 pub(crate) const DECODE_MAX_TOP_K: usize = 8;
 pub(crate) const DECODE_MAX_PAIRS: usize = 512;
-pub(crate) const DECODE_HEAD_WORDS: usize = 2;
+pub(crate) const DECODE_HEAD_WORDS: usize = 3;
 
 /// The decode form's words on `n` PEs of `experts_per_pe` experts
 /// (`DecodeWords` in moe_decode.cu): the head, then for each member its

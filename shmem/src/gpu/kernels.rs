@@ -45,6 +45,9 @@ pub(crate) struct Kernels {
     /// world shares its GPU, agreed when the kernels are loaded
     /// ([`Kernels::set_shared_gpu`]).
     pub(super) lines: bool,
+    /// Whether some PE of the world shares its GPU with another, agreed
+    /// when the kernels are loaded ([`Kernels::set_shared_gpu`]).
+    pub(super) shared_gpu: bool,
 }
 
 impl Kernels {
@@ -70,6 +73,7 @@ impl Kernels {
             peer_died,
             resident_blocks: sms.max(1) as usize,
             lines: true,
+            shared_gpu: false,
         };
         k.selfcheck(g, me, n)?;
         let world: Vec<usize> = (0..n).collect();
@@ -112,6 +116,7 @@ impl Kernels {
     /// PE): no line protocol runs, the low-latency kernels keep to packets.
     pub(crate) fn set_shared_gpu(&mut self) {
         self.lines = false;
+        self.shared_gpu = true;
     }
 
     /// Runs `shmem_selfcheck`: the kernels' NVSHMEM state must name this

@@ -59,10 +59,18 @@ pub(crate) fn rank_scratch_len(max_tokens: usize, experts_per_pe: usize, n: usiz
     6 + 2 * max_tokens.div_ceil(RANK_CHUNK) * n * experts_per_pe
 }
 
-/// The decode form's kernels run on half the blocks the GPUs hold at
+/// The decode form's dispatch runs on half the blocks the GPUs hold at
 /// once, at least [`DECODE_MIN_BLOCKS`] and at most [`DECODE_MAX_BLOCKS`].
 const DECODE_MIN_BLOCKS: usize = 32;
 const DECODE_MAX_BLOCKS: usize = 64;
+
+/// From this many tokens a PE (`MoeConfig::max_tokens`) the decode form's
+/// combine runs on every block the GPUs hold at once, where no GPU is
+/// shared: its time is the partials' stores over NVLink, which more SMs
+/// keep more of in flight (at 4 PEs, 128 tokens: 0.87× the time on half
+/// of them). Below, the count of more blocks done costs more than it
+/// saves (1 token: 1.03×).
+const DECODE_WIDE_COMBINE_TOKENS: usize = 32;
 
 /// Whether a layer of `max_tokens` tokens a PE, `top_k` and
 /// `experts_per_pe` on `n` PEs fits the decode form's kernels
@@ -77,22 +85,34 @@ pub(crate) fn decode_fits(max_tokens: usize, top_k: usize, experts_per_pe: usize
 }
 
 impl Kernels {
-    /// The decode form's grid: the same on every PE and in both phases (a
-    /// member counts the blocks of each operation), every block resident
-    /// at once (each waits for every member's blocks): half the blocks
-    /// every PE's GPU holds at once, a block an SM (agreed at start-up),
-    /// so that kernels waiting on the dispatch's arrivals have the rest,
-    /// up to [`DECODE_MAX_BLOCKS`]; `None` below [`DECODE_MIN_BLOCKS`].
+    /// The decode form's dispatch grid, the same on every PE (a member
+    /// counts the blocks of each operation), every block resident at once
+    /// (each waits for every member's blocks): half the blocks every PE's
+    /// GPU holds at once, a block an SM (agreed at start-up), so that
+    /// kernels waiting on the dispatch's arrivals have the rest, up to
+    /// [`DECODE_MAX_BLOCKS`]; `None` below [`DECODE_MIN_BLOCKS`].
     pub(crate) fn decode_blocks(&self) -> Option<usize> {
         let blocks = (self.resident_blocks / 2).min(DECODE_MAX_BLOCKS);
         (blocks >= DECODE_MIN_BLOCKS).then_some(blocks)
     }
 
+    /// The grid of the decode form's phase `phase` for `max_tokens`
+    /// tokens a PE: the dispatch's ([`Kernels::decode_blocks`]); the
+    /// combine's the same, or from [`DECODE_WIDE_COMBINE_TOKENS`] every
+    /// block the GPUs hold at once where none is shared (nothing waits on
+    /// the combine as the experts wait on the dispatch's arrivals, and two
+    /// PEs of a GPU would not both fit).
+    fn decode_grid(&self, phase: i32, max_tokens: i64) -> Option<usize> {
+        let dispatch = self.decode_blocks()?;
+        let wide = phase == 1 && !self.shared_gpu && max_tokens >= DECODE_WIDE_COMBINE_TOKENS as i64;
+        Some(if wide { self.resident_blocks.max(dispatch) } else { dispatch })
+    }
+
     /// The decode form's kernel for `dtype` (its combine's; the dispatch
     /// moves bytes), phase 0 the dispatch and 1 the combine, on
-    /// [`Kernels::decode_blocks`] blocks.
+    /// [`Kernels::decode_grid`] blocks.
     pub(crate) fn moe_decode(&self, dtype: DType, t: TeamSync, m: MoeLayer, s: CUstream) -> Result<()> {
-        let blocks = self.decode_blocks().ok_or_else(|| {
+        let blocks = self.decode_grid(m.phase, m.max_tokens).ok_or_else(|| {
             crate::error::Error::Invalid("MoeAllToAll: the decode form needs more resident blocks".into())
         })?;
         let m = MoeLayer { error: self.a2av_error.device, ..m };
