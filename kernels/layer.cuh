@@ -254,6 +254,94 @@ __device__ __forceinline__ void put_piece(const HeldPiece &h, uint8_t *const *ds
     block_copy_pairs<true>(rest, rest_src, n, bytes - held);
 }
 
+// A warp's token (or staged row) of up to kRankTopK slots, a lane a slot,
+// and the rows of its distinct destinations, in slot order, in
+// registers: valid below `k`; row q is that of the q-th lane of
+// `firsts`. `d` is the lane's slot's destination (-1 for none), `row` its
+// row of `stride` bytes from `base`.
+struct WarpRows {
+    uint8_t *row[kRankTopK];
+    unsigned firsts;
+    int k;
+};
+__device__ __forceinline__ WarpRows warp_rows(uint8_t *base, int64_t stride, int d, int64_t row) {
+    const int lane = threadIdx.x % 32;
+    bool first = d >= 0;
+#pragma unroll
+    for (int i = 0; i < kRankTopK; i++) {
+        const int di = __shfl_sync(0xffffffffu, d, i);
+        if (i < lane && di == d) first = false;
+    }
+    WarpRows w;
+    w.firsts = __ballot_sync(0xffffffffu, first);
+    w.k = __popc(w.firsts);
+    unsigned f = w.firsts;
+#pragma unroll
+    for (int q = 0; q < kRankTopK; q++) {
+        const int from = f != 0 ? __ffs(f) - 1 : 0;
+        f &= f - 1;
+        w.row[q] = base + __shfl_sync(0xffffffffu, row, from) * stride;
+    }
+    return w;
+}
+
+// A lane's four consecutive elements of each of the four groups from
+// `g0` (of `groups`, of the `hidden` bf16 elements at `x`), as raw bits;
+// zero past the end.
+__device__ __forceinline__ void quant_batch(uint2 (&raw)[4], const __nv_bfloat16 *x, int64_t hidden, int64_t g0,
+                                            int64_t groups) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int b = 0; b < 4; b++) {
+        const int64_t i = (g0 + b) * kQuantGroup + lane * 4;
+        raw[b] = g0 + b < groups && i < hidden ? *reinterpret_cast<const uint2 *>(x + i) : make_uint2(0, 0);
+    }
+}
+
+// A warp: elements `e` (whole scale groups but the last) of the `hidden`
+// bf16 elements at `x` quantized (quant.cuh's rule) into every row below
+// `w.k`: codes at the row's start, scales at `scales_at`. A lane takes
+// four consecutive elements of a group, so that a group is one 8-byte
+// load and one 4-byte store a lane (hidden a multiple of 4). Groups go
+// four at a time, and the next four's loads are in flight while these
+// are quantized and stored: the warp's work is the arithmetic of each
+// group, so that its loads wait on nothing but their own trip.
+__device__ __forceinline__ void warp_quantize(const WarpRows &w, const MoeLayer &m, const __nv_bfloat16 *x, Range e) {
+    const int lane = threadIdx.x % 32;
+    const int64_t groups = (e.hi + kQuantGroup - 1) / kQuantGroup;
+    int64_t g0 = e.lo / kQuantGroup;
+    uint2 raw[4];
+    quant_batch(raw, x, m.hidden, g0, groups);
+    for (; g0 < groups; g0 += 4) {
+        uint2 next[4];
+        quant_batch(next, x, m.hidden, g0 + 4, groups);
+#pragma unroll
+        for (int b = 0; b < 4; b++) {
+            if (g0 + b >= groups) break;  // the same on every lane
+            const __nv_bfloat16 *h = reinterpret_cast<const __nv_bfloat16 *>(&raw[b]);
+            float v[4], amax = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                v[j] = quant_in(h[j]);
+                amax = fmaxf(amax, fabsf(v[j]));
+            }
+            const float scale = warp_group_scale(amax);
+            uint32_t codes = 0;
+#pragma unroll
+            for (int j = 0; j < 4; j++) codes |= static_cast<uint32_t>(quantize_one(v[j], scale)) << (8 * j);
+            const int64_t i = (g0 + b) * kQuantGroup + lane * 4;
+#pragma unroll
+            for (int q = 0; q < kRankTopK; q++) {
+                if (q >= w.k) break;
+                if (i < m.hidden) *reinterpret_cast<uint32_t *>(w.row[q] + i) = codes;
+                if (lane == 0) reinterpret_cast<float *>(w.row[q] + m.scales_at)[g0 + b] = scale;
+            }
+        }
+#pragma unroll
+        for (int b = 0; b < 4; b++) raw[b] = next[b];
+    }
+}
+
 // The FP8 payload of token `tok`, elements `e` (a piece: whole scale
 // groups but the last), into the `n` wire rows at `rows` (codes at the
 // row's start, scales at `scales_at`; pointers in shared memory), by the

@@ -13,9 +13,10 @@
 // (`info`: its rows, and its rows of each of the member's experts, or the
 // routing fault; then `ready` and its count of itself done, behind one
 // fence), so that the members can lay their views out while the rows are
-// on the way; it sends no row, so that nothing delays that (but in the
-// FP8 format: `decode_sender`). Every other block stores its share of the
-// tokens' pieces straight into each destination's staging at row `this
+// on the way; it sends no row, so that nothing delays that (but where a
+// block quantizes a piece: `decode_sender`). Every other block stores its
+// share of the tokens' pieces (a warp a piece; in the FP8 format
+// quantized once) straight into each destination's staging at row `this
 // PE × max_tokens + rank` (the exchange form packs the sources' rows;
 // here each source has its own run), with the wire row's metadata: the
 // token field also
@@ -91,12 +92,13 @@ __device__ __forceinline__ uint32_t decode_share() {
     return blockIdx.x == 0 ? gridDim.x - 1 : blockIdx.x - 1;
 }
 
-// The senders of wire rows in the native format (`decode_send_warps`):
+// The senders of wire rows where warps send them (`decode_send_warps`):
 // every block but block 0, which tells the members what this PE sends
 // them and counts itself done with the same release (`decode_tell`),
-// behind no row of its own. (The FP8 format's sender quantizes a block a
-// piece, and a block fewer would take another round of rows: there block
-// 0 takes the last share, and counts itself done after it.)
+// behind no row of its own. (`decode_send`, for a quantized hidden size
+// of other than whole 4-element steps, quantizes a block a piece, and a
+// block fewer would take another round of rows: there block 0 takes the
+// last share, and counts itself done after it.)
 __device__ __forceinline__ uint32_t decode_sender() { return blockIdx.x - 1; }
 __device__ __forceinline__ uint32_t decode_senders() { return gridDim.x - 1; }
 
@@ -445,24 +447,51 @@ __device__ __forceinline__ void warp_copy_to(const WarpHeld &h, uint8_t *const *
     }
 }
 
-// `decode_send` in the native format, a warp a piece of a token: the
-// token's distinct destinations a lane a slot, gathered in slot order
-// into the warp's tables, the piece loaded once and stored into each
-// destination's row, then the rows' metadata.
+// Whether `decode_send_warps` sends this dispatch's rows: the native
+// format, and the FP8 one but for quantizing a hidden size of other than
+// whole 4-element steps (`warp_quantize`), which `decode_send` takes.
+__device__ __forceinline__ bool decode_sends_by_warp(const MoeLayer &m) {
+    return m.fp8 != kFp8Quantize || m.hidden % 4 == 0;
+}
+
+// Each warp's unit of `decode_send_warps`: its rows, where its piece goes
+// in them, their members and token fields (in the entry kernel's shared
+// memory, `DecodeShared`).
+struct DecodeSendTables {
+    uint8_t *rows[kBlockThreads / 32][kDecodeMaxTopK], *dsts[kBlockThreads / 32][kDecodeMaxTopK];
+    int row_dest[kBlockThreads / 32][kDecodeMaxTopK];
+    int64_t row_field[kBlockThreads / 32][kDecodeMaxTopK];
+};
+
+// `decode_send` a warp a piece of a token (`decode_sends_by_warp`), in
+// the wire format `kFormat` (`MoeLayer::fp8`; an instance each, so that
+// the native one's loads are placed as if the others were not there):
+// the token's distinct destinations a lane a slot, gathered in slot
+// order into the warp's tables; the piece loaded once and stored into
+// each destination's row (in the FP8 format quantized once, or the
+// caller's codes, and with the first piece its scales); then the rows'
+// metadata. Pieces are whole 512-byte steps (`warp_pieces`), so whole
+// scale groups.
+template <int kFormat>
 __device__ void decode_send_warps(const TeamSync &t, const MoeLayer &m, const DecodeWords &dw, const DecodeRoute &r,
-                                  int64_t nt, uint64_t op, unsigned long long *begun) {
+                                  int64_t nt, uint64_t op, unsigned long long *begun, DecodeSendTables &tb) {
     const int lane = threadIdx.x % 32, wid = threadIdx.x / 32, warps = blockDim.x / 32;
+    const int64_t groups = (m.hidden + kQuantGroup - 1) / kQuantGroup;
     const WarpPieces wp = warp_pieces(nt, m.data_bytes, static_cast<int64_t>(decode_senders()) * warps);
     const int64_t chunks = wp.pieces;
-    __shared__ uint8_t *rows[kBlockThreads / 32][kDecodeMaxTopK], *dsts[kBlockThreads / 32][kDecodeMaxTopK];
-    __shared__ int row_dest[kBlockThreads / 32][kDecodeMaxTopK];
-    __shared__ int64_t row_field[kBlockThreads / 32][kDecodeMaxTopK];
+    auto &rows = tb.rows;
+    auto &dsts = tb.dsts;
+    auto &row_dest = tb.row_dest;
+    auto &row_field = tb.row_field;
     const uint32_t per = static_cast<uint32_t>(chunks);
     for (uint32_t unit = decode_sender() * warps + wid; unit < nt * chunks; unit += decode_senders() * warps) {
         const uint32_t tok = unit / per, c = unit - tok * per;
         const Range b = wp.of(m.data_bytes, c);
+        // The native format's bytes, or the caller's FP8 codes (the
+        // quantizing sender reads bf16 elements instead: nothing held).
         const uint8_t *src = t.mine<uint8_t>(m.tokens + tok * m.data_bytes + b.lo);
-        const WarpHeld held = warp_hold(src, b.hi - b.lo);
+        WarpHeld held{};
+        if constexpr (kFormat != kFp8Quantize) held = warp_hold(src, b.hi - b.lo);
         // Slot `lane`: the first of its destination?
         const int d = lane < m.top_k ? r.dest[tok][lane] : -1;
         bool first = d >= 0;
@@ -480,7 +509,20 @@ __device__ void decode_send_warps(const TeamSync &t, const MoeLayer &m, const De
             wait_begun(dw, d, op, begun);
         }
         __syncwarp();
-        warp_copy_to(held, dsts[wid], k, src, b.hi - b.lo);
+        if constexpr (kFormat == kFp8Quantize) {
+            WarpRows w{};
+            w.k = k;
+#pragma unroll
+            for (int q = 0; q < kDecodeMaxTopK; q++) w.row[q] = q < k ? rows[wid][q] : nullptr;
+            warp_quantize(w, m, t.mine<__nv_bfloat16>(m.tokens + tok * m.hidden * 2), b);
+        } else {
+            warp_copy_to(held, dsts[wid], k, src, b.hi - b.lo);
+        }
+        if (kFormat == kFp8PreQuantized && c == 0) {
+            const float *given = t.mine<float>(m.token_scales + tok * groups * 4);
+            for (int64_t i = lane; i < k * groups; i += 32)
+                reinterpret_cast<float *>(rows[wid][i / groups] + m.scales_at)[i % groups] = given[i % groups];
+        }
         if (c == 0) decode_row_meta(t, m, r, tok, rows[wid], row_field[wid], row_dest[wid], k, lane, 32);
     }
 }
@@ -655,6 +697,7 @@ __device__ void decode_tell(const TeamSync &t, const MoeLayer &m, const DecodeWo
 struct DecodeShared {
     DecodeRoute route;
     DecodeView view;
+    DecodeSendTables send;
     int64_t n_tokens;  // as the dispatch began
     uint64_t epoch;  // the dispatch's arrival epoch
 };
@@ -679,8 +722,8 @@ __device__ void decode_dispatch(const TeamSync &t, const MoeLayer &m, const Deco
     phase_mark("begin");
     const int64_t nt = decode_route(t, m, route, sh.n_tokens, slots);
     phase_mark("route");
-    // Block 0 sends no row in the native format (`decode_sender`).
-    const bool teller = blockIdx.x == 0, told_done = m.fp8 == 0;
+    // Block 0 sends no row where the warps send them (`decode_sender`).
+    const bool teller = blockIdx.x == 0, told_done = decode_sends_by_warp(m);
     if (teller) {
         decode_tell(t, m, dw, route, nt, op, arrival_words(t, m), told_done);
         if (nt >= 0) {
@@ -690,10 +733,16 @@ __device__ void decode_dispatch(const TeamSync &t, const MoeLayer &m, const Deco
         }
         phase_mark("tell");
     }
-    if (nt > 0 && m.fp8 != 0) {
+    if (nt > 0 && !told_done) {
         decode_send(t, m, dw, route, nt, op, &begun);
     } else if (nt > 0 && !teller) {
-        decode_send_warps(t, m, dw, route, nt, op, &begun);
+        if (m.fp8 == 0) {
+            decode_send_warps<0>(t, m, dw, route, nt, op, &begun, sh.send);
+        } else if (m.fp8 == kFp8Quantize) {
+            decode_send_warps<kFp8Quantize>(t, m, dw, route, nt, op, &begun, sh.send);
+        } else {
+            decode_send_warps<kFp8PreQuantized>(t, m, dw, route, nt, op, &begun, sh.send);
+        }
     }
     if (!teller || !told_done) decode_done(dw);
     phase_mark("send");

@@ -869,37 +869,6 @@ __device__ void gather_slots(const TeamSync &t, const MoeLayer &m, int64_t nt) {
     }
 }
 
-// A warp's token (or staged row) of up to kRankTopK slots, a lane a slot,
-// and the rows of its distinct destinations, in slot order, in
-// registers: valid below `k`; row q is that of the q-th lane of
-// `firsts`. `d` is the lane's slot's destination (-1 for none), `row` its
-// row of `stride` bytes from `base`.
-struct WarpRows {
-    uint8_t *row[kRankTopK];
-    unsigned firsts;
-    int k;
-};
-__device__ __forceinline__ WarpRows warp_rows(uint8_t *base, int64_t stride, int d, int64_t row) {
-    const int lane = threadIdx.x % 32;
-    bool first = d >= 0;
-#pragma unroll
-    for (int i = 0; i < kRankTopK; i++) {
-        const int di = __shfl_sync(0xffffffffu, d, i);
-        if (i < lane && di == d) first = false;
-    }
-    WarpRows w;
-    w.firsts = __ballot_sync(0xffffffffu, first);
-    w.k = __popc(w.firsts);
-    unsigned f = w.firsts;
-#pragma unroll
-    for (int q = 0; q < kRankTopK; q++) {
-        const int from = f != 0 ? __ffs(f) - 1 : 0;
-        f &= f - 1;
-        w.row[q] = base + __shfl_sync(0xffffffffu, row, from) * stride;
-    }
-    return w;
-}
-
 // A warp: `bytes` at `src` into rows `w.row[q] + at` below `w.k`, loaded
 // once: 16-byte vectors, four a lane in flight, where the source, the
 // offset and the length allow, else bytes.
@@ -928,47 +897,6 @@ __device__ __forceinline__ void warp_put(const WarpRows &w, uint64_t at, const u
 #pragma unroll
             for (int u = 0; u < 4; u++)
                 if (v + 32 * u < nv) o[v + 32 * u] = x[u];
-        }
-    }
-}
-
-// A warp: elements `e` (whole scale groups but the last) of the `hidden`
-// bf16 elements at `x` quantized (quant.cuh's rule) into every row below
-// `w.k`: codes at the row's start, scales at `scales_at`. A lane takes
-// four consecutive elements of a group, so that a group is one 8-byte
-// load and one 4-byte store a lane (hidden a multiple of 4), and four
-// groups' loads are in flight at once.
-__device__ __forceinline__ void warp_quantize(const WarpRows &w, const MoeLayer &m, const __nv_bfloat16 *x, Range e) {
-    const int lane = threadIdx.x % 32;
-    const int64_t groups = (e.hi + kQuantGroup - 1) / kQuantGroup;
-    for (int64_t g0 = e.lo / kQuantGroup; g0 < groups; g0 += 4) {
-        uint2 raw[4];
-#pragma unroll
-        for (int b = 0; b < 4; b++) {
-            const int64_t i = (g0 + b) * kQuantGroup + lane * 4;
-            raw[b] = g0 + b < groups && i < m.hidden ? *reinterpret_cast<const uint2 *>(x + i) : make_uint2(0, 0);
-        }
-#pragma unroll
-        for (int b = 0; b < 4; b++) {
-            if (g0 + b >= groups) break;  // the same on every lane
-            const __nv_bfloat16 *h = reinterpret_cast<const __nv_bfloat16 *>(&raw[b]);
-            float v[4], amax = 0.0f;
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                v[j] = quant_in(h[j]);
-                amax = fmaxf(amax, fabsf(v[j]));
-            }
-            const float scale = warp_group_scale(amax);
-            uint32_t codes = 0;
-#pragma unroll
-            for (int j = 0; j < 4; j++) codes |= static_cast<uint32_t>(quantize_one(v[j], scale)) << (8 * j);
-            const int64_t i = (g0 + b) * kQuantGroup + lane * 4;
-#pragma unroll
-            for (int q = 0; q < kRankTopK; q++) {
-                if (q >= w.k) break;
-                if (i < m.hidden) *reinterpret_cast<uint32_t *>(w.row[q] + i) = codes;
-                if (lane == 0) reinterpret_cast<float *>(w.row[q] + m.scales_at)[g0 + b] = scale;
-            }
         }
     }
 }
