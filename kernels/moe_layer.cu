@@ -13,8 +13,9 @@
 //   the view's expert blocks out with `major_align` padding (`view_so`),
 //   and writes over each staged slot's expert its row in the view. In the
 //   flat form, where the top-k and the experts a PE fit its masks,
-//   `shmem_moe_rank` and `shmem_moe_stamp` do the same over many blocks
-//   ("The flat form's route over many blocks" below).
+//   `shmem_moe_rank` and `shmem_moe_stamp` (or `shmem_moe_rank_stamp`,
+//   both in one launch) do the same over many blocks ("The flat form's
+//   route over many blocks" below).
 // - `shmem_moe_gather` (many blocks). Phase 0: copies each token into its
 //   wire rows and writes their metadata. Phase 1: copies each staged row
 //   into the view rows of its slots. A warp a row (or a piece of one)
@@ -529,10 +530,12 @@ __device__ void route_receiver(const TeamSync &t, const MoeLayer &m) {
 // ---- The flat form's route over many blocks ----
 //
 // Where its top-k and experts a PE fit (kRankTopK, kRankKeys; not the
-// node-aware form), the flat form routes each side in two launches over
-// many blocks instead of the one-block route (whose one SM walks every
-// token, or every staged row, twice): `shmem_moe_rank` (the count), then
-// `shmem_moe_stamp`, in the phase `MoeLayer::phase` names. A block takes a
+// node-aware form), the flat form routes each side over many blocks
+// instead of the one-block route (whose one SM walks every token, or
+// every staged row, twice): `shmem_moe_rank` (the count), then
+// `shmem_moe_stamp`, in the phase `MoeLayer::phase` names; or both in one
+// launch, `shmem_moe_rank_stamp`, where every block of its grid can be
+// resident at once (its blocks wait for the last one's layout). A block takes a
 // chunk of kRankChunk items, one a thread: in phase 0 tokens, keyed by
 // their destination PEs; in phase 1 one source's staged rows (each
 // source's rows in chunks of their own), keyed by their local experts.
@@ -556,17 +559,19 @@ static_assert(kRankChunk == kBlockThreads, "the ranked route takes an item a thr
 // block is the one whose count makes a multiple of the grid), the fault
 // word (the complement of the lowest fault code seen, as the one-block
 // route keeps the lowest; 0 for none; the last block reads and clears
-// it), then per (chunk, key) the chunk's total and
-// its first row, for the larger phase's n × chunks chunks of ne keys.
+// it), each phase's last layout (`shmem_moe_rank_stamp`: the launches of
+// the phase so far, when its last block has laid out), then per (chunk,
+// key) the chunk's total and its first row, for the larger phase's n ×
+// chunks chunks of ne keys.
 struct RankScratch {
-    unsigned long long *done, *fault;
+    unsigned long long *done, *fault, *laid;
     uint32_t *total, *first;
 };
 __device__ __forceinline__ RankScratch rank_scratch(const TeamSync &t, const MoeLayer &m) {
     auto *words = t.mine<unsigned long long>(m.scratch);
     const int64_t table = (m.max_tokens + kRankChunk - 1) / kRankChunk * t.n * m.ne;
-    uint32_t *total = reinterpret_cast<uint32_t *>(words + 3);
-    return RankScratch{words, words + 2, total, total + table};
+    uint32_t *total = reinterpret_cast<uint32_t *>(words + 5);
+    return RankScratch{words, words + 2, words + 3, total, total + table};
 }
 
 // A block's items ranked among its own items of each of `keys` keys,
@@ -584,6 +589,7 @@ struct RankShared {
     int64_t expert_rows[kRankKeys];
     unsigned long long fault;
     uint32_t dest_rows[kMaxTeam];
+    unsigned long long launch;  // the phase's launches so far, this one's among them
     bool last;
 };
 
@@ -738,44 +744,102 @@ __device__ void rank_lay_view(const TeamSync &t, const MoeLayer &m, const RankSc
     }
 }
 
-// The count (see above).
-__device__ void rank_count(const TeamSync &t, const MoeLayer &m, RankShared &sh) {
+// Phase 0's stamp of this thread's token `tok` (ranked in `r`): each
+// slot's wire row.
+__device__ __forceinline__ void stamp_token(const TeamSync &t, const MoeLayer &m, const RankScratch &x,
+                                            const RankBlock &r, const RankToken &tok) {
+    if (!tok.live) return;
+    const int64_t tk = (static_cast<int64_t>(blockIdx.x) * kRankChunk + threadIdx.x) * m.top_k;
+    int64_t *slot_rows = t.mine<int64_t>(m.slot_rows);
+#pragma unroll
+    for (int j = 0; j < kRouteFastSlots; j++)
+        if (j < m.top_k) slot_rows[tk + j] = __ldcg(x.first + blockIdx.x * t.n + tok.d[j]) + rank_of(r, tok.d[j]);
+}
+
+// Phase 1's stamp of this thread's staged row `row` (ranked in `r`):
+// each slot's row in the view, over its expert.
+__device__ __forceinline__ void stamp_row(const MoeLayer &m, const RankScratch &x, const RankBlock &r,
+                                          const RankRow &row) {
+    if (row.slots == nullptr) return;
+#pragma unroll
+    for (int j = 0; j < kRouteFastSlots; j++) {
+        if (j >= m.top_k) continue;
+        const int e = row.e[j];
+        row.slots[j].at =
+            e >= 0 && e < m.ne ? static_cast<int32_t>(__ldcg(x.first + blockIdx.x * m.ne + e) + rank_of(r, e)) : -1;
+    }
+}
+
+// The count (see above). With `kStamp` (`shmem_moe_rank_stamp`, whose
+// grid the host keeps to what the GPUs hold at once beside the kernels
+// that wait on the arrivals), the stamp too, in the same launch: the
+// last block says it has laid out (`laid`), and every block, once it
+// has, stamps the items it ranked, from the ranks it still holds. The
+// stamp's launch, its loads of the items again and its ranks again go.
+template <bool kStamp> __device__ void rank_count(const TeamSync &t, const MoeLayer &m, RankShared &sh) {
     const RankScratch x = rank_scratch(t, m);
     RankBlock &r = sh.r;
     uint64_t keys;
     int nkeys;
+    RankToken tok{};
+    RankRow row{};
     if (m.phase == 0) {
         const int64_t nt = *t.mine<int64_t>(m.n_tokens);
         const bool count_ok = nt >= 0 && nt <= m.max_tokens;
         // A bad count is fault code 0, the lowest (no token is checked).
         if (!count_ok && blockIdx.x == 0 && threadIdx.x == 0) atomicMax(x.fault, ~0ull);
-        const RankToken tok = rank_token(t, m, count_ok ? nt : 0);
+        tok = rank_token(t, m, count_ok ? nt : 0);
         if (tok.fault != ~0ull) atomicMax(x.fault, ~tok.fault);
         keys = tok.keys;
         nkeys = t.n;
     } else {
         if (staged_rows(t, m) < 0) return;  // every block alike: the exchange failed, nothing is laid out
-        keys = rank_row(t, m).keys;
+        row = rank_row(t, m);
+        keys = row.keys;
         nkeys = m.ne;
     }
     rank_block(r, keys, nkeys);
     for (int k = threadIdx.x; k < nkeys; k += blockDim.x) x.total[blockIdx.x * nkeys + k] = r.total[k];
     bool &last = sh.last;
+    unsigned long long &launch = sh.launch;
     __threadfence();  // the totals (and faults) before the count of blocks done
     __syncthreads();
-    if (threadIdx.x == 0) last = (atomicAdd(x.done + m.phase, 1ull) + 1) % gridDim.x == 0;
+    if (threadIdx.x == 0) {
+        const unsigned long long before = atomicAdd(x.done + m.phase, 1ull);
+        last = (before + 1) % gridDim.x == 0;
+        launch = before / gridDim.x + 1;
+    }
     __syncthreads();
-    if (!last) return;
-    __threadfence();
-    phase_mark("counted");
+    if (last) {
+        __threadfence();
+        phase_mark("counted");
+        if (m.phase == 0) {
+            rank_lay_rows(t, m, x, sh);
+        } else {
+            rank_lay_view(t, m, x, sh);
+        }
+    }
+    if constexpr (!kStamp) return;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        if (last) {
+            __threadfence();  // the layout before the word that says it is done
+            st_release64(reinterpret_cast<uint64_t *>(x.laid + m.phase), launch);
+        } else {
+            wait_geq(reinterpret_cast<const uint64_t *>(x.laid + m.phase), launch);
+        }
+    }
+    __syncthreads();
+    phase_mark("laid");
     if (m.phase == 0) {
-        rank_lay_rows(t, m, x, sh);
+        if (__ldcg(t.mine<int64_t>(m.state)) < 0) return;  // the route failed: nothing is sent
+        stamp_token(t, m, x, r, tok);
     } else {
-        rank_lay_view(t, m, x, sh);
+        stamp_row(m, x, r, row);
     }
 }
 
-// The stamp (see above).
+// The stamp (see above), in a launch of its own.
 __device__ void rank_stamp(const TeamSync &t, const MoeLayer &m, RankShared &sh) {
     const RankScratch x = rank_scratch(t, m);
     RankBlock &r = sh.r;
@@ -784,24 +848,13 @@ __device__ void rank_stamp(const TeamSync &t, const MoeLayer &m, RankShared &sh)
         if (nt < 0) return;  // the route failed: nothing is sent
         const RankToken tok = rank_token(t, m, nt);
         rank_block(r, tok.keys, t.n);
-        if (!tok.live) return;
-        const int64_t tk = (static_cast<int64_t>(blockIdx.x) * kRankChunk + threadIdx.x) * m.top_k;
-        int64_t *slot_rows = t.mine<int64_t>(m.slot_rows);
-#pragma unroll
-        for (int j = 0; j < kRouteFastSlots; j++)
-            if (j < m.top_k) slot_rows[tk + j] = x.first[blockIdx.x * t.n + tok.d[j]] + rank_of(r, tok.d[j]);
+        stamp_token(t, m, x, r, tok);
         return;
     }
     if (staged_rows(t, m) < 0) return;
     const RankRow row = rank_row(t, m);
     rank_block(r, row.keys, m.ne);
-    if (row.slots == nullptr) return;
-#pragma unroll
-    for (int j = 0; j < kRouteFastSlots; j++) {
-        if (j >= m.top_k) continue;
-        const int e = row.e[j];
-        row.slots[j].at = e >= 0 && e < m.ne ? static_cast<int32_t>(x.first[blockIdx.x * m.ne + e] + rank_of(r, e)) : -1;
-    }
+    stamp_row(m, x, r, row);
 }
 
 // Phase 0 of the gather on the forwarder: each rail row into its node
@@ -1309,7 +1362,16 @@ extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads) shmem_moe_
     shmem::k::follow_stream();
     __shared__ shmem::k::RankShared sh;
     shmem::k::phase_begin(m.phase == 0 ? "rank_source" : "rank_receiver");
-    shmem::k::rank_count(t, m, sh);
+    shmem::k::rank_count<false>(t, m, sh);
+    shmem::k::phase_mark("kernel");
+    shmem::k::phase_end();
+}
+
+extern "C" __global__ void __launch_bounds__(shmem::k::kBlockThreads) shmem_moe_rank_stamp(TeamSync t, MoeLayer m) {
+    shmem::k::follow_stream();
+    __shared__ shmem::k::RankShared sh;
+    shmem::k::phase_begin(m.phase == 0 ? "rank_stamp_source" : "rank_stamp_receiver");
+    shmem::k::rank_count<true>(t, m, sh);
     shmem::k::phase_mark("kernel");
     shmem::k::phase_end();
 }

@@ -176,9 +176,11 @@ pub(crate) enum KernelId {
     MoeRoute,
     MoeGather,
     /// `shmem_moe_rank`, `shmem_moe_stamp` of `moe_layer.cu`: the flat
-    /// form's route over many blocks.
+    /// form's route over many blocks; `shmem_moe_rank_stamp`, both in one
+    /// launch where its grid is resident at once.
     MoeRank,
     MoeStamp,
+    MoeRankStamp,
     /// `shmem_moe_agree` of `moe_layer.cu`: the node-aware MoE layer's
     /// agreement over the world.
     MoeAgree,
@@ -210,7 +212,7 @@ pub(crate) enum KernelId {
 }
 
 /// Kernels without arguments of their own, in [`KernelId::index`] order.
-const SINGLES: [KernelId; 17] = [
+const SINGLES: [KernelId; 18] = [
     KernelId::SelfCheck,
     KernelId::Barrier,
     KernelId::Agree,
@@ -228,6 +230,7 @@ const SINGLES: [KernelId; 17] = [
     KernelId::BroadcastRelay,
     KernelId::MoeRank,
     KernelId::MoeStamp,
+    KernelId::MoeRankStamp,
 ];
 
 const DTYPES: usize = DType::ALL.len();
@@ -278,6 +281,7 @@ impl KernelId {
             KernelId::BroadcastRelay => 14,
             KernelId::MoeRank => 15,
             KernelId::MoeStamp => 16,
+            KernelId::MoeRankStamp => 17,
             KernelId::SumSlots(d) => SUM_SLOTS_AT + dtype(d),
             KernelId::MoeCombine(d) => MOE_COMBINE_AT + dtype(d),
             KernelId::MoeDecode(d) => MOE_DECODE_AT + dtype(d),
@@ -315,6 +319,7 @@ impl KernelId {
             KernelId::BroadcastRelay => "shmem_broadcast_relay".into(),
             KernelId::MoeRank => "shmem_moe_rank".into(),
             KernelId::MoeStamp => "shmem_moe_stamp".into(),
+            KernelId::MoeRankStamp => "shmem_moe_rank_stamp".into(),
             KernelId::SumSlots(d) => format!("shmem_sum_slots_{}", d.name()),
             KernelId::MoeCombine(d) => format!("shmem_moe_combine_{}", d.name()),
             KernelId::MoeDecode(d) => format!("shmem_moe_decode_{}", d.name()),

@@ -51,12 +51,12 @@ fn rank_blocks(m: &MoeLayer, n: i32) -> Option<usize> {
 }
 
 /// `u32`s of scratch the flat form's route over many blocks takes for
-/// `max_tokens` tokens a PE and `experts_per_pe` on `n` PEs: its three
+/// `max_tokens` tokens a PE and `experts_per_pe` on `n` PEs: its five
 /// u64 words, then per (chunk, key) a total and a first row, for the
 /// receiver's `n × chunks` chunks of `experts_per_pe` keys (the larger
 /// side: the source's are `chunks` of `n`).
 pub(crate) fn rank_scratch_len(max_tokens: usize, experts_per_pe: usize, n: usize) -> usize {
-    6 + 2 * max_tokens.div_ceil(RANK_CHUNK) * n * experts_per_pe
+    10 + 2 * max_tokens.div_ceil(RANK_CHUNK) * n * experts_per_pe
 }
 
 /// The decode form's dispatch runs on half the blocks the GPUs hold at
@@ -123,7 +123,10 @@ impl Kernels {
     }
 
     /// The route (the flat form's over many blocks where
-    /// [`rank_blocks`] serves, else the one-block kernel), then the gather
+    /// [`rank_blocks`] serves: in one launch where its grid fits beside
+    /// the kernels that wait on the arrivals, as the decode form's
+    /// dispatch does, [`Kernels::decode_blocks`]; else the one-block
+    /// kernel), then the gather
     /// (a block per piece of one of `rows` units: the source's
     /// [`source_units`], the forwarder's slots or the staged rows).
     pub(crate) fn moe_route(&self, t: TeamSync, m: MoeLayer, rows: usize, s: CUstream) -> Result<()> {
@@ -132,6 +135,9 @@ impl Kernels {
         // zeroed at allocation); counts and ids checked on the device.
         unsafe {
             match rank_blocks(&m, t.n) {
+                Some(blocks) if blocks <= (self.resident_blocks / 2).min(DECODE_MAX_BLOCKS) => {
+                    self.launch_with(KernelId::MoeRankStamp, blocks, 0, t, m, s)?;
+                }
                 Some(blocks) => {
                     self.launch_with(KernelId::MoeRank, blocks, 0, t, m, s)?;
                     self.launch_with(KernelId::MoeStamp, blocks, 0, t, m, s)?;
@@ -202,6 +208,6 @@ mod tests {
         // Three u64 words, then a total and a first row per (chunk, key):
         // the receiver's 4 × 3 chunks of 64 experts, more than the source's
         // 3 chunks of 4 destinations.
-        assert_eq!(rank_scratch_len(1100, 64, 4), 6 + 2 * 12 * 64);
+        assert_eq!(rank_scratch_len(1100, 64, 4), 10 + 2 * 12 * 64);
     }
 }
