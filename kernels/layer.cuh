@@ -285,6 +285,26 @@ __device__ __forceinline__ WarpRows warp_rows(uint8_t *base, int64_t stride, int
     return w;
 }
 
+// A warp's first vectors of a piece, four a lane (vectors lane + 32 u),
+// loaded before the warp knows where the piece goes, so that their trip
+// to memory overlaps the loads that tell it (`ok`: the piece is whole
+// 16-byte vectors).
+constexpr int kWarpHeld = 4;
+struct WarpHeld {
+    uint4 x[kWarpHeld];
+    bool ok;
+};
+__device__ __forceinline__ WarpHeld warp_hold(const uint8_t *src, uint64_t bytes) {
+    const int lane = threadIdx.x % 32;
+    WarpHeld h;
+    h.ok = (reinterpret_cast<uint64_t>(src) | bytes) % 16 == 0;
+    const uint64_t nv = bytes / 16;
+#pragma unroll
+    for (int u = 0; u < kWarpHeld; u++)
+        if (h.ok && lane + 32 * u < nv) h.x[u] = reinterpret_cast<const uint4 *>(src)[lane + 32 * u];
+    return h;
+}
+
 // A lane's four consecutive elements of each of the four groups from
 // `g0` (of `groups`, of the `hidden` bf16 elements at `x`), as raw bits;
 // zero past the end.

@@ -924,10 +924,18 @@ __device__ void gather_slots(const TeamSync &t, const MoeLayer &m, int64_t nt) {
 
 // A warp: `bytes` at `src` into rows `w.row[q] + at` below `w.k`, loaded
 // once: 16-byte vectors, four a lane in flight, where the source, the
-// offset and the length allow, else bytes.
-__device__ __forceinline__ void warp_put(const WarpRows &w, uint64_t at, const uint8_t *src, uint64_t bytes) {
+// rows, the offset and the length allow, else bytes. `held`: the first vectors,
+// where the caller loaded them already (`warp_hold` of `src`).
+__device__ __forceinline__ void warp_put(const WarpRows &w, uint64_t at, const uint8_t *src, uint64_t bytes,
+                                         const WarpHeld &held = WarpHeld{}) {
     const int lane = threadIdx.x % 32;
-    if ((reinterpret_cast<uint64_t>(src) | at | bytes) % 16 != 0) {
+    // The rows too: the view's lie `data_bytes` apart, which need not be
+    // whole vectors (a row of 300 bf16 elements: 600 bytes).
+    uint64_t align = reinterpret_cast<uint64_t>(src) | at | bytes;
+#pragma unroll
+    for (int q = 0; q < kRankTopK; q++)
+        if (q < w.k) align |= reinterpret_cast<uint64_t>(w.row[q]);
+    if (align % 16 != 0) {
         for (uint64_t i = lane; i < bytes; i += 32) {
             const uint8_t x = src[i];
 #pragma unroll
@@ -938,7 +946,20 @@ __device__ __forceinline__ void warp_put(const WarpRows &w, uint64_t at, const u
     }
     const uint4 *s = reinterpret_cast<const uint4 *>(src);
     const uint64_t nv = bytes / 16;
-    for (uint64_t v = lane; v < nv; v += 128) {
+    uint64_t from = lane;
+    if (held.ok) {
+        // The vectors `warp_hold` loaded (the same four a lane).
+#pragma unroll
+        for (int q = 0; q < kRankTopK; q++) {
+            if (q >= w.k) break;
+            uint4 *o = reinterpret_cast<uint4 *>(w.row[q] + at);
+#pragma unroll
+            for (int u = 0; u < kWarpHeld; u++)
+                if (lane + 32 * u < nv) o[lane + 32 * u] = held.x[u];
+        }
+        from = lane + 32 * kWarpHeld;
+    }
+    for (uint64_t v = from; v < nv; v += 128) {
         uint4 x[4];
 #pragma unroll
         for (int u = 0; u < 4; u++)
@@ -1146,18 +1167,25 @@ __device__ void place_warps(const TeamSync &t, const MoeLayer &m, int64_t total,
         const int64_t r = unit / wp.pieces, c = unit % wp.pieces;
         const Range b = wp.of(m.data_bytes, c);
         const uint8_t *row = stage + r * m.stride;
+        // The piece's first vectors and (FP8, first piece) a lane's first
+        // scale are loaded beside the slots, before the warp knows where
+        // they go: one trip to memory for all three, not three in a row.
+        const WarpHeld held = warp_hold(row + b.lo, b.hi - b.lo);
+        const float *scales = reinterpret_cast<const float *>(row + m.scales_at);
+        const bool scaled = m.fp8 != 0 && c == 0;
+        const float scale0 = scaled && lane < groups ? scales[lane] : 0.0f;
         const int32_t at = lane < m.top_k ? wire_slots(const_cast<uint8_t *>(row), m)[lane].at : -1;
         const WarpRows rows = warp_rows(view, m.data_bytes, at, at);
-        warp_put(rows, b.lo, row + b.lo, b.hi - b.lo);
-        if (m.fp8 != 0 && c == 0) {
-            const float *scales = reinterpret_cast<const float *>(row + m.scales_at);
+        warp_put(rows, b.lo, row + b.lo, b.hi - b.lo, held);
+        if (scaled) {
             unsigned f = rows.firsts;
 #pragma unroll
             for (int q = 0; q < kRankTopK; q++) {
                 if (q >= rows.k) break;
                 const int64_t aq = __shfl_sync(0xffffffffu, at, __ffs(f) - 1);  // row q's place in the view
                 f &= f - 1;
-                for (int64_t g = lane; g < groups; g += 32) recv_scales[aq * groups + g] = scales[g];
+                if (lane < groups) recv_scales[aq * groups + lane] = scale0;
+                for (int64_t g = lane + 32; g < groups; g += 32) recv_scales[aq * groups + g] = scales[g];
             }
         }
         __syncwarp();  // the warp's stores before its counts

@@ -1238,6 +1238,11 @@ fn layer_on_device(env: &Env) -> TestResult {
     // More tokens than the decode form takes, and than a block of the
     // exchange form's route ranks (512): its chunks' first rows.
     on_device::<bf16>(env, MoeConfig::new(8, 1100, 8, 8).major_align(4), Spread::Random)?;
+    // Rows of 600 bytes, not whole 16-byte vectors, in the exchange form,
+    // few enough that the receiver's warps take a row in pieces: a piece
+    // whose source, offset and length are whole vectors still lands in
+    // view rows that are not.
+    on_device::<bf16>(env, MoeConfig::new(300, 300, 2, 2), Spread::Random)?;
     on_device::<f32>(env, MoeConfig::new(4, 1300, 64, 3), Spread::OnePe)
 }
 
