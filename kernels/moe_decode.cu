@@ -104,10 +104,11 @@ __device__ __forceinline__ uint32_t decode_senders() { return gridDim.x - 1; }
 
 // The decode form's words (`MoeLayer::decode`, `decode_words` in abi.rs),
 // after the head (the operation counter, the count of blocks done with
-// it, then the blocks of every operation so far): per member `s`, `start` (the operation `s` has begun), `data`
-// (blocks of `s` done sending this PE their rows or partials, over every
-// operation), `ready` (the last dispatch whose `info` `s` has stored
-// here), then two `info` records of 1 + ne words a member (the rows `s`
+// it, then the blocks of every operation so far): per member `s`,
+// `start` (the operation `s` has begun), `data` (blocks of `s` done
+// sending this PE their rows or partials, over every operation), `ready`
+// (the last dispatch whose `info` `s` has stored here), then two `info`
+// records of 1 + ne words a member (the rows `s`
 // sends this PE in a dispatch, or its fault's marker; then its rows of
 // each of this PE's experts).
 struct DecodeWords {
