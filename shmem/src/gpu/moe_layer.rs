@@ -84,35 +84,46 @@ pub(crate) fn decode_fits(max_tokens: usize, top_k: usize, experts_per_pe: usize
         && n.saturating_mul(experts_per_pe) <= DECODE_MAX_PAIRS
 }
 
-impl Kernels {
-    /// The decode form's dispatch grid, the same on every PE (a member
-    /// counts the blocks of each operation), every block resident at once
-    /// (each waits for every member's blocks): half the blocks every PE's
-    /// GPU holds at once, a block an SM (agreed at start-up), so that
-    /// kernels waiting on the dispatch's arrivals have the rest, up to
-    /// [`DECODE_MAX_BLOCKS`]; `None` below [`DECODE_MIN_BLOCKS`].
-    pub(crate) fn decode_blocks(&self) -> Option<usize> {
-        let blocks = (self.resident_blocks / 2).min(DECODE_MAX_BLOCKS);
-        (blocks >= DECODE_MIN_BLOCKS).then_some(blocks)
-    }
+/// The blocks a kernel whose blocks wait on one another may take where
+/// `resident` are resident at once (a block an SM) and kernels waiting on
+/// the MoE layer's arrivals must find room beside it: half, up to
+/// [`DECODE_MAX_BLOCKS`].
+fn beside_waiters(resident: usize) -> usize {
+    (resident / 2).min(DECODE_MAX_BLOCKS)
+}
 
-    /// The grid of the decode form's phase `phase` for `max_tokens`
-    /// tokens a PE: the dispatch's ([`Kernels::decode_blocks`]); the
-    /// combine's the same, or from [`DECODE_WIDE_COMBINE_TOKENS`] every
-    /// block the GPUs hold at once where none is shared (nothing waits on
-    /// the combine as the experts wait on the dispatch's arrivals, and two
-    /// PEs of a GPU would not both fit).
-    fn decode_grid(&self, phase: i32, max_tokens: i64) -> Option<usize> {
-        let dispatch = self.decode_blocks()?;
-        let wide = phase == 1 && !self.shared_gpu && max_tokens >= DECODE_WIDE_COMBINE_TOKENS as i64;
-        Some(if wide { self.resident_blocks.max(dispatch) } else { dispatch })
+/// The grid of the decode form's phase `phase` for `max_tokens` tokens a
+/// PE, where `resident` blocks are resident at once on every PE's GPU and
+/// `shared_gpu` says whether some GPU holds two PEs: the dispatch's
+/// [`beside_waiters`] (`None` below [`DECODE_MIN_BLOCKS`]); the combine's
+/// the same, or from [`DECODE_WIDE_COMBINE_TOKENS`] every resident block
+/// where no GPU is shared (nothing waits on the combine as the experts
+/// wait on the dispatch's arrivals, and two PEs of a GPU would not both
+/// fit). The same on every PE, as each member counts the blocks of each
+/// operation; every block resident at once, as each waits for every
+/// member's blocks.
+fn decode_grid(resident: usize, shared_gpu: bool, phase: i32, max_tokens: i64) -> Option<usize> {
+    let dispatch = beside_waiters(resident);
+    if dispatch < DECODE_MIN_BLOCKS {
+        return None;
+    }
+    let wide = phase == 1 && !shared_gpu && max_tokens >= DECODE_WIDE_COMBINE_TOKENS as i64;
+    Some(if wide { resident.max(dispatch) } else { dispatch })
+}
+
+impl Kernels {
+    /// The decode form's dispatch grid ([`decode_grid`] of phase 0), on
+    /// the blocks every PE's GPU holds at once (agreed at start-up);
+    /// `None` where the GPUs hold too few.
+    pub(crate) fn decode_blocks(&self) -> Option<usize> {
+        decode_grid(self.resident_blocks, self.shared_gpu, 0, 0)
     }
 
     /// The decode form's kernel for `dtype` (its combine's; the dispatch
     /// moves bytes), phase 0 the dispatch and 1 the combine, on
-    /// [`Kernels::decode_grid`] blocks.
+    /// [`decode_grid`] blocks.
     pub(crate) fn moe_decode(&self, dtype: DType, t: TeamSync, m: MoeLayer, s: CUstream) -> Result<()> {
-        let blocks = self.decode_grid(m.phase, m.max_tokens).ok_or_else(|| {
+        let blocks = decode_grid(self.resident_blocks, self.shared_gpu, m.phase, m.max_tokens).ok_or_else(|| {
             crate::error::Error::Invalid("MoeAllToAll: the decode form needs more resident blocks".into())
         })?;
         let m = MoeLayer { error: self.a2av_error.device, ..m };
@@ -124,9 +135,9 @@ impl Kernels {
 
     /// The route (the flat form's over many blocks where
     /// [`rank_blocks`] serves: in one launch where its grid fits beside
-    /// the kernels that wait on the arrivals, as the decode form's
-    /// dispatch does, [`Kernels::decode_blocks`]; else the one-block
-    /// kernel), then the gather
+    /// the kernels that wait on the arrivals ([`beside_waiters`]), as the
+    /// decode form's dispatch does; else the one-block kernel), then the
+    /// gather
     /// (a block per piece of one of `rows` units: the source's
     /// [`source_units`], the forwarder's slots or the staged rows).
     pub(crate) fn moe_route(&self, t: TeamSync, m: MoeLayer, rows: usize, s: CUstream) -> Result<()> {
@@ -135,7 +146,7 @@ impl Kernels {
         // zeroed at allocation); counts and ids checked on the device.
         unsafe {
             match rank_blocks(&m, t.n) {
-                Some(blocks) if blocks <= (self.resident_blocks / 2).min(DECODE_MAX_BLOCKS) => {
+                Some(blocks) if blocks <= beside_waiters(self.resident_blocks) => {
                     self.launch_with(KernelId::MoeRankStamp, blocks, 0, t, m, s)?;
                 }
                 Some(blocks) => {
@@ -177,7 +188,24 @@ impl Kernels {
 
 #[cfg(test)]
 mod tests {
-    use super::{decode_fits, rank_blocks, rank_scratch_len, MoeLayer};
+    use super::{beside_waiters, decode_fits, decode_grid, rank_blocks, rank_scratch_len, MoeLayer};
+
+    /// The decode form's grids on 132 SMs: the dispatch on half of them
+    /// (at most 64); the combine on every one from 32 tokens a PE, unless
+    /// a GPU holds two PEs; none where the GPUs hold too few blocks. The
+    /// route in one launch takes the dispatch's room.
+    #[test]
+    fn decode_grids_leave_room_for_the_waiters() {
+        assert_eq!(decode_grid(132, false, 0, 256), Some(64));
+        assert_eq!(decode_grid(132, false, 1, 256), Some(132));
+        assert_eq!(decode_grid(132, false, 1, 32), Some(132));
+        assert_eq!(decode_grid(132, false, 1, 31), Some(64));
+        assert_eq!(decode_grid(132, true, 1, 256), Some(64));
+        assert_eq!(decode_grid(116, true, 0, 256), Some(58));
+        assert_eq!(decode_grid(63, false, 1, 256), None);
+        assert_eq!(beside_waiters(132), 64);
+        assert_eq!(beside_waiters(100), 50);
+    }
 
     /// The decode form takes the route's rank tables' limit (PEs × experts
     /// a PE) and the per-PE limits, and nothing on PEs × tokens.
@@ -205,7 +233,7 @@ mod tests {
         assert_eq!(rank_blocks(&MoeLayer { origin: 1, ..m }, 4), None);
         assert_eq!(rank_blocks(&MoeLayer { forward_in: 64, ..m }, 4), None);
         assert_eq!(rank_blocks(&MoeLayer { view_n: 8, phase: 1, ..m }, 4), None);
-        // Three u64 words, then a total and a first row per (chunk, key):
+        // Five u64 words, then a total and a first row per (chunk, key):
         // the receiver's 4 × 3 chunks of 64 experts, more than the source's
         // 3 chunks of 4 destinations.
         assert_eq!(rank_scratch_len(1100, 64, 4), 10 + 2 * 12 * 64);
