@@ -577,8 +577,9 @@ pub(super) const LAST_NONE: u8 = 0;
 pub(super) const LAST_EXCHANGE: u8 = 1;
 pub(super) const LAST_DECODE: u8 = 2;
 
-/// The decode form's buffers: its words (the operation counter, and per
-/// PE the operation it began, its blocks done and what it sent; zeroed),
+/// The decode form's buffers: its words (the operation counter, the
+/// blocks of every operation so far, and per PE the operation it began,
+/// its blocks done and what it sent; zeroed),
 /// and the view row of each slot of each staged row (`n × max_tokens ×
 /// top_k`, which its combine reads).
 pub(super) struct DecodeBuffers {
@@ -1321,6 +1322,14 @@ impl<T: CombineElement> MoeAllToAll<T> {
     /// the dispatch's. `out` (at least `max_tokens` rows) gets each token's
     /// result (see [`MoeAllToAll`] for the exact sum), in token order; the
     /// rows past the token count are not written.
+    ///
+    /// On the GPU, where every PE is reached over NVLink and the
+    /// configuration fits the decode form (up to 256 tokens a PE), the
+    /// combine is one kernel whose blocks wait for one another and for the
+    /// other PEs'; from 32 tokens a PE (`max_tokens`) it takes a block on
+    /// every SM (the dispatch on at most half, leaving the rest to kernels
+    /// that wait on its arrivals). A kernel on another stream that holds
+    /// SMs until something after the combine happens would stall it.
     ///
     /// # Errors
     /// Buffers too small for the configuration; on the host backend, no
