@@ -58,7 +58,7 @@ impl Kernels {
         a.error = self.a2av_error.device;
         let in_bytes = (a.in_rows * a.row_bytes) as usize;
         let (n, ne, with_offsets) = (t.n_pes(), a.ne as usize, a.with_offsets());
-        let team = TeamShape { world, n_pes: n, nvlink: t.nvlink(), lines: self.lines };
+        let team = TeamShape { world, n_pes: n, nvlink: t.nvlink(), lines: self.lines() };
         let form = moe_form(team, ne, with_offsets, in_bytes, settings.moe, &settings.tuning);
         // The blocks, by what the input can hold (the line kernel: all of
         // them work).

@@ -40,13 +40,10 @@ pub(crate) struct Kernels {
     /// ([`Kernels::set_resident_blocks`]): the MoE line kernel's grid
     /// stays within them (`Kernels::all_to_all_v`). Before, this PE's SMs.
     pub(super) resident_blocks: usize,
-    /// Whether the line protocols may run
-    /// ([`TeamShape::lines`](crate::algo::TeamShape::lines)): no PE of the
-    /// world shares its GPU, agreed when the kernels are loaded
-    /// ([`Kernels::set_shared_gpu`]).
-    pub(super) lines: bool,
     /// Whether some PE of the world shares its GPU with another, agreed
-    /// when the kernels are loaded ([`Kernels::set_shared_gpu`]).
+    /// when the kernels are loaded ([`Kernels::set_shared_gpu`]): then no
+    /// line protocol runs ([`Kernels::lines`]) and the decode form's
+    /// combine keeps to the dispatch's grid.
     pub(super) shared_gpu: bool,
 }
 
@@ -72,7 +69,6 @@ impl Kernels {
             agree_error,
             peer_died,
             resident_blocks: sms.max(1) as usize,
-            lines: true,
             shared_gpu: false,
         };
         k.selfcheck(g, me, n)?;
@@ -107,15 +103,15 @@ impl Kernels {
     }
 
     /// Whether the line protocols may run
-    /// ([`TeamShape::lines`](crate::algo::TeamShape::lines)).
+    /// ([`TeamShape::lines`](crate::algo::TeamShape::lines)): no PE of the
+    /// world shares its GPU.
     pub(crate) fn lines(&self) -> bool {
-        self.lines
+        !self.shared_gpu
     }
 
     /// Some PE of the world shares its GPU with another (agreed by every
     /// PE): no line protocol runs, the low-latency kernels keep to packets.
     pub(crate) fn set_shared_gpu(&mut self) {
-        self.lines = false;
         self.shared_gpu = true;
     }
 
