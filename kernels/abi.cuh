@@ -391,6 +391,8 @@ struct MoeLayer {
     uint64_t decode;  // kDecodeHeadWords + n (5 + 2 ne) u64: the decode form's words (`DecodeWords`)
     uint64_t views;  // n × max_tokens × top_k i32: the view row of each staged slot, -1 for another PE's
     uint64_t error;  // device address of the host-mapped `A2avError` (the routing faults it finds)
+    int lines;  // the decode form's combine in lines (moe_decode.cu), else 0
+    int pad;  // (`_pad` in the Rust twin)
 };
 // Where the node-aware form's token field carries its source PE.
 constexpr int kOriginShift = 32;
@@ -430,7 +432,8 @@ constexpr int kDecodeMaxTopK = 8;
 constexpr int kDecodeMaxPairs = 512;
 constexpr int kDecodeHeadWords = 3;
 constexpr int kDecodeRowShift = 32;
-static_assert(sizeof(MoeLayer) == 320, "MoeLayer: size");
+static_assert(sizeof(MoeLayer) == 328, "MoeLayer: size");
+static_assert(offsetof(MoeLayer, lines) == 320, "MoeLayer::lines");
 static_assert(offsetof(MoeLayer, decode) == 296, "MoeLayer::decode");
 static_assert(offsetof(MoeLayer, views) == 304, "MoeLayer::views");
 static_assert(offsetof(MoeLayer, error) == 312, "MoeLayer::error");

@@ -60,6 +60,7 @@
 // exchange form's check does (class NegativeSplit, entry 0 of the PE's
 // splits), so the next call fails on every PE naming the PE and the fault.
 #include "layer.cuh"
+#include "prims_lines.cuh"
 
 namespace shmem {
 namespace k {
@@ -882,6 +883,198 @@ template <typename T> __device__ void decode_combine(const TeamSync &t, const Mo
     decode_end(dw, o, nullptr, 0);
 }
 
+// The combine in lines (`MoeLayer::lines`: the world team over NVLink, no
+// GPU shared, and a member's partials for this PE within one sender's
+// low-latency buffer; `Kernels::moe_decode`). The expert side weighs and
+// sums each staged row's experts' outputs, as `decode_combine` does, and
+// sends the partial in 128-byte lines (`CombineLines`) into its source's
+// low-latency buffer for this PE: at line 1 + the row's rank among the
+// source's rows for this PE × a row's lines, which the source knows too
+// (its wire row less its rows for the PEs before). The source sums each
+// token's partials in ascending PE order as their lines arrive. No start
+// signal, fence or count of blocks: a line's flag is its arrival, and the
+// buffers are reused as the low-latency collectives reuse them — every
+// PE sends every member a head line (line 0) and waits for every
+// member's, so that every operation hears from every member. The
+// dispatch's words are not touched: the combine is not one of their
+// operations.
+using CombineLines = LinesOf<8, true>;
+
+// Passes of 4 lines a warp takes at once in the combine in lines.
+constexpr int kCombineLinesAt = 2;
+
+// Element `e` of the 8-byte word `w` (of 8 / sizeof(T)), and the word of
+// `x`'s elements.
+template <typename T> __device__ __forceinline__ T word_elem(uint64_t w, int e) {
+    T x;
+    memcpy(&x, reinterpret_cast<const char *>(&w) + e * sizeof(T), sizeof(T));
+    return x;
+}
+template <typename T> __device__ __forceinline__ uint64_t word_of(const typename Acc<T>::type *x) {
+    uint64_t w = 0;
+#pragma unroll
+    for (int e = 0; e < static_cast<int>(8 / sizeof(T)); e++) {
+        const T y = from_acc<T>(x[e]);
+        memcpy(reinterpret_cast<char *>(&w) + e * sizeof(T), &y, sizeof(T));
+    }
+    return w;
+}
+
+template <typename T> __device__ void decode_combine_lines(const TeamSync &t, const MoeLayer &m) {
+    using A = typename Acc<T>::type;
+    constexpr int kE = 8 / sizeof(T), kU = kCombineLinesAt;
+    const int n = t.n, lane = threadIdx.x % 32, wid = threadIdx.x / 32;
+    __shared__ int64_t rows_from[kMaxTeam], sent_to[kMaxTeam], dispatched;
+    __shared__ int32_t first[kMaxTeam + 1], sent_first[kMaxTeam + 1];
+    __shared__ WireSlot held_by[kBlockThreads / 32][kDecodeMaxTopK];
+    __shared__ int64_t wire_by[kBlockThreads / 32][kDecodeMaxTopK];
+    const uint64_t counter = lane_ll_counter(t);
+    if (threadIdx.x < n) rows_from[threadIdx.x] = t.mine<int64_t>(m.stage_so)[threadIdx.x];
+    if (threadIdx.x >= 32 && threadIdx.x < 32 + n) sent_to[threadIdx.x - 32] = t.mine<int64_t>(m.send_splits)[threadIdx.x - 32];
+    if (threadIdx.x == 96) dispatched = *t.mine<int64_t>(m.state);
+    const CombineLines ln(t, warp_ll_epoch(counter));
+    // The head line to every member, this PE too (block 0's first warp).
+    if (blockIdx.x == 0 && wid == 0)
+        for (int pe = 0; pe < n; pe++) ln.send(pe, 0, lane < 8, 0, 0);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int32_t at = 0, out = 0;
+        for (int s = 0; s < n; s++) {
+            first[s] = at;
+            at += rows_from[s] < 0 ? 0 : static_cast<int32_t>(rows_from[s]);
+            sent_first[s] = out;
+            out += static_cast<int32_t>(sent_to[s]);
+        }
+        first[n] = at;
+        sent_first[n] = out;
+    }
+    __syncthreads();
+    phase_mark("begin");
+    const int64_t nt = dispatched;
+    const int64_t row_bytes = m.hidden * static_cast<int64_t>(sizeof(T));
+    const uint64_t rl = (row_bytes + CombineLines::kDataBytes - 1) / CombineLines::kDataBytes;
+    // The grid's warps numbered across the blocks first (as the lines'
+    // `base`), so that a few units spread over every block's SM; a unit is
+    // kU passes of 4 lines of a row.
+    const uint64_t gw = static_cast<uint64_t>(wid) * gridDim.x + blockIdx.x;
+    const uint64_t grid_warps = static_cast<uint64_t>(gridDim.x) * (blockDim.x / 32);
+    const uint64_t per = (rl + 4 * kU - 1) / (4 * kU), passes = (rl + 3) / 4;
+    // After a failed dispatch every PE's `stage_so` says so: none sends a
+    // partial (each still sends and waits for the head lines).
+    if (rows_from[0] >= 0 && nt >= 0) {
+        const uint8_t *stage = t.mine<uint8_t>(m.stage);
+        const int32_t *views = t.mine<int32_t>(m.views);
+        const uint8_t *outputs = t.mine<uint8_t>(m.outputs);
+        const uint64_t total = static_cast<uint64_t>(first[n]);
+        for (uint64_t u = gw; u < total * per; u += grid_warps) {
+            const uint64_t r = u / per, c = u - r * per;
+            int s = 0;
+            while (s + 1 < n && r >= static_cast<uint64_t>(first[s + 1])) s++;
+            const int64_t rank = static_cast<int64_t>(r) - first[s];
+            const int64_t staged = static_cast<int64_t>(s) * m.max_tokens + rank;
+            const WireSlot *slots = reinterpret_cast<const WireSlot *>(stage + staged * m.stride + m.meta + 8);
+            // The row's slots on this PE, gathered in slot order (as
+            // `decode_combine`).
+            const int32_t at = lane < m.top_k ? views[staged * m.top_k + lane] : -1;
+            const float weight = lane < m.top_k ? slots[lane].weight : 0.0f;
+            const unsigned has = __ballot_sync(~0u, at >= 0);
+            const int k = __popc(has);
+            __syncwarp();  // the unit before is done with the table
+            if (at >= 0) held_by[wid][__popc(has & ((1u << lane) - 1))] = WireSlot{at, weight};
+            __syncwarp();
+            uint64_t line[kU];
+            bool live[kU];
+            A acc[kU][2][kE];
+#pragma unroll
+            for (int p = 0; p < kU; p++) {
+                line[p] = (c * kU + p) * 4 + lane / 8;
+                live[p] = line[p] < rl;
+#pragma unroll
+                for (int e = 0; e < kE; e++) acc[p][0][e] = acc[p][1][e] = 0;
+            }
+            // Two rows' words loaded before either is added, in slot order.
+            for (int i = 0; i < k; i += 2) {
+                uint64_t a[2][kU], b[2][kU];
+#pragma unroll
+                for (int v = 0; v < 2; v++) {
+                    const uint8_t *src = outputs + static_cast<int64_t>(held_by[wid][i + v < k ? i + v : i].at) * row_bytes;
+#pragma unroll
+                    for (int p = 0; p < kU; p++) ln.load(src, row_bytes, line[p], live[p] && i + v < k, a[v][p], b[v][p]);
+                }
+#pragma unroll
+                for (int v = 0; v < 2; v++) {
+                    if (i + v >= k) break;
+                    const float w = held_by[wid][i + v].weight;
+#pragma unroll
+                    for (int p = 0; p < kU; p++)
+#pragma unroll
+                        for (int e = 0; e < kE; e++) {
+                            acc[p][0][e] = weigh(acc[p][0][e], w, to_acc(word_elem<T>(a[v][p], e)));
+                            acc[p][1][e] = weigh(acc[p][1][e], w, to_acc(word_elem<T>(b[v][p], e)));
+                        }
+                }
+            }
+#pragma unroll
+            for (int p = 0; p < kU; p++)
+                ln.send(s, 1 + static_cast<uint64_t>(rank) * rl + line[p], live[p], word_of<T>(acc[p][0]),
+                        word_of<T>(acc[p][1]));
+        }
+        phase_mark("experts");
+        // The source side: each token's partials, summed in ascending PE
+        // order (its distinct wire rows ascending) and rounded once.
+        const int64_t *slot_rows = t.mine<int64_t>(m.slot_rows);
+        const int64_t out_stride = m.out_stride > 0 ? m.out_stride : row_bytes;
+        uint8_t *out = t.mine<uint8_t>(m.out);
+        uint8_t *heap = reinterpret_cast<uint8_t *>(t.heap);
+        for (uint64_t u = gw; u < static_cast<uint64_t>(nt) * passes; u += grid_warps) {
+            const uint64_t tok = u / passes, c = u - tok * passes;
+            __syncwarp();  // the unit before is done with the table
+            const int k = token_wire_rows(slot_rows + tok * m.top_k, m.top_k, wire_by[wid]);
+            __syncwarp();
+            const uint64_t line = c * 4 + lane / 8;
+            const bool live = line < rl;
+            // Every partial's line loaded at once, then waited for.
+            uint64_t a[kDecodeMaxTopK], b[kDecodeMaxTopK];
+            int from[kDecodeMaxTopK];
+            uint32_t first_line[kDecodeMaxTopK];
+#pragma unroll
+            for (int i = 0; i < kDecodeMaxTopK; i++) {
+                if (i >= k) break;
+                const int64_t w = wire_by[wid][i];
+                int d = 0;
+                while (d + 1 < n && w >= sent_first[d + 1]) d++;
+                from[i] = d;
+                first_line[i] = 1 + static_cast<uint32_t>(w - sent_first[d]) * static_cast<uint32_t>(rl);
+                a[i] = b[i] = 0;
+                __syncwarp();
+                if (live) ld_volatile_v2u64(ln.at(heap, d, first_line[i] + line), a[i], b[i]);
+            }
+            A acc[2][kE];
+#pragma unroll
+            for (int e = 0; e < kE; e++) acc[0][e] = acc[1][e] = 0;
+#pragma unroll
+            for (int i = 0; i < kDecodeMaxTopK; i++) {
+                if (i >= k) break;
+                ln.wait_line(from[i], ln.at(heap, from[i], first_line[i] + line), live, a[i], b[i]);
+#pragma unroll
+                for (int e = 0; e < kE; e++) {
+                    acc[0][e] = add(acc[0][e], to_acc(word_elem<T>(a[i], e)));
+                    acc[1][e] = add(acc[1][e], to_acc(word_elem<T>(b[i], e)));
+                }
+            }
+            ln.store(out + tok * out_stride, row_bytes, line, live, word_of<T>(acc[0]), word_of<T>(acc[1]));
+        }
+        phase_mark("sums");
+    }
+    // Every member's head line (block 0's first warp).
+    if (blockIdx.x == 0 && wid == 0)
+        for (int pe = 0; pe < n; pe++) {
+            uint64_t a, b;
+            ln.recv(pe, 0, lane < 8, a, b);
+        }
+    ln.end();
+}
+
 // Both phases (after `follow_stream`): the agreement of an eager call,
 // then the operation.
 template <typename T> __device__ __forceinline__ void moe_decode(const TeamSync &t, const MoeLayer &m, DecodeShared &sh) {
@@ -898,6 +1091,8 @@ template <typename T> __device__ __forceinline__ void moe_decode(const TeamSync 
     const DecodeWords dw{t, m.decode, m.ne};
     if (m.phase == 0) {
         decode_dispatch(t, m, dw, sh);
+    } else if (m.lines != 0) {
+        decode_combine_lines<T>(t, m);
     } else {
         decode_combine<T>(t, m, dw);
     }

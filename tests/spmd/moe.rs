@@ -74,7 +74,52 @@ pub const TESTS: &[(&str, TestFn)] = &[
     // The automatic choice taking the line kernel, on many blocks.
     ("moe::tuned::lines::all_to_all_v_2d", |e| tuned_lines(e, all_to_all_v_2d)),
     ("moe::tuned::lines::all_to_all_v_2d_offset", |e| tuned_lines(e, all_to_all_v_2d_offset)),
+    // The decode form's combine by counted stores where it would send its
+    // partials in lines (the GPU backend's world).
+    ("moe::counted::layer_on_device", |e| counted_combine(e, layer_on_device)),
+    ("moe::counted::errors::layer_on_device", |e| counted_combine(e, err_layer_on_device)),
+    ("moe::layer_between_collectives", layer_between_collectives),
 ];
+
+/// `test` with no MoE input sent in lines: the 2D ops' automatic choice
+/// and the decode form's combine take their other forms.
+fn counted_combine(env: &Env, test: TestFn) -> TestResult {
+    with_settings(
+        env,
+        |c| Collectives { tuning: shmem::Tuning { moe_lines_max_bytes: Some(0), ..c.tuning }, ..c },
+        test,
+    )
+}
+
+/// The layer's dispatch and combine between all-reduces, over and over,
+/// with every result checked: on the GPU backend's world the decode
+/// form's combine in lines and the low-latency collectives (in 8-byte
+/// packets, then in lines) take turns in one buffer and one run of epochs.
+fn layer_between_collectives(env: &Env) -> TestResult {
+    let (n, me) = (env.n(), env.me());
+    let len = 1000;
+    let src = env.ctx.alloc::<u64>(len)?;
+    let dst = env.ctx.alloc::<u64>(len)?;
+    let value = |seed: u64, pe: usize, i: usize| mix(seed ^ (pe * len + i) as u64) >> 20;
+    let before = env.ctx.collectives();
+    let r = (|| -> TestResult {
+        for round in 0..4 {
+            let lines = (round % 2 == 1).then_some(0);
+            let tuning = shmem::Tuning { low_latency_lines_min_bytes: lines, ..before.tuning };
+            env.ctx.set_collectives(Collectives { tuning, ..before });
+            let seed = env.fresh_seed();
+            src.copy_from_host(&(0..len).map(|i| value(seed, me, i)).collect::<Vec<_>>(), &env.s)?;
+            env.ctx.all_reduce(dst.slice(..len), &src, shmem::ReduceOp::Sum, &env.s)?;
+            on_device::<bf16>(env, MoeConfig::new(64, 6, 2, 3).major_align(4), Spread::Random)?;
+            let sum: Vec<u64> = (0..len).map(|i| (0..n).map(|pe| value(seed, pe, i)).sum()).collect();
+            assert_eq!(dst.copy_to_host(&env.s)?, sum, "all_reduce of round {round} (lines: {lines:?})");
+            on_device::<f32>(env, MoeConfig::new(40, 3, 1, 2), Spread::Random)?;
+        }
+        Ok(())
+    })();
+    env.ctx.set_collectives(before);
+    r
+}
 
 /// `test` with the collective settings `change` makes of the current
 /// ones, which are put back after it.

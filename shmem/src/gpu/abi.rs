@@ -531,6 +531,10 @@ pub(crate) struct MoeLayer {
     pub views: u64,
     /// Device address of the host-mapped [`A2avError`] (set by the launcher).
     pub error: u64,
+    /// 1: the decode form's combine in lines (`moe_decode.cu`; see
+    /// `MoeAllToAll::combine_lines`), else 0.
+    pub lines: i32,
+    pub _pad: i32,
 }
 
 /// `MoeLayer::fp8`: e4m3 on the wire, quantized from bf16 tokens in the gather.
@@ -576,7 +580,8 @@ pub(crate) fn decode_words(n: usize, experts_per_pe: usize) -> usize {
     DECODE_HEAD_WORDS + n * (3 + 2 * (1 + experts_per_pe))
 }
 
-const _: () = assert!(size_of::<MoeLayer>() == 320);
+const _: () = assert!(size_of::<MoeLayer>() == 328);
+const _: () = assert!(offset_of!(MoeLayer, lines) == 320);
 const _: () = assert!(offset_of!(MoeLayer, decode) == 296);
 const _: () = assert!(offset_of!(MoeLayer, views) == 304);
 const _: () = assert!(offset_of!(MoeLayer, error) == 312);

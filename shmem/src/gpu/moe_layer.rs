@@ -84,6 +84,17 @@ pub(crate) fn decode_fits(max_tokens: usize, top_k: usize, experts_per_pe: usize
         && n.saturating_mul(experts_per_pe) <= DECODE_MAX_PAIRS
 }
 
+/// Whether the decode form's combine of `max_tokens` tokens a PE, rows of
+/// `row_bytes`, may send its partials in lines on a world of `n` PEs
+/// (`MoeLayer::lines`, `decode_combine_lines` in moe_decode.cu): a head
+/// line and a member's partials for one source (at most `max_tokens`
+/// rows, each from a fresh line) within one sender's low-latency buffer.
+pub(crate) fn combine_lines_fit(n: usize, max_tokens: usize, row_bytes: usize) -> bool {
+    let room = crate::algo::low_latency_buffer_bytes(n) / super::abi::LINE_BYTES;
+    let lines = max_tokens.saturating_mul(row_bytes.div_ceil(super::abi::LINE_DATA_BYTES_WIDE));
+    lines.saturating_add(1) <= room
+}
+
 /// The blocks a kernel whose blocks wait on one another may take where
 /// `resident` are resident at once (a block an SM) and kernels waiting on
 /// the MoE layer's arrivals must find room beside it: half, up to
@@ -188,7 +199,7 @@ impl Kernels {
 
 #[cfg(test)]
 mod tests {
-    use super::{beside_waiters, decode_fits, decode_grid, rank_blocks, rank_scratch_len, MoeLayer};
+    use super::{beside_waiters, combine_lines_fit, decode_fits, decode_grid, rank_blocks, rank_scratch_len, MoeLayer};
 
     /// The decode form's grids on 132 SMs: the dispatch on half of them
     /// (at most 64); the combine on every one from 32 tokens a PE, unless
@@ -205,6 +216,20 @@ mod tests {
         assert_eq!(decode_grid(63, false, 1, 256), None);
         assert_eq!(beside_waiters(132), 64);
         assert_eq!(beside_waiters(100), 50);
+    }
+
+    /// 7168 bf16 (128 lines of 112 bytes a row): a head line and 131
+    /// tokens' partials fit a sender's 16896 lines in worlds of up to 8
+    /// PEs, 132 do not; larger worlds have 2560 lines a sender.
+    #[test]
+    fn combine_lines_fit_one_senders_buffer() {
+        let row = 7168 * 2;
+        assert!(combine_lines_fit(4, 1, row));
+        assert!(combine_lines_fit(8, 131, row));
+        assert!(!combine_lines_fit(8, 132, row));
+        assert!(combine_lines_fit(9, 19, row));
+        assert!(!combine_lines_fit(9, 20, row));
+        assert!(combine_lines_fit(2, 256, 7168));
     }
 
     /// The decode form takes the route's rank tables' limit (PEs × experts

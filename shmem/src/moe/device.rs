@@ -13,7 +13,8 @@ use crate::context::Stream;
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::gpu::abi::{FP8_PRE_QUANTIZED, FP8_QUANTIZE};
-use crate::gpu::kernels::{not_built, source_units, MoeLayer, TeamSync};
+use crate::algo::{moe_lines_max_bytes, Tuning};
+use crate::gpu::kernels::{combine_lines_fit, not_built, source_units, Kernels, MoeLayer, TeamSync};
 use crate::gpu::GpuWorld;
 use crate::team::{Desc, OpKind};
 use crate::MoeKernels;
@@ -171,9 +172,11 @@ impl<T: CombineElement> MoeAllToAll<T> {
         };
         if self.last_form.load(Ordering::Relaxed) == LAST_DECODE {
             let k = g.kernels.as_ref().ok_or_else(not_built)?;
-            let force = self.team.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner()).force_rma;
-            let t = k.team(self.team.state.slot, &self.team.state.members, force)?;
-            return self.decode_launch(g, t, OpKind::MoeCombine, pre.and_then(|_| args(1)), stream);
+            let settings = *self.team.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner());
+            let t = k.team(self.team.state.slot, &self.team.state.members, settings.force_rma)?;
+            let lines = self.combine_lines(k, &t, &settings.tuning) as i32;
+            let m = pre.and_then(|_| args(1)).map(|m| MoeLayer { lines, ..m });
+            return self.decode_launch(g, t, OpKind::MoeCombine, m, stream);
         }
         let pre = pre.and_then(|_| {
             let k = g.kernels.as_ref().ok_or_else(not_built)?;
@@ -201,6 +204,24 @@ impl<T: Element> MoeAllToAll<T> {
         };
         let t = k.team(self.team.state.slot, &self.team.state.members, settings.force_rma)?;
         Ok((t.nvlink() && k.decode_blocks().is_some()).then_some(t))
+    }
+
+    /// Whether the decode form's combine sends its partials in lines
+    /// (`MoeLayer::lines`): on the world team (the low-latency buffers are
+    /// the world's), where no PE shares its GPU ([`Kernels::lines`]), a
+    /// member's partials for one source fit one sender's buffer
+    /// ([`combine_lines_fit`]) and the most a PE sends, a partial for each
+    /// of the team's `n × max_tokens` tokens, is within
+    /// [`moe_lines_max_bytes`] (by default every size that fits). The same
+    /// on every PE.
+    fn combine_lines(&self, k: &Kernels, t: &TeamSync, tuning: &Tuning) -> bool {
+        let (c, n) = (self.config, self.team.n_pes());
+        let row_bytes = c.hidden * size_of::<T>();
+        self.team.state.slot == 0
+            && k.lines()
+            && t.nvlink()
+            && combine_lines_fit(n, c.max_tokens, row_bytes)
+            && moe_lines_max_bytes(tuning).is_some_and(|max| n * c.max_tokens * row_bytes <= max)
     }
 
     /// The decode form's kernel on `t` with `m` (its phase the call's), agreed on
