@@ -1026,7 +1026,11 @@ template <typename T> __device__ void decode_combine_lines(const TeamSync &t, co
         const int64_t out_stride = m.out_stride > 0 ? m.out_stride : row_bytes;
         uint8_t *out = t.mine<uint8_t>(m.out);
         uint8_t *heap = reinterpret_cast<uint8_t *>(t.heap);
-        for (uint64_t u = gw; u < static_cast<uint64_t>(nt) * passes; u += grid_warps) {
+        // The grid's warps from its last (so that where the units are
+        // fewer than the warps, the sums' warps are not the partials' and
+        // load their tokens' rows and wait for the lines while the
+        // partials are on the way).
+        for (uint64_t u = grid_warps - 1 - gw; u < static_cast<uint64_t>(nt) * passes; u += grid_warps) {
             const uint64_t tok = u / passes, c = u - tok * passes;
             __syncwarp();  // the unit before is done with the table
             const int k = token_wire_rows(slot_rows + tok * m.top_k, m.top_k, wire_by[wid]);

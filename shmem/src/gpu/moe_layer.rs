@@ -3,7 +3,7 @@
 
 use super::abi::{
     MoeLayer, TeamSync, DECODE_MAX_EXPERTS, DECODE_MAX_PAIRS, DECODE_MAX_TOKENS, DECODE_MAX_TOP_K, FP8_QUANTIZE,
-    LAYER_CHUNK_BYTES, LAYER_QUANT_CHUNK, LAYER_SHARED_SLOTS, RANK_CHUNK, RANK_KEYS, RANK_TOP_K,
+    LAYER_CHUNK_BYTES, LAYER_QUANT_CHUNK, LAYER_SHARED_SLOTS, MAX_BLOCKS, RANK_CHUNK, RANK_KEYS, RANK_TOP_K,
 };
 use super::kernel_id::KernelId;
 use super::kernels::Kernels;
@@ -132,11 +132,13 @@ impl Kernels {
 
     /// The decode form's kernel for `dtype` (its combine's; the dispatch
     /// moves bytes), phase 0 the dispatch and 1 the combine, on
-    /// [`decode_grid`] blocks.
+    /// [`decode_grid`] blocks; the combine in lines on at most
+    /// [`MAX_BLOCKS`], the low-latency epoch counters a block each.
     pub(crate) fn moe_decode(&self, dtype: DType, t: TeamSync, m: MoeLayer, s: CUstream) -> Result<()> {
         let blocks = decode_grid(self.resident_blocks, self.shared_gpu, m.phase, m.max_tokens).ok_or_else(|| {
             crate::error::Error::Invalid("MoeAllToAll: the decode form needs more resident blocks".into())
         })?;
+        let blocks = if m.lines != 0 { blocks.min(MAX_BLOCKS) } else { blocks };
         let m = MoeLayer { error: self.a2av_error.device, ..m };
         // SAFETY: (TeamSync, MoeLayer) as the kernels declare; regions
         // checked by the layer, which allocated the decode form's words

@@ -13,7 +13,7 @@ use crate::context::Stream;
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::gpu::abi::{FP8_PRE_QUANTIZED, FP8_QUANTIZE};
-use crate::algo::{moe_lines_max_bytes, Tuning};
+use crate::algo::Tuning;
 use crate::gpu::kernels::{combine_lines_fit, not_built, source_units, Kernels, MoeLayer, TeamSync};
 use crate::gpu::GpuWorld;
 use crate::team::{Desc, OpKind};
@@ -191,6 +191,16 @@ impl<T: CombineElement> MoeAllToAll<T> {
     }
 }
 
+/// The most partials' bytes a PE may send (`n × max_tokens` rows) for
+/// which the decode form's combine sends them in lines by default: lines
+/// carry a flag in every 64 bytes and 1/8 more bytes in all, and the
+/// partials no longer wait for a count of blocks. In graph replays of
+/// 7168 bf16, top-8, 8 experts a PE (`docs/perf.md`), lines took 0.83× the
+/// counted combine's time at 1 token and 0.81× at 32 on 4 PEs (1.8 MB),
+/// 0.77× at 32 tokens on 2 PEs, and 1.18× and 1.13× at 128 tokens (7.3
+/// and 3.7 MB).
+pub(crate) const COMBINE_LINES_MAX_BYTES: usize = 2 << 20;
+
 impl<T: Element> MoeAllToAll<T> {
     /// Whether this call takes the decode form: the configuration fits it
     /// (its buffers were allocated), every member is reached over NVLink,
@@ -212,16 +222,17 @@ impl<T: Element> MoeAllToAll<T> {
     /// member's partials for one source fit one sender's buffer
     /// ([`combine_lines_fit`]) and the most a PE sends, a partial for each
     /// of the team's `n × max_tokens` tokens, is within
-    /// [`moe_lines_max_bytes`] (by default every size that fits). The same
-    /// on every PE.
+    /// [`Tuning::moe_lines_max_bytes`] where it is set, else
+    /// [`COMBINE_LINES_MAX_BYTES`]. The same on every PE.
     fn combine_lines(&self, k: &Kernels, t: &TeamSync, tuning: &Tuning) -> bool {
         let (c, n) = (self.config, self.team.n_pes());
         let row_bytes = c.hidden * size_of::<T>();
+        let most = tuning.moe_lines_max_bytes.unwrap_or(COMBINE_LINES_MAX_BYTES);
         self.team.state.slot == 0
             && k.lines()
             && t.nvlink()
             && combine_lines_fit(n, c.max_tokens, row_bytes)
-            && moe_lines_max_bytes(tuning).is_some_and(|max| n * c.max_tokens * row_bytes <= max)
+            && n.saturating_mul(c.max_tokens).saturating_mul(row_bytes) <= most
     }
 
     /// The decode form's kernel on `t` with `m` (its phase the call's), agreed on
