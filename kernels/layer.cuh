@@ -96,11 +96,15 @@ __device__ __forceinline__ void raise_arrival(uint64_t *flag, uint64_t epoch) {
 // of this thread's. The
 // counter's acq_rel add releases them (cumulatively) and acquires the
 // earlier counts of the pair, so the block that counts its last row
-// releases every row of the pair with the flag.
+// releases every row of the pair with the flag, and puts the counter
+// back to 0: every dispatch leaves its counters as it found them, 0
+// (the decode form's dispatch in lines counts from them as it begins).
 __device__ __forceinline__ void count_placed(const ArrivalWords &a, int pair, uint32_t rows, uint64_t epoch) {
     uint32_t before;
     asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(a.placed + pair) : "memory");
-    if (before + 1 == rows) raise_arrival(a.flags + pair, epoch);
+    if (before + 1 != rows) return;
+    raise_arrival(a.flags + pair, epoch);
+    a.placed[pair] = 0;
 }
 
 // The row kernels' unit of work: a row (a token's elements, or in the

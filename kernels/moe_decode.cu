@@ -1079,6 +1079,234 @@ template <typename T> __device__ void decode_combine_lines(const TeamSync &t, co
     ln.end();
 }
 
+// The dispatch in lines (`MoeLayer::lines` in phase 0: the native format,
+// the world team over NVLink, no GPU shared, and this PE's rows for a
+// member within one sender's low-latency buffer; `Kernels::moe_decode`).
+// Every block routes this PE's tokens as `decode_dispatch` does. Block 0
+// sends every member its head (`LinesHead`: this PE's rows for it, or
+// its routing fault's marker, then its rows of each of the member's
+// experts) and every warp of the grid sends its share of the rows, each
+// (token, destination) a record of lines from a fresh one at line
+// `head + rank × (1 + data lines)`: first its metadata (the token field
+// and the slots, as a staged row's), then its data. Every block reads
+// every member's head, lays the view out, and places its share of the
+// rows as their lines arrive, a warp 4 lines of a row's data with the
+// row's metadata line, writing the metadata into the staging where the
+// combine reads it. No start signal, fence or count of blocks: a line's
+// flag is its arrival; the buffers are reused as the low-latency
+// collectives reuse them (every member hears every PE's head). The
+// placement counters are 0 as each dispatch begins: each pair's last
+// count puts its counter back (`count_placed`).
+
+// Lines of the head: 1 + ne words.
+__device__ __forceinline__ uint64_t lines_head(int ne) {
+    return (8 * static_cast<uint64_t>(1 + ne) + CombineLines::kDataBytes - 1) / CombineLines::kDataBytes;
+}
+
+__device__ void decode_dispatch_lines(const TeamSync &t, const MoeLayer &m, const DecodeWords &dw, DecodeShared &sh) {
+    DecodeRoute &route = sh.route;
+    DecodeView &view = sh.view;
+    __shared__ int bad_source;
+    __shared__ int64_t sent[kMaxTeam];
+    __shared__ uint64_t meta[kBlockThreads / 32][CombineLines::kDataBytes / 8];
+    __shared__ uint8_t *dsts[kBlockThreads / 32][kDecodeMaxTopK];
+    const int n = t.n, ne = m.ne, lane = threadIdx.x % 32, wid = threadIdx.x / 32, warps = blockDim.x / 32;
+    const uint64_t counter = lane_ll_counter(t);
+    TokenSlots slots;
+    if (static_cast<int64_t>(threadIdx.x) < m.max_tokens)
+        slots = load_token(m, t.mine<int64_t>(m.ids), t.mine<float>(m.weights), threadIdx.x);
+    decode_route_zero(t, m, route);
+    if (threadIdx.x == 32) sh.n_tokens = *t.mine<int64_t>(m.n_tokens);
+    if (threadIdx.x == 64) sh.epoch = *arrival_words(t, m).epoch + 1;
+    const CombineLines ln(t, warp_ll_epoch(counter));
+    __syncthreads();
+    phase_mark("begin");
+    const int64_t nt = decode_route(t, m, route, sh.n_tokens, slots);
+    phase_mark("route");
+    constexpr uint64_t kData = CombineLines::kDataBytes;
+    const uint64_t head = lines_head(ne), rl = (m.data_bytes + kData - 1) / kData, row_lines = 1 + rl;
+    const uint64_t gw = static_cast<uint64_t>(wid) * gridDim.x + blockIdx.x;
+    const uint64_t grid_warps = static_cast<uint64_t>(gridDim.x) * warps;
+    if (blockIdx.x == 0) {
+        if (nt >= 0) {
+            decode_source_state(t, m, route, nt);
+        } else if (threadIdx.x == 0) {
+            t.mine<int64_t>(m.state)[0] = -1;
+        }
+        // The head, a warp a member: word 0 the rows (or the marker),
+        // word 1 + e the rows of the member's expert e.
+        const int64_t marker = kRouteBad - static_cast<int64_t>(route.fault);
+        for (int pe = wid; pe < n; pe += warps)
+            for (uint64_t b0 = 0; b0 < head; b0 += 4) {
+                const uint64_t line = b0 + lane / 8;
+                auto word = [&](uint32_t off) -> uint64_t {
+                    const uint64_t x = (line * kData + off) / 8;
+                    if (x == 0) return static_cast<uint64_t>(nt < 0 ? marker : route.count[pe]);
+                    return x <= static_cast<uint64_t>(ne) && nt >= 0 ? route.expert_count[pe * ne + x - 1] : 0;
+                };
+                ln.send(pe, line, line < head, word(ln.lane_a()), word(ln.lane_b()));
+            }
+    }
+    if (nt > 0) {
+        // The rows: a unit a pass of 4 lines of a (token, slot)'s record,
+        // sent where the slot is its destination's first.
+        const int64_t *ids = t.mine<int64_t>(m.ids);
+        const float *w = t.mine<float>(m.weights);
+        const uint8_t *tokens = t.mine<uint8_t>(m.tokens);
+        const uint64_t passes = (row_lines + 3) / 4, per_token = passes * m.top_k;
+        for (uint64_t u = gw; u < static_cast<uint64_t>(nt) * per_token; u += grid_warps) {
+            const uint64_t tok = u / per_token, rest = u - tok * per_token;
+            const int j = static_cast<int>(rest / passes);
+            const uint64_t pass = rest - static_cast<uint64_t>(j) * passes;
+            const int d = route.dest[tok][j];
+            bool first = true;
+            for (int i = 0; i < j; i++) first &= route.dest[tok][i] != d;
+            if (!first) continue;
+            const int rank = route.rank[tok][j];
+            const uint64_t line = pass * 4 + lane / 8;
+            const bool live = line < row_lines;
+            uint64_t a = 0, b = 0;
+            if (live && line == 0) {
+                // The record's metadata: the token field, each slot's
+                // local expert and rank where it goes to `d`, its weight.
+                auto word = [&](uint32_t off) -> uint64_t {
+                    const int x = static_cast<int>(off / 8);
+                    if (x == 0) return static_cast<uint64_t>(route.first[d] + rank) << kDecodeRowShift | tok;
+                    if (x > m.top_k) return 0;
+                    const int q = x - 1;
+                    const int e = static_cast<int>(ids[tok * m.top_k + q] % ne);  // checked
+                    const int32_t at = route.dest[tok][q] == d ? e | route.slot_rank[tok][q] << 8 : -1;
+                    return static_cast<uint32_t>(at) | static_cast<uint64_t>(__float_as_uint(w[tok * m.top_k + q])) << 32;
+                };
+                a = word(ln.lane_a());
+                b = ln.flag_lane() ? 0 : word(ln.lane_b());
+            } else {
+                ln.load(tokens + tok * m.data_bytes, m.data_bytes, line - 1, live, a, b);
+            }
+            ln.send(d, head + static_cast<uint64_t>(rank) * row_lines + line, live, a, b);
+        }
+    }
+    phase_mark("send");
+    // Every member's head, a warp a member.
+    for (int s = wid; s < n; s += warps)
+        for (uint64_t b0 = 0; b0 < head; b0 += 4) {
+            const uint64_t line = b0 + lane / 8;
+            const bool live = line < head;
+            uint64_t a, b;
+            ln.recv(s, line, live, a, b);
+            auto put = [&](uint32_t off, uint64_t v) {
+                const uint64_t x = (line * kData + off) / 8;
+                if (!live) return;
+                if (x == 0) {
+                    sent[s] = static_cast<int64_t>(v);
+                } else if (x <= static_cast<uint64_t>(ne)) {
+                    view.pair[(x - 1) * n + s] = static_cast<uint32_t>(v);
+                }
+            };
+            put(ln.lane_a(), a);
+            if (!ln.flag_lane()) put(ln.lane_b(), b);
+        }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        bad_source = -1;
+        int32_t at = 0;
+        for (int s = 0; s < n; s++) {
+            view.first[s] = at;
+            if (sent[s] < 0 && bad_source < 0) bad_source = s;
+            at += sent[s] < 0 ? 0 : static_cast<int32_t>(sent[s]);
+        }
+        view.first[n] = at;
+    }
+    __syncthreads();
+    phase_mark("ready");
+    const ArrivalWords arrivals = arrival_words(t, m);
+    const uint64_t epoch = sh.epoch;
+    int64_t *stage_so = t.mine<int64_t>(m.stage_so);
+    if (bad_source >= 0) {
+        if (blockIdx.x == 0 && threadIdx.x == 0) {
+            stage_so[0] = -1;
+            decode_report(m, t.pes[bad_source], sent[bad_source]);
+        }
+        ln.end();
+        return;
+    }
+    if (blockIdx.x == 0)
+        for (int s = threadIdx.x; s < n; s += blockDim.x) {
+            stage_so[s] = view.first[s + 1] - view.first[s];
+            stage_so[n + s] = view.first[s];
+        }
+    decode_layout(t, m, view);
+    if (blockIdx.x == 0)
+        for (int i = threadIdx.x; i < ne * n; i += blockDim.x)
+            if (view.pair[i] == 0) raise_arrival(arrivals.flags + i, epoch);
+    phase_mark("layout");
+    // The rows, a unit 4 lines of a row's data, with its metadata line
+    // (lanes 0-7), both loaded before either is waited for.
+    uint8_t *stage = t.mine<uint8_t>(m.stage);
+    int32_t *views = t.mine<int32_t>(m.views);
+    uint8_t *recv = t.mine<uint8_t>(m.recv);
+    uint8_t *heap = reinterpret_cast<uint8_t *>(t.heap);
+    const uint64_t per = (rl + 3) / 4;
+    const uint64_t units = static_cast<uint64_t>(view.first[n]) * per;
+    for (uint64_t u = gw; u < units; u += grid_warps) {
+        const uint64_t r = u / per, c = u - r * per;
+        const int s = decode_source(view, n, static_cast<int64_t>(r));
+        const int64_t rank = static_cast<int64_t>(r) - view.first[s];
+        const uint64_t base = head + static_cast<uint64_t>(rank) * row_lines;
+        const uint64_t line = c * 4 + lane / 8;
+        const bool live = line < rl, meta_lane = lane < 8;
+        const uint64_t *pm = ln.at(heap, s, base), *pd = ln.at(heap, s, base + 1 + line);
+        uint64_t ma = 0, mb = 0, a = 0, b = 0;
+        __syncwarp();
+        if (meta_lane) ld_volatile_v2u64(pm, ma, mb);
+        __syncwarp();
+        if (live) ld_volatile_v2u64(pd, a, b);
+        ln.wait_line(s, pm, meta_lane, ma, mb);
+        __syncwarp();  // the unit before is done with the tables
+        if (meta_lane) {
+            meta[wid][ln.lane_a() / 8] = ma;
+            if (!ln.flag_lane()) meta[wid][ln.lane_b() / 8] = mb;
+        }
+        __syncwarp();
+        const uint64_t sw = lane < m.top_k ? meta[wid][1 + lane] : ~0ull;
+        const int32_t slot = static_cast<int32_t>(sw & 0xffffffffull);
+        const int e = lane < m.top_k && slot >= 0 ? slot & 0xff : -1;
+        const int32_t vr = e >= 0 ? view.run[e * n + s] + (slot >> 8) : -1;
+        const int64_t staged = static_cast<int64_t>(s) * m.max_tokens + rank;
+        if (c == 0) {
+            // The staged row's metadata, for the combine.
+            uint8_t *row = stage + staged * m.stride;
+            if (lane == 0) *wire_token(row, m) = static_cast<int64_t>(meta[wid][0]);
+            if (lane < m.top_k) {
+                reinterpret_cast<uint64_t *>(wire_slots(row, m))[lane] = sw;
+                views[staged * m.top_k + lane] = vr;
+            }
+        }
+        const unsigned has = __ballot_sync(~0u, vr >= 0);
+        const int k = __popc(has);
+        if (vr >= 0) dsts[wid][__popc(has & ((1u << lane) - 1))] = recv + static_cast<int64_t>(vr) * m.data_bytes;
+        __syncwarp();
+        ln.wait_line(s, pd, live, a, b);
+        for (int q = 0; q < k; q++) ln.store(dsts[wid][q], m.data_bytes, line, live, a, b);
+        // The piece is in every block it goes to (the warp's stores before
+        // each count, which releases them): count it for each pair.
+        __syncwarp();
+        if (e >= 0) count_placed(arrivals, e * n + s, view.pair[e * n + s] * static_cast<uint32_t>(per), epoch);
+    }
+    phase_mark("place");
+    // The last block stores the arrival epoch (`decode_end`'s count of
+    // blocks done, with no operation of the decode words).
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(dw.done(), 1u) == gridDim.x - 1) {
+            *dw.done() = 0;
+            *arrivals.epoch = epoch;
+        }
+    }
+    ln.end();
+}
+
 // Both phases (after `follow_stream`): the agreement of an eager call,
 // then the operation.
 template <typename T> __device__ __forceinline__ void moe_decode(const TeamSync &t, const MoeLayer &m, DecodeShared &sh) {
@@ -1093,7 +1321,9 @@ template <typename T> __device__ __forceinline__ void moe_decode(const TeamSync 
         return;
     }
     const DecodeWords dw{t, m.decode, m.ne};
-    if (m.phase == 0) {
+    if (m.phase == 0 && m.lines != 0) {
+        decode_dispatch_lines(t, m, dw, sh);
+    } else if (m.phase == 0) {
         decode_dispatch(t, m, dw, sh);
     } else if (m.lines != 0) {
         decode_combine_lines<T>(t, m);

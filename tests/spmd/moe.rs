@@ -74,16 +74,16 @@ pub const TESTS: &[(&str, TestFn)] = &[
     // The automatic choice taking the line kernel, on many blocks.
     ("moe::tuned::lines::all_to_all_v_2d", |e| tuned_lines(e, all_to_all_v_2d)),
     ("moe::tuned::lines::all_to_all_v_2d_offset", |e| tuned_lines(e, all_to_all_v_2d_offset)),
-    // The decode form's combine by counted stores where it would send its
-    // partials in lines (the GPU backend's world).
-    ("moe::counted::layer_on_device", |e| counted_combine(e, layer_on_device)),
-    ("moe::counted::errors::layer_on_device", |e| counted_combine(e, err_layer_on_device)),
+    // The decode form's dispatch and combine by counted stores where they
+    // would send their rows in lines (the GPU backend's world).
+    ("moe::counted::layer_on_device", |e| counted(e, layer_on_device)),
+    ("moe::counted::errors::layer_on_device", |e| counted(e, err_layer_on_device)),
     ("moe::layer_between_collectives", layer_between_collectives),
 ];
 
 /// `test` with no MoE input sent in lines: the 2D ops' automatic choice
-/// and the decode form's combine take their other forms.
-fn counted_combine(env: &Env, test: TestFn) -> TestResult {
+/// and the decode form's dispatch and combine take their other forms.
+fn counted(env: &Env, test: TestFn) -> TestResult {
     with_settings(
         env,
         |c| Collectives { tuning: shmem::Tuning { moe_lines_max_bytes: Some(0), ..c.tuning }, ..c },
@@ -93,8 +93,9 @@ fn counted_combine(env: &Env, test: TestFn) -> TestResult {
 
 /// The layer's dispatch and combine between all-reduces, over and over,
 /// with every result checked: on the GPU backend's world the decode
-/// form's combine in lines and the low-latency collectives (in 8-byte
-/// packets, then in lines) take turns in one buffer and one run of epochs.
+/// form's dispatch and combine in lines and the low-latency collectives (in
+/// 8-byte packets, then in lines) take turns in one buffer and one run of
+/// epochs.
 fn layer_between_collectives(env: &Env) -> TestResult {
     let (n, me) = (env.n(), env.me());
     let len = 1000;

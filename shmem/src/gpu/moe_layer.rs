@@ -95,6 +95,19 @@ pub(crate) fn combine_lines_fit(n: usize, max_tokens: usize, row_bytes: usize) -
     lines.saturating_add(1) <= room
 }
 
+/// Whether the decode form's dispatch of `max_tokens` tokens a PE, rows
+/// of `row_bytes` in the native format, `experts_per_pe` experts a PE, may
+/// send its rows in lines on a world of `n` PEs (`decode_dispatch_lines`
+/// in moe_decode.cu): the head (`1 + experts_per_pe` words) and this PE's
+/// rows for one member (at most `max_tokens` records, each a metadata
+/// line and the row's lines) within one sender's low-latency buffer.
+pub(crate) fn dispatch_lines_fit(n: usize, max_tokens: usize, row_bytes: usize, experts_per_pe: usize) -> bool {
+    let room = crate::algo::low_latency_buffer_bytes(n) / super::abi::LINE_BYTES;
+    let head = (8 * (1 + experts_per_pe)).div_ceil(super::abi::LINE_DATA_BYTES_WIDE);
+    let record = 1 + row_bytes.div_ceil(super::abi::LINE_DATA_BYTES_WIDE);
+    max_tokens.saturating_mul(record).saturating_add(head) <= room
+}
+
 /// The blocks a kernel whose blocks wait on one another may take where
 /// `resident` are resident at once (a block an SM) and kernels waiting on
 /// the MoE layer's arrivals must find room beside it: half, up to
@@ -201,7 +214,7 @@ impl Kernels {
 
 #[cfg(test)]
 mod tests {
-    use super::{beside_waiters, combine_lines_fit, decode_fits, decode_grid, rank_blocks, rank_scratch_len, MoeLayer};
+    use super::{beside_waiters, combine_lines_fit, decode_fits, dispatch_lines_fit, decode_grid, rank_blocks, rank_scratch_len, MoeLayer};
 
     /// The decode form's grids on 132 SMs: the dispatch on half of them
     /// (at most 64); the combine on every one from 32 tokens a PE, unless
@@ -232,6 +245,18 @@ mod tests {
         assert!(combine_lines_fit(9, 19, row));
         assert!(!combine_lines_fit(9, 20, row));
         assert!(combine_lines_fit(2, 256, 7168));
+    }
+
+    /// 7168 bf16: records of 129 lines; 130 tokens and a head of one line
+    /// (13 words) or of three (32 experts a PE) fit 16896 lines, 131 do
+    /// not.
+    #[test]
+    fn dispatch_lines_fit_one_senders_buffer() {
+        let row = 7168 * 2;
+        assert!(dispatch_lines_fit(8, 130, row, 12));
+        assert!(dispatch_lines_fit(8, 130, row, 32));
+        assert!(!dispatch_lines_fit(8, 131, row, 8));
+        assert!(dispatch_lines_fit(4, 1, row, 8));
     }
 
     /// The decode form takes the route's rank tables' limit (PEs × experts

@@ -14,7 +14,7 @@ use crate::dtype::Element;
 use crate::error::Result;
 use crate::gpu::abi::{FP8_PRE_QUANTIZED, FP8_QUANTIZE};
 use crate::algo::Tuning;
-use crate::gpu::kernels::{combine_lines_fit, not_built, source_units, Kernels, MoeLayer, TeamSync};
+use crate::gpu::kernels::{combine_lines_fit, dispatch_lines_fit, not_built, source_units, Kernels, MoeLayer, TeamSync};
 use crate::gpu::GpuWorld;
 use crate::team::{Desc, OpKind};
 use crate::MoeKernels;
@@ -125,8 +125,11 @@ impl<T: Element> MoeAllToAll<T> {
         }
         if let Some(t) = self.decode_form(g)? {
             self.last_form.store(LAST_DECODE, Ordering::Relaxed);
+            let k = g.kernels.as_ref().ok_or_else(not_built)?;
+            let tuning = self.team.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner()).tuning;
+            let lines = (fp8 == 0 && self.dispatch_lines(k, &t, &tuning)) as i32;
             let m = pre.and_then(|_| {
-                let m = MoeLayer { fp8, dequantize: i32::from(dequantize), ..self.layer_args(0) };
+                let m = MoeLayer { fp8, dequantize: i32::from(dequantize), lines, ..self.layer_args(0) };
                 self.source_args(tokens, (ids, weights, count), m)
             });
             return self.decode_launch(g, t, OpKind::MoeDispatch, m, stream);
@@ -191,15 +194,15 @@ impl<T: CombineElement> MoeAllToAll<T> {
     }
 }
 
-/// The most partials' bytes a PE may send (`n × max_tokens` rows) for
-/// which the decode form's combine sends them in lines by default: lines
-/// carry a flag in every 64 bytes and 1/8 more bytes in all, and the
-/// partials no longer wait for a count of blocks. In graph replays of
-/// 7168 bf16, top-8, 8 experts a PE (`docs/perf.md`), lines took 0.83× the
-/// counted combine's time at 1 token and 0.81× at 32 on 4 PEs (1.8 MB),
+/// The most bytes of rows for the team's `n × max_tokens` tokens for
+/// which the decode form sends its rows and partials in lines by default:
+/// lines carry a flag in every 64 bytes and 1/8 more bytes in all, and
+/// nothing waits for a count of blocks. In graph replays of 7168 bf16,
+/// top-8, 8 experts a PE (`docs/perf.md`), the combine in lines took 0.83×
+/// the counted one's time at 1 token and 0.81× at 32 on 4 PEs (1.8 MB),
 /// 0.77× at 32 tokens on 2 PEs, and 1.18× and 1.13× at 128 tokens (7.3
 /// and 3.7 MB).
-pub(crate) const COMBINE_LINES_MAX_BYTES: usize = 2 << 20;
+pub(crate) const LINES_MAX_BYTES: usize = 2 << 20;
 
 impl<T: Element> MoeAllToAll<T> {
     /// Whether this call takes the decode form: the configuration fits it
@@ -227,12 +230,33 @@ impl<T: Element> MoeAllToAll<T> {
     fn combine_lines(&self, k: &Kernels, t: &TeamSync, tuning: &Tuning) -> bool {
         let (c, n) = (self.config, self.team.n_pes());
         let row_bytes = c.hidden * size_of::<T>();
-        let most = tuning.moe_lines_max_bytes.unwrap_or(COMBINE_LINES_MAX_BYTES);
+        self.lines_serve(k, t, tuning, row_bytes) && combine_lines_fit(n, c.max_tokens, row_bytes)
+    }
+
+    /// Whether the decode form's dispatch in the native format sends its
+    /// rows in lines (`MoeLayer::lines`): as [`MoeAllToAll::combine_lines`],
+    /// with this PE's rows for a member (at most `max_tokens` records of a
+    /// metadata line and the row's) and the head within one sender's
+    /// buffer ([`dispatch_lines_fit`]).
+    fn dispatch_lines(&self, k: &Kernels, t: &TeamSync, tuning: &Tuning) -> bool {
+        let (c, n) = (self.config, self.team.n_pes());
+        let row_bytes = c.hidden * size_of::<T>();
+        self.lines_serve(k, t, tuning, row_bytes)
+            && dispatch_lines_fit(n, c.max_tokens, row_bytes, c.experts_per_pe)
+    }
+
+    /// What both phases' lines need: the world team (the low-latency
+    /// buffers are the world's) over NVLink, no PE sharing its GPU
+    /// ([`Kernels::lines`]), and rows of `row_bytes` for each of the
+    /// team's `n × max_tokens` tokens within
+    /// [`Tuning::moe_lines_max_bytes`] where it is set, else
+    /// [`LINES_MAX_BYTES`]. The same on every PE.
+    fn lines_serve(&self, k: &Kernels, t: &TeamSync, tuning: &Tuning, row_bytes: usize) -> bool {
+        let most = tuning.moe_lines_max_bytes.unwrap_or(LINES_MAX_BYTES);
         self.team.state.slot == 0
             && k.lines()
             && t.nvlink()
-            && combine_lines_fit(n, c.max_tokens, row_bytes)
-            && n.saturating_mul(c.max_tokens).saturating_mul(row_bytes) <= most
+            && self.team.n_pes().saturating_mul(self.config.max_tokens).saturating_mul(row_bytes) <= most
     }
 
     /// The decode form's kernel on `t` with `m` (its phase the call's), agreed on
