@@ -1083,12 +1083,12 @@ template <typename T> __device__ void decode_combine_lines(const TeamSync &t, co
 // the world team over NVLink, no GPU shared, and this PE's rows for a
 // member within one sender's low-latency buffer; `Kernels::moe_decode`).
 // Every block routes this PE's tokens as `decode_dispatch` does. Block 0
-// sends every member its head (`LinesHead`: this PE's rows for it, or
-// its routing fault's marker, then its rows of each of the member's
-// experts) and every warp of the grid sends its share of the rows, each
-// (token, destination) a record of lines from a fresh one at line
-// `head + rank × (1 + data lines)`: first its metadata (the token field
-// and the slots, as a staged row's), then its data. Every block reads
+// sends every member its head (this PE's rows for it, or its routing
+// fault's marker, then its rows of each of the member's experts; lines
+// from 0, `lines_head`) and every warp of the grid sends its share of the
+// tokens, each (token, destination) a record of lines from a fresh one at
+// line `head + rank × (1 + data lines)`: first its metadata (the token
+// field and the slots, as a staged row's), then its data. Every block reads
 // every member's head, lays the view out, and places its share of the
 // rows as their lines arrive, a warp 4 lines of a row's data with the
 // row's metadata line, writing the metadata into the staging where the
@@ -1148,42 +1148,44 @@ __device__ void decode_dispatch_lines(const TeamSync &t, const MoeLayer &m, cons
             }
     }
     if (nt > 0) {
-        // The rows: a unit a pass of 4 lines of a (token, slot)'s record,
-        // sent where the slot is its destination's first.
+        // The rows: a unit a pass of 4 lines of a token's records, its
+        // data lines loaded once and sent to each of its destinations
+        // (the metadata line made for each).
         const int64_t *ids = t.mine<int64_t>(m.ids);
         const float *w = t.mine<float>(m.weights);
         const uint8_t *tokens = t.mine<uint8_t>(m.tokens);
-        const uint64_t passes = (row_lines + 3) / 4, per_token = passes * m.top_k;
-        for (uint64_t u = gw; u < static_cast<uint64_t>(nt) * per_token; u += grid_warps) {
-            const uint64_t tok = u / per_token, rest = u - tok * per_token;
-            const int j = static_cast<int>(rest / passes);
-            const uint64_t pass = rest - static_cast<uint64_t>(j) * passes;
-            const int d = route.dest[tok][j];
-            bool first = true;
-            for (int i = 0; i < j; i++) first &= route.dest[tok][i] != d;
-            if (!first) continue;
-            const int rank = route.rank[tok][j];
+        const uint64_t passes = (row_lines + 3) / 4;
+        for (uint64_t u = gw; u < static_cast<uint64_t>(nt) * passes; u += grid_warps) {
+            const uint64_t tok = u / passes, pass = u - tok * passes;
             const uint64_t line = pass * 4 + lane / 8;
-            const bool live = line < row_lines;
+            const bool live = line < row_lines, is_meta = line == 0;
             uint64_t a = 0, b = 0;
-            if (live && line == 0) {
-                // The record's metadata: the token field, each slot's
-                // local expert and rank where it goes to `d`, its weight.
-                auto word = [&](uint32_t off) -> uint64_t {
-                    const int x = static_cast<int>(off / 8);
-                    if (x == 0) return static_cast<uint64_t>(route.first[d] + rank) << kDecodeRowShift | tok;
-                    if (x > m.top_k) return 0;
-                    const int q = x - 1;
-                    const int e = static_cast<int>(ids[tok * m.top_k + q] % ne);  // checked
-                    const int32_t at = route.dest[tok][q] == d ? e | route.slot_rank[tok][q] << 8 : -1;
-                    return static_cast<uint32_t>(at) | static_cast<uint64_t>(__float_as_uint(w[tok * m.top_k + q])) << 32;
-                };
-                a = word(ln.lane_a());
-                b = ln.flag_lane() ? 0 : word(ln.lane_b());
-            } else {
-                ln.load(tokens + tok * m.data_bytes, m.data_bytes, line - 1, live, a, b);
+            if (!is_meta) ln.load(tokens + tok * m.data_bytes, m.data_bytes, line - 1, live, a, b);
+            for (int j = 0; j < m.top_k; j++) {
+                const int d = route.dest[tok][j];
+                bool first = true;
+                for (int i = 0; i < j; i++) first &= route.dest[tok][i] != d;
+                if (!first) continue;
+                const int rank = route.rank[tok][j];
+                if (is_meta) {
+                    // The record's metadata: the token field, each slot's
+                    // local expert and rank where it goes to `d`, its
+                    // weight.
+                    auto word = [&](uint32_t off) -> uint64_t {
+                        const int x = static_cast<int>(off / 8);
+                        if (x == 0) return static_cast<uint64_t>(route.first[d] + rank) << kDecodeRowShift | tok;
+                        if (x > m.top_k) return 0;
+                        const int q = x - 1;
+                        const int e = static_cast<int>(ids[tok * m.top_k + q] % ne);  // checked
+                        const int32_t at = route.dest[tok][q] == d ? e | route.slot_rank[tok][q] << 8 : -1;
+                        return static_cast<uint32_t>(at) |
+                               static_cast<uint64_t>(__float_as_uint(w[tok * m.top_k + q])) << 32;
+                    };
+                    a = word(ln.lane_a());
+                    b = ln.flag_lane() ? 0 : word(ln.lane_b());
+                }
+                ln.send(d, head + static_cast<uint64_t>(rank) * row_lines + line, live, a, b);
             }
-            ln.send(d, head + static_cast<uint64_t>(rank) * row_lines + line, live, a, b);
         }
     }
     phase_mark("send");

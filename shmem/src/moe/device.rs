@@ -202,7 +202,8 @@ impl<T: CombineElement> MoeAllToAll<T> {
 /// the counted one's time at 1 token and 0.81× at 32 on 4 PEs (1.8 MB),
 /// 0.77× at 32 tokens on 2 PEs, and 1.18× and 1.13× at 128 tokens (7.3
 /// and 3.7 MB).
-pub(crate) const LINES_MAX_BYTES: usize = 2 << 20;
+pub(crate) const COMBINE_LINES_MAX_BYTES: usize = 2 << 20;
+pub(crate) const DISPATCH_LINES_MAX_BYTES: usize = 256 << 10;
 
 impl<T: Element> MoeAllToAll<T> {
     /// Whether this call takes the decode form: the configuration fits it
@@ -230,7 +231,8 @@ impl<T: Element> MoeAllToAll<T> {
     fn combine_lines(&self, k: &Kernels, t: &TeamSync, tuning: &Tuning) -> bool {
         let (c, n) = (self.config, self.team.n_pes());
         let row_bytes = c.hidden * size_of::<T>();
-        self.lines_serve(k, t, tuning, row_bytes) && combine_lines_fit(n, c.max_tokens, row_bytes)
+        self.lines_serve(k, t, tuning.moe_lines_max_bytes.unwrap_or(COMBINE_LINES_MAX_BYTES), row_bytes)
+            && combine_lines_fit(n, c.max_tokens, row_bytes)
     }
 
     /// Whether the decode form's dispatch in the native format sends its
@@ -241,18 +243,17 @@ impl<T: Element> MoeAllToAll<T> {
     fn dispatch_lines(&self, k: &Kernels, t: &TeamSync, tuning: &Tuning) -> bool {
         let (c, n) = (self.config, self.team.n_pes());
         let row_bytes = c.hidden * size_of::<T>();
-        self.lines_serve(k, t, tuning, row_bytes)
+        self.lines_serve(k, t, tuning.moe_lines_max_bytes.unwrap_or(DISPATCH_LINES_MAX_BYTES), row_bytes)
             && dispatch_lines_fit(n, c.max_tokens, row_bytes, c.experts_per_pe)
     }
 
     /// What both phases' lines need: the world team (the low-latency
     /// buffers are the world's) over NVLink, no PE sharing its GPU
     /// ([`Kernels::lines`]), and rows of `row_bytes` for each of the
-    /// team's `n × max_tokens` tokens within
-    /// [`Tuning::moe_lines_max_bytes`] where it is set, else
-    /// [`LINES_MAX_BYTES`]. The same on every PE.
-    fn lines_serve(&self, k: &Kernels, t: &TeamSync, tuning: &Tuning, row_bytes: usize) -> bool {
-        let most = tuning.moe_lines_max_bytes.unwrap_or(LINES_MAX_BYTES);
+    /// team's `n × max_tokens` tokens within `most` bytes
+    /// ([`Tuning::moe_lines_max_bytes`] where it is set). The same on every
+    /// PE.
+    fn lines_serve(&self, k: &Kernels, t: &TeamSync, most: usize, row_bytes: usize) -> bool {
         self.team.state.slot == 0
             && k.lines()
             && t.nvlink()
