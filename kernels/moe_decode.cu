@@ -51,6 +51,15 @@
 // to the kernels that wait on its arrivals, the combine may take them
 // all (`Kernels::decode_blocks`).
 //
+// In lines. Where the team is the world over NVLink, no GPU is shared and
+// what a PE sends fits the low-latency buffers (`MoeLayer::lines`, chosen
+// on the host by size), either phase sends its rows or partials in
+// 128-byte lines instead (`decode_dispatch_lines`, the native format
+// only; `decode_combine_lines`): each line's flag is its arrival, so no
+// start signal, fence or count of blocks is waited for, and the buffers
+// are reused as the low-latency collectives reuse them. Neither is an
+// operation of the words above.
+//
 // Failures. Eager calls agree on the device first (agree.cuh); where they
 // do not, nothing is written and the layer's state says the dispatch
 // failed. A bad routing: the source stores no row and sends its fault's
@@ -1128,13 +1137,9 @@ __device__ void decode_dispatch_lines(const TeamSync &t, const MoeLayer &m, cons
     const uint64_t gw = static_cast<uint64_t>(wid) * gridDim.x + blockIdx.x;
     const uint64_t grid_warps = static_cast<uint64_t>(gridDim.x) * warps;
     if (blockIdx.x == 0) {
-        if (nt >= 0) {
-            decode_source_state(t, m, route, nt);
-        } else if (threadIdx.x == 0) {
-            t.mine<int64_t>(m.state)[0] = -1;
-        }
         // The head, a warp a member: word 0 the rows (or the marker),
-        // word 1 + e the rows of the member's expert e.
+        // word 1 + e the rows of the member's expert e. (Before this PE's
+        // source state, which no member waits for.)
         const int64_t marker = kRouteBad - static_cast<int64_t>(route.fault);
         for (int pe = wid; pe < n; pe += warps)
             for (uint64_t b0 = 0; b0 < head; b0 += 4) {
@@ -1146,6 +1151,11 @@ __device__ void decode_dispatch_lines(const TeamSync &t, const MoeLayer &m, cons
                 };
                 ln.send(pe, line, line < head, word(ln.lane_a()), word(ln.lane_b()));
             }
+        if (nt >= 0) {
+            decode_source_state(t, m, route, nt);
+        } else if (threadIdx.x == 0) {
+            t.mine<int64_t>(m.state)[0] = -1;
+        }
     }
     if (nt > 0) {
         // The rows: a unit a pass of 4 lines of a token's records, its
@@ -1160,7 +1170,25 @@ __device__ void decode_dispatch_lines(const TeamSync &t, const MoeLayer &m, cons
             const uint64_t line = pass * 4 + lane / 8;
             const bool live = line < row_lines, is_meta = line == 0;
             uint64_t a = 0, b = 0;
-            if (!is_meta) ln.load(tokens + tok * m.data_bytes, m.data_bytes, line - 1, live, a, b);
+            // The metadata line's lanes: the slots their two words hold
+            // (word 1 + q slot q, word 0 the token field), each slot's
+            // local expert and weight loaded once for every destination.
+            const int qa = static_cast<int>(ln.lane_a() / 8) - 1;
+            const int qb = ln.flag_lane() ? -1 : static_cast<int>(ln.lane_b() / 8) - 1;
+            int ea = 0, eb = 0;
+            uint32_t wa = 0, wb = 0;
+            if (is_meta) {
+                if (qa >= 0 && qa < m.top_k) {
+                    ea = static_cast<int>(ids[tok * m.top_k + qa] % ne);  // checked
+                    wa = __float_as_uint(w[tok * m.top_k + qa]);
+                }
+                if (qb >= 0 && qb < m.top_k) {
+                    eb = static_cast<int>(ids[tok * m.top_k + qb] % ne);
+                    wb = __float_as_uint(w[tok * m.top_k + qb]);
+                }
+            } else {
+                ln.load(tokens + tok * m.data_bytes, m.data_bytes, line - 1, live, a, b);
+            }
             for (int j = 0; j < m.top_k; j++) {
                 const int d = route.dest[tok][j];
                 bool first = true;
@@ -1168,21 +1196,17 @@ __device__ void decode_dispatch_lines(const TeamSync &t, const MoeLayer &m, cons
                 if (!first) continue;
                 const int rank = route.rank[tok][j];
                 if (is_meta) {
-                    // The record's metadata: the token field, each slot's
-                    // local expert and rank where it goes to `d`, its
-                    // weight.
-                    auto word = [&](uint32_t off) -> uint64_t {
-                        const int x = static_cast<int>(off / 8);
-                        if (x == 0) return static_cast<uint64_t>(route.first[d] + rank) << kDecodeRowShift | tok;
-                        if (x > m.top_k) return 0;
-                        const int q = x - 1;
-                        const int e = static_cast<int>(ids[tok * m.top_k + q] % ne);  // checked
+                    // The record's metadata for `d`: the token field, each
+                    // slot's local expert and rank where it goes to `d`
+                    // (else -1), its weight.
+                    auto word = [&](int q, int e, uint32_t wbits) -> uint64_t {
+                        if (q < 0) return static_cast<uint64_t>(route.first[d] + rank) << kDecodeRowShift | tok;
+                        if (q >= m.top_k) return 0;
                         const int32_t at = route.dest[tok][q] == d ? e | route.slot_rank[tok][q] << 8 : -1;
-                        return static_cast<uint32_t>(at) |
-                               static_cast<uint64_t>(__float_as_uint(w[tok * m.top_k + q])) << 32;
+                        return static_cast<uint32_t>(at) | static_cast<uint64_t>(wbits) << 32;
                     };
-                    a = word(ln.lane_a());
-                    b = ln.flag_lane() ? 0 : word(ln.lane_b());
+                    a = word(qa, ea, wa);
+                    b = ln.flag_lane() ? 0 : word(qb, eb, wb);
                 }
                 ln.send(d, head + static_cast<uint64_t>(rank) * row_lines + line, live, a, b);
             }

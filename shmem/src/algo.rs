@@ -474,10 +474,11 @@ pub struct Tuning {
     /// [`MoeKernels::Auto`] moves the rows in lines
     /// ([`MoeKernels::Lines`]) where they fit: by default as
     /// [`moe_lines_max_bytes`] says (every input that fits); 0 leaves
-    /// only empty inputs to them. Also the most partials' bytes a PE may
-    /// send (`n_pes × max_tokens` rows) for which the decode form of
-    /// [`crate::MoeAllToAll`] sends its combine's partials in lines where
-    /// they fit (by default 2 MiB).
+    /// only empty inputs to them. Also the most bytes of rows for the
+    /// team's `n_pes × max_tokens` tokens for which the decode form of
+    /// [`crate::MoeAllToAll`] sends its combine's partials (by default 2
+    /// MiB) and its dispatch's rows (by default 512 KiB) in lines where
+    /// they fit.
     pub moe_lines_max_bytes: Option<usize>,
     /// A team of one PE (the world of a single-PE run, or a split team of
     /// one): every data collective's result is its source as it is (a

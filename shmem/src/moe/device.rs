@@ -194,16 +194,20 @@ impl<T: CombineElement> MoeAllToAll<T> {
     }
 }
 
-/// The most bytes of rows for the team's `n × max_tokens` tokens for
-/// which the decode form sends its rows and partials in lines by default:
-/// lines carry a flag in every 64 bytes and 1/8 more bytes in all, and
-/// nothing waits for a count of blocks. In graph replays of 7168 bf16,
-/// top-8, 8 experts a PE (`docs/perf.md`), the combine in lines took 0.83×
-/// the counted one's time at 1 token and 0.81× at 32 on 4 PEs (1.8 MB),
-/// 0.77× at 32 tokens on 2 PEs, and 1.18× and 1.13× at 128 tokens (7.3
-/// and 3.7 MB).
+/// The most bytes of rows for the team's `n × max_tokens` tokens (rows of
+/// 7168 bf16: 14 KiB) for which the decode form sends its combine's
+/// partials, and its dispatch's rows, in lines by default. Lines carry a
+/// flag in every 64 bytes and 1/7 more bytes, and nothing waits for a
+/// count of blocks, so they win where latency rules and lose where the
+/// link does. In graph replays (top-8, 8 experts a PE, `docs/perf.md`) the
+/// combine in lines took 0.62× the counted one's time at 1 token on 4 PEs,
+/// 0.79× at 32 tokens (1.8 MB) and 1.03× at 64 (3.7 MB); on 2 PEs 0.82×
+/// at 64 tokens (1.8 MB). The dispatch, which also lays the view out from
+/// every member's head, took 0.88–0.90× from 1 to 8 tokens on 4 PEs and
+/// 0.98× at 16 (0.9 MB); on 2 PEs 0.84× at 16 tokens (0.45 MB) and 1.05×
+/// at 32.
 pub(crate) const COMBINE_LINES_MAX_BYTES: usize = 2 << 20;
-pub(crate) const DISPATCH_LINES_MAX_BYTES: usize = 256 << 10;
+pub(crate) const DISPATCH_LINES_MAX_BYTES: usize = 512 << 10;
 
 impl<T: Element> MoeAllToAll<T> {
     /// Whether this call takes the decode form: the configuration fits it

@@ -1327,9 +1327,15 @@ impl<T: CombineElement> MoeAllToAll<T> {
     /// configuration fits the decode form (up to 256 tokens a PE), the
     /// combine is one kernel whose blocks wait for one another and for the
     /// other PEs'; from 32 tokens a PE (`max_tokens`) it takes a block on
-    /// every SM (the dispatch on at most half, leaving the rest to kernels
-    /// that wait on its arrivals). A kernel on another stream that holds
-    /// SMs until something after the combine happens would stall it.
+    /// every SM (up to 128; the dispatch on at most half, leaving the rest
+    /// to kernels that wait on its arrivals). A kernel on another stream
+    /// that holds SMs until something after the combine happens would
+    /// stall it. On the world team, where no GPU is shared and the rows
+    /// for the team's `n × max_tokens` tokens are small (by default up to
+    /// 2 MiB for the combine's partials, 512 KiB for the dispatch's rows,
+    /// [`crate::Tuning::moe_lines_max_bytes`]), the rows go in the
+    /// low-latency protocol's 128-byte lines, which share its buffers and
+    /// epochs with the low-latency collectives.
     ///
     /// # Errors
     /// Buffers too small for the configuration; on the host backend, no
