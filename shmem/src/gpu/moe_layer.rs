@@ -214,7 +214,10 @@ impl Kernels {
 
 #[cfg(test)]
 mod tests {
-    use super::{beside_waiters, combine_lines_fit, decode_fits, dispatch_lines_fit, decode_grid, rank_blocks, rank_scratch_len, MoeLayer};
+    use super::{
+        beside_waiters, combine_lines_fit, decode_fits, decode_grid, dispatch_lines_fit, rank_blocks, rank_scratch_len,
+        MoeLayer,
+    };
 
     /// The decode form's grids on 132 SMs: the dispatch on half of them
     /// (at most 64); the combine on every one from 32 tokens a PE, unless

@@ -8,13 +8,15 @@
 use super::layer::{CombineElement, DeviceTokens, MoeAllToAll, LAST_DECODE, LAST_EXCHANGE};
 use super::nodes::Rails;
 use super::Agreement;
+use crate::algo::Tuning;
 use crate::buffer::SymSlice;
 use crate::context::Stream;
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::gpu::abi::{FP8_PRE_QUANTIZED, FP8_QUANTIZE};
-use crate::algo::Tuning;
-use crate::gpu::kernels::{combine_lines_fit, dispatch_lines_fit, not_built, source_units, Kernels, MoeLayer, TeamSync};
+use crate::gpu::kernels::{
+    combine_lines_fit, dispatch_lines_fit, not_built, source_units, Kernels, MoeLayer, TeamSync,
+};
 use crate::gpu::GpuWorld;
 use crate::team::{Desc, OpKind};
 use crate::MoeKernels;
@@ -200,12 +202,12 @@ impl<T: CombineElement> MoeAllToAll<T> {
 /// flag in every 64 bytes and 1/7 more bytes, and nothing waits for a
 /// count of blocks, so they win where latency rules and lose where the
 /// link does. In graph replays (top-8, 8 experts a PE, `docs/perf.md`) the
-/// combine in lines took 0.62× the counted one's time at 1 token on 4 PEs,
+/// combine in lines took 0.64× the counted one's time at 1 token on 4 PEs,
 /// 0.79× at 32 tokens (1.8 MB) and 1.03× at 64 (3.7 MB); on 2 PEs 0.82×
 /// at 64 tokens (1.8 MB). The dispatch, which also lays the view out from
-/// every member's head, took 0.88–0.90× from 1 to 8 tokens on 4 PEs and
-/// 0.98× at 16 (0.9 MB); on 2 PEs 0.84× at 16 tokens (0.45 MB) and 1.05×
-/// at 32.
+/// every member's head, took 0.75× at 1 token and 0.79× at 8 on 4 PEs
+/// (0.45 MB), 0.96× at 16; on 2 PEs 0.88× at 16 tokens (0.45 MB) and
+/// 1.11× at 32.
 pub(crate) const COMBINE_LINES_MAX_BYTES: usize = 2 << 20;
 pub(crate) const DISPATCH_LINES_MAX_BYTES: usize = 512 << 10;
 
