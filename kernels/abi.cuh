@@ -391,7 +391,7 @@ struct MoeLayer {
     uint64_t decode;  // kDecodeHeadWords + n (5 + 2 ne) u64: the decode form's words (`DecodeWords`)
     uint64_t views;  // n × max_tokens × top_k i32: the view row of each staged slot, -1 for another PE's
     uint64_t error;  // device address of the host-mapped `A2avError` (the routing faults it finds)
-    int lines;  // the decode form's combine in lines (moe_decode.cu), else 0
+    int lines;  // 1: the decode form's phase in lines (moe_decode.cu), else 0
     int pad;  // (`_pad` in the Rust twin)
 };
 // Where the node-aware form's token field carries its source PE.

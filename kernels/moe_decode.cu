@@ -896,7 +896,7 @@ template <typename T> __device__ void decode_combine(const TeamSync &t, const Mo
 // GPU shared, and a member's partials for this PE within one sender's
 // low-latency buffer; `Kernels::moe_decode`). The expert side weighs and
 // sums each staged row's experts' outputs, as `decode_combine` does, and
-// sends the partial in 128-byte lines (`CombineLines`) into its source's
+// sends the partial in 128-byte lines (`DecodeLines`) into its source's
 // low-latency buffer for this PE: at line 1 + the row's rank among the
 // source's rows for this PE × a row's lines, which the source knows too
 // (its wire row less its rows for the PEs before). The source sums each
@@ -907,10 +907,12 @@ template <typename T> __device__ void decode_combine(const TeamSync &t, const Mo
 // member's, so that every operation hears from every member. The
 // dispatch's words are not touched: the combine is not one of their
 // operations.
-using CombineLines = LinesOf<8, true>;
+// Both phases' lines: 8-byte flags, 112 data bytes a line in 8-byte
+// words, so that a word holds whole elements of every type.
+using DecodeLines = LinesOf<8, true>;
 
 // Passes of 4 lines a warp takes at once in the combine in lines.
-constexpr int kCombineLinesAt = 2;
+constexpr int kDecodeLinesAt = 2;
 
 // Element `e` of the 8-byte word `w` (of 8 / sizeof(T)), and the word of
 // `x`'s elements.
@@ -931,7 +933,7 @@ template <typename T> __device__ __forceinline__ uint64_t word_of(const typename
 
 template <typename T> __device__ void decode_combine_lines(const TeamSync &t, const MoeLayer &m) {
     using A = typename Acc<T>::type;
-    constexpr int kE = 8 / sizeof(T), kU = kCombineLinesAt;
+    constexpr int kE = 8 / sizeof(T), kU = kDecodeLinesAt;
     const int n = t.n, lane = threadIdx.x % 32, wid = threadIdx.x / 32;
     __shared__ int64_t rows_from[kMaxTeam], sent_to[kMaxTeam], dispatched;
     __shared__ int32_t first[kMaxTeam + 1], sent_first[kMaxTeam + 1];
@@ -941,7 +943,7 @@ template <typename T> __device__ void decode_combine_lines(const TeamSync &t, co
     if (threadIdx.x < n) rows_from[threadIdx.x] = t.mine<int64_t>(m.stage_so)[threadIdx.x];
     if (threadIdx.x >= 32 && threadIdx.x < 32 + n) sent_to[threadIdx.x - 32] = t.mine<int64_t>(m.send_splits)[threadIdx.x - 32];
     if (threadIdx.x == 96) dispatched = *t.mine<int64_t>(m.state);
-    const CombineLines ln(t, warp_ll_epoch(counter));
+    const DecodeLines ln(t, warp_ll_epoch(counter));
     // The head line to every member, this PE too (block 0's first warp).
     if (blockIdx.x == 0 && wid == 0)
         for (int pe = 0; pe < n; pe++) ln.send(pe, 0, lane < 8, 0, 0);
@@ -961,7 +963,7 @@ template <typename T> __device__ void decode_combine_lines(const TeamSync &t, co
     phase_mark("begin");
     const int64_t nt = dispatched;
     const int64_t row_bytes = m.hidden * static_cast<int64_t>(sizeof(T));
-    const uint64_t rl = (row_bytes + CombineLines::kDataBytes - 1) / CombineLines::kDataBytes;
+    const uint64_t rl = (row_bytes + DecodeLines::kDataBytes - 1) / DecodeLines::kDataBytes;
     // The grid's warps numbered across the blocks first (as the lines'
     // `base`), so that a few units spread over every block's SM; a unit is
     // kU passes of 4 lines of a row.
@@ -1109,7 +1111,7 @@ template <typename T> __device__ void decode_combine_lines(const TeamSync &t, co
 
 // Lines of the head: 1 + ne words.
 __device__ __forceinline__ uint64_t lines_head(int ne) {
-    return (8 * static_cast<uint64_t>(1 + ne) + CombineLines::kDataBytes - 1) / CombineLines::kDataBytes;
+    return (8 * static_cast<uint64_t>(1 + ne) + DecodeLines::kDataBytes - 1) / DecodeLines::kDataBytes;
 }
 
 __device__ void decode_dispatch_lines(const TeamSync &t, const MoeLayer &m, const DecodeWords &dw, DecodeShared &sh) {
@@ -1117,7 +1119,7 @@ __device__ void decode_dispatch_lines(const TeamSync &t, const MoeLayer &m, cons
     DecodeView &view = sh.view;
     __shared__ int bad_source;
     __shared__ int64_t sent[kMaxTeam];
-    __shared__ uint64_t meta[kBlockThreads / 32][CombineLines::kDataBytes / 8];
+    __shared__ uint64_t meta[kBlockThreads / 32][DecodeLines::kDataBytes / 8];
     __shared__ uint8_t *dsts[kBlockThreads / 32][kDecodeMaxTopK];
     const int n = t.n, ne = m.ne, lane = threadIdx.x % 32, wid = threadIdx.x / 32, warps = blockDim.x / 32;
     const uint64_t counter = lane_ll_counter(t);
@@ -1127,12 +1129,12 @@ __device__ void decode_dispatch_lines(const TeamSync &t, const MoeLayer &m, cons
     decode_route_zero(t, m, route);
     if (threadIdx.x == 32) sh.n_tokens = *t.mine<int64_t>(m.n_tokens);
     if (threadIdx.x == 64) sh.epoch = *arrival_words(t, m).epoch + 1;
-    const CombineLines ln(t, warp_ll_epoch(counter));
+    const DecodeLines ln(t, warp_ll_epoch(counter));
     __syncthreads();
     phase_mark("begin");
     const int64_t nt = decode_route(t, m, route, sh.n_tokens, slots);
     phase_mark("route");
-    constexpr uint64_t kData = CombineLines::kDataBytes;
+    constexpr uint64_t kData = DecodeLines::kDataBytes;
     const uint64_t head = lines_head(ne), rl = (m.data_bytes + kData - 1) / kData, row_lines = 1 + rl;
     const uint64_t gw = static_cast<uint64_t>(wid) * gridDim.x + blockIdx.x;
     const uint64_t grid_warps = static_cast<uint64_t>(gridDim.x) * warps;

@@ -531,8 +531,8 @@ pub(crate) struct MoeLayer {
     pub views: u64,
     /// Device address of the host-mapped [`A2avError`] (set by the launcher).
     pub error: u64,
-    /// 1: the decode form's combine in lines (`moe_decode.cu`; see
-    /// `MoeAllToAll::combine_lines`), else 0.
+    /// 1: the decode form's phase in lines (`moe_decode.cu`; see
+    /// `MoeAllToAll::dispatch_lines` and `combine_lines`), else 0.
     pub lines: i32,
     pub _pad: i32,
 }

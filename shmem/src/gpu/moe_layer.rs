@@ -145,7 +145,7 @@ impl Kernels {
 
     /// The decode form's kernel for `dtype` (its combine's; the dispatch
     /// moves bytes), phase 0 the dispatch and 1 the combine, on
-    /// [`decode_grid`] blocks; the combine in lines on at most
+    /// [`decode_grid`] blocks; in lines (either phase) on at most
     /// [`MAX_BLOCKS`], the low-latency epoch counters a block each.
     pub(crate) fn moe_decode(&self, dtype: DType, t: TeamSync, m: MoeLayer, s: CUstream) -> Result<()> {
         let blocks = decode_grid(self.resident_blocks, self.shared_gpu, m.phase, m.max_tokens).ok_or_else(|| {
