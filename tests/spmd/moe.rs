@@ -97,22 +97,14 @@ fn counted(env: &Env, test: TestFn) -> TestResult {
 /// 8-byte packets, then in lines) take turns in one buffer and one run of
 /// epochs.
 fn layer_between_collectives(env: &Env) -> TestResult {
-    let (n, me) = (env.n(), env.me());
     let len = 1000;
     let src = env.ctx.alloc::<u64>(len)?;
     let dst = env.ctx.alloc::<u64>(len)?;
-    let value = |seed: u64, pe: usize, i: usize| mix(seed ^ (pe * len + i) as u64) >> 20;
     let before = env.ctx.collectives();
     let r = (|| -> TestResult {
         for round in 0..4 {
-            let lines = (round % 2 == 1).then_some(0);
-            let tuning = shmem::Tuning { low_latency_lines_min_bytes: lines, ..before.tuning };
-            env.ctx.set_collectives(Collectives { tuning, ..before });
-            let seed = env.fresh_seed();
-            src.copy_from_host(&(0..len).map(|i| value(seed, me, i)).collect::<Vec<_>>(), &env.s)?;
-            env.ctx.all_reduce(dst.slice(..len), &src, shmem::ReduceOp::Sum, &env.s)?;
+            let (_, sum, lines) = all_reduce_round(env, before, round, &src, &dst)?;
             on_device::<bf16>(env, MoeConfig::new(64, 6, 2, 3).major_align(4), Spread::Random)?;
-            let sum: Vec<u64> = (0..len).map(|i| (0..n).map(|pe| value(seed, pe, i)).sum()).collect();
             assert_eq!(dst.copy_to_host(&env.s)?, sum, "all_reduce of round {round} (lines: {lines:?})");
             on_device::<f32>(env, MoeConfig::new(40, 3, 1, 2), Spread::Random)?;
         }
@@ -120,6 +112,35 @@ fn layer_between_collectives(env: &Env) -> TestResult {
     })();
     env.ctx.set_collectives(before);
     r
+}
+
+/// Element `i` of PE `pe`'s `len` values in the round of `seed`.
+fn round_value(seed: u64, pe: usize, len: usize, i: usize) -> u64 {
+    mix(seed ^ (pe * len + i) as u64) >> 20
+}
+
+/// Round `round` of the tests between collectives: the low-latency
+/// collectives in 8-byte packets (even rounds) or in lines (odd), the
+/// other settings `before`'s; this PE's fresh values into `src` and their
+/// all-reduce into the first `src.len()` elements of `dst`, left for the
+/// caller to check after what it runs in between. The round's seed, the
+/// sums, and the lines' threshold set.
+fn all_reduce_round(
+    env: &Env,
+    before: Collectives,
+    round: usize,
+    src: &SymmetricBuffer<u64>,
+    dst: &SymmetricBuffer<u64>,
+) -> Result<(u64, Vec<u64>, Option<usize>), Error> {
+    let (n, me, len) = (env.n(), env.me(), src.len());
+    let lines = (round % 2 == 1).then_some(0);
+    let tuning = shmem::Tuning { low_latency_lines_min_bytes: lines, ..before.tuning };
+    env.ctx.set_collectives(Collectives { tuning, ..before });
+    let seed = env.fresh_seed();
+    src.copy_from_host(&(0..len).map(|i| round_value(seed, me, len, i)).collect::<Vec<_>>(), &env.s)?;
+    env.ctx.all_reduce(dst.slice(..len), src, shmem::ReduceOp::Sum, &env.s)?;
+    let sum = (0..len).map(|i| (0..n).map(|pe| round_value(seed, pe, len, i)).sum()).collect();
+    Ok((seed, sum, lines))
 }
 
 /// `test` with the collective settings `change` makes of the current
@@ -150,27 +171,20 @@ fn tuned_lines(env: &Env, test: TestFn) -> TestResult {
 /// [`MoeKernels::Lines`]) and the low-latency collectives (in 8-byte
 /// packets, then in lines) take turns in one buffer and one run of epochs.
 fn between_collectives(env: &Env) -> TestResult {
-    let (n, me) = (env.n(), env.me());
+    let n = env.n();
     let len = 1000;
     let src = env.ctx.alloc::<u64>(len)?;
     let dst = env.ctx.alloc::<u64>(n * len)?;
-    let value = |seed: u64, pe: usize, i: usize| mix(seed ^ (pe * len + i) as u64) >> 20;
     // (The caller puts the settings back.)
     let before = env.ctx.collectives();
     for round in 0..6 {
-        let lines = (round % 2 == 1).then_some(0);
-        let tuning = shmem::Tuning { low_latency_lines_min_bytes: lines, ..before.tuning };
-        env.ctx.set_collectives(Collectives { tuning, ..before });
-        let seed = env.fresh_seed();
-        src.copy_from_host(&(0..len).map(|i| value(seed, me, i)).collect::<Vec<_>>(), &env.s)?;
-        env.ctx.all_reduce(dst.slice(..len), &src, shmem::ReduceOp::Sum, &env.s)?;
-        let sum: Vec<u64> = (0..len).map(|i| (0..n).map(|pe| value(seed, pe, i)).sum()).collect();
+        let (seed, sum, lines) = all_reduce_round(env, before, round, &src, &dst)?;
         one_2d::<bf16>(env, Case::Random, 3, 8, 64)?;
         let got = dst.slice(..len).copy_to_host(&env.s)?;
         assert_eq!(got, sum, "all_reduce of round {round} (lines: {lines:?})");
         env.ctx.all_gather(&dst, &src, &env.s)?;
         one_2d_offset::<f32>(env, Case::Skewed, 2, 7)?;
-        let all: Vec<u64> = (0..n).flat_map(|pe| (0..len).map(move |i| value(seed, pe, i))).collect();
+        let all: Vec<u64> = (0..n).flat_map(|pe| (0..len).map(move |i| round_value(seed, pe, len, i))).collect();
         assert_eq!(dst.copy_to_host(&env.s)?, all, "all_gather of round {round} (lines: {lines:?})");
         one_1d::<u64>(env, Case::Maximal, 5)?;
     }
