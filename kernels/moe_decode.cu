@@ -651,6 +651,55 @@ __device__ void decode_report(const MoeLayer &m, int pe, int64_t marker) {
     e->count = e->count + 1;
 }
 
+// The view from what every member sends (whole block, after the members'
+// rows `sent`, or their faults' markers, and their rows of each expert,
+// `v.pair`, are in shared memory): where each source's rows start, this
+// PE's `stage_so` (what the combine reads), the layout, and the empty
+// pairs' arrivals. False where a member's routing failed: then nothing is
+// laid out, `stage_so` is poisoned and the first such member's fault
+// recorded (block 0).
+__device__ bool decode_view(const TeamSync &t, const MoeLayer &m, DecodeView &v, const int64_t *sent,
+                            const ArrivalWords &arrivals, uint64_t epoch) {
+    __shared__ int bad_source;
+    const int n = t.n, ne = m.ne;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        bad_source = -1;
+        int32_t at = 0;
+        for (int s = 0; s < n; s++) {
+            v.first[s] = at;
+            if (sent[s] < 0 && bad_source < 0) bad_source = s;
+            at += sent[s] < 0 ? 0 : static_cast<int32_t>(sent[s]);
+        }
+        v.first[n] = at;
+    }
+    __syncthreads();
+    phase_mark("ready");
+    int64_t *stage_so = t.mine<int64_t>(m.stage_so);
+    if (bad_source >= 0) {
+        if (blockIdx.x == 0 && threadIdx.x == 0) {
+            stage_so[0] = -1;
+            decode_report(m, t.pes[bad_source], sent[bad_source]);
+        }
+        return false;
+    }
+    if (blockIdx.x == 0)
+        for (int s = threadIdx.x; s < n; s += blockDim.x) {
+            stage_so[s] = v.first[s + 1] - v.first[s];
+            stage_so[n + s] = v.first[s];
+        }
+    // Every block writes the view's splits and offsets as it lays them
+    // out (the same words), so that its own rows' arrival flags release
+    // them: no block waits for another's layout.
+    decode_layout(t, m, v);
+    // The pairs that receive nothing have arrived.
+    if (blockIdx.x == 0)
+        for (int i = threadIdx.x; i < ne * n; i += blockDim.x)
+            if (v.pair[i] == 0) raise_arrival(arrivals.flags + i, epoch);
+    phase_mark("layout");
+    return true;
+}
+
 // Block 0: tells every member what this PE sends it in operation `op`
 // (its rows, or its routing fault's marker; its rows of each of the
 // member's experts), then, behind one fence, that it has (`ready`) and,
@@ -700,7 +749,6 @@ __device__ void decode_dispatch(const TeamSync &t, const MoeLayer &m, const Deco
     DecodeRoute &route = sh.route;
     DecodeView &view = sh.view;
     __shared__ unsigned long long begun;
-    __shared__ int bad_source;
     __shared__ int64_t sent[kMaxTeam];
     const int n = t.n, ne = m.ne;
     TokenSlots slots;
@@ -749,45 +797,13 @@ __device__ void decode_dispatch(const TeamSync &t, const MoeLayer &m, const Deco
             view.pair[(x - 1) * n + s] = static_cast<uint32_t>(v);
         }
     }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        bad_source = -1;
-        int32_t at = 0;
-        for (int s = 0; s < n; s++) {
-            view.first[s] = at;
-            if (sent[s] < 0 && bad_source < 0) bad_source = s;
-            at += sent[s] < 0 ? 0 : static_cast<int32_t>(sent[s]);
-        }
-        view.first[n] = at;
-    }
-    __syncthreads();
-    phase_mark("ready");
     const ArrivalWords arrivals = arrival_words(t, m);
     const uint64_t epoch = sh.epoch;
-    int64_t *stage_so = t.mine<int64_t>(m.stage_so);
-    if (bad_source >= 0) {
-        if (blockIdx.x == 0 && threadIdx.x == 0) {
-            stage_so[0] = -1;
-            decode_report(m, t.pes[bad_source], sent[bad_source]);
-        }
+    if (!decode_view(t, m, view, sent, arrivals, epoch)) {
         decode_wait(dw, o);
         decode_end(dw, o, nullptr, 0);
         return;
     }
-    if (blockIdx.x == 0)
-        for (int s = threadIdx.x; s < n; s += blockDim.x) {
-            stage_so[s] = view.first[s + 1] - view.first[s];
-            stage_so[n + s] = view.first[s];
-        }
-    // Every block writes the view's splits and offsets as it lays them
-    // out (the same words), so that its own rows' arrival flags release
-    // them: no block waits for another's layout.
-    decode_layout(t, m, view);
-    // The pairs that receive nothing have arrived.
-    if (blockIdx.x == 0)
-        for (int i = threadIdx.x; i < ne * n; i += blockDim.x)
-            if (view.pair[i] == 0) raise_arrival(arrivals.flags + i, epoch);
-    phase_mark("layout");
     decode_wait(dw, o);
     phase_mark("wait");
     decode_place(t, m, view, warp_pieces(view.first[n], m.data_bytes), arrivals, epoch);
@@ -1117,7 +1133,6 @@ __device__ __forceinline__ uint64_t lines_head(int ne) {
 __device__ void decode_dispatch_lines(const TeamSync &t, const MoeLayer &m, const DecodeWords &dw, DecodeShared &sh) {
     DecodeRoute &route = sh.route;
     DecodeView &view = sh.view;
-    __shared__ int bad_source;
     __shared__ int64_t sent[kMaxTeam];
     __shared__ uint64_t meta[kBlockThreads / 32][DecodeLines::kDataBytes / 8];
     __shared__ uint8_t *dsts[kBlockThreads / 32][kDecodeMaxTopK];
@@ -1221,40 +1236,12 @@ __device__ void decode_dispatch_lines(const TeamSync &t, const MoeLayer &m, cons
             put(ln.lane_a(), a);
             if (!ln.flag_lane()) put(ln.lane_b(), b);
         }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        bad_source = -1;
-        int32_t at = 0;
-        for (int s = 0; s < n; s++) {
-            view.first[s] = at;
-            if (sent[s] < 0 && bad_source < 0) bad_source = s;
-            at += sent[s] < 0 ? 0 : static_cast<int32_t>(sent[s]);
-        }
-        view.first[n] = at;
-    }
-    __syncthreads();
-    phase_mark("ready");
     const ArrivalWords arrivals = arrival_words(t, m);
     const uint64_t epoch = sh.epoch;
-    int64_t *stage_so = t.mine<int64_t>(m.stage_so);
-    if (bad_source >= 0) {
-        if (blockIdx.x == 0 && threadIdx.x == 0) {
-            stage_so[0] = -1;
-            decode_report(m, t.pes[bad_source], sent[bad_source]);
-        }
+    if (!decode_view(t, m, view, sent, arrivals, epoch)) {
         ln.end();
         return;
     }
-    if (blockIdx.x == 0)
-        for (int s = threadIdx.x; s < n; s += blockDim.x) {
-            stage_so[s] = view.first[s + 1] - view.first[s];
-            stage_so[n + s] = view.first[s];
-        }
-    decode_layout(t, m, view);
-    if (blockIdx.x == 0)
-        for (int i = threadIdx.x; i < ne * n; i += blockDim.x)
-            if (view.pair[i] == 0) raise_arrival(arrivals.flags + i, epoch);
-    phase_mark("layout");
     // The rows, a unit 4 lines of a row's data, with its metadata line
     // (lanes 0-7), both loaded before either is waited for.
     uint8_t *stage = t.mine<uint8_t>(m.stage);
