@@ -234,16 +234,79 @@ __device__ __forceinline__ void decode_route_zero(const TeamSync &t, const MoeLa
         r.expert_warps[i / experts][i % experts] = 0;
 }
 
+// Routes at most 32 tokens (`decode_route`'s tables and result) in the
+// first warp alone, a lane a token, with one block barrier: the fault a
+// warp's minimum, the ranks and counts from ballots and the first warp's
+// row of the experts' masks. (The block-wide route takes five barriers,
+// on the path of a decode step's every token.)
+__device__ int64_t decode_route_warp(const TeamSync &t, const MoeLayer &m, DecodeRoute &r, int64_t nt,
+                                     const TokenSlots &slots) {
+    const int n = t.n, lane = threadIdx.x % 32;
+    const int experts = n * m.ne;
+    if (threadIdx.x < 32) {
+        int d[kDecodeMaxTopK];
+        unsigned long long fault = ~0ull;
+        uint64_t mask = 0;
+        if (lane < nt) {
+            fault = check_token(m, slots, lane, experts, d);
+#pragma unroll
+            for (int j = 0; j < kDecodeMaxTopK; j++)
+                if (d[j] >= 0) {
+                    mask |= 1ull << d[j];
+                    atomicOr(&r.expert_warps[0][slots.g[j]], 1u << lane);
+                }
+        } else {
+#pragma unroll
+            for (int j = 0; j < kDecodeMaxTopK; j++) d[j] = -1;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o /= 2) {
+            const unsigned long long other = __shfl_xor_sync(~0u, fault, o);
+            fault = other < fault ? other : fault;
+        }
+        __syncwarp();  // every lane's experts in the masks
+        if (fault == ~0ull) {
+            const unsigned below_me = (1u << lane) - 1;
+            int rank[kDecodeMaxTopK];
+            int at = 0;
+            for (int pe = 0; pe < n; pe++) {
+                const unsigned b = __ballot_sync(~0u, mask >> pe & 1);
+                if (lane == 0) {
+                    r.count[pe] = __popc(b);
+                    r.first[pe] = at;
+                }
+                at += __popc(b);
+#pragma unroll
+                for (int j = 0; j < kDecodeMaxTopK; j++)
+                    if (d[j] == pe) rank[j] = __popc(b & below_me);
+            }
+            for (int g = lane; g < experts; g += 32) r.expert_count[g] = static_cast<uint16_t>(__popc(r.expert_warps[0][g]));
+            if (lane < nt)
+#pragma unroll
+                for (int j = 0; j < kDecodeMaxTopK; j++) {
+                    r.dest[lane][j] = static_cast<int8_t>(d[j]);
+                    r.rank[lane][j] = static_cast<int16_t>(d[j] >= 0 ? rank[j] : 0);
+                    r.slot_rank[lane][j] =
+                        static_cast<uint8_t>(d[j] >= 0 ? __popc(r.expert_warps[0][slots.g[j]] & below_me) : 0);
+                }
+        }
+        if (lane == 0) r.fault = fault;
+    }
+    __syncthreads();
+    return r.fault != ~0ull ? -1 : nt;
+}
+
 // Routes this PE's `n_tokens` tokens (whole block; `slots`: thread
 // `tok`'s token's, loaded beside the operation's number, the tables
 // zeroed before it): the token count, or -1 where it or a token is bad
-// (`r.fault` says which).
+// (`r.fault` says which). At most 32 tokens: `decode_route_warp`.
 __device__ int64_t decode_route(const TeamSync &t, const MoeLayer &m, DecodeRoute &r, int64_t n_tokens,
                                 const TokenSlots &slots) {
     const int n = t.n, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int tok = threadIdx.x;
     const int experts = n * m.ne;
     const bool counted = n_tokens >= 0 && n_tokens <= m.max_tokens;
+    if (counted && n_tokens <= 32) return decode_route_warp(t, m, r, n_tokens, slots);
     if (threadIdx.x == 0) r.fault = counted ? ~0ull : 0;
     __syncthreads();
     phase_mark("route_count");
