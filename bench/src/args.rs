@@ -109,6 +109,12 @@ pub(super) struct Args {
     /// [default: every input]
     #[arg(long, value_parser = parse_bytes)]
     pub(super) moe_lines_max_bytes: Option<usize>,
+    /// GPU kernels' tuning: the most bytes of rows for the team's
+    /// `PEs × max_tokens` tokens that the layer's decode form sends in
+    /// 128-byte lines (0: never) [default: 512K for the dispatch, 2M for
+    /// the combine]
+    #[arg(long, value_parser = parse_bytes_or_zero)]
+    pub(super) moe_layer_lines_max_bytes: Option<usize>,
     /// GPU kernels' tuning: at 1 PE, the smallest collective (bytes of its
     /// destination) copied by a copy engine rather than by a kernel (0:
     /// every one) [default: every one in a graph; else 2M for all_reduce
@@ -168,6 +174,7 @@ impl Args {
             push_blocks: self.push_blocks,
             moe_block_bytes: self.moe_block_bytes,
             moe_lines_max_bytes: self.moe_lines_max_bytes,
+            moe_layer_lines_max_bytes: self.moe_layer_lines_max_bytes,
             solo_copy_engine_min_bytes: self.solo_ce_min_bytes,
             broadcast_pull_min_bytes: self.pull_bcast_min_bytes,
             broadcast_relay_min_bytes: self.relay_bcast_min_bytes,

@@ -474,12 +474,15 @@ pub struct Tuning {
     /// [`MoeKernels::Auto`] moves the rows in lines
     /// ([`MoeKernels::Lines`]) where they fit: by default as
     /// [`moe_lines_max_bytes`] says (every input that fits); 0 leaves
-    /// only empty inputs to them. Also the most bytes of rows for the
-    /// team's `n_pes × max_tokens` tokens for which the decode form of
-    /// [`crate::MoeAllToAll`] sends its combine's partials (by default 2
-    /// MiB) and its dispatch's rows (by default 512 KiB) in lines where
-    /// they fit.
+    /// only empty inputs to them.
     pub moe_lines_max_bytes: Option<usize>,
+    /// The most bytes of rows for the team's `n_pes × max_tokens` tokens
+    /// for which the decode form of [`crate::MoeAllToAll`] sends its
+    /// dispatch's rows and its combine's partials in 128-byte lines where
+    /// they fit: by default 512 KiB for the dispatch's rows and 2 MiB for
+    /// the combine's partials (past those, counted stores are faster); 0
+    /// never.
+    pub moe_layer_lines_max_bytes: Option<usize>,
     /// A team of one PE (the world of a single-PE run, or a split team of
     /// one): every data collective's result is its source as it is (a
     /// reduction over one member, the only block, the root's own data), so

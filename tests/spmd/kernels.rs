@@ -61,7 +61,8 @@ pub enum Variant {
 /// broadcast is never pulled (nor by default) nor relayed (by default it
 /// is past 1 MiB at three or more PEs); the MoE ops take
 /// the one kernel, not the line kernel, for every input but an empty one
-/// (by default the line kernel wherever it fits).
+/// (by default the line kernel wherever it fits), and the layer's decode
+/// form its counted stores (by default lines for small rows).
 pub const TUNED: Tuning = Tuning {
     low_latency_max_bytes: Some(128 << 10),
     low_latency_blocks: Some(64),
@@ -70,6 +71,7 @@ pub const TUNED: Tuning = Tuning {
     push_blocks: Some(128),
     moe_block_bytes: Some(256),
     moe_lines_max_bytes: Some(0),
+    moe_layer_lines_max_bytes: Some(0),
     solo_copy_engine_min_bytes: Some(usize::MAX),
     broadcast_pull_min_bytes: Some(usize::MAX),
     broadcast_relay_min_bytes: Some(usize::MAX),

@@ -86,7 +86,10 @@ pub const TESTS: &[(&str, TestFn)] = &[
 fn counted(env: &Env, test: TestFn) -> TestResult {
     with_settings(
         env,
-        |c| Collectives { tuning: shmem::Tuning { moe_lines_max_bytes: Some(0), ..c.tuning }, ..c },
+        |c| {
+            let tuning = shmem::Tuning { moe_lines_max_bytes: Some(0), moe_layer_lines_max_bytes: Some(0), ..c.tuning };
+            Collectives { tuning, ..c }
+        },
         test,
     )
 }

@@ -232,12 +232,12 @@ impl<T: Element> MoeAllToAll<T> {
     /// member's partials for one source fit one sender's buffer
     /// ([`combine_lines_fit`]) and the most a PE sends, a partial for each
     /// of the team's `n × max_tokens` tokens, is within
-    /// [`Tuning::moe_lines_max_bytes`] where it is set, else
+    /// [`Tuning::moe_layer_lines_max_bytes`] where it is set, else
     /// [`COMBINE_LINES_MAX_BYTES`]. The same on every PE.
     fn combine_lines(&self, k: &Kernels, t: &TeamSync, tuning: &Tuning) -> bool {
         let (c, n) = (self.config, self.team.n_pes());
         let row_bytes = c.hidden * size_of::<T>();
-        self.lines_serve(k, t, tuning.moe_lines_max_bytes.unwrap_or(COMBINE_LINES_MAX_BYTES), row_bytes)
+        self.lines_serve(k, t, tuning.moe_layer_lines_max_bytes.unwrap_or(COMBINE_LINES_MAX_BYTES), row_bytes)
             && combine_lines_fit(n, c.max_tokens, row_bytes)
     }
 
@@ -249,7 +249,7 @@ impl<T: Element> MoeAllToAll<T> {
     fn dispatch_lines(&self, k: &Kernels, t: &TeamSync, tuning: &Tuning) -> bool {
         let (c, n) = (self.config, self.team.n_pes());
         let row_bytes = c.hidden * size_of::<T>();
-        self.lines_serve(k, t, tuning.moe_lines_max_bytes.unwrap_or(DISPATCH_LINES_MAX_BYTES), row_bytes)
+        self.lines_serve(k, t, tuning.moe_layer_lines_max_bytes.unwrap_or(DISPATCH_LINES_MAX_BYTES), row_bytes)
             && dispatch_lines_fit(n, c.max_tokens, row_bytes, c.experts_per_pe)
     }
 
@@ -257,7 +257,7 @@ impl<T: Element> MoeAllToAll<T> {
     /// buffers are the world's) over NVLink, no PE sharing its GPU
     /// ([`Kernels::lines`]), and rows of `row_bytes` for each of the
     /// team's `n × max_tokens` tokens within `most` bytes
-    /// ([`Tuning::moe_lines_max_bytes`] where it is set). The same on every
+    /// ([`Tuning::moe_layer_lines_max_bytes`] where it is set). The same on every
     /// PE.
     fn lines_serve(&self, k: &Kernels, t: &TeamSync, most: usize, row_bytes: usize) -> bool {
         self.team.state.slot == 0

@@ -1333,7 +1333,7 @@ impl<T: CombineElement> MoeAllToAll<T> {
     /// stall it. On the world team, where no GPU is shared and the rows
     /// for the team's `n × max_tokens` tokens are small (by default up to
     /// 2 MiB for the combine's partials, 512 KiB for the dispatch's rows,
-    /// [`crate::Tuning::moe_lines_max_bytes`]), the rows go in the
+    /// [`crate::Tuning::moe_layer_lines_max_bytes`]), the rows go in the
     /// low-latency protocol's 128-byte lines, which share its buffers and
     /// epochs with the low-latency collectives.
     ///
