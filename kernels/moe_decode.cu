@@ -296,16 +296,96 @@ __device__ int64_t decode_route_warp(const TeamSync &t, const MoeLayer &m, Decod
     return r.fault != ~0ull ? -1 : nt;
 }
 
+// Routes at most 32 slots (`nt × top_k`; `decode_route`'s tables and
+// result) in the first warp, a lane a slot, with one block barrier: a
+// slot's id and weight from its token's thread, checked as `check_token`
+// checks them (a token's first bad slot, the least fault), a repeated id
+// and each slot's rank among this PE's slots of its expert from the
+// lanes that share its id, each token's rank for a member from the
+// ballot of the slots that go there. (A lane a token takes one lane
+// through every slot of the token, one after another.)
+__device__ int64_t decode_route_slots(const TeamSync &t, const MoeLayer &m, DecodeRoute &r, int64_t nt,
+                                      const TokenSlots &slots) {
+    const int n = t.n, k = m.top_k, lane = threadIdx.x % 32;
+    const int experts = n * m.ne;
+    if (threadIdx.x < 32) {
+        const int tok = lane / k, j = lane - tok * k;
+        const bool live = tok < nt;
+        int64_t g = -1;
+        float x = 0.0f;
+#pragma unroll
+        for (int q = 0; q < kDecodeMaxTopK; q++) {
+            const int64_t gq = __shfl_sync(~0u, slots.g[q], tok);
+            const float xq = __shfl_sync(~0u, slots.x[q], tok);
+            if (q == j) {
+                g = gq;
+                x = xq;
+            }
+        }
+        const unsigned below_me = (1u << lane) - 1, token_lanes = ((1u << k) - 1) << (tok * k);
+        // The lanes of this PE's slots with this slot's id (ids that are
+        // not slots', one lane each).
+        const unsigned same = __match_any_sync(~0u, live ? g : -1ll - lane);
+        unsigned long long fault = ~0ull;
+        if (live) {
+            const unsigned long long at = static_cast<unsigned long long>(lane) + 1;
+            if (g < 0 || g >= experts) {
+                fault = kRouteExpertOutOfRange << kRouteFaultShift | at;
+            } else if ((same & token_lanes & below_me) != 0) {
+                fault = kRouteRepeatedExpert << kRouteFaultShift | at;
+            } else if (!isfinite(x)) {
+                fault = kRouteBadWeight << kRouteFaultShift | at;
+            }
+        }
+        // A token's first bad slot counts (`check_token` stops there).
+        if ((__ballot_sync(~0u, fault != ~0ull) & token_lanes & below_me) != 0) fault = ~0ull;
+#pragma unroll
+        for (int o = 16; o > 0; o /= 2) {
+            const unsigned long long other = __shfl_xor_sync(~0u, fault, o);
+            fault = other < fault ? other : fault;
+        }
+        if (fault == ~0ull) {
+            const int d = live ? dest_of(g, m.ne) : -1;
+            int rank = 0, at = 0;
+            for (int pe = 0; pe < n; pe++) {
+                // The tokens with a slot for `pe`, a bit each.
+                const unsigned b = __ballot_sync(~0u, d == pe);
+                unsigned toks = 0;
+                for (int q = 0; q < nt; q++) toks |= (b >> (q * k) & ((1u << k) - 1)) != 0 ? 1u << q : 0;
+                if (lane == 0) {
+                    r.count[pe] = __popc(toks);
+                    r.first[pe] = at;
+                }
+                at += __popc(toks);
+                if (d == pe) rank = __popc(toks & ((1u << tok) - 1));
+            }
+            for (int e = lane; e < experts; e += 32) r.expert_count[e] = 0;
+            __syncwarp();
+            if (live) {
+                if ((same & below_me) == 0) r.expert_count[g] = static_cast<uint16_t>(__popc(same));
+                r.dest[tok][j] = static_cast<int8_t>(d);
+                r.rank[tok][j] = static_cast<int16_t>(rank);
+                r.slot_rank[tok][j] = static_cast<uint8_t>(__popc(same & below_me));
+            }
+        }
+        if (lane == 0) r.fault = fault;
+    }
+    __syncthreads();
+    return r.fault != ~0ull ? -1 : nt;
+}
+
 // Routes this PE's `n_tokens` tokens (whole block; `slots`: thread
 // `tok`'s token's, loaded beside the operation's number, the tables
 // zeroed before it): the token count, or -1 where it or a token is bad
-// (`r.fault` says which). At most 32 tokens: `decode_route_warp`.
+// (`r.fault` says which). At most 32 slots: `decode_route_slots`; at
+// most 32 tokens: `decode_route_warp`.
 __device__ int64_t decode_route(const TeamSync &t, const MoeLayer &m, DecodeRoute &r, int64_t n_tokens,
                                 const TokenSlots &slots) {
     const int n = t.n, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int tok = threadIdx.x;
     const int experts = n * m.ne;
     const bool counted = n_tokens >= 0 && n_tokens <= m.max_tokens;
+    if (counted && n_tokens * m.top_k <= 32) return decode_route_slots(t, m, r, n_tokens, slots);
     if (counted && n_tokens <= 32) return decode_route_warp(t, m, r, n_tokens, slots);
     if (threadIdx.x == 0) r.fault = counted ? ~0ull : 0;
     __syncthreads();
