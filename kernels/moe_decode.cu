@@ -234,6 +234,16 @@ __device__ __forceinline__ void decode_route_zero(const TeamSync &t, const MoeLa
         r.expert_warps[i / experts][i % experts] = 0;
 }
 
+// The least of the warp's faults (each lane's, ~0 for none).
+__device__ __forceinline__ unsigned long long warp_min_fault(unsigned long long fault) {
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) {
+        const unsigned long long other = __shfl_xor_sync(~0u, fault, o);
+        fault = other < fault ? other : fault;
+    }
+    return fault;
+}
+
 // Routes at most 32 tokens (`decode_route`'s tables and result) in the
 // first warp alone, a lane a token, with one block barrier: the fault a
 // warp's minimum, the ranks and counts from ballots and the first warp's
@@ -259,11 +269,7 @@ __device__ int64_t decode_route_warp(const TeamSync &t, const MoeLayer &m, Decod
 #pragma unroll
             for (int j = 0; j < kDecodeMaxTopK; j++) d[j] = -1;
         }
-#pragma unroll
-        for (int o = 16; o > 0; o /= 2) {
-            const unsigned long long other = __shfl_xor_sync(~0u, fault, o);
-            fault = other < fault ? other : fault;
-        }
+        fault = warp_min_fault(fault);
         __syncwarp();  // every lane's experts in the masks
         if (fault == ~0ull) {
             const unsigned below_me = (1u << lane) - 1;
@@ -339,11 +345,7 @@ __device__ int64_t decode_route_slots(const TeamSync &t, const MoeLayer &m, Deco
         }
         // A token's first bad slot counts (`check_token` stops there).
         if ((__ballot_sync(~0u, fault != ~0ull) & token_lanes & below_me) != 0) fault = ~0ull;
-#pragma unroll
-        for (int o = 16; o > 0; o /= 2) {
-            const unsigned long long other = __shfl_xor_sync(~0u, fault, o);
-            fault = other < fault ? other : fault;
-        }
+        fault = warp_min_fault(fault);
         if (fault == ~0ull) {
             const int d = live ? dest_of(g, m.ne) : -1;
             int rank = 0, at = 0;
