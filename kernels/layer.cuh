@@ -175,6 +175,18 @@ __device__ __forceinline__ TokenSlots load_token(const MoeLayer &m, const int64_
     return t;
 }
 
+// A slot's fault (`at`: its number among the slots, plus one), in the
+// order every route checks it (`check_token` inline): its id `g` within
+// the `experts`, then not `repeated` (an earlier slot of its token has
+// the id), then its weight `x` finite; ~0 when none.
+__device__ __forceinline__ unsigned long long slot_fault(int64_t g, float x, bool repeated, int experts,
+                                                        unsigned long long at) {
+    if (g < 0 || g >= experts) return kRouteExpertOutOfRange << kRouteFaultShift | at;
+    if (repeated) return kRouteRepeatedExpert << kRouteFaultShift | at;
+    if (!isfinite(x)) return kRouteBadWeight << kRouteFaultShift | at;
+    return ~0ull;
+}
+
 // Token `tok`'s slots `t`, checked in registers (not a trip to memory a
 // slot, nor one for each pair of slots compared): their destination PEs
 // into `d` (-1 past top_k), and the first bad slot's fault as

@@ -332,17 +332,9 @@ __device__ int64_t decode_route_slots(const TeamSync &t, const MoeLayer &m, Deco
         // The lanes of this PE's slots with this slot's id (ids that are
         // not slots', one lane each).
         const unsigned same = __match_any_sync(~0u, live ? g : -1ll - lane);
-        unsigned long long fault = ~0ull;
-        if (live) {
-            const unsigned long long at = static_cast<unsigned long long>(lane) + 1;
-            if (g < 0 || g >= experts) {
-                fault = kRouteExpertOutOfRange << kRouteFaultShift | at;
-            } else if ((same & token_lanes & below_me) != 0) {
-                fault = kRouteRepeatedExpert << kRouteFaultShift | at;
-            } else if (!isfinite(x)) {
-                fault = kRouteBadWeight << kRouteFaultShift | at;
-            }
-        }
+        const bool repeated = (same & token_lanes & below_me) != 0;
+        unsigned long long fault =
+            live ? slot_fault(g, x, repeated, experts, static_cast<unsigned long long>(lane) + 1) : ~0ull;
         // A token's first bad slot counts (`check_token` stops there).
         if ((__ballot_sync(~0u, fault != ~0ull) & token_lanes & below_me) != 0) fault = ~0ull;
         fault = warp_min_fault(fault);

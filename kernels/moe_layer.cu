@@ -82,14 +82,9 @@ __device__ unsigned long long token_fault(const MoeLayer &m, const int64_t *ids,
     unsigned long long fault = ~0ull;
     for (int j = 0; j < m.top_k && fault == ~0ull; j++) {
         const int64_t s = tok * m.top_k + j, g = ids[s];
-        const unsigned long long at = static_cast<unsigned long long>(s) + 1;
-        if (g < 0 || g >= experts) {
-            fault = kRouteExpertOutOfRange << kRouteFaultShift | at;
-        } else {
-            for (int i = 0; i < j; i++)
-                if (ids[tok * m.top_k + i] == g) fault = kRouteRepeatedExpert << kRouteFaultShift | at;
-            if (fault == ~0ull && !isfinite(w[s])) fault = kRouteBadWeight << kRouteFaultShift | at;
-        }
+        bool repeated = false;
+        for (int i = 0; i < j && !repeated; i++) repeated = ids[tok * m.top_k + i] == g;
+        fault = slot_fault(g, w[s], repeated, experts, static_cast<unsigned long long>(s) + 1);
     }
     return fault;
 }
