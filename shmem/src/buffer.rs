@@ -118,7 +118,25 @@ impl<'a, T: Element> SymSlice<'a, T> {
     }
 
     /// Copies this PE's copy of the slice into `out`.
+    ///
+    /// On the GPU backend it waits for the stream first, and, once it has
+    /// copied, fails with a failure the device found in an earlier call
+    /// that no call reported yet (see [`crate::Team`]).
     pub fn copy_to_host_into(&self, out: &mut [T], stream: &Stream) -> Result<()> {
+        let r = self.read_into(out, stream);
+        self.buf.ctx.report(r)
+    }
+
+    /// This PE's copy of the slice, as a new vector (reporting as
+    /// [`SymSlice::copy_to_host_into`] does).
+    pub fn copy_to_host(&self, stream: &Stream) -> Result<Vec<T>> {
+        let r = self.read(stream);
+        self.buf.ctx.report(r)
+    }
+
+    /// [`SymSlice::copy_to_host_into`] without reporting an earlier
+    /// failure: for the steps of a call, which reports once it is issued.
+    pub(crate) fn read_into(&self, out: &mut [T], stream: &Stream) -> Result<()> {
         let r = self.region(&self.buf.ctx)?;
         if out.len() != r.len {
             return Err(Error::LengthMismatch(format!(
@@ -136,11 +154,11 @@ impl<'a, T: Element> SymSlice<'a, T> {
         Ok(())
     }
 
-    /// This PE's copy of the slice, as a new vector.
-    pub fn copy_to_host(&self, stream: &Stream) -> Result<Vec<T>> {
+    /// [`SymSlice::copy_to_host`] without reporting (see [`SymSlice::read_into`]).
+    pub(crate) fn read(&self, stream: &Stream) -> Result<Vec<T>> {
         let n = self.region(&self.buf.ctx)?.len;
         let mut v = crate::dtype::zeroed_vec::<T>(n);
-        self.copy_to_host_into(&mut v, stream)?;
+        self.read_into(&mut v, stream)?;
         Ok(v)
     }
 }

@@ -470,9 +470,28 @@ impl Team {
     /// NVSHMEM's team collective where asked ([`crate::CollImpl::Nvshmem`])
     /// or where no kernel applies (teams larger than the kernels take).
     /// With `agreement`, the kernel agrees on the call first (and host-issued
-    /// work waits for its verdict).
+    /// work waits for its verdict). Once it is issued, a failure the device
+    /// found in an earlier call is reported ([`Inner::report`]).
+    ///
+    /// [`Inner::report`]: crate::context::Inner::report
     #[allow(clippy::too_many_arguments)]
     fn gpu_collective<T: Element>(
+        &self,
+        g: &GpuWorld,
+        kind: OpKind,
+        d: Region,
+        s: Region,
+        op: Option<ReduceOp>,
+        root: usize,
+        agreement: Option<DeviceAgreement>,
+        stream: &Stream,
+    ) -> Result<()> {
+        let r = self.issue_gpu_collective::<T>(g, kind, d, s, op, root, agreement, stream);
+        self.ctx.report(r)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn issue_gpu_collective<T: Element>(
         &self,
         g: &GpuWorld,
         kind: OpKind,

@@ -66,11 +66,34 @@ impl Inner {
 
     /// See [`Context::check_device`].
     pub(crate) fn check_device(&self) -> Result<()> {
-        let failure = self.gpu.as_ref().and_then(|g| g.kernels.as_ref()).and_then(|k| k.take_a2av_error());
-        if let Some(f) = failure {
-            return Err(crate::moe::device_check_error(f));
+        self.take_device_failure().map_or(Ok(()), Err)
+    }
+
+    /// The first failure the kernels found since the last look, as the
+    /// error the host's check would give (cleared): a MoE exchange's check
+    /// (a bad split, a bad routing) before an agreement's failure. Reads
+    /// the host-mapped records the kernels write ([`crate::gpu::kernels`]),
+    /// with no call into CUDA and no synchronisation; `None` on the host
+    /// backend, which checks before it writes.
+    pub(crate) fn take_device_failure(&self) -> Option<Error> {
+        let k = self.gpu.as_ref()?.kernels.as_ref()?;
+        if let Some(f) = k.take_a2av_error() {
+            return Some(crate::moe::device_check_error(f));
         }
-        self.take_agreement_error().map_or(Ok(()), Err)
+        self.take_agreement_error()
+    }
+
+    /// `r`, the call's own result, unless it is `Ok` and the kernels
+    /// found an earlier call failed since the last look: then that
+    /// failure ([`Inner::take_device_failure`]). A call's own error comes
+    /// first, and leaves an earlier failure for the next call. Every call
+    /// that waits for a stream, and every collective, RMA and MoE call of
+    /// the gpu backend returns through it, once its own work is issued,
+    /// so that the PEs still make the same calls (see [`crate::Team`]'s
+    /// module docs).
+    pub(crate) fn report<T>(&self, r: Result<T>) -> Result<T> {
+        let v = r?;
+        self.take_device_failure().map_or(Ok(v), Err)
     }
 
     /// The first collective call whose agreement the kernels found failed
@@ -184,11 +207,20 @@ impl Stream {
     ///
     /// On the GPU backend, an eager collective whose PEs' calls differed
     /// (or a PE's own arguments were bad) is found by its kernel, which
-    /// then writes nothing: this fails with that
-    /// [`Error::CollectiveMismatch`] once the kernel has run — the first
-    /// such call of the context since the last report, whichever stream it
-    /// ran on (see [`crate::Team`]).
+    /// then writes nothing, and so is a MoE exchange whose splits or
+    /// routing are bad: this fails with that error (an
+    /// [`Error::CollectiveMismatch`], or the MoE check's) once the kernel
+    /// has run — the first such failure of the context not yet reported,
+    /// whichever stream it ran on (see [`crate::Team`]).
     pub fn synchronize(&self) -> Result<()> {
+        self.wait()?;
+        let failure = self.owner.as_ref().and_then(Weak::upgrade).and_then(|inner| inner.take_device_failure());
+        failure.map_or(Ok(()), Err)
+    }
+
+    /// Waits for everything issued on the stream, naming a dead peer as
+    /// [`Stream::synchronize`] does, and reports nothing else.
+    pub(crate) fn wait(&self) -> Result<()> {
         let Some(s) = &self.cuda else { return Ok(()) };
         s.synchronize().map_err(|e| {
             let dead =
@@ -202,9 +234,7 @@ impl Stream {
                 Some((pe, p)) => Error::PeerLost { pe, what: format!("{p}; the device's wait for it ended in {err}") },
                 None => err,
             }
-        })?;
-        let mismatch = self.owner.as_ref().and_then(Weak::upgrade).and_then(|inner| inner.take_agreement_error());
-        mismatch.map_or(Ok(()), Err)
+        })
     }
 
     /// The CUDA stream, on the GPU backend (for users' own kernels).
@@ -615,15 +645,14 @@ impl Context {
     pub fn finalize(self) -> Result<()> {
         self.inner.check_live("context")?;
         let s = self.stream();
-        let mut result = self.world().barrier(&s).and_then(|_| s.synchronize());
+        let mut result = self.world().barrier_unreported(&s).and_then(|_| s.wait());
+        // A failure the device found that nobody asked about yet: reported,
+        // after NVSHMEM finalizes.
+        let unreported = self.inner.take_device_failure();
         if let Some(g) = &self.inner.gpu {
-            result = match result {
-                // A collective's mismatch that the device found and nobody
-                // asked about yet: reported, but NVSHMEM still finalizes.
-                Err(Error::CollectiveMismatch(m)) => g.finalize().and(Err(Error::CollectiveMismatch(m))),
-                r => r.and_then(|_| g.finalize()),
-            };
+            result = result.and_then(|_| g.finalize());
         }
+        let result = result.and_then(|()| unreported.map_or(Ok(()), Err));
         self.inner.finalized.store(true, Ordering::Release);
         self.inner.ctl.set_state(PeState::Finalized);
         self.inner.ctl.close_net();

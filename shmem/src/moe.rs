@@ -277,7 +277,8 @@ impl Team {
         stream: &Stream,
     ) -> Result<()> {
         let args = (input.into(), output.into(), in_splits.into(), out_splits_offsets.into());
-        self.all_to_all_v_any(OpKind::AllToAllV, args, row_len, 0, Agreement::own(Ok(())), stream)
+        let r = self.all_to_all_v_any(OpKind::AllToAllV, args, row_len, 0, Agreement::own(Ok(())), stream);
+        self.ctx.report(r)
     }
 
     /// `all_to_all_vdev_2d`, the MoE dispatch: `in_splits` (`n_pes × ne`
@@ -308,7 +309,8 @@ impl Team {
         stream: &Stream,
     ) -> Result<()> {
         let args = (input.into(), output.into(), in_splits.into(), out_splits_offsets.into());
-        self.all_to_all_v_any(OpKind::AllToAllV2d, args, row_len, major_align, Agreement::own(Ok(())), stream)
+        let r = self.all_to_all_v_any(OpKind::AllToAllV2d, args, row_len, major_align, Agreement::own(Ok(())), stream);
+        self.ctx.report(r)
     }
 
     /// `all_to_all_vdev_2d_offset`, the MoE combine: the reverse of
@@ -336,7 +338,8 @@ impl Team {
         stream: &Stream,
     ) -> Result<()> {
         let args = (input.into(), output.into(), in_splits_offsets.into(), out_splits_offsets.into());
-        self.all_to_all_v_any(OpKind::AllToAllV2dOffset, args, row_len, 0, Agreement::own(Ok(())), stream)
+        let r = self.all_to_all_v_any(OpKind::AllToAllV2dOffset, args, row_len, 0, Agreement::own(Ok(())), stream);
+        self.ctx.report(r)
     }
 
     /// The three operations, agreed as `agreement` says.
@@ -352,9 +355,7 @@ impl Team {
         self.check()?;
         let n = self.n_pes();
         let (pre, wait, skip_if) = match agreement {
-            // An earlier operation that failed its checks on the device
-            // fails this call (on every PE, through the agreement).
-            Agreement::Own { pre, wait } => (Some(pre.and_then(|_| self.ctx.check_device())), wait, None),
+            Agreement::Own { pre, wait } => (Some(pre), wait, None),
             Agreement::Covered { skip_if } => (None, false, skip_if),
         };
         let own = pre.is_some();

@@ -169,7 +169,7 @@ impl Context {
         self.inner.net_count(pe, d.len * size_of::<T>(), if put { NetDir::Put } else { NetDir::Got });
         if let Some(g) = &self.inner.gpu {
             let bytes = d.len * size_of::<T>();
-            return g.transfer(put, g.addr(d.offset), g.addr(s.offset), bytes, pe, g.stream(stream));
+            return self.inner.report(g.transfer(put, g.addr(d.offset), g.addr(s.offset), bytes, pe, g.stream(stream)));
         }
         let host = self.inner.host_heap();
         let (dst_pe, src_pe) = if put { (pe, self.inner.me) } else { (self.inner.me, pe) };
@@ -216,9 +216,9 @@ impl Context {
         self.inner.net_count(pe, size_of::<T>(), NetDir::Put);
         if let Some(g) = &self.inner.gpu {
             // SAFETY: a checked element of the symmetric heap.
-            return unsafe {
-                crate::gpu::dispatch::p(g.nv, g.addr(off), value, pe as i32, g.stream(stream).cu_stream())
-            };
+            let r =
+                unsafe { crate::gpu::dispatch::p(g.nv, g.addr(off), value, pe as i32, g.stream(stream).cu_stream()) };
+            return self.inner.report(r);
         }
         let p = self.element_ptr(dst, index, pe)?;
         // SAFETY: an aligned element inside `pe`'s heap (checked); volatile
@@ -236,7 +236,7 @@ impl Context {
             // SAFETY: a checked element of the symmetric heap.
             let v = unsafe { crate::gpu::dispatch::g(g.nv, g.addr(off), pe as i32, st.cu_stream())? };
             st.synchronize()?;
-            return Ok(v);
+            return self.inner.report(Ok(v));
         }
         let p = self.element_ptr(src, index, pe)?;
         // SAFETY: as in `p`.
@@ -246,7 +246,7 @@ impl Context {
     /// Completes every outstanding operation of this PE.
     pub fn quiet(&self, stream: &Stream) -> Result<()> {
         if let Some(g) = &self.inner.gpu {
-            return g.quiet(g.stream(stream));
+            return self.inner.report(g.quiet(g.stream(stream)));
         }
         fence(Ordering::SeqCst);
         Ok(())
@@ -257,7 +257,7 @@ impl Context {
     pub fn fence(&self, stream: &Stream) -> Result<()> {
         if let Some(g) = &self.inner.gpu {
             // Quiet is a fence and more: NVSHMEM has no fence on a stream.
-            return g.quiet(g.stream(stream));
+            return self.inner.report(g.quiet(g.stream(stream)));
         }
         fence(Ordering::SeqCst);
         Ok(())
@@ -292,7 +292,8 @@ impl Context {
             self.inner.net_count(pe, bytes, NetDir::Put);
             self.inner.net_signal(pe);
             let st = g.stream(stream);
-            return g.put_signal(g.addr(d.offset), g.addr(s.offset), bytes, g.addr(sig), value, add, pe, st);
+            let r = g.put_signal(g.addr(d.offset), g.addr(s.offset), bytes, g.addr(sig), value, add, pe, st);
+            return self.inner.report(r);
         }
         self.put(dst, src, pe, stream)?;
         // The signal's SeqCst store or add (a release at least) makes the data
@@ -329,7 +330,7 @@ impl Context {
         let sig = self.element_offset(signal, sig_index, pe)?;
         self.inner.net_signal(pe);
         if let Some(g) = &self.inner.gpu {
-            return g.signal_op(g.addr(sig), value, op == SignalOp::Add, pe, g.stream(stream));
+            return self.inner.report(g.signal_op(g.addr(sig), value, op == SignalOp::Add, pe, g.stream(stream)));
         }
         let cell = self.signal_cell(signal, sig_index, pe)?;
         match op {
@@ -348,7 +349,7 @@ impl Context {
             let off = self.element_offset(signal, index, me)?;
             let mut v = [0u64];
             g.dtoh(&mut v, g.addr(off), g.stream(stream))?;
-            return Ok(v[0]);
+            return self.inner.report(Ok(v[0]));
         }
         // Acquire: data put before the signal is visible after this load.
         Ok(self.signal_cell(signal, index, me)?.load(Ordering::Acquire))
@@ -387,7 +388,7 @@ impl Context {
                 }
             };
             self.inner.ctl.wait_for_anyone(poll, &what)?;
-            return failed.map_or(Ok(seen), Err);
+            return self.inner.report(failed.map_or(Ok(seen), Err));
         }
         let cell = self.signal_cell(signal, index, me)?;
         let mut seen = 0;
@@ -415,7 +416,7 @@ impl Context {
             // NVSHMEM's host atomics are blocking calls: order them after
             // the work already on the stream.
             g.stream(stream).synchronize()?;
-            return g.atomic(off, op, pe, g.stream(stream));
+            return self.inner.report(g.atomic(off, op, pe, g.stream(stream)));
         }
         let p = self.element_ptr(buf, index, pe)?;
         // SAFETY: an aligned element inside the mapping, which outlives the

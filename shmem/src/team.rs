@@ -466,6 +466,13 @@ impl Team {
     ///
     /// # Collective
     pub fn barrier(&self, stream: &Stream) -> Result<()> {
+        let r = self.barrier_unreported(stream);
+        self.ctx.report(r)
+    }
+
+    /// [`Team::barrier`], leaving a failure the device found earlier for
+    /// the caller to report.
+    pub(crate) fn barrier_unreported(&self, stream: &Stream) -> Result<()> {
         self.check()?;
         let kernels = self.ctx.gpu.as_ref().and_then(|g| g.kernels.as_ref().map(|k| (g, k)));
         // shmem's barrier kernel on the stream (agreeing on the call first

@@ -32,6 +32,7 @@
 
 mod bytes;
 mod coll;
+mod deferred;
 mod driver;
 mod errors;
 mod kernels;
@@ -59,6 +60,7 @@ fn all_tests() -> Vec<(&'static str, TestFn)> {
     t.extend(coll::TESTS);
     t.extend(teams::TESTS);
     t.extend(errors::TESTS);
+    t.extend(deferred::TESTS);
     t.extend(moe::TESTS);
     t.extend(moe::fp8::TESTS);
     t.extend(moe::arrivals::TESTS);

@@ -398,6 +398,17 @@ fn rma_over_rdma(env: &Env) -> TestResult {
     Ok(())
 }
 
+/// A job of 2 PEs whose last PE's all-reduce is shorter, with nothing
+/// between it and `finalize`: every PE sees the mismatch once, at the call
+/// or at `finalize` (see `deferred.rs`).
+pub fn unreported_at_finalize(env: &Env) -> TestResult {
+    only_in_one_pe_world(env)?;
+    let (o, took) = launch("unreported_at_finalize", 2, false, &[]);
+    assert!(took < Duration::from_secs(60), "took {took:?}");
+    assert_eq!(exit_codes(&o), vec![SAW_IT as i32; 2], "PE exit codes: {o}");
+    Ok(())
+}
+
 /// Runs scenario `name` as this PE.
 pub fn run(name: &str) -> ExitCode {
     let rank: usize = std::env::var("SHMEM_RANK").ok().and_then(|r| r.parse().ok()).unwrap_or(0);
@@ -416,6 +427,7 @@ pub fn run(name: &str) -> ExitCode {
         "different_teams" => different_teams(rank),
         "sigkill_in_barrier" | "sigkill_in_all_reduce" | "sigkill_in_dispatch_2d" => fault_pe(rank, name),
         "rma_over_rdma" => rma_over_rdma_pe().map_err(|e| e.to_string()),
+        "unreported_at_finalize" => crate::deferred::unreported_at_finalize_pe(rank),
         other => Err(format!("unknown scenario {other:?}")),
     };
     match result {

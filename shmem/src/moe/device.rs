@@ -279,7 +279,6 @@ impl<T: Element> MoeAllToAll<T> {
         stream: &Stream,
     ) -> Result<()> {
         let team = &self.team;
-        let m = m.and_then(|m| team.ctx.check_device().map(|()| m));
         let k = g.kernels.as_ref().ok_or_else(not_built)?;
         let st = g.stream(stream);
         if crate::gpu::capturing(st) {

@@ -108,7 +108,8 @@ impl MoeAllToAll<bf16> {
             Fp8Tokens::Bf16(x) => HostTokens::Plain(x),
             Fp8Tokens::Quantized { codes, scales } => HostTokens::Codes(codes, scales),
         };
-        let layout = self.dispatch_host(host, topk_expert_ids, topk_weights, out == Fp8Out::Bf16, stream)?;
+        let r = self.dispatch_host(host, topk_expert_ids, topk_weights, out == Fp8Out::Bf16, stream);
+        let layout = self.team.ctx.report(r)?;
         Ok((self.fp8_view(layout.rows(), out), layout))
     }
 
@@ -142,7 +143,8 @@ impl MoeAllToAll<bf16> {
             Fp8DeviceTokens::Quantized { codes, scales } => DeviceTokens::Codes(codes, scales),
         };
         let (ids, weights, count) = (topk_expert_ids.into(), topk_weights.into(), n_tokens.into());
-        self.dispatch_device(tokens, ids, weights, count, out == Fp8Out::Bf16, stream)?;
+        let r = self.dispatch_device(tokens, ids, weights, count, out == Fp8Out::Bf16, stream);
+        self.team.ctx.report(r)?;
         Ok(self.fp8_view(self.recv.len / self.config.hidden, out))
     }
 

@@ -800,7 +800,8 @@ impl<T: Element> MoeAllToAll<T> {
         topk_weights: &[f32],
         stream: &Stream,
     ) -> Result<(SymSlice<'_, T>, Layout)> {
-        let layout = self.dispatch_host(HostTokens::Plain(tokens), topk_expert_ids, topk_weights, true, stream)?;
+        let r = self.dispatch_host(HostTokens::Plain(tokens), topk_expert_ids, topk_weights, true, stream);
+        let layout = self.team.ctx.report(r)?;
         Ok((self.recv.slice(0..layout.rows * self.config.hidden), layout))
     }
 
@@ -885,7 +886,8 @@ impl<T: Element> MoeAllToAll<T> {
     ) -> Result<SymSlice<'_, T>> {
         let (tokens, ids, weights, count) =
             (tokens.into(), topk_expert_ids.into(), topk_weights.into(), n_tokens.into());
-        self.dispatch_device(DeviceTokens::Plain(tokens), ids, weights, count, true, stream)?;
+        let r = self.dispatch_device(DeviceTokens::Plain(tokens), ids, weights, count, true, stream);
+        self.team.ctx.report(r)?;
         Ok((&self.recv).into())
     }
 
@@ -922,15 +924,15 @@ impl<T: Element> MoeAllToAll<T> {
             Ok(n) => n,
             Err(e) => return Err(self.fail_all(e, OpKind::MoeDispatch, self.out_buffers(), self.wire.stride, stream)),
         };
-        let host_ids = head(&ids, n * c.top_k).copy_to_host(stream)?;
-        let host_weights = head(&weights, n * c.top_k).copy_to_host(stream)?;
+        let host_ids = head(&ids, n * c.top_k).read(stream)?;
+        let host_weights = head(&weights, n * c.top_k).read(stream)?;
         let layout = match tokens {
             DeviceTokens::Plain(t) => {
-                let t = head(&t, n * h).copy_to_host(stream)?;
+                let t = head(&t, n * h).read(stream)?;
                 self.dispatch_host(HostTokens::Plain(&t), &host_ids, &host_weights, dequantize, stream)?
             }
             DeviceTokens::Codes(q, sc) => {
-                let (q, sc) = (head(&q, n * h).copy_to_host(stream)?, head(&sc, n * g).copy_to_host(stream)?);
+                let (q, sc) = (head(&q, n * h).read(stream)?, head(&sc, n * g).read(stream)?);
                 self.dispatch_host(HostTokens::Codes(&q, &sc), &host_ids, &host_weights, dequantize, stream)?
             }
         };
@@ -944,6 +946,13 @@ impl<T: Element> MoeAllToAll<T> {
     /// dispatched view (see [`Layout::splits`] and [`Layout::offsets`]).
     pub fn device_layout(&self) -> SymSlice<'_, i64> {
         (&self.dispatch_splits).into()
+    }
+
+    /// The receive buffer the dispatches lay their view out in: what
+    /// [`MoeAllToAll::dispatch_on_device`] returns, as the last dispatch
+    /// left it.
+    pub fn device_view(&self) -> SymSlice<'_, T> {
+        (&self.recv).into()
     }
 
     /// `e`, after failing the agreement the other PEs enter (the flat
@@ -980,7 +989,7 @@ impl<T: Element> MoeAllToAll<T> {
 
     /// The token count in `count` (host backend), checked.
     fn host_count(&self, count: SymSlice<'_, i64>, stream: &Stream) -> Result<usize> {
-        let n = count.buf.slice(count.start..count.start + 1).copy_to_host(stream)?[0];
+        let n = count.buf.slice(count.start..count.start + 1).read(stream)?[0];
         usize::try_from(n).ok().filter(|&n| n <= self.config.max_tokens).ok_or_else(|| Error::BadRouting {
             fault: RoutingFault::TooManyTokens,
             detail: format!("MoeAllToAll::dispatch_on_device: n_tokens is {n}, not in 0..={}", self.config.max_tokens),
@@ -1156,9 +1165,9 @@ impl<T: Element> MoeAllToAll<T> {
         let (c, w, n) = (&self.config, self.wire, self.team.n_pes());
         let (h, k, ne, g) = (c.hidden, c.top_k, c.experts_per_pe, c.scales_per_token());
         let members = self.rails.as_ref().map_or(n, |r| r.per_node);
-        let received = self.stage_so.slice(0..members).copy_to_host(stream)?;
+        let received = self.stage_so.slice(0..members).read(stream)?;
         let total = received.iter().sum::<i64>() as usize;
-        let staged = self.stage.slice(0..total * w.stride).copy_to_host(stream)?;
+        let staged = self.stage.slice(0..total * w.stride).read(stream)?;
         let staged: Vec<&[u8]> = staged.chunks(w.stride).collect();
         // Each staged row's (source, token), then the rows in that order:
         // staging is source-major in the flat form, by forwarder (each
@@ -1352,7 +1361,13 @@ impl<T: CombineElement> MoeAllToAll<T> {
         out: impl Into<SymSlice<'b, T>>,
         stream: &Stream,
     ) -> Result<()> {
-        let (outputs, out) = (expert_outputs.into(), out.into());
+        let r = self.combine_device(expert_outputs.into(), out.into(), stream);
+        self.team.ctx.report(r)
+    }
+
+    /// [`MoeAllToAll::combine_on_device`], leaving an earlier failure the
+    /// device found for the caller to report.
+    fn combine_device(&self, outputs: SymSlice<'_, T>, out: SymSlice<'_, T>, stream: &Stream) -> Result<()> {
         let c = self.config;
         let pre = self.check_sizes(&[
             ("expert_outputs", outputs.len(), self.recv.len, "the receive buffer's rows × hidden"),
@@ -1372,7 +1387,7 @@ impl<T: CombineElement> MoeAllToAll<T> {
                 return Err(self.fail_all(e, OpKind::MoeCombine, self.back_buffers(), self.wire.back_stride, stream))
             }
         };
-        let sums = self.combine(outputs, &layout, stream)?;
+        let sums = self.combine_host(outputs, &layout, stream)?;
         out.buf.slice(out.start..out.start + sums.len()).copy_from_host(&sums, stream)
     }
 
@@ -1401,9 +1416,15 @@ impl<T: CombineElement> MoeAllToAll<T> {
         layout: &Layout,
         stream: &Stream,
     ) -> Result<Vec<T>> {
+        let r = self.combine_host(expert_outputs.into(), layout, stream);
+        self.team.ctx.report(r)
+    }
+
+    /// [`MoeAllToAll::combine`], leaving an earlier failure the device
+    /// found for the caller to report.
+    fn combine_host(&self, outputs: SymSlice<'_, T>, layout: &Layout, stream: &Stream) -> Result<Vec<T>> {
         let (c, w, n) = (&self.config, self.wire, self.team.n_pes());
         let h = c.hidden;
-        let outputs: SymSlice<'a, T> = expert_outputs.into();
         let pre = if layout.config != *c || layout.n_pes != n || layout.forward.is_some() != self.rails.is_some() {
             Err(Error::Invalid(format!(
                 "MoeAllToAll::combine: the layout is of a dispatch with {:?} on {} PEs{}, this exchange has {c:?} on \
@@ -1431,7 +1452,7 @@ impl<T: CombineElement> MoeAllToAll<T> {
             self.team.all_to_all_v_any(OpKind::AllToAllV, self.back_buffers(), w.back_stride, 0, own, stream)?;
             // What came back must be what this PE sent: otherwise the PEs
             // combined layouts of different dispatches.
-            let back = self.back_so.slice(0..n).copy_to_host(stream)?;
+            let back = self.back_so.slice(0..n).read(stream)?;
             if back != layout.wire_sent {
                 return Err(Error::CollectiveMismatch(format!(
                     "MoeAllToAll::combine: PE {} got back {back:?} rows from each PE but sent {:?}: the PEs passed \
@@ -1440,7 +1461,7 @@ impl<T: CombineElement> MoeAllToAll<T> {
                     layout.wire_sent
                 )));
             }
-            self.send.slice(0..layout.token_rows.len() * w.back_stride).copy_to_host(stream)?
+            self.send.slice(0..layout.token_rows.len() * w.back_stride).read(stream)?
         };
         let mut out = crate::dtype::zeroed_vec::<T>(layout.n_tokens * h);
         let finish = |(t, token): (usize, &mut [T])| {
@@ -1465,7 +1486,7 @@ impl<T: CombineElement> MoeAllToAll<T> {
     fn expert_partials(&self, outputs: SymSlice<'_, T>, layout: &Layout, stream: &Stream) -> Result<()> {
         let (c, w) = (&self.config, self.wire);
         let h = c.hidden;
-        let rows = outputs.buf.slice(outputs.start..outputs.start + layout.rows * h).copy_to_host(stream)?;
+        let rows = outputs.buf.slice(outputs.start..outputs.start + layout.rows * h).read(stream)?;
         let mut bytes = vec![0u8; layout.arrivals.len() * w.back_stride];
         // Each staged row's received token (the partials go back in staging order).
         let mut token_of = vec![0; layout.staged_at.len()];

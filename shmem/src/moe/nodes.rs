@@ -167,16 +167,15 @@ impl<T: Element> MoeAllToAll<T> {
     /// exchanges: where `pre` failed on one PE, or the PEs' calls differ,
     /// it fails on every PE (the failing PE with its own error, the others
     /// with a mismatch naming it and the reason), so that no PE enters a
-    /// stage that another left. An earlier failure the device found
-    /// ([`crate::Context::check_device`]) fails it as `pre` would.
+    /// stage that another left.
     ///
     /// On the host backend (and for a world larger than the kernels take),
     /// an exchange on the control plane. On the GPU backend, eagerly, on
     /// the device (`shmem_moe_agree`), with no host round trip: the call's
     /// exchanges skip where it failed, reading its verdict at the returned
     /// heap offset ([`Agreement::Covered`]), and the failure is reported
-    /// as a collective's is (from [`Stream::synchronize`], the next MoE
-    /// call or `check_device`), or, with `wait`, by this call once the
+    /// as a collective's is (by the first call that can see it, see
+    /// [`crate::Team`]), or, with `wait`, by this call once the
     /// agreement has run (for the host paths, which read the exchanges'
     /// results at once). Not while capturing (a graph replays without the
     /// host): `pre` alone.
@@ -188,7 +187,6 @@ impl<T: Element> MoeAllToAll<T> {
         stream: &Stream,
     ) -> Result<Option<usize>> {
         let (r, team) = (self.rails(), &self.team);
-        let pre = pre.and_then(|_| team.ctx.check_device());
         let mut desc = Desc::new(kind);
         desc.dtype = Some(T::DTYPE);
         desc.args =
@@ -232,9 +230,9 @@ impl<T: Element> MoeAllToAll<T> {
     pub(super) fn forward_host(&self, stream: &Stream) -> Result<Forward> {
         let (r, c, w) = (self.rails(), &self.config, self.wire);
         let (k, ne, l) = (c.top_k, c.experts_per_pe, r.per_node);
-        let rail_received = r.stage_so.slice(0..r.nodes).copy_to_host(stream)?;
+        let rail_received = r.stage_so.slice(0..r.nodes).read(stream)?;
         let total = rail_received.iter().sum::<i64>() as usize;
-        let staged = r.stage.slice(0..total * w.stride).copy_to_host(stream)?;
+        let staged = r.stage.slice(0..total * w.stride).read(stream)?;
         let rows: Vec<&[u8]> = staged.chunks(w.stride).collect();
         // Each rail row's destination PEs in the node, ascending.
         let dests = |row: &[u8]| {
@@ -288,7 +286,7 @@ impl<T: CombineElement> MoeAllToAll<T> {
     pub(super) fn forward_sums(&self, f: &Forward, stream: &Stream) -> Result<()> {
         let (r, c, w) = (self.rails(), &self.config, self.wire);
         let h = c.hidden;
-        let back = self.send.slice(0..f.fwd_rows.len() * w.back_stride).copy_to_host(stream)?;
+        let back = self.send.slice(0..f.fwd_rows.len() * w.back_stride).read(stream)?;
         let rows = f.fwd_start.len() - 1;
         let mut bytes = vec![0u8; rows * w.back_stride];
         let mut part = crate::dtype::zeroed_vec::<T>(h);
@@ -316,7 +314,7 @@ impl<T: CombineElement> MoeAllToAll<T> {
         r.node.all_to_all_v_any(OpKind::AllToAllV, self.back_buffers(), w.back_stride, 0, covered, stream)?;
         // What came back must be what this PE forwarded: otherwise the PEs
         // combined layouts of different dispatches.
-        let back = self.back_so.slice(0..r.per_node).copy_to_host(stream)?;
+        let back = self.back_so.slice(0..r.per_node).read(stream)?;
         let pre = if back != f.node_sent {
             Err(Error::CollectiveMismatch(format!(
                 "MoeAllToAll::combine: PE {} got back {back:?} rows from each PE of its node but forwarded {:?}: \
@@ -331,7 +329,7 @@ impl<T: CombineElement> MoeAllToAll<T> {
         // on the GPU backend waited for: its results are read at once).
         let own = Agreement::Own { pre, wait: true };
         r.rail.all_to_all_v_any(OpKind::AllToAllV, self.rail_back_buffers(), w.back_stride, 0, own, stream)?;
-        let back = r.back_so.slice(0..r.nodes).copy_to_host(stream)?;
+        let back = r.back_so.slice(0..r.nodes).read(stream)?;
         if back != layout.wire_sent() {
             return Err(Error::CollectiveMismatch(format!(
                 "MoeAllToAll::combine: PE {} got back {back:?} rows from each node but sent {:?}: the PEs passed \
@@ -341,6 +339,6 @@ impl<T: CombineElement> MoeAllToAll<T> {
             )));
         }
         let rows: usize = back.iter().sum::<i64>() as usize;
-        r.send.slice(0..rows * w.back_stride).copy_to_host(stream)
+        r.send.slice(0..rows * w.back_stride).read(stream)
     }
 }
