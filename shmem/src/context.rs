@@ -89,16 +89,14 @@ impl Inner {
     /// first, and leaves an earlier failure for the next call. Every call
     /// that waits for a stream, and every collective, RMA and MoE call of
     /// the gpu backend returns through it, once its own work is issued,
-    /// so that the PEs still make the same calls (see [`crate::Team`]'s
-    /// module docs).
+    /// so that the PEs still make the same calls (see [`crate::Team`]).
     pub(crate) fn report<T>(&self, r: Result<T>) -> Result<T> {
         let v = r?;
         self.take_device_failure().map_or(Ok(v), Err)
     }
 
     /// The first collective call whose agreement the kernels found failed
-    /// since the last look, as its error (cleared); see [`crate::Team`]'s
-    /// module docs.
+    /// since the last look, as its error (cleared); see [`crate::Team`].
     pub(crate) fn take_agreement_error(&self) -> Option<Error> {
         let failure = self.gpu.as_ref()?.kernels.as_ref()?.take_agreement_failure()?;
         Some(crate::team::agreement_error(&failure))
@@ -183,6 +181,13 @@ fn watch_liveness(inner: &Arc<Inner>) -> Result<()> {
 /// Created by [`crate::init`] or [`Config::init`]. Buffers and teams keep
 /// the runtime alive after the context is dropped, but refuse to be used
 /// once it was finalized.
+///
+/// Errors: bad or mismatched arguments fail a call on every PE, with
+/// nothing written. On the GPU backend some are found on the device after
+/// the call returned (an eager collective whose PEs' calls differ, a bad
+/// MoE split or routing); the first call of the context that can see such
+/// a failure reports it, once, and [`Context::finalize`] reports one that
+/// no call did ([`Team`] lists which calls).
 pub struct Context {
     pub(crate) inner: Arc<Inner>,
 }
@@ -573,21 +578,19 @@ impl Context {
         self.collectives().force_rma
     }
 
-    /// Reports, and clears, a failed device-side check since the last look.
+    /// Reports, and clears, the first failure the device found since the
+    /// last report.
     ///
-    /// On the GPU backend the MoE all-to-all-v ops read their splits on the
-    /// device, so a bad split cannot fail the call that enqueued it: the
-    /// kernels check the whole exchange, every PE reaches the same verdict,
-    /// nothing is written, and the failure is recorded. This method returns
-    /// it once the bad operation has run (after synchronizing its stream,
-    /// it has), and so does the next MoE call on this context that finds
-    /// it: that call fails on every PE (on this one with the failure, on
-    /// the others as a mismatch naming this PE, once their kernels have
-    /// run). The same holds for an eager collective or MoE call whose PEs'
-    /// calls differed, which its kernel finds (an
-    /// [`Error::CollectiveMismatch`], also reported by
-    /// [`Stream::synchronize`]; see [`Team`]). Always `Ok` on the host
-    /// backend, which checks before it writes.
+    /// On the GPU backend an eager collective agrees on the device, and the
+    /// MoE all-to-all-v ops and `MoeAllToAll`'s device path check their
+    /// splits and routing there: a bad or mismatched call returns, every
+    /// PE's kernels reach the same verdict and write nothing, and each PE
+    /// records the failure. The first call of this PE that can see it
+    /// reports it, once: a call that waits for a stream (`copy_to_host`,
+    /// [`Stream::synchronize`] …), the next collective, RMA or MoE call,
+    /// or [`Context::finalize`] (see [`Team`]). This method asks without
+    /// making a call. Always `Ok` on the host backend, which checks before
+    /// it writes.
     pub fn check_device(&self) -> Result<()> {
         self.inner.check_device()
     }
@@ -638,6 +641,9 @@ impl Context {
     }
 
     /// Ends this PE's part in shmem after a barrier with every PE.
+    ///
+    /// Fails with a failure the device found that no call reported (see
+    /// [`Team`]), after finalizing.
     ///
     /// # Collective
     /// Every PE calls it. Buffers and teams still alive afterwards refuse

@@ -70,10 +70,11 @@
 //! exchange before the call returns. On the GPU backend an eager call
 //! agrees on the device, with no host round trip (across nodes, no network
 //! round trip on the host): the descriptor travels with the first kernel,
-//! which compares every PE's (see [`Team`]'s module docs). Where they
-//! differ, every PE's kernels skip the call, write nothing, and each PE's
-//! [`Stream::synchronize`] (or [`Context::check_device`], or its next MoE
-//! call) reports an [`Error::CollectiveMismatch`] naming the calls; a PE
+//! which compares every PE's. Where they differ, every PE's kernels skip
+//! the call and write nothing, and on each PE the first call that can see
+//! it (see [`Team`]: a `copy_to_host`, [`Stream::synchronize`], the next
+//! collective, RMA or MoE call) reports an [`Error::CollectiveMismatch`]
+//! naming the calls; a PE
 //! whose own arguments failed returns its error at once, and the others'
 //! mismatch names it and the reason. A call captured in a CUDA graph is
 //! checked on each PE only.
@@ -83,8 +84,8 @@
 //! are negative, overlap or run backwards, chunks beyond a PE's input,
 //! outputs too small for what a PE would receive — in the same order,
 //! reaches the same verdict, and fails before anything is written (on the
-//! GPU backend on the device: the failure is reported by the next MoE call
-//! or [`Context::check_device`]). PyTorch checks less (a negative split or
+//! GPU backend on the device: the failure is reported as a mismatch is).
+//! PyTorch checks less (a negative split or
 //! a short input trips a device assert; an output overflow is not
 //! checked).
 
@@ -438,7 +439,7 @@ impl Team {
     /// where given its `agreement`, skipping it where the word at heap
     /// offset `skip_if` is set: splits are read and checked on the device,
     /// every PE reaching the same verdict; a bad exchange writes nothing
-    /// and is reported by the next MoE call (or [`Context::check_device`]).
+    /// and is reported by the first call that can see it (see [`Team`]).
     /// Returns the view the kernels were launched with.
     fn all_to_all_v_gpu<T: Element>(
         &self,

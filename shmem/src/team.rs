@@ -20,27 +20,16 @@
 //!   On a mismatch every member's kernel skips the call (and the kernels
 //!   after it in the same call: the MoE forms' data kernel, the node-aware
 //!   MoE layer's exchanges, which its agreement over the world covers),
-//!   and each PE's kernel records every member's row; the host reads the
-//!   record without a round trip and fails with the message the exchange
-//!   would give ([`agreement_error`]): from [`crate::Stream::synchronize`],
-//!   [`crate::Context::check_device`] or the next MoE call once the kernel
-//!   has run, or from the call itself where it synchronises anyway (the
-//!   copy-engine all-gather, an in-place all-to-all through a copy, the
-//!   MoE layer's host paths, which read what the exchange wrote). A PE
-//!   whose own arguments fail its checks returns its error at once, after
-//!   launching the agreement alone with its error code in its row, so that
-//!   its peers skip the call and report it too;
+//!   and each PE's kernel records every member's row in host-mapped
+//!   memory; the host reads the record without a round trip and fails
+//!   with the message the exchange would give ([`agreement_error`]), as
+//!   below. A PE whose own arguments fail its checks returns its error at
+//!   once, after launching the agreement alone with its error code in its
+//!   row, so that its peers skip the call and report it too;
 //! - nowhere, in graph capture: a graph replays without the host, and its
 //!   calls are checked on each PE only.
 //!
-//! A device-found mismatch is reported from no later collective call of the
-//! device path: each PE learns of it when its own kernel has run, so a
-//! later call could fail on one PE and go on on another, which would leave
-//! the latter's kernel waiting for a PE that never comes. The MoE calls
-//! may ([`crate::Context::check_device`] before they agree): a PE that
-//! finds an earlier failure there fails its call with it, and its row
-//! carries the error, so that the call fails on every PE (on the others
-//! as a mismatch naming that PE, once their kernels have run).
+//! How a failure the device finds is reported: [`Team`]'s docs.
 
 use crate::context::{Inner, Stream};
 use crate::control::{DescRow, DESC_WORDS, MAX_TEAMS};
@@ -338,6 +327,35 @@ impl Drop for TeamState {
 ///
 /// Every collective runs over a team; [`crate::Context`]'s collectives use
 /// the world team.
+///
+/// Bad or mismatched arguments fail a collective on every PE, with nothing
+/// written: on the host backend before the call returns; on the GPU
+/// backend, for an eager call, on the device, as below.
+///
+/// # Failures found on the device
+///
+/// A call that its kernels check (an eager collective's agreement; a MoE
+/// exchange's splits and routing, in eager calls and graph replays alike)
+/// returns before the check, and its kernels write nothing where it
+/// fails. Every PE's kernels reach the same verdict and each PE's record
+/// holds it. The first of these calls of this PE that can see the failure
+/// returns it, with the message the host's check gives, once:
+///
+/// - every call that waits for a stream on the host: `copy_to_host`,
+///   `copy_to_host_into`, [`crate::Stream::synchronize`], the GPU backend's
+///   `signal_wait_until`, `g`, `signal_fetch`, and the calls that
+///   synchronise anyway (the copy-engine all-gather, an in-place
+///   all-to-all through a copy, the MoE layer's host paths);
+/// - every later collective, barrier, RMA and MoE call, which reads the
+///   record (mapped host memory, no synchronisation) once its own work is
+///   issued: it still made its call, so the PEs' calls stay in step
+///   whichever call each PE learns of the failure at;
+/// - [`crate::Context::finalize`], for a failure no call reported;
+/// - [`crate::Context::check_device`], on request.
+///
+/// A call's own error comes first and leaves an earlier failure for the
+/// next call. Which call reports depends on when the kernel ran: a call
+/// that waits for the failed call's stream always does.
 #[derive(Clone)]
 pub struct Team {
     pub(crate) ctx: Arc<Inner>,
@@ -461,8 +479,8 @@ impl Team {
     ///
     /// On the GPU backend the barrier is on the stream: the work after it
     /// waits there, not the host. A barrier that another PE met with a
-    /// different collective call fails as a collective does (see the
-    /// module docs).
+    /// different collective call fails as a collective does (see
+    /// [`Team`]).
     ///
     /// # Collective
     pub fn barrier(&self, stream: &Stream) -> Result<()> {

@@ -12,7 +12,7 @@
 //! that. Either way: exactly one report, the message the host's check
 //! gives, the destination unwritten, and the context usable afterwards.
 
-use crate::util::{assert_bits_eq, needs_pes, poison, Env, TestResult};
+use crate::util::{assert_bits_eq, needs_gpu, needs_pes, poison, Env, TestResult};
 use crate::TestFn;
 use shmem::{BackendKind, Error, MoeAllToAll, MoeConfig, ReduceOp, RoutingFault, SymmetricBuffer};
 
@@ -29,6 +29,7 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("deferred::routing_then_collective", |e| deferred(e, Kind::Routing, Next::Collective)),
     ("deferred::reported_once_without_a_wait", reported_once_without_a_wait),
     ("deferred::at_finalize", at_finalize),
+    ("deferred::graph_replay_gpu_only", graph_replay),
 ];
 
 /// The kinds of failure a kernel finds.
@@ -345,6 +346,55 @@ fn reported_once_without_a_wait(env: &Env) -> TestResult {
         f.nothing_written()?;
         env.ctx.check_device()?;
     }
+    Ok(())
+}
+
+/// GPU only: a 2D dispatch captured in a CUDA graph and replayed, with a
+/// negative split on the last PE at the second replay: that replay writes
+/// nothing, and the `copy_to_host` after it reports the failure on every
+/// PE, once (a replay reports through the record eager calls use); the
+/// third replay, with good splits again, is exact.
+fn graph_replay(env: &Env) -> TestResult {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let stream = needs_gpu(env)?;
+    let (n, me, s, ctx) = (env.n(), env.me(), &env.s, &env.ctx);
+    let m = n * NE;
+    let good: Vec<i64> = (0..m).map(|i| i64::from(i < IN_ROWS)).collect();
+    let mut bad = good.clone();
+    bad[0] = -2;
+    let input = filled(env, &(0..IN_ROWS * ROW).map(|i| (me * 1000 + i) as f32).collect::<Vec<_>>())?;
+    let splits = filled(env, &good)?;
+    let out_rows = NE * ALIGN * n.div_ceil(ALIGN) + NE * ALIGN;
+    let output = filled(env, &vec![poison::<f32>(); out_rows * ROW])?;
+    let so = filled(env, &vec![POISON_SO; 2 * m])?;
+    ctx.barrier_all(s)?;
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    let captured = ctx.all_to_all_v_2d(&input, &output, &splits, &so, ROW, ALIGN, s);
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
+    captured?;
+    let graph = graph.ok_or("capture gave no graph")?;
+    let replay = |mine: &[i64]| -> TestResult {
+        splits.copy_from_host(mine, s)?;
+        output.fill(poison(), s)?;
+        so.fill(POISON_SO, s)?;
+        Ok(graph.launch()?)
+    };
+    replay(&good)?;
+    let (rows, so_good) = (output.copy_to_host(s)?, so.copy_to_host(s)?);
+    assert_ne!(so_good, vec![POISON_SO; 2 * m], "the first replay's out splits/offsets");
+    replay(if me == n - 1 { &bad } else { &good })?;
+    let e = match output.copy_to_host(s) {
+        Err(e) => e,
+        Ok(_) => panic!("a replay with a negative split was not reported"),
+    };
+    assert!(matches!(e, Error::Invalid(_)), "{e}");
+    assert!(e.to_string().contains(&format!("PE {}'s split 0 is negative (-2)", n - 1)), "{e}");
+    assert_bits_eq(&output.copy_to_host(s)?, &vec![poison::<f32>(); out_rows * ROW], "the bad replay's output");
+    assert_eq!(so.copy_to_host(s)?, vec![POISON_SO; 2 * m], "the bad replay's out splits/offsets");
+    replay(&good)?;
+    assert_bits_eq(&output.copy_to_host(s)?, &rows, "a good replay after the bad one");
+    assert_eq!(so.copy_to_host(s)?, so_good, "a good replay's out splits/offsets");
+    ctx.check_device()?;
     Ok(())
 }
 

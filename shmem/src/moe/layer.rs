@@ -865,14 +865,14 @@ impl<T: Element> MoeAllToAll<T> {
     /// Buffers too small for the configuration: the error on this PE at
     /// once, and on the others a collective mismatch that names this PE and
     /// the reason (on the GPU backend, which agrees on an eager call on the
-    /// device, from their [`Stream::synchronize`], next MoE call or
-    /// [`Context::check_device`] once the call has run; nothing is sent or
-    /// written); so do PEs whose calls differ. A bad routing (as for
-    /// [`MoeAllToAll::dispatch`]): on the host backend at once, as
-    /// `dispatch` reports it; on the GPU backend it is found on the device:
-    /// nothing is sent or written, and the next MoE call (or
-    /// [`Context::check_device`]) fails on every PE, naming the PE and the
-    /// fault.
+    /// device, from the first call that can see it once the call has run:
+    /// see [`crate::Team`]; nothing is sent or written); so do PEs whose
+    /// calls differ. A bad routing (as for [`MoeAllToAll::dispatch`]): on
+    /// the host backend at once, as `dispatch` reports it; on the GPU
+    /// backend it is found on the device: nothing is sent or written, and
+    /// the first call that can see it (a `copy_to_host` of the view, the
+    /// next collective, RMA or MoE call, [`Context::check_device`]) fails
+    /// on every PE, naming the PE and the fault.
     ///
     /// # Collective
     /// Every PE calls it.
