@@ -205,7 +205,16 @@ impl Team {
             Ok(false)
         })?;
         if let Some(g) = &self.ctx.gpu {
-            return self.gpu_collective::<T>(g, OpKind::Broadcast, d, s, None, root, agreement, _stream);
+            return self.ctx.report(self.gpu_collective::<T>(
+                g,
+                OpKind::Broadcast,
+                d,
+                s,
+                None,
+                root,
+                agreement,
+                _stream,
+            ));
         }
         if let Some(r) = self.rails() {
             return self.broadcast_nodes::<T>(r, d, s, root);
@@ -246,7 +255,7 @@ impl Team {
             Ok(s == mine(d, s) && n > 1)
         })?;
         if let Some(g) = &self.ctx.gpu {
-            return self.gpu_collective::<T>(g, OpKind::AllGather, d, s, None, 0, agreement, _stream);
+            return self.ctx.report(self.gpu_collective::<T>(g, OpKind::AllGather, d, s, None, 0, agreement, _stream));
         }
         if let Some(r) = self.rails() {
             return self.all_gather_nodes::<T>(r, d, s);
@@ -291,7 +300,16 @@ impl Team {
             Ok(false)
         })?;
         if let Some(g) = &self.ctx.gpu {
-            return self.gpu_collective::<T>(g, OpKind::AllReduce, d, s, Some(op), 0, agreement, _stream);
+            return self.ctx.report(self.gpu_collective::<T>(
+                g,
+                OpKind::AllReduce,
+                d,
+                s,
+                Some(op),
+                0,
+                agreement,
+                _stream,
+            ));
         }
         if let Some(r) = self.rails() {
             return self.all_reduce_nodes::<T>(r, d, s, op);
@@ -363,7 +381,16 @@ impl Team {
             Ok(d == mine && n > 1)
         })?;
         if let Some(g) = &self.ctx.gpu {
-            return self.gpu_collective::<T>(g, OpKind::ReduceScatter, d, s, Some(op), 0, agreement, _stream);
+            return self.ctx.report(self.gpu_collective::<T>(
+                g,
+                OpKind::ReduceScatter,
+                d,
+                s,
+                Some(op),
+                0,
+                agreement,
+                _stream,
+            ));
         }
         if let Some(r) = self.rails() {
             return self.reduce_scatter_nodes::<T>(r, d, s, op);
@@ -407,7 +434,7 @@ impl Team {
             Ok(false)
         })?;
         if let Some(g) = &self.ctx.gpu {
-            return self.gpu_collective::<T>(g, OpKind::AllToAll, d, s, None, 0, agreement, _stream);
+            return self.ctx.report(self.gpu_collective::<T>(g, OpKind::AllToAll, d, s, None, 0, agreement, _stream));
         }
         if let Some(r) = self.rails() {
             return self.all_to_all_nodes::<T>(r, d, s);
@@ -470,28 +497,10 @@ impl Team {
     /// NVSHMEM's team collective where asked ([`crate::CollImpl::Nvshmem`])
     /// or where no kernel applies (teams larger than the kernels take).
     /// With `agreement`, the kernel agrees on the call first (and host-issued
-    /// work waits for its verdict). Once it is issued, a failure the device
-    /// found in an earlier call is reported ([`Inner::report`]).
-    ///
-    /// [`Inner::report`]: crate::context::Inner::report
+    /// work waits for its verdict). Its callers report a failure the device
+    /// found in an earlier call once it is issued (`Inner::report`).
     #[allow(clippy::too_many_arguments)]
     fn gpu_collective<T: Element>(
-        &self,
-        g: &GpuWorld,
-        kind: OpKind,
-        d: Region,
-        s: Region,
-        op: Option<ReduceOp>,
-        root: usize,
-        agreement: Option<DeviceAgreement>,
-        stream: &Stream,
-    ) -> Result<()> {
-        let r = self.issue_gpu_collective::<T>(g, kind, d, s, op, root, agreement, stream);
-        self.ctx.report(r)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn issue_gpu_collective<T: Element>(
         &self,
         g: &GpuWorld,
         kind: OpKind,
