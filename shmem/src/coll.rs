@@ -655,6 +655,21 @@ impl Team {
                 MAX_TEAM
             )));
         }
+        // NVSHMEM's reduce-scatter stages every member's block in half its
+        // reduce scratch and writes past it where they do not fit (see
+        // `nvshmem_reduce_scratch`). Every member sees the same agreed call
+        // and setting: all refuse it, before anything is written.
+        let most = g.nv_reduce_scratch / 2;
+        if kind == OpKind::ReduceScatter && s.len * elem > most {
+            return Err(Error::Invalid(format!(
+                "reduce_scatter through NVSHMEM's collectives (CollImpl::Nvshmem): a source of {} bytes on a team of \
+                 {} PEs does not fit the half of NVSHMEM's reduce scratch its reduce-scatter uses ({most} bytes), \
+                 and NVSHMEM would write past it; raise NVSHMEM_REDUCE_SCRATCH_SIZE (on every PE) to at least \
+                 twice the source, or let shmem's own kernels run it",
+                s.len * elem,
+                self.n_pes()
+            )));
+        }
         // NVSHMEM wants source and destination apart (a reduction may be
         // exactly in place): otherwise the source goes through a copy.
         let apart = !overlap(d, s, elem) || (kind == OpKind::AllReduce && d == s);

@@ -713,6 +713,8 @@ fn run_case<T: TestElem>(
     };
     let mine = |i: usize| x(me, i);
     let block = me * len..(me + 1) * len;
+    let refuses = nvshmem_refuses(env, c, src_len * size_of::<T>());
+    let mut refused = false;
     // (the buffer read back, its host image before the call, where the
     // output lies in it)
     let (out_buf, out_image, out_at) = match (c.placement, c.coll) {
@@ -721,14 +723,17 @@ fn run_case<T: TestElem>(
             let dst_image = framed(dst_len, 0..0, &mine);
             src_buf.slice(..src_image.len()).copy_from_host(&src_image, s)?;
             dst_buf.slice(..dst_image.len()).copy_from_host(&dst_image, s)?;
-            g.call(
-                &env.ctx,
-                c.coll,
-                dst_buf.slice(at..at + dst_len),
-                src_buf.slice(at..at + src_len),
-                c.op,
-                c.root,
-                s,
+            refused |= outcome(
+                refuses,
+                g.call(
+                    &env.ctx,
+                    c.coll,
+                    dst_buf.slice(at..at + dst_len),
+                    src_buf.slice(at..at + src_len),
+                    c.op,
+                    c.root,
+                    s,
+                ),
             )?;
             rep.check(
                 &label,
@@ -742,28 +747,65 @@ fn run_case<T: TestElem>(
         (Placement::InPlace, Coll::AllGather) => {
             let image = framed(dst_len, block.clone(), &|i| mine(i - me * len));
             dst_buf.slice(..image.len()).copy_from_host(&image, s)?;
-            g.call(&env.ctx, c.coll, dst_buf.slice(..dst_len), dst_buf.slice(block), c.op, c.root, s)?;
+            refused |= outcome(
+                refuses,
+                g.call(&env.ctx, c.coll, dst_buf.slice(..dst_len), dst_buf.slice(block), c.op, c.root, s),
+            )?;
             (dst_buf, image, 0)
         }
         (Placement::InPlace, Coll::ReduceScatter) => {
             let image = framed(src_len, 0..src_len, &mine);
             src_buf.slice(..image.len()).copy_from_host(&image, s)?;
-            g.call(&env.ctx, c.coll, src_buf.slice(block.clone()), src_buf.slice(..src_len), c.op, c.root, s)?;
+            refused |= outcome(
+                refuses,
+                g.call(&env.ctx, c.coll, src_buf.slice(block.clone()), src_buf.slice(..src_len), c.op, c.root, s),
+            )?;
             (src_buf, image, block.start)
         }
         (Placement::InPlace, _) => {
             let image = framed(src_len, 0..src_len, &mine);
             src_buf.slice(..image.len()).copy_from_host(&image, s)?;
-            g.call(&env.ctx, c.coll, src_buf.slice(..src_len), src_buf.slice(..src_len), c.op, c.root, s)?;
+            refused |= outcome(
+                refuses,
+                g.call(&env.ctx, c.coll, src_buf.slice(..src_len), src_buf.slice(..src_len), c.op, c.root, s),
+            )?;
             (src_buf, image, 0)
         }
     };
     let got = out_buf.slice(..out_image.len()).copy_to_host(s)?;
+    if refused {
+        // Nothing written.
+        rep.check(&label, seed, "output of a refused call", &got, &out_image);
+        return Ok(());
+    }
     rep.check_within(&label, seed, "result", &got[out_at..out_at + dst_len], &want, slack.as_deref());
     let fence = out_image.len() - guard;
     rep.check(&label, seed, "poison before the region", &got[..at], &out_image[..at]);
     rep.check(&label, seed, "guard after the region", &got[fence..], &out_image[fence..]);
     Ok(())
+}
+
+/// Whether the call must be refused: NVSHMEM's reduce-scatter (on the gpu
+/// backend) where the source does not fit half of NVSHMEM's reduce scratch
+/// (`NVSHMEM_REDUCE_SCRATCH_SIZE` bytes, 512 KiB by default; this reads a
+/// plain number of bytes), past which NVSHMEM writes beyond it.
+fn nvshmem_refuses(env: &Env, c: &Case<'_>, src_bytes: usize) -> bool {
+    let scratch = std::env::var("NVSHMEM_REDUCE_SCRATCH_SIZE").ok().and_then(|v| v.parse().ok()).unwrap_or(512 << 10);
+    env.ctx.backend() == BackendKind::Gpu
+        && c.variant == Variant::Nvshmem
+        && c.coll == Coll::ReduceScatter
+        && src_bytes > scratch / 2
+}
+
+/// Whether a call was refused as `refuses` says it must be (`Ok(true)`), or
+/// ran as it must (`Ok(false)`); otherwise its error.
+fn outcome(refuses: bool, r: shmem::Result<()>) -> Result<bool, Box<dyn std::error::Error>> {
+    match (r, refuses) {
+        (Ok(()), false) => Ok(false),
+        (Err(shmem::Error::Invalid(m)), true) if m.contains("NVSHMEM_REDUCE_SCRATCH_SIZE") => Ok(true),
+        (Ok(()), true) => Err("NVSHMEM's reduce-scatter ran on a source past half its reduce scratch".into()),
+        (Err(e), _) => Err(e.into()),
+    }
 }
 
 /// `SHMEM_TEST_HUGE=0`: leave out the 256 MiB cases (the sanitizers' runs

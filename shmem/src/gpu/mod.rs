@@ -180,6 +180,9 @@ pub(crate) struct GpuWorld {
     /// The library's version, and this PE's CUDA device.
     pub(crate) version: (i32, i32, i32),
     pub(crate) device: usize,
+    /// NVSHMEM's reduce scratch per team, in bytes
+    /// ([`nvshmem_reduce_scratch`]), which bounds its reduce-scatter.
+    pub(crate) nv_reduce_scratch: usize,
     /// For operations given a host stream.
     own: Arc<CudaStream>,
     /// shmem's own device kernels, when built in and every peer is on NVLink.
@@ -255,8 +258,9 @@ impl GpuWorld {
         // NVSHMEM reads its settings from the environment at init. The heap
         // is ours to carve, plus room for NVSHMEM's own collectives.
         set_default_env("NVSHMEM_SYMMETRIC_SIZE", &(heap_size + NVSHMEM_RESERVE).to_string());
-        // NVLink multicast stays off (see DESIGN.md): never turned on here.
+        // NVLink multicast stays off: never turned on here.
         std::env::set_var("NVSHMEM_DISABLE_NVLS", "1");
+        let nv_reduce_scratch = nvshmem_reduce_scratch(std::env::var("NVSHMEM_REDUCE_SCRATCH_SIZE").ok().as_deref());
 
         let uid = if me == 0 { unique_id(nv) } else { Ok(Vec::new()) };
         let uids = agree_ok(boot, uid, "making NVSHMEM's unique id")?;
@@ -300,6 +304,7 @@ impl GpuWorld {
             node_team: TEAM_NODE,
             version,
             device,
+            nv_reduce_scratch,
             own,
             kernels: None,
             amo: Default::default(),
@@ -377,6 +382,32 @@ fn clone_err(e: &Error) -> Error {
         Error::BackendUnavailable(m) => Error::BackendUnavailable(m.clone()),
         e => Error::BackendUnavailable(e.to_string()),
     }
+}
+
+/// NVSHMEM's default `NVSHMEM_REDUCE_SCRATCH_SIZE`.
+const NVSHMEM_REDUCE_SCRATCH_DEFAULT: usize = 512 << 10;
+
+/// The reduce scratch NVSHMEM gives each team, from the value of
+/// `NVSHMEM_REDUCE_SCRATCH_SIZE` (bytes, with an optional `k`, `m` or `g`
+/// suffix of powers of 1024, as NVSHMEM reads its sizes): its default
+/// where unset or unreadable. NVSHMEM 3.4's on-stream reduce-scatter
+/// (NVLink multicast off) puts every member's whole block into one half
+/// of it, and past that half writes beyond the scratch, into the state of
+/// the team's other collectives and the next team's (its check is an
+/// assertion, which its release builds leave out): shmem refuses such
+/// calls ([`crate::CollImpl::Nvshmem`]).
+pub(crate) fn nvshmem_reduce_scratch(value: Option<&str>) -> usize {
+    let parse = |v: &str| -> Option<usize> {
+        let v = v.trim();
+        let (digits, shift) = match v.chars().last()?.to_ascii_lowercase() {
+            'k' => (&v[..v.len() - 1], 10),
+            'm' => (&v[..v.len() - 1], 20),
+            'g' => (&v[..v.len() - 1], 30),
+            _ => (v, 0),
+        };
+        digits.parse::<usize>().ok()?.checked_mul(1 << shift)
+    };
+    value.and_then(parse).unwrap_or(NVSHMEM_REDUCE_SCRATCH_DEFAULT)
 }
 
 fn set_default_env(key: &str, value: &str) {
@@ -666,5 +697,21 @@ pub(crate) fn check(call: &'static str, rc: i32) -> Result<()> {
         Ok(())
     } else {
         Err(Error::Nvshmem { call, code: rc })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nvshmem_reduce_scratch_reads_bytes_and_suffixes() {
+        assert_eq!(nvshmem_reduce_scratch(None), 512 << 10);
+        assert_eq!(nvshmem_reduce_scratch(Some("67108864")), 64 << 20);
+        assert_eq!(nvshmem_reduce_scratch(Some("2m")), 2 << 20);
+        assert_eq!(nvshmem_reduce_scratch(Some(" 1G ")), 1 << 30);
+        assert_eq!(nvshmem_reduce_scratch(Some("768K")), 768 << 10);
+        assert_eq!(nvshmem_reduce_scratch(Some("lots")), 512 << 10, "unreadable: NVSHMEM's default");
+        assert_eq!(nvshmem_reduce_scratch(Some("")), 512 << 10);
     }
 }
