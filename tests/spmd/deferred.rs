@@ -108,9 +108,11 @@ impl<'a> Failing<'a> {
         let dst = filled(env, &vec![poison::<f32>(); LEN])?;
         let a2a = match kind {
             Kind::Split2d => {
-                let mut splits = vec![1i64; n * NE];
+                // A row to each of the first (PE, expert) pairs, as many
+                // as the input holds; the last PE's last split negative.
+                let mut splits: Vec<i64> = (0..n * NE).map(|i| i64::from(i < IN_ROWS / 2)).collect();
                 if me == n - 1 {
-                    splits[n * NE / 2] = -3;
+                    splits[n * NE - 1] = -3;
                 }
                 let out_rows = NE * ALIGN * n.div_ceil(ALIGN) + NE * ALIGN;
                 Some((
