@@ -22,7 +22,11 @@ pub enum CollImpl {
     /// shmem's device kernels (`kernels/*.cu`).
     #[default]
     Kernels,
-    /// NVSHMEM's own team collectives (`nvshmemx_*_on_stream`).
+    /// NVSHMEM's own team collectives (`nvshmemx_*_on_stream`), the
+    /// baseline. Its reduce-scatter takes a source of at most half of
+    /// `NVSHMEM_REDUCE_SCRATCH_SIZE` (512 KiB by default), past which
+    /// NVSHMEM writes beyond its scratch: a larger one is refused on every
+    /// PE ([`crate::Error::Invalid`]).
     Nvshmem,
 }
 
