@@ -149,93 +149,86 @@ impl Team {
         how: Overlap,
         stream: &Stream,
     ) -> Result<()> {
-        // Reported once the call is issued (see `Inner::report`).
-        let r = (|| -> Result<()> {
-            const OP: &str = "all_gather_matmul";
-            let (a_out, out, a_shard, b) = (a_out.into(), out.into(), a_shard.into(), b.into());
-            let np = self.n_pes();
-            let me = self.my_pe();
-            let elem = size_of::<T>();
-            self.check()?;
-            let local = (|| {
-                supported::<T>(OP)?;
-                let (ro, rc, ra, rb) = (
-                    a_out.region(&self.ctx)?,
-                    out.region(&self.ctx)?,
-                    a_shard.region(&self.ctx)?,
-                    b.region(&self.ctx)?,
-                );
-                let (m, n) = operand_rows(OP, "a_shard", ra, rb, k, how)?;
-                if ro.len != np * m * k || rc.len != np * m * n {
-                    return Err(Error::LengthMismatch(format!(
-                        "{OP}: a_out has {} elements and out {}; {np} PEs × a {m} × {k} shard times b {k} × {n} need \
-                         {} and {}",
-                        ro.len,
-                        rc.len,
-                        np * m * k,
-                        np * m * n
-                    )));
-                }
-                let own_block = ra == Region { offset: ro.offset + me * m * k * elem, len: m * k };
-                let clash = overlap(rc, ro, elem)
-                    || overlap(rc, ra, elem)
-                    || overlap(rc, rb, elem)
-                    || overlap(ro, rb, elem)
-                    || (overlap(ro, ra, elem) && !own_block);
-                if clash {
-                    return Err(Error::Invalid(format!(
-                        "{OP}: out, a_out and b must not overlap each other or a_shard (a_shard may be this PE's block \
-                         of a_out)"
-                    )));
-                }
-                Ok((ro, rc, ra, rb, Shapes { m, n, k }, own_block))
-            })();
-            let mut desc = Desc::new(OpKind::AllGatherMatmul);
-            desc.dtype = Some(T::DTYPE);
-            if let Ok((ro, _, ra, _, _, own_block)) = &local {
-                desc.args = [
-                    if *own_block { u64::MAX } else { ra.offset as u64 },
-                    ra.len as u64,
-                    ro.offset as u64,
-                    ro.len as u64,
-                    k as u64,
-                ];
+        const OP: &str = "all_gather_matmul";
+        let (a_out, out, a_shard, b) = (a_out.into(), out.into(), a_shard.into(), b.into());
+        let np = self.n_pes();
+        let me = self.my_pe();
+        let elem = size_of::<T>();
+        self.check()?;
+        let local = (|| {
+            supported::<T>(OP)?;
+            let (ro, rc, ra, rb) =
+                (a_out.region(&self.ctx)?, out.region(&self.ctx)?, a_shard.region(&self.ctx)?, b.region(&self.ctx)?);
+            let (m, n) = operand_rows(OP, "a_shard", ra, rb, k, how)?;
+            if ro.len != np * m * k || rc.len != np * m * n {
+                return Err(Error::LengthMismatch(format!(
+                    "{OP}: a_out has {} elements and out {}; {np} PEs × a {m} × {k} shard times b {k} × {n} need \
+                     {} and {}",
+                    ro.len,
+                    rc.len,
+                    np * m * k,
+                    np * m * n
+                )));
             }
-            let rows = self.exchange_call(OP, &desc, local.as_ref().err(), stream)?;
-            let (ro, rc, ra, rb, s, own_block) = local?;
-            self.agree(&rows)?;
-            match &self.ctx.gpu {
-                None => {
-                    self.all_gather(a_out, a_shard, stream)?;
-                    self.host_gemm::<T>(ro.offset, rb.offset, rc.offset, np * s.m, s.k, s.n);
-                    Ok(())
-                }
-                Some(g) => {
-                    let nvlink = self.nvlink();
-                    if how.comm == OverlapComm::Sequential || !nvlink || np == 1 {
-                        self.all_gather(a_out, a_shard, stream)?;
-                        let st = g.stream(stream);
-                        let blas = self.blas()?;
-                        let blas = blas.as_ref().expect("made by blas()");
-                        // SAFETY: checked regions of this PE's heap.
-                        return unsafe {
-                            blas.gemm(
-                                T::DTYPE,
-                                g.addr(ro.offset),
-                                g.addr(rb.offset),
-                                g.addr(rc.offset),
-                                np * s.m,
-                                s.k,
-                                s.n,
-                                st,
-                            )
-                        };
-                    }
-                    self.gpu_all_gather_matmul::<T>(ro, rc, ra, rb, s, own_block, how, stream)
-                }
+            let own_block = ra == Region { offset: ro.offset + me * m * k * elem, len: m * k };
+            let clash = overlap(rc, ro, elem)
+                || overlap(rc, ra, elem)
+                || overlap(rc, rb, elem)
+                || overlap(ro, rb, elem)
+                || (overlap(ro, ra, elem) && !own_block);
+            if clash {
+                return Err(Error::Invalid(format!(
+                    "{OP}: out, a_out and b must not overlap each other or a_shard (a_shard may be this PE's block \
+                     of a_out)"
+                )));
             }
+            Ok((ro, rc, ra, rb, Shapes { m, n, k }, own_block))
         })();
-        self.ctx.report(r)
+        let mut desc = Desc::new(OpKind::AllGatherMatmul);
+        desc.dtype = Some(T::DTYPE);
+        if let Ok((ro, _, ra, _, _, own_block)) = &local {
+            desc.args = [
+                if *own_block { u64::MAX } else { ra.offset as u64 },
+                ra.len as u64,
+                ro.offset as u64,
+                ro.len as u64,
+                k as u64,
+            ];
+        }
+        let rows = self.exchange_call(OP, &desc, local.as_ref().err(), stream)?;
+        let (ro, rc, ra, rb, s, own_block) = local?;
+        self.agree(&rows)?;
+        match &self.ctx.gpu {
+            None => {
+                self.all_gather(a_out, a_shard, stream)?;
+                self.host_gemm::<T>(ro.offset, rb.offset, rc.offset, np * s.m, s.k, s.n);
+                Ok(())
+            }
+            Some(g) => {
+                let nvlink = self.nvlink();
+                if how.comm == OverlapComm::Sequential || !nvlink || np == 1 {
+                    self.all_gather(a_out, a_shard, stream)?;
+                    let st = g.stream(stream);
+                    let blas = self.blas()?;
+                    let blas = blas.as_ref().expect("made by blas()");
+                    // SAFETY: checked regions of this PE's heap.
+                    return unsafe {
+                        blas.gemm(
+                            T::DTYPE,
+                            g.addr(ro.offset),
+                            g.addr(rb.offset),
+                            g.addr(rc.offset),
+                            np * s.m,
+                            s.k,
+                            s.n,
+                            st,
+                        )
+                    };
+                }
+                // The sequential forms report through their collective.
+                self.ctx.report(self.gpu_all_gather_matmul::<T>(ro, rc, ra, rb, s, own_block, how, stream))
+            }
+        }
     }
 
     /// Multiplies this PE's `a` (`m × k`) by its `b` (`k × n`) and
@@ -260,83 +253,79 @@ impl Team {
         how: Overlap,
         stream: &Stream,
     ) -> Result<()> {
-        // Reported once the call is issued (see `Inner::report`).
-        let r = (|| -> Result<()> {
-            const OP: &str = "matmul_reduce_scatter";
-            let (out, a, b, ws) = (out.into(), a.into(), b.into(), workspace.into());
-            let np = self.n_pes();
-            let elem = size_of::<T>();
-            self.check()?;
-            let local = (|| {
-                supported::<T>(OP)?;
-                let (rc, ra, rb, rw) =
-                    (out.region(&self.ctx)?, a.region(&self.ctx)?, b.region(&self.ctx)?, ws.region(&self.ctx)?);
-                let (m, n) = operand_rows(OP, "a", ra, rb, k, how)?;
-                if m % np != 0 {
-                    return Err(Error::LengthMismatch(format!("{OP}: a's {m} rows do not split evenly over {np} PEs")));
-                }
-                if rc.len != m / np * n {
-                    return Err(Error::LengthMismatch(format!(
-                        "{OP}: out has {} elements; block {} × {n} of an {m} × {n} product over {np} PEs needs {}",
-                        rc.len,
-                        m / np,
-                        m / np * n
-                    )));
-                }
-                let need = reduce_scatter_workspace_len(m, n);
-                if rw.len < need {
-                    return Err(Error::LengthMismatch(format!(
-                        "{OP}: workspace has {} elements, an {m} × {n} product needs {need}",
-                        rw.len
-                    )));
-                }
-                let rw = Region { offset: rw.offset, len: need };
-                let all = [rc, ra, rb, rw];
-                if (0..4).any(|i| (i + 1..4).any(|j| (i, j) != (1, 2) && overlap(all[i], all[j], elem))) {
-                    return Err(Error::Invalid(format!("{OP}: out, a and b must not overlap workspace or each other")));
-                }
-                Ok((rc, ra, rb, rw, Shapes { m, n, k }))
-            })();
-            let mut desc = Desc::new(OpKind::MatmulReduceScatter);
-            desc.dtype = Some(T::DTYPE);
-            if let Ok((_, _, _, rw, s)) = &local {
-                desc.args = [rw.offset as u64, rw.len as u64, s.m as u64, s.n as u64, 0];
+        const OP: &str = "matmul_reduce_scatter";
+        let (out, a, b, ws) = (out.into(), a.into(), b.into(), workspace.into());
+        let np = self.n_pes();
+        let elem = size_of::<T>();
+        self.check()?;
+        let local = (|| {
+            supported::<T>(OP)?;
+            let (rc, ra, rb, rw) =
+                (out.region(&self.ctx)?, a.region(&self.ctx)?, b.region(&self.ctx)?, ws.region(&self.ctx)?);
+            let (m, n) = operand_rows(OP, "a", ra, rb, k, how)?;
+            if m % np != 0 {
+                return Err(Error::LengthMismatch(format!("{OP}: a's {m} rows do not split evenly over {np} PEs")));
             }
-            let rows = self.exchange_call(OP, &desc, local.as_ref().err(), stream)?;
-            let (rc, ra, rb, rw, s) = local?;
-            self.agree(&rows)?;
-            let partials = SymSlice { buf: ws.buf, start: ws.start, end: ws.start + s.m * s.n };
-            match &self.ctx.gpu {
-                None => {
-                    self.host_gemm::<T>(ra.offset, rb.offset, rw.offset, s.m, s.k, s.n);
-                    self.reduce_scatter(out, partials, ReduceOp::Sum, stream)
-                }
-                Some(g) => {
-                    if how.comm == OverlapComm::Sequential || !self.nvlink() || np == 1 {
-                        {
-                            let blas = self.blas()?;
-                            let blas = blas.as_ref().expect("made by blas()");
-                            // SAFETY: checked regions of this PE's heap.
-                            unsafe {
-                                blas.gemm(
-                                    T::DTYPE,
-                                    g.addr(ra.offset),
-                                    g.addr(rb.offset),
-                                    g.addr(rw.offset),
-                                    s.m,
-                                    s.k,
-                                    s.n,
-                                    g.stream(stream),
-                                )?
-                            };
-                        }
-                        return self.reduce_scatter(out, partials, ReduceOp::Sum, stream);
-                    }
-                    self.gpu_matmul_reduce_scatter::<T>(rc, ra, rb, rw, s, how, stream)
-                }
+            if rc.len != m / np * n {
+                return Err(Error::LengthMismatch(format!(
+                    "{OP}: out has {} elements; block {} × {n} of an {m} × {n} product over {np} PEs needs {}",
+                    rc.len,
+                    m / np,
+                    m / np * n
+                )));
             }
+            let need = reduce_scatter_workspace_len(m, n);
+            if rw.len < need {
+                return Err(Error::LengthMismatch(format!(
+                    "{OP}: workspace has {} elements, an {m} × {n} product needs {need}",
+                    rw.len
+                )));
+            }
+            let rw = Region { offset: rw.offset, len: need };
+            let all = [rc, ra, rb, rw];
+            if (0..4).any(|i| (i + 1..4).any(|j| (i, j) != (1, 2) && overlap(all[i], all[j], elem))) {
+                return Err(Error::Invalid(format!("{OP}: out, a and b must not overlap workspace or each other")));
+            }
+            Ok((rc, ra, rb, rw, Shapes { m, n, k }))
         })();
-        self.ctx.report(r)
+        let mut desc = Desc::new(OpKind::MatmulReduceScatter);
+        desc.dtype = Some(T::DTYPE);
+        if let Ok((_, _, _, rw, s)) = &local {
+            desc.args = [rw.offset as u64, rw.len as u64, s.m as u64, s.n as u64, 0];
+        }
+        let rows = self.exchange_call(OP, &desc, local.as_ref().err(), stream)?;
+        let (rc, ra, rb, rw, s) = local?;
+        self.agree(&rows)?;
+        let partials = SymSlice { buf: ws.buf, start: ws.start, end: ws.start + s.m * s.n };
+        match &self.ctx.gpu {
+            None => {
+                self.host_gemm::<T>(ra.offset, rb.offset, rw.offset, s.m, s.k, s.n);
+                self.reduce_scatter(out, partials, ReduceOp::Sum, stream)
+            }
+            Some(g) => {
+                if how.comm == OverlapComm::Sequential || !self.nvlink() || np == 1 {
+                    {
+                        let blas = self.blas()?;
+                        let blas = blas.as_ref().expect("made by blas()");
+                        // SAFETY: checked regions of this PE's heap.
+                        unsafe {
+                            blas.gemm(
+                                T::DTYPE,
+                                g.addr(ra.offset),
+                                g.addr(rb.offset),
+                                g.addr(rw.offset),
+                                s.m,
+                                s.k,
+                                s.n,
+                                g.stream(stream),
+                            )?
+                        };
+                    }
+                    return self.reduce_scatter(out, partials, ReduceOp::Sum, stream);
+                }
+                self.ctx.report(self.gpu_matmul_reduce_scatter::<T>(rc, ra, rb, rw, s, how, stream))
+            }
+        }
     }
 
     /// The descriptor exchange of an overlapped matmul: every PE's rows,

@@ -333,8 +333,8 @@ fn reported_once_without_a_wait(env: &Env) -> TestResult {
         let first = f.call().err();
         let (second, x, want) = good_all_reduce(env)?;
         let third = x.copy_to_host(&env.s);
-        let reports: Vec<String> = [first, second.err(), third.as_ref().err().map(|e| Error::Invalid(e.to_string()))]
-            .iter()
+        let reports: Vec<String> = [first.as_ref(), second.as_ref().err(), third.as_ref().err()]
+            .into_iter()
             .flatten()
             .map(|e| e.to_string())
             .collect();
