@@ -110,6 +110,8 @@ mod fp8;
 mod layer;
 mod nodes;
 pub(crate) mod plan;
+mod route;
+mod wire;
 pub use arrivals::{Arrivals, DeviceMoeArrivals};
 pub use fp8::{Fp8DeviceTokens, Fp8Out, Fp8Tokens, Fp8View};
 pub use layer::{CombineElement, Layout, MoeAllToAll, MoeConfig, WireFormat};

@@ -59,256 +59,13 @@ use crate::dtype::Element;
 use crate::error::{Error, Result, RoutingFault};
 use crate::fp8::fp8_e4m3;
 use crate::gpu::kernels::{decode_fits, decode_words, rank_scratch_len};
-use crate::quant;
 use crate::team::{Desc, OpKind, Team};
-use half::{bf16, f16};
 use rayon::prelude::*;
 use std::ops::Range;
 use std::sync::atomic::AtomicU8;
 use std::sync::Mutex;
 
-/// The sizes a [`MoeAllToAll`] is built for; the same on every PE.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MoeConfig {
-    /// Elements per token (the hidden size): one row.
-    pub hidden: usize,
-    /// Most tokens one PE dispatches in one call.
-    pub max_tokens: usize,
-    /// Experts on each PE; expert `g` lives on PE `g / experts_per_pe`.
-    pub experts_per_pe: usize,
-    /// Experts each token is routed to: distinct experts, so at most
-    /// `n_pes × experts_per_pe`.
-    pub top_k: usize,
-    /// Each expert's block of received rows starts at a multiple of this,
-    /// and is at least this long (see [`Team::all_to_all_v_2d`]). 1 by default.
-    pub major_align: usize,
-    /// What the dispatch's wire rows carry: the tokens' elements
-    /// ([`WireFormat::Native`], the default) or e4m3 codes and scales.
-    pub format: WireFormat,
-}
-
-/// What a [`MoeAllToAll`]'s dispatch sends over the links: each wire row
-/// (one per token and destination PE) carries the token, its index and its
-/// slots' experts and weights.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum WireFormat {
-    /// The tokens' own elements, bit for bit.
-    #[default]
-    Native,
-    /// Block-scaled e4m3: per token `hidden` codes and one `f32` scale per
-    /// [`quant::GROUP`] elements, as [`crate::quant`] computes them. For
-    /// `MoeAllToAll<bf16>` only.
-    E4m3,
-}
-
-impl MoeConfig {
-    /// A configuration with `major_align` 1.
-    pub fn new(hidden: usize, max_tokens: usize, experts_per_pe: usize, top_k: usize) -> MoeConfig {
-        MoeConfig { hidden, max_tokens, experts_per_pe, top_k, major_align: 1, format: WireFormat::Native }
-    }
-
-    /// Sets [`MoeConfig::format`] to [`WireFormat::E4m3`]: an FP8 dispatch.
-    pub fn fp8(self) -> MoeConfig {
-        MoeConfig { format: WireFormat::E4m3, ..self }
-    }
-
-    /// Scales per token in the FP8 format.
-    pub fn scales_per_token(&self) -> usize {
-        quant::scales_len(self.hidden)
-    }
-
-    /// Sets [`MoeConfig::major_align`].
-    pub fn major_align(self, major_align: usize) -> MoeConfig {
-        MoeConfig { major_align, ..self }
-    }
-
-    /// Wire rows one PE sends at most: one per (token, destination PE).
-    fn send_rows(&self, n: usize) -> Option<usize> {
-        self.max_tokens.checked_mul(self.top_k.min(n))
-    }
-
-    /// Wire rows one PE may stage: each source sends each token once.
-    fn stage_rows(&self, n: usize) -> Option<usize> {
-        self.max_tokens.checked_mul(n)
-    }
-
-    /// Rows of the dispatched view at most: each staged token in at most
-    /// `min(top_k, experts_per_pe)` blocks, plus each block's padding
-    /// (`max(round_up(r, a), a) ≤ r + a`).
-    fn recv_rows(&self, n: usize) -> Option<usize> {
-        self.stage_rows(n)?
-            .checked_mul(self.top_k.min(self.experts_per_pe))?
-            .checked_add(self.experts_per_pe.checked_mul(self.major_align)?)
-    }
-
-    fn check(&self, n: usize, dtype: crate::dtype::DType) -> Result<()> {
-        let c = self;
-        let elem = dtype.size();
-        if c.hidden == 0 || c.max_tokens == 0 || c.experts_per_pe == 0 || c.top_k == 0 || c.major_align == 0 {
-            return Err(Error::Invalid(format!("MoeAllToAll::new: every size must be at least 1, got {c:?}")));
-        }
-        if c.format == WireFormat::E4m3 && dtype != crate::dtype::DType::BF16 {
-            return Err(Error::Invalid(format!(
-                "MoeAllToAll::new: the FP8 dispatch takes bf16 tokens, this exchange is of {dtype}"
-            )));
-        }
-        if c.top_k > n.saturating_mul(c.experts_per_pe) {
-            return Err(Error::Invalid(format!(
-                "MoeAllToAll::new: top_k {} is more than the {} experts of {n} PEs (a token's experts must differ)",
-                c.top_k,
-                n.saturating_mul(c.experts_per_pe)
-            )));
-        }
-        // The device keeps rows, tokens and slots in 32-bit fields.
-        let fits = |x: Option<usize>| x.filter(|&x| x < i32::MAX as usize);
-        let wire = Wire::of(c, elem);
-        let bytes = wire.map(|w| w.stride.max(w.back_stride));
-        let ok = fits(c.recv_rows(n)).is_some()
-            && fits(c.max_tokens.checked_mul(c.top_k)).is_some()
-            && bytes.and_then(|b| b.checked_mul(c.stage_rows(n)?)).is_some()
-            && c.recv_rows(n).and_then(|r| r.checked_mul(c.hidden)?.checked_mul(elem)).is_some()
-            && c.experts_per_pe.checked_mul(2 * n).is_some();
-        if !ok {
-            return Err(Error::Invalid(format!("MoeAllToAll::new: the buffers of {c:?} on {n} PEs overflow")));
-        }
-        Ok(())
-    }
-}
-
-/// Where the parts of a wire row lie, in bytes (see the module docs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Wire {
-    /// The token's elements: `hidden × size_of::<T>()`; in the FP8
-    /// format its codes, `hidden` bytes.
-    pub(crate) data: usize,
-    /// The FP8 format's scales: where they start (`hidden` rounded up to
-    /// 4); 0 in the native format.
-    pub(crate) scales: usize,
-    /// Where the metadata starts: the payload's end rounded up to 8.
-    pub(crate) meta: usize,
-    /// The row's length: a multiple of 16.
-    pub(crate) stride: usize,
-    /// The combine's rows (a token's bf16 partial): `stride` in the native
-    /// format, `hidden × size_of::<T>()` rounded up to 16 in the FP8 one.
-    pub(crate) back_stride: usize,
-    pub(crate) top_k: usize,
-    /// The FP8 format.
-    pub(crate) fp8: bool,
-}
-
-impl Wire {
-    fn new<T: Element>(c: &MoeConfig) -> Wire {
-        Wire::of(c, size_of::<T>()).expect("checked by MoeConfig::check")
-    }
-
-    /// The wire row of `c` for elements of `elem` bytes, or `None` when its
-    /// sizes overflow.
-    fn of(c: &MoeConfig, elem: usize) -> Option<Wire> {
-        let row = c.hidden.checked_mul(elem)?;
-        let fp8 = c.format == WireFormat::E4m3;
-        let (data, scales, end) = if fp8 {
-            let scales = c.hidden.checked_next_multiple_of(4)?;
-            (c.hidden, scales, scales.checked_add(4 * c.scales_per_token())?)
-        } else {
-            (row, 0, row)
-        };
-        let meta = end.checked_next_multiple_of(8)?;
-        let stride =
-            meta.checked_add(8usize.checked_add(8usize.checked_mul(c.top_k)?)?)?.checked_next_multiple_of(16)?;
-        let back_stride = if fp8 { row.checked_next_multiple_of(16)? } else { stride };
-        Some(Wire { data, scales, meta, stride, back_stride, top_k: c.top_k, fp8 })
-    }
-
-    fn token(&self, row: &[u8]) -> usize {
-        i64::from_ne_bytes(row[self.meta..self.meta + 8].try_into().expect("8 bytes")) as usize
-    }
-
-    /// The (source PE, token) of a row of the node-aware form, whose token
-    /// field carries its source in the high 32 bits (see [`ORIGIN_SHIFT`]).
-    pub(super) fn origin(&self, row: &[u8]) -> (usize, usize) {
-        let field = self.token(row);
-        (field >> ORIGIN_SHIFT, field & ((1 << ORIGIN_SHIFT) - 1))
-    }
-
-    /// Slot `j`: the destination's local expert (or -1) and the weight.
-    pub(super) fn slot(&self, row: &[u8], j: usize) -> (i32, f32) {
-        let at = self.meta + 8 + 8 * j;
-        let e = i32::from_ne_bytes(row[at..at + 4].try_into().expect("4 bytes"));
-        (e, f32::from_ne_bytes(row[at + 4..at + 8].try_into().expect("4 bytes")))
-    }
-
-    pub(super) fn set_meta(&self, row: &mut [u8], token: usize, slots: impl Iterator<Item = (i32, f32)>) {
-        row[self.meta..self.meta + 8].copy_from_slice(&(token as i64).to_ne_bytes());
-        for (j, (e, w)) in slots.enumerate() {
-            let at = self.meta + 8 + 8 * j;
-            row[at..at + 4].copy_from_slice(&e.to_ne_bytes());
-            row[at + 4..at + 8].copy_from_slice(&w.to_ne_bytes());
-        }
-    }
-}
-
-/// Where the node-aware form's wire rows keep their source PE in the token
-/// field: above the token (tokens fit 31 bits, checked at construction).
-pub(super) const ORIGIN_SHIFT: usize = 32;
-
-/// The bytes of `xs`.
-pub(super) fn bytes_of<T: Element>(xs: &[T]) -> &[u8] {
-    // SAFETY: Element types are plain data without padding (the trait's
-    // contract), so every byte of `xs` is initialised; u8 needs no alignment.
-    unsafe { std::slice::from_raw_parts(xs.as_ptr().cast::<u8>(), size_of_val(xs)) }
-}
-
-/// Fills `out` from the first bytes of `bytes` (any alignment).
-pub(super) fn read_elems<T: Element>(bytes: &[u8], out: &mut [T]) {
-    let len = size_of_val(out);
-    assert!(bytes.len() >= len, "a wire row holds the token's elements");
-    // SAFETY: `bytes` holds `len` bytes (checked) and does not overlap
-    // `out`; every bit pattern is a value of an Element type; the copy is
-    // bytewise, so the source needs no alignment.
-    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), out.as_mut_ptr().cast::<u8>(), len) }
-}
-
-/// The element types [`MoeAllToAll::combine`] can weigh: the floats. Sums
-/// run in [`Element::Acc`]: `f32` for `f16` and `bf16`.
-pub trait CombineElement: Element + sealed::Sealed {
-    /// `acc + weight × x`, in the accumulator's type (not fused).
-    #[doc(hidden)]
-    fn weigh(acc: Self::Acc, weight: f32, x: Self) -> Self::Acc;
-    /// `acc + x`, in the accumulator's type.
-    #[doc(hidden)]
-    fn add(acc: Self::Acc, x: Self) -> Self::Acc;
-    #[doc(hidden)]
-    fn zero() -> Self::Acc;
-}
-
-mod sealed {
-    pub trait Sealed {}
-}
-
-macro_rules! combine_element {
-    ($t:ty, $acc:ty) => {
-        impl sealed::Sealed for $t {}
-        impl CombineElement for $t {
-            #[inline]
-            fn weigh(acc: $acc, weight: f32, x: $t) -> $acc {
-                acc + <$acc>::from(weight) * x.to_acc()
-            }
-            #[inline]
-            fn add(acc: $acc, x: $t) -> $acc {
-                acc + x.to_acc()
-            }
-            #[inline]
-            fn zero() -> $acc {
-                0.0
-            }
-        }
-    };
-}
-
-combine_element!(f32, f32);
-combine_element!(f64, f64);
-combine_element!(f16, f32);
-combine_element!(bf16, f32);
+pub use super::wire::*;
 
 /// Where a dispatch put every row, on both sides: what
 /// [`MoeAllToAll::combine`] needs to weigh the experts' outputs, send them
@@ -323,37 +80,37 @@ combine_element!(bf16, f32);
 /// weight.
 #[derive(Clone, Debug)]
 pub struct Layout {
-    n_pes: usize,
-    config: MoeConfig,
-    n_tokens: usize,
+    pub(super) n_pes: usize,
+    pub(super) config: MoeConfig,
+    pub(super) n_tokens: usize,
     /// View rows per chunk, expert-major: entry `e × n_pes + src`.
-    splits: Vec<i64>,
+    pub(super) splits: Vec<i64>,
     /// Where each of those chunks starts in the view.
-    offsets: Vec<i64>,
+    pub(super) offsets: Vec<i64>,
     /// View rows, padding included.
-    rows: usize,
+    pub(super) rows: usize,
     /// Wire rows this PE sent to each PE (distinct tokens).
-    sent: Vec<i64>,
+    pub(super) sent: Vec<i64>,
     /// For token `t`, `token_rows[token_start[t]..token_start[t + 1]]`:
     /// its wire rows in send order, which is ascending destination PE.
-    token_start: Vec<usize>,
-    token_rows: Vec<usize>,
+    pub(super) token_start: Vec<usize>,
+    pub(super) token_rows: Vec<usize>,
     /// Wire rows received from each member of the team of the exchange
     /// that staged them: the world, or in the node-aware form the node.
-    received: Vec<i64>,
+    pub(super) received: Vec<i64>,
     /// Each received row's (source PE, token), by source PE and token.
-    arrivals: Vec<(usize, usize)>,
+    pub(super) arrivals: Vec<(usize, usize)>,
     /// Where each of those rows was staged (the identity in the flat form;
     /// the node-aware form stages them by forwarding PE).
-    staged_at: Vec<usize>,
+    pub(super) staged_at: Vec<usize>,
     /// Wire rows this PE sent in its first exchange to each destination:
     /// PE, or node in the node-aware form (what the combine gets back).
-    wire_sent: Vec<i64>,
+    pub(super) wire_sent: Vec<i64>,
     /// What this PE forwarded in the node-aware form.
     pub(super) forward: Option<Forward>,
     /// For each received row, `top_k` entries: the view row of the slot
     /// and its weight, or `None` for a slot routed elsewhere.
-    placements: Vec<Option<(usize, f32)>>,
+    pub(super) placements: Vec<Option<(usize, f32)>>,
 }
 
 impl Layout {
@@ -443,15 +200,15 @@ pub(super) struct Forward {
 /// This PE's routing, checked: what it sends where.
 pub(super) struct Route {
     /// Distinct tokens to each PE.
-    sent: Vec<i64>,
+    pub(super) sent: Vec<i64>,
     /// Wire rows to each destination: each PE, or in the node-aware form
     /// each node.
-    wire: Vec<i64>,
+    pub(super) wire: Vec<i64>,
     /// Each wire row's (token, destination), in send order.
-    rows: Vec<(usize, usize)>,
+    pub(super) rows: Vec<(usize, usize)>,
     /// As [`Layout::token_start`] and [`Layout::token_rows`].
-    token_start: Vec<usize>,
-    token_rows: Vec<usize>,
+    pub(super) token_start: Vec<usize>,
+    pub(super) token_rows: Vec<usize>,
 }
 
 /// A Mixture-of-Experts token exchange with deduplicated dispatch and
@@ -995,277 +752,6 @@ impl<T: Element> MoeAllToAll<T> {
             detail: format!("MoeAllToAll::dispatch_on_device: n_tokens is {n}, not in 0..={}", self.config.max_tokens),
         })
     }
-
-    /// Checks the routing and orders the wire rows: by destination PE,
-    /// each destination's in token order.
-    ///
-    /// A destination holds `group` experts: one PE's (`experts_per_pe`),
-    /// or in the node-aware form one node's.
-    fn route(&self, tokens: &HostTokens<'_, T>, ids: &[i64], weights: &[f32], group: usize) -> Result<Route> {
-        let c = &self.config;
-        let n = self.team.n_pes();
-        let experts = n * c.experts_per_pe;
-        let len = tokens.len();
-        let n_tokens = len / c.hidden;
-        if len % c.hidden != 0 {
-            return Err(Error::LengthMismatch(format!(
-                "MoeAllToAll::dispatch: {len} token elements are not whole rows of hidden ({})",
-                c.hidden
-            )));
-        }
-        if n_tokens > c.max_tokens {
-            return Err(Error::BadRouting {
-                fault: RoutingFault::TooManyTokens,
-                detail: format!("MoeAllToAll::dispatch: {n_tokens} tokens, more than max_tokens ({})", c.max_tokens),
-            });
-        }
-        if let HostTokens::Codes(_, scales) = tokens {
-            let want = n_tokens * c.scales_per_token();
-            if scales.len() != want {
-                return Err(Error::LengthMismatch(format!(
-                    "MoeAllToAll::dispatch_fp8: {} scales for {n_tokens} pre-quantized tokens, expected {want} \
-                     (one per {} elements of each token)",
-                    scales.len(),
-                    quant::GROUP
-                )));
-            }
-        }
-        for (what, len) in [("expert ids", ids.len()), ("weights", weights.len())] {
-            if len != n_tokens * c.top_k {
-                return Err(Error::LengthMismatch(format!(
-                    "MoeAllToAll::dispatch: {len} {what} for {n_tokens} tokens, expected {n_tokens} × top_k ({})",
-                    c.top_k
-                )));
-            }
-        }
-        let k = c.top_k;
-        for (slot, (&id, &w)) in ids.iter().zip(weights).enumerate() {
-            let (t, j) = (slot / k, slot % k);
-            if usize::try_from(id).ok().filter(|&g| g < experts).is_none() {
-                return Err(Error::BadRouting {
-                    fault: RoutingFault::ExpertOutOfRange,
-                    detail: format!(
-                        "MoeAllToAll::dispatch: token {t} slot {j} routes to expert {id}, but experts are \
-                         0..{experts} ({n} PEs × {} experts per PE)",
-                        c.experts_per_pe
-                    ),
-                });
-            }
-            if let Some(i) = ids[t * k..slot].iter().position(|&x| x == id) {
-                return Err(Error::BadRouting {
-                    fault: RoutingFault::RepeatedExpert,
-                    detail: format!(
-                        "MoeAllToAll::dispatch: token {t} routes to expert {id} in slots {i} and {j}: a token's \
-                         top-k experts must differ"
-                    ),
-                });
-            }
-            if !w.is_finite() {
-                return Err(Error::BadRouting {
-                    fault: RoutingFault::NonFiniteWeight,
-                    detail: format!("MoeAllToAll::dispatch: token {t} slot {j} has weight {w}: weights must be finite"),
-                });
-            }
-        }
-        // Each token's destinations of `width` experts, ascending.
-        let dests = |t: usize, width: usize| {
-            let mut d: Vec<usize> = ids[t * k..(t + 1) * k].iter().map(|&g| g as usize / width).collect();
-            d.sort_unstable();
-            d.dedup();
-            d
-        };
-        let (mut sent, mut wire) = (vec![0i64; n], vec![0i64; experts.div_ceil(group)]);
-        for t in 0..n_tokens {
-            dests(t, c.experts_per_pe).into_iter().for_each(|d| sent[d] += 1);
-            dests(t, group).into_iter().for_each(|d| wire[d] += 1);
-        }
-        let mut next: Vec<usize> = wire
-            .iter()
-            .scan(0usize, |at, &x| {
-                let start = *at;
-                *at += x as usize;
-                Some(start)
-            })
-            .collect();
-        let total = wire.iter().sum::<i64>() as usize;
-        let mut rows = vec![(0, 0); total];
-        let (mut token_start, mut token_rows) = (Vec::with_capacity(n_tokens + 1), Vec::with_capacity(total));
-        for t in 0..n_tokens {
-            token_start.push(token_rows.len());
-            for d in dests(t, group) {
-                rows[next[d]] = (t, d);
-                token_rows.push(next[d]);
-                next[d] += 1;
-            }
-        }
-        token_start.push(token_rows.len());
-        Ok(Route { sent, wire, rows, token_start, token_rows })
-    }
-
-    /// Writes the wire rows in send order into `out`, and the splits: each
-    /// slot names its expert among the destination's `group` (or -1), and
-    /// in the node-aware form (`origin`) the token field carries this PE.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn fill_send(
-        &self,
-        tokens: &HostTokens<'_, T>,
-        ids: &[i64],
-        weights: &[f32],
-        r: &Route,
-        (group, origin): (usize, Option<usize>),
-        (out, splits): (&SymmetricBuffer<u8>, SymSlice<'_, i64>),
-        stream: &Stream,
-    ) -> Result<()> {
-        let (c, w) = (&self.config, self.wire);
-        let (h, k, ne, g) = (c.hidden, c.top_k, group, c.scales_per_token());
-        let field = |t: usize| origin.map_or(t, |pe| pe << ORIGIN_SHIFT | t);
-        let mut bytes = vec![0u8; r.rows.len() * w.stride];
-        let fill = |(i, row): (usize, &mut [u8])| {
-            let (t, d) = r.rows[i];
-            let scales = w.scales..w.scales + g * size_of::<f32>();
-            match *tokens {
-                HostTokens::Plain(x) if w.fp8 => {
-                    let (q, sc) = quant::quantize_vec(same_type::<T, bf16>(&x[t * h..(t + 1) * h]));
-                    row[..h].copy_from_slice(bytes_of(&q));
-                    row[scales].copy_from_slice(bytes_of(&sc));
-                }
-                HostTokens::Plain(x) => row[..w.data].copy_from_slice(bytes_of(&x[t * h..(t + 1) * h])),
-                HostTokens::Codes(q, sc) => {
-                    row[..h].copy_from_slice(bytes_of(&q[t * h..(t + 1) * h]));
-                    row[scales].copy_from_slice(bytes_of(&sc[t * g..(t + 1) * g]));
-                }
-            }
-            let slots = (0..k).map(|j| {
-                let g = ids[t * k + j] as usize;
-                (if g / ne == d { (g % ne) as i32 } else { -1 }, weights[t * k + j])
-            });
-            w.set_meta(row, field(t), slots);
-        };
-        if bytes.len() < PARALLEL_BYTES {
-            bytes.chunks_mut(w.stride).enumerate().for_each(fill);
-        } else {
-            self.team.ctx.pool.install(|| bytes.par_chunks_mut(w.stride).enumerate().for_each(fill));
-        }
-        out.slice(0..bytes.len()).copy_from_host(&bytes, stream)?;
-        splits.copy_from_host(&r.wire, stream)
-    }
-
-    /// After the exchange: places every staged row in the blocks of its
-    /// local experts, writes the view's splits and offsets, and returns
-    /// the layout. In the node-aware form (`forward`) the rows were staged
-    /// by the node's forwarding PEs, each row naming its source PE.
-    pub(super) fn expand(
-        &self,
-        route: Route,
-        forward: Option<Forward>,
-        n_tokens: usize,
-        dequantize: bool,
-        stream: &Stream,
-    ) -> Result<Layout> {
-        let (c, w, n) = (&self.config, self.wire, self.team.n_pes());
-        let (h, k, ne, g) = (c.hidden, c.top_k, c.experts_per_pe, c.scales_per_token());
-        let members = self.rails.as_ref().map_or(n, |r| r.per_node);
-        let received = self.stage_so.slice(0..members).read(stream)?;
-        let total = received.iter().sum::<i64>() as usize;
-        let staged = self.stage.slice(0..total * w.stride).read(stream)?;
-        let staged: Vec<&[u8]> = staged.chunks(w.stride).collect();
-        // Each staged row's (source, token), then the rows in that order:
-        // staging is source-major in the flat form, by forwarder (each
-        // forwarder's by source) in the node-aware one.
-        let origins: Vec<(usize, usize)> = if forward.is_some() {
-            staged.iter().map(|row| w.origin(row)).collect()
-        } else {
-            let sources = received.iter().enumerate().flat_map(|(s, &r)| std::iter::repeat_n(s, r as usize));
-            sources.zip(&staged).map(|(s, row)| (s, w.token(row))).collect()
-        };
-        let mut staged_at: Vec<usize> = (0..total).collect();
-        staged_at.sort_by_key(|&i| origins[i]);
-        let arrivals: Vec<(usize, usize)> = staged_at.iter().map(|&i| origins[i]).collect();
-        let staged: Vec<&[u8]> = staged_at.iter().map(|&i| staged[i]).collect();
-        // Rows per (expert, source), then the blocks' offsets with padding.
-        let mut splits = vec![0i64; ne * n];
-        for (row, &(s, _)) in staged.iter().zip(&arrivals) {
-            for j in 0..k {
-                let (e, _) = w.slot(row, j);
-                if e >= 0 {
-                    splits[e as usize * n + s] += 1;
-                }
-            }
-        }
-        let mut offsets = vec![0i64; ne * n];
-        let mut at = 0usize;
-        for e in 0..ne {
-            let start = at;
-            for s in 0..n {
-                offsets[e * n + s] = at as i64;
-                at += splits[e * n + s] as usize;
-            }
-            at = start + (at - start).div_ceil(c.major_align).max(1) * c.major_align;
-        }
-        let rows = at;
-        // The rows by source and token: each block's rows come in that order.
-        let mut next = offsets.clone();
-        let mut placements = vec![None; total * k];
-        // The view: the elements, or in the FP8 format the codes and scales.
-        let (view_len, codes_len, scales_len) = if w.fp8 { (0, rows * h, rows * g) } else { (rows * h, 0, 0) };
-        let mut view = crate::dtype::zeroed_vec::<T>(view_len);
-        let mut codes = vec![fp8_e4m3::default(); codes_len];
-        let mut scales = vec![0f32; scales_len];
-        for (i, (row, &(s, _))) in staged.iter().zip(&arrivals).enumerate() {
-            for j in 0..k {
-                let (e, weight) = w.slot(row, j);
-                if e >= 0 {
-                    let at = &mut next[e as usize * n + s];
-                    let r = *at as usize;
-                    if w.fp8 {
-                        read_elems(row, &mut codes[r * h..(r + 1) * h]);
-                        read_elems(&row[w.scales..], &mut scales[r * g..(r + 1) * g]);
-                    } else {
-                        read_elems(row, &mut view[r * h..(r + 1) * h]);
-                    }
-                    placements[i * k + j] = Some((*at as usize, weight));
-                    *at += 1;
-                }
-            }
-        }
-        let layout = Layout {
-            n_pes: n,
-            config: *c,
-            n_tokens,
-            splits,
-            offsets,
-            rows,
-            sent: route.sent,
-            token_start: route.token_start,
-            token_rows: route.token_rows,
-            received,
-            arrivals,
-            staged_at,
-            wire_sent: route.wire,
-            forward,
-            placements,
-        };
-        // The blocks' rows, not the padding (which is never written).
-        for e in 0..ne {
-            let r = layout.expert_rows(e);
-            if let Some(f) = &self.fp8 {
-                f.codes.slice(r.start * h..r.end * h).copy_from_host(&codes[r.start * h..r.end * h], stream)?;
-                f.scales.slice(r.start * g..r.end * g).copy_from_host(&scales[r.start * g..r.end * g], stream)?;
-                if dequantize {
-                    let mut x = vec![bf16::ZERO; r.len() * h];
-                    for (i, out) in r.clone().zip(x.chunks_mut(h)) {
-                        quant::dequantize(&codes[i * h..(i + 1) * h], &scales[i * g..(i + 1) * g], out)?;
-                    }
-                    self.recv.slice(r.start * h..r.end * h).copy_from_host(same_type::<bf16, T>(&x), stream)?;
-                }
-            } else {
-                self.recv.slice(r.start * h..r.end * h).copy_from_host(&view[r.start * h..r.end * h], stream)?;
-            }
-        }
-        self.dispatch_splits.copy_from_host(&[&layout.splits[..], &layout.offsets[..]].concat(), stream)?;
-        self.mark_arrivals(stream)?;
-        Ok(layout)
-    }
 }
 
 /// A dispatch's tokens on the host.
@@ -1278,7 +764,7 @@ pub(super) enum HostTokens<'a, T> {
 
 impl<T> HostTokens<'_, T> {
     /// Elements (codes) of the tokens.
-    fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         match self {
             HostTokens::Plain(x) => x.len(),
             HostTokens::Codes(q, _) => q.len(),
@@ -1297,7 +783,7 @@ pub(super) enum DeviceTokens<'a, T: Element> {
 /// `xs` as a slice of `B`, which is `A`: the FP8 format is for bf16
 /// exchanges only (checked at construction), where the generic code meets
 /// the quantizer's bf16.
-fn same_type<A: Element, B: Element>(xs: &[A]) -> &[B] {
+pub(super) fn same_type<A: Element, B: Element>(xs: &[A]) -> &[B] {
     assert_eq!(A::DTYPE, B::DTYPE, "the FP8 format is for bf16 exchanges");
     // SAFETY: A and B are the same type (an Element's DTYPE names its
     // type, checked just above), so the cast changes nothing.
@@ -1310,7 +796,7 @@ fn head<'a, E: Element>(s: &SymSlice<'a, E>, len: usize) -> SymSlice<'a, E> {
 }
 
 /// Bytes of wire rows above which the host fills them in parallel.
-const PARALLEL_BYTES: usize = 1 << 17;
+pub(super) const PARALLEL_BYTES: usize = 1 << 17;
 
 /// A copy of a routing error, for the exchange (which reports it) while
 /// the routing result is kept.
