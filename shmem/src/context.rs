@@ -4,6 +4,7 @@ use crate::algo::Collectives;
 use crate::bootstrap::Bootstrap;
 use crate::config::{BackendKind, Config};
 use crate::control::node::{self, NodeArea};
+use crate::control::team::TeamState;
 use crate::control::topology::{Hello, Topology};
 use crate::control::{Control, PeState};
 use crate::error::{Error, Result};
@@ -11,7 +12,7 @@ use crate::gpu::{self, GpuWorld};
 use crate::heap::Allocator;
 use crate::host::{self, shm, HostHeap};
 use crate::net::{NetCounters, NetDir};
-use crate::team::{Team, TeamState};
+use crate::team::Team;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -248,26 +249,6 @@ impl Stream {
     }
 }
 
-/// Exchanges "ok" with a payload, or an error message; fails on every PE
-/// if any PE failed, else returns every PE's payload.
-pub(crate) fn agree_ok(boot: &mut Bootstrap, mine: Result<Vec<u8>>, step: &str) -> Result<Vec<Vec<u8>>> {
-    let msg = match &mine {
-        Ok(payload) => [&[0u8][..], payload].concat(),
-        Err(e) => [&[1u8][..], e.to_string().as_bytes()].concat(),
-    };
-    let all = boot.allgather(&msg)?;
-    mine?;
-    for (pe, m) in all.iter().enumerate() {
-        if m.first() != Some(&0) {
-            return Err(Error::bootstrap(format!(
-                "{step} failed on PE {pe}: {}",
-                String::from_utf8_lossy(m.get(1..).unwrap_or_default())
-            )));
-        }
-    }
-    Ok(all.into_iter().map(|m| m[1..].to_vec()).collect())
-}
-
 /// Every PE's start-up settings, checked on every PE: fails on every PE,
 /// with [`Error::Config`], when a PE could not read its settings (naming the
 /// PEs and their messages) or when the settings that must be equal differ.
@@ -342,7 +323,7 @@ fn share_object<T>(
         Ok(None) => (Ok(Vec::new()), None),
         Err(e) => (Err(e), None),
     };
-    let names = match agree_ok(boot, mine, &format!("creating the {what}")) {
+    let names = match boot.agree_ok(mine, &format!("creating the {what}")) {
         Ok(names) => names,
         Err(e) => {
             // Another group's creator failed, or a PE left: nobody opens ours.
@@ -362,11 +343,11 @@ fn share_object<T>(
         Ok(w) => (Ok(Vec::new()), Some(w)),
         Err(e) => (Err(e), None),
     };
-    let outcome = agree_ok(boot, mine, &format!("mapping the {what}"));
+    let outcome = boot.agree_ok(mine, &format!("mapping the {what}"));
     // Everyone has mapped it (or failed): the name is no longer needed.
     shm::Mapping::unlink(&name);
     outcome?;
-    Ok(wrapped.expect("agree_ok passed, so this PE mapped the object"))
+    Ok(wrapped.expect("the agreement passed, so this PE mapped the object"))
 }
 
 impl Context {

@@ -32,6 +32,7 @@
 //! How a failure the device finds is reported: [`Team`]'s docs.
 
 use crate::context::{Inner, Stream};
+use crate::control::team::{Release, TeamState};
 use crate::control::{DescRow, DESC_WORDS, MAX_TEAMS};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result, RoutingFault};
@@ -39,7 +40,7 @@ use crate::gpu::abi::{AGREE_ERROR_SHIFT, AGREE_HEAD_WORD, AGREE_PRIVATE_WORD, AG
 use crate::gpu::kernels::{AgreementFailure, Kernels};
 use crate::gpu::GpuWorld;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// What a descriptor describes.
@@ -241,86 +242,21 @@ fn err_reason(code: u64) -> &'static str {
     }
 }
 
-/// The per-process state of one team.
-pub(crate) struct TeamState {
-    pub(crate) ctx_id: u64,
-    pub(crate) slot: usize,
-    /// World PEs of the members, in team order.
-    pub(crate) members: Vec<usize>,
-    pub(crate) my_index: usize,
-    /// Each member's barrier counter on `slot` when the team was made.
-    pub(crate) bases: Vec<u64>,
-    /// Barriers this PE has entered on the team.
-    pub(crate) arrivals: AtomicU64,
-    /// Exchanges this PE has made on the team.
-    seq: AtomicU64,
-    /// Calls this PE has agreed on the device on the team: the last
-    /// agreement's epoch.
-    agreements: AtomicU64,
-    /// For split teams: the context whose slot to free on drop.
-    owner: Option<Arc<Inner>>,
-    /// NVSHMEM's handle of the team, on the GPU backend.
-    pub(crate) nv_team: i32,
-    /// The same on every member, different for every team: what a PE
-    /// waiting in this team's barrier publishes.
-    pub(crate) uid: u64,
-    /// Where the members are: on this PE's node, or on others.
-    pub(crate) span: crate::control::Span,
-    /// How the members spread over nodes (fixed with the members: the
-    /// collectives read it on every call).
-    pub(crate) shape: crate::algo::NodeShape,
-}
-
-impl TeamState {
-    /// The state of a team of `members` on this PE, which `ctl` (this PE's
-    /// control plane) tells where they are.
-    pub(crate) fn new(
-        ctx_id: u64,
-        slot: usize,
-        members: Vec<usize>,
-        ctl: &crate::control::Control,
-        owner: Option<Arc<Inner>>,
-        nv_team: i32,
-        uid: u64,
-    ) -> TeamState {
-        let me = ctl.me();
-        let my_index = members.iter().position(|&m| m == me).expect("a team state exists only on its members");
-        let span = ctl.span(&members);
-        let shape = crate::algo::NodeShape::of(slot == 0, &members, |pe| ctl.node_of(pe));
-        let bases = vec![0; members.len()];
-        let (arrivals, seq, agreements) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
-        TeamState {
-            ctx_id,
-            slot,
-            members,
-            my_index,
-            bases,
-            arrivals,
-            seq,
-            agreements,
-            owner,
-            nv_team,
-            uid,
-            span,
-            shape,
-        }
-    }
-}
-
-impl Drop for TeamState {
-    fn drop(&mut self) {
-        if let Some(inner) = &self.owner {
-            if let Some(g) = inner.gpu.as_ref().filter(|_| !inner.finalized.load(Ordering::Acquire)) {
-                // Members drop their teams in the same order, as they made them.
-                let _ = g.destroy_team(self.nv_team);
-                if let Some(k) = &g.kernels {
-                    k.drop_team(self.slot);
-                }
+/// What frees split team `uid` (slot `slot`, NVSHMEM's team `nv_team`)
+/// once its last holder drops it: its NVSHMEM team and kernel slot (GPU
+/// backend, context alive), then its slot in the control plane. Members
+/// drop their teams in the same order, as they made them.
+fn release_split(inner: Arc<Inner>, slot: usize, nv_team: i32, uid: u64) -> Release {
+    Box::new(move || {
+        if let Some(g) = inner.gpu.as_ref().filter(|_| !inner.finalized.load(Ordering::Acquire)) {
+            let _ = g.destroy_team(nv_team);
+            if let Some(k) = &g.kernels {
+                k.drop_team(slot);
             }
-            *inner.free_team_slots.lock().unwrap_or_else(|e| e.into_inner()) |= 1 << self.slot;
-            inner.ctl.team_left(self.uid);
         }
-    }
+        *inner.free_team_slots.lock().unwrap_or_else(|e| e.into_inner()) |= 1 << slot;
+        inner.ctl.team_left(uid);
+    })
 }
 
 /// An ordered subset of the world's PEs. Cheap to clone.
@@ -470,7 +406,8 @@ impl Team {
             .fold(0x9e37_79b9_7f4a_7c15u64, |h, &x| (h ^ x).wrapping_mul(0x100_0000_01b3).rotate_left(29))
             | 1 << 63;
         self.ctx.ctl.team_joined(uid, slot);
-        let mut state = TeamState::new(self.ctx.id, slot, members, &self.ctx.ctl, Some(self.ctx.clone()), nv_team, uid);
+        let release = release_split(self.ctx.clone(), slot, nv_team, uid);
+        let mut state = TeamState::new(self.ctx.id, slot, members, &self.ctx.ctl, Some(release), nv_team, uid);
         state.bases = bases;
         Ok(Some(Team { ctx: self.ctx.clone(), state: Arc::new(state) }))
     }

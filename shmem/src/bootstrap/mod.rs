@@ -73,6 +73,26 @@ pub fn started_by_launcher() -> bool {
 }
 
 impl Bootstrap {
+    /// Exchanges "ok" with a payload, or an error message; fails on every PE
+    /// if any PE failed, else returns every PE's payload.
+    pub(crate) fn agree_ok(&mut self, mine: Result<Vec<u8>>, step: &str) -> Result<Vec<Vec<u8>>> {
+        let msg = match &mine {
+            Ok(payload) => [&[0u8][..], payload].concat(),
+            Err(e) => [&[1u8][..], e.to_string().as_bytes()].concat(),
+        };
+        let all = self.allgather(&msg)?;
+        mine?;
+        for (pe, m) in all.iter().enumerate() {
+            if m.first() != Some(&0) {
+                return Err(Error::bootstrap(format!(
+                    "{step} failed on PE {pe}: {}",
+                    String::from_utf8_lossy(m.get(1..).unwrap_or_default())
+                )));
+            }
+        }
+        Ok(all.into_iter().map(|m| m[1..].to_vec()).collect())
+    }
+
     /// Joins the job this process was started in; waits at most `timeout`
     /// for the other PEs.
     pub(crate) fn from_env(timeout: Duration) -> Result<Bootstrap> {

@@ -11,17 +11,18 @@
 //! touches the network.
 
 pub(crate) mod node;
+pub(crate) mod team;
 pub(crate) mod topology;
 
 use crate::bootstrap::{Incoming, Net};
 use crate::error::{Error, Result};
-use crate::team::TeamState;
 use node::{round_tag, NodeArea};
 pub(crate) use node::{PeState, DESC_WORDS, MAX_TEAMS};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+use team::TeamState;
 use topology::Topology;
 
 /// Set once this process saw a peer die, a wait time out or its CUDA

@@ -10,7 +10,6 @@
 //! checks, team slots and the liveness of the PEs of a node.
 
 use crate::bootstrap::Bootstrap;
-use crate::context::agree_ok;
 use crate::control::topology::Topology;
 use crate::error::{CudaError, Error, Result};
 use cudarc::driver::{CudaContext, CudaStream};
@@ -251,7 +250,7 @@ impl GpuWorld {
         });
         let version = nv.as_ref().map_err(clone_err).and_then(|nv| library_version(nv));
         let step = device.as_ref().map(drop).map_err(clone_err).and(version.as_ref().map(drop).map_err(clone_err));
-        agree_ok(boot, step.map(|_| Vec::new()), "finding a GPU and NVSHMEM")?;
+        boot.agree_ok(step.map(|_| Vec::new()), "finding a GPU and NVSHMEM")?;
         let (nv, (device, cuda), version) = (nv?, device?, version?);
         cuda.bind_to_thread().cuda("cuCtxSetCurrent")?;
 
@@ -263,9 +262,9 @@ impl GpuWorld {
         let nv_reduce_scratch = nvshmem_reduce_scratch(std::env::var("NVSHMEM_REDUCE_SCRATCH_SIZE").ok().as_deref());
 
         let uid = if me == 0 { unique_id(nv) } else { Ok(Vec::new()) };
-        let uids = agree_ok(boot, uid, "making NVSHMEM's unique id")?;
+        let uids = boot.agree_ok(uid, "making NVSHMEM's unique id")?;
         let init = init_with_unique_id(nv, version, &uids[0], me, n, device);
-        agree_ok(boot, init.map(|_| Vec::new()), "initialising NVSHMEM")?;
+        boot.agree_ok(init.map(|_| Vec::new()), "initialising NVSHMEM")?;
         guard_exit();
 
         // SAFETY: NVSHMEM is initialised; nvshmem_malloc is collective and
@@ -282,7 +281,7 @@ impl GpuWorld {
                 Ok(p)
             }
         });
-        agree_ok(boot, got.as_ref().map(|_| Vec::new()).map_err(clone_err), "allocating the symmetric heap")?;
+        boot.agree_ok(got.as_ref().map(|_| Vec::new()).map_err(clone_err), "allocating the symmetric heap")?;
         let heap_base = got?;
         let peer_base = (0..n)
             .map(|pe| {
@@ -316,7 +315,7 @@ impl GpuWorld {
         // SAFETY: NVSHMEM is initialised; every PE calls it here.
         unsafe { call!(world.nv, nvshmem_barrier_all()) };
         let node_team = world.split_node_team(topo);
-        agree_ok(boot, node_team.as_ref().map(|_| Vec::new()).map_err(clone_err), "making the node's NVSHMEM team")?;
+        boot.agree_ok(node_team.as_ref().map(|_| Vec::new()).map_err(clone_err), "making the node's NVSHMEM team")?;
         world.node_team = node_team?;
         let loaded = match kernels::Kernels::load(&world, me, n, layout, node) {
             Err(Error::BackendUnavailable(m)) if m.contains("built without") => Ok(None),
@@ -336,7 +335,7 @@ impl GpuWorld {
             }
             Err(e) => (Err(e), None),
         };
-        let usable = agree_ok(boot, mine, "loading the device kernels")?;
+        let usable = boot.agree_ok(mine, "loading the device kernels")?;
         // Every PE runs the kernels, or none does, with the same grids.
         let resident = usable.iter().filter_map(|u| Some(u32::from_le_bytes(u.get(1..5)?.try_into().ok()?))).min();
         let shared = usable.iter().any(|u| u.get(5) == Some(&1));
