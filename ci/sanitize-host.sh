@@ -116,7 +116,7 @@ fi
 if [[ $what != asan ]]; then
     step miri-stacked-borrows cargo +nightly miri test -p shmem -p shmem-sys --lib
     step miri-tree-borrows env MIRIFLAGS="-Zmiri-tree-borrows -Zmiri-ignore-leaks" \
-        cargo +nightly miri test -p shmem --lib -- --ignored rma::tests::
+        cargo +nightly miri test -p shmem --lib -- --ignored host::rma::tests::
 fi
 
 printf '\n==> sanitizers on the host backend, %d s in all (logs: %s)\n' "$(($(date +%s) - start_all))" "$log_dir"

@@ -84,7 +84,7 @@ impl<'a, T: Element> SymSlice<'a, T> {
     /// user's own kernels (gpu backend; `None` on the host backend).
     pub fn device_ptr(&self) -> Result<Option<u64>> {
         let r = self.region(&self.buf.ctx)?;
-        Ok(self.buf.ctx.gpu.as_ref().map(|g| g.addr(r.offset)))
+        Ok(self.buf.ctx.backend.device_addr(r.offset))
     }
 
     /// Checks the slice against `ctx` and returns where it lies.
@@ -106,15 +106,8 @@ impl<'a, T: Element> SymSlice<'a, T> {
                 r.len
             )));
         }
-        if let Some(g) = &self.buf.ctx.gpu {
-            return g.htod(g.addr(r.offset), data, g.stream(stream));
-        }
-        let dst = self.buf.ctx.host_heap().heap_ptr(self.buf.ctx.me, r.offset).cast::<T>();
-        // SAFETY: `dst` is `r.len` elements inside this PE's heap (checked by
-        // `region`), aligned for T (allocations are 256-aligned, slices start
-        // at element boundaries); it cannot overlap a Rust slice.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, r.len) };
-        Ok(())
+        let ctx = &self.buf.ctx;
+        ctx.backend.write_local(ctx.me, r.offset, data, stream)
     }
 
     /// Copies this PE's copy of the slice into `out`.
@@ -145,13 +138,8 @@ impl<'a, T: Element> SymSlice<'a, T> {
                 out.len()
             )));
         }
-        if let Some(g) = &self.buf.ctx.gpu {
-            return g.dtoh(out, g.addr(r.offset), g.stream(stream));
-        }
-        let src = self.buf.ctx.host_heap().heap_ptr(self.buf.ctx.me, r.offset).cast::<T>();
-        // SAFETY: as in `copy_from_host`, reading instead of writing.
-        unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), r.len) };
-        Ok(())
+        let ctx = &self.buf.ctx;
+        ctx.backend.read_local(ctx.me, r.offset, out, stream)
     }
 
     /// [`SymSlice::copy_to_host`] without reporting (see [`SymSlice::read_into`]).
@@ -214,10 +202,7 @@ impl<T: Element> SymmetricBuffer<T> {
     /// This PE's copy: a host pointer on the host backend, a device pointer
     /// on the GPU backend.
     pub fn local_ptr(&self) -> *mut T {
-        match &self.ctx.gpu {
-            Some(g) => g.addr(self.offset) as *mut T,
-            None => self.ctx.host_heap().heap_ptr(self.ctx.me, self.offset).cast(),
-        }
+        self.ctx.backend.local_ptr(self.ctx.me, self.offset).cast()
     }
 
     /// `pe`'s copy, when this PE can load and store it directly (always on
@@ -226,10 +211,7 @@ impl<T: Element> SymmetricBuffer<T> {
         if pe >= self.ctx.n {
             return None;
         }
-        match &self.ctx.gpu {
-            Some(g) => g.peer_base[pe].map(|base| (base + self.offset as u64) as *mut T),
-            None => Some(self.ctx.host_heap().heap_ptr(pe, self.offset).cast()),
-        }
+        self.ctx.backend.peer_ptr(pe, self.offset).map(<*mut u8>::cast)
     }
 }
 
@@ -307,13 +289,8 @@ impl Context {
     /// As [`Context::alloc`]; returns after every PE has zeroed its copy.
     pub fn alloc_zeroed<T: Element>(&self, len: usize) -> Result<SymmetricBuffer<T>> {
         let buf = self.alloc::<T>(len)?;
-        if let Some(g) = &self.inner.gpu {
-            g.zero(g.addr(buf.offset), len * size_of::<T>(), g.stream(&Stream::default()))?;
-        } else {
-            // SAFETY: the buffer's bytes lie inside this PE's heap; all-zero
-            // bytes are a valid value of every Element type.
-            unsafe { std::ptr::write_bytes(buf.local_ptr(), 0, len) };
-        }
+        let inner = &self.inner;
+        inner.backend.zero_local(inner.me, buf.offset, len * size_of::<T>(), &Stream::default())?;
         // No peer may write into the buffer before this PE has zeroed it.
         self.world().raw_barrier()?;
         Ok(buf)

@@ -137,7 +137,7 @@ impl Team {
     /// Launches the agreement on the device alone (`shmem_agree`), for a
     /// call this PE does not make: its row carries its error.
     pub(crate) fn agree_alone(&self, (epoch, row): DeviceAgreement, stream: &Stream) -> Result<()> {
-        let g = self.ctx.gpu.as_ref().expect("the device agrees on the GPU backend");
+        let g = self.ctx.backend.gpu().expect("the device agrees on the GPU backend");
         let k = g.kernels.as_ref().expect("the device agrees with shmem's kernels");
         let force = self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner()).force_rma;
         let t = k.team(self.state.slot, &self.state.members, force)?.agreeing(epoch, row);
@@ -163,7 +163,7 @@ impl Team {
     /// each other over NVLink and two blocks of a kernel are resident at
     /// once.
     pub fn node_aware(&self) -> bool {
-        match &self.ctx.gpu {
+        match self.ctx.backend.gpu() {
             None => self.rails().is_some(),
             Some(g) => self.gpu_rails(g).is_some(),
         }
@@ -184,7 +184,7 @@ impl Team {
 
     /// Whether `stream` is being captured into a CUDA graph (GPU backend).
     fn capturing(&self, stream: &Stream) -> bool {
-        self.ctx.gpu.as_ref().is_some_and(|g| crate::gpu::capturing(g.stream(stream)))
+        self.ctx.backend.gpu().is_some_and(|g| crate::gpu::capturing(g.stream(stream)))
     }
 
     /// Copies `root`'s `src` into every PE's `dst`.
@@ -204,7 +204,7 @@ impl Team {
             }
             Ok(false)
         })?;
-        if let Some(g) = &self.ctx.gpu {
+        if let Some(g) = self.ctx.backend.gpu() {
             return self.ctx.report(self.gpu_collective::<T>(
                 g,
                 OpKind::Broadcast,
@@ -254,7 +254,7 @@ impl Team {
             }
             Ok(s == mine(d, s) && n > 1)
         })?;
-        if let Some(g) = &self.ctx.gpu {
+        if let Some(g) = self.ctx.backend.gpu() {
             return self.ctx.report(self.gpu_collective::<T>(g, OpKind::AllGather, d, s, None, 0, agreement, _stream));
         }
         if let Some(r) = self.rails() {
@@ -299,7 +299,7 @@ impl Team {
             }
             Ok(false)
         })?;
-        if let Some(g) = &self.ctx.gpu {
+        if let Some(g) = self.ctx.backend.gpu() {
             return self.ctx.report(self.gpu_collective::<T>(
                 g,
                 OpKind::AllReduce,
@@ -380,7 +380,7 @@ impl Team {
             }
             Ok(d == mine && n > 1)
         })?;
-        if let Some(g) = &self.ctx.gpu {
+        if let Some(g) = self.ctx.backend.gpu() {
             return self.ctx.report(self.gpu_collective::<T>(
                 g,
                 OpKind::ReduceScatter,
@@ -433,7 +433,7 @@ impl Team {
             }
             Ok(false)
         })?;
-        if let Some(g) = &self.ctx.gpu {
+        if let Some(g) = self.ctx.backend.gpu() {
             return self.ctx.report(self.gpu_collective::<T>(g, OpKind::AllToAll, d, s, None, 0, agreement, _stream));
         }
         if let Some(r) = self.rails() {

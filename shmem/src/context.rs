@@ -1,6 +1,7 @@
 //! The context: one per process, the owner of the backend, the heap and the teams.
 
 use crate::algo::Collectives;
+use crate::backend::Backend;
 use crate::bootstrap::Bootstrap;
 use crate::config::{BackendKind, Config};
 use crate::control::node::{self, NodeArea};
@@ -37,10 +38,8 @@ pub(crate) struct Inner {
     pub(crate) local_size: usize,
     /// This PE's part in the control plane.
     pub(crate) ctl: Control,
-    /// The host backend's heaps (`None` on the GPU backend).
-    pub(crate) heap_area: Option<HostHeap>,
-    /// The GPU backend, when in use.
-    pub(crate) gpu: Option<GpuWorld>,
+    /// The data plane: the host's mapped heaps or the GPU's.
+    pub(crate) backend: Backend,
     pub(crate) heap: Mutex<Allocator>,
     pub(crate) heap_size: usize,
     pub(crate) finalized: AtomicBool,
@@ -62,7 +61,7 @@ pub(crate) struct Inner {
 impl Inner {
     /// The host backend's heaps; only the host backend's paths call it.
     pub(crate) fn host_heap(&self) -> &HostHeap {
-        self.heap_area.as_ref().expect("the host backend's heaps, asked for on the GPU backend")
+        self.backend.host().expect("the host backend's heaps, asked for on the GPU backend")
     }
 
     /// See [`Context::check_device`].
@@ -77,7 +76,7 @@ impl Inner {
     /// with no call into CUDA and no synchronisation; `None` on the host
     /// backend, which checks before it writes.
     pub(crate) fn take_device_failure(&self) -> Option<Error> {
-        let k = self.gpu.as_ref()?.kernels.as_ref()?;
+        let k = self.backend.gpu()?.kernels.as_ref()?;
         if let Some(f) = k.take_a2av_error() {
             return Some(crate::moe::device_check_error(f));
         }
@@ -99,7 +98,7 @@ impl Inner {
     /// The first collective call whose agreement the kernels found failed
     /// since the last look, as its error (cleared); see [`crate::Team`].
     pub(crate) fn take_agreement_error(&self) -> Option<Error> {
-        let failure = self.gpu.as_ref()?.kernels.as_ref()?.take_agreement_failure()?;
+        let failure = self.backend.gpu()?.kernels.as_ref()?.take_agreement_failure()?;
         Some(crate::team::agreement_error(&failure))
     }
 
@@ -153,7 +152,7 @@ const WATCH_EVERY: Duration = Duration::from_millis(50);
 /// waits see a death by themselves. It ends with the context, or once it
 /// has fired.
 fn watch_liveness(inner: &Arc<Inner>) -> Result<()> {
-    let kernels = inner.gpu.as_ref().is_some_and(|g| g.kernels.is_some());
+    let kernels = inner.backend.gpu().is_some_and(|g| g.kernels.is_some());
     if !kernels || inner.n == 1 {
         return Ok(());
     }
@@ -167,7 +166,7 @@ fn watch_liveness(inner: &Arc<Inner>) -> Result<()> {
                 return;
             }
             if inner.ctl.died_peer().is_some() {
-                if let Some(k) = inner.gpu.as_ref().and_then(|g| g.kernels.as_ref()) {
+                if let Some(k) = inner.backend.gpu().and_then(|g| g.kernels.as_ref()) {
                     k.peer_died();
                 }
                 return;
@@ -457,7 +456,10 @@ impl Context {
             Some(area)
         };
         let marks = heap_area.as_ref().and_then(HostHeap::marks);
-        let gpu = if use_gpu { Some(GpuWorld::start(&mut boot, &topo, config.pes_per_gpu, heap_size)?) } else { None };
+        let backend = match heap_area {
+            Some(heap) => Backend::Host(heap),
+            None => Backend::Gpu(Box::new(GpuWorld::start(&mut boot, &topo, config.pes_per_gpu, heap_size)?)),
+        };
         // A job of more than one node keeps the bootstrap's channel for the
         // control plane's tier between nodes.
         let (net, boot) = if topo.nodes.len() > 1 {
@@ -478,7 +480,7 @@ impl Context {
             .map_err(|e| Error::config(format!("starting the rayon pool: {e}")))?;
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let world = Arc::new(TeamState::new(id, 0, members, &ctl, None, gpu::TEAM_WORLD, WORLD_UID));
-        let nv_node = gpu.as_ref().map_or(gpu::TEAM_INVALID, |g| g.node_team);
+        let nv_node = backend.gpu().map_or(gpu::TEAM_INVALID, |g| g.node_team);
         let node = Arc::new(TeamState::new(id, 1, node_members, &ctl, None, nv_node, NODE_UID));
         let inner = Inner {
             id,
@@ -487,8 +489,7 @@ impl Context {
             local_rank,
             local_size,
             ctl,
-            heap_area,
-            gpu,
+            backend,
             heap: Mutex::new(Allocator::new(heap_size).with_marks(marks)),
             heap_size,
             finalized: AtomicBool::new(false),
@@ -527,12 +528,12 @@ impl Context {
 
     /// On the GPU backend: this PE's CUDA device ordinal.
     pub fn device(&self) -> Option<usize> {
-        self.inner.gpu.as_ref().map(|g| g.device)
+        self.inner.backend.gpu().map(|g| g.device)
     }
 
     /// On the GPU backend: the NVSHMEM library's version (major, minor, patch).
     pub fn nvshmem_version(&self) -> Option<(i32, i32, i32)> {
-        self.inner.gpu.as_ref().map(|g| g.version)
+        self.inner.backend.gpu().map(|g| g.version)
     }
 
     /// Chooses how the GPU backend's collectives run (see [`Collectives`]).
@@ -578,7 +579,7 @@ impl Context {
 
     /// The backend in use.
     pub fn backend(&self) -> BackendKind {
-        if self.inner.gpu.is_some() {
+        if self.inner.backend.gpu().is_some() {
             BackendKind::Gpu
         } else {
             BackendKind::Host
@@ -587,7 +588,7 @@ impl Context {
 
     /// On the GPU backend: this PE's CUDA context (for users' own kernels).
     pub fn cuda_context(&self) -> Option<&Arc<cudarc::driver::CudaContext>> {
-        self.inner.gpu.as_ref().map(|g| &g.cuda)
+        self.inner.backend.gpu().map(|g| &g.cuda)
     }
 
     /// Bytes of symmetric heap per PE.
@@ -603,7 +604,7 @@ impl Context {
     /// A stream to order operations on (see [`Stream`]): on the GPU
     /// backend a new CUDA stream of this PE's GPU.
     pub fn stream(&self) -> Stream {
-        match &self.inner.gpu {
+        match self.inner.backend.gpu() {
             // A stream that cannot be made leaves operations on the
             // context's own stream, which is as ordered.
             Some(g) => Stream { cuda: g.new_stream().ok(), owner: Some(Arc::downgrade(&self.inner)) },
@@ -636,7 +637,7 @@ impl Context {
         // A failure the device found that nobody asked about yet: reported,
         // after NVSHMEM finalizes.
         let unreported = self.inner.take_device_failure();
-        if let Some(g) = &self.inner.gpu {
+        if let Some(g) = self.inner.backend.gpu() {
             result = result.and_then(|_| g.finalize());
         }
         let result = result.and_then(|()| unreported.map_or(Ok(()), Err));

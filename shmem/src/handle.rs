@@ -181,7 +181,7 @@ impl<T: Element> SymmetricBuffer<T> {
         let buffer_ptrs: Vec<u64> = members.iter().map(|&pe| addr(self.peer_ptr(pe))).collect();
         let signal_pad_ptrs: Vec<u64> = members.iter().map(|&pe| pad.peer_ptr(pe).map_or(0, |p| p as u64)).collect();
         let both: Vec<u64> = buffer_ptrs.iter().chain(&signal_pad_ptrs).copied().collect();
-        let (arrays, base) = match &self.ctx.gpu {
+        let (arrays, base) = match self.ctx.backend.gpu() {
             Some(g) => {
                 let s = g.own_stream();
                 let dev = s.clone_htod(&both)?;

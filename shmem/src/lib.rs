@@ -22,6 +22,7 @@
 //! or alone as a world of one PE. See the README for the backends.
 
 pub mod algo;
+mod backend;
 pub mod bootstrap;
 mod buffer;
 mod coll;

@@ -390,7 +390,7 @@ impl Team {
                 hash,
             ];
         }
-        if let Some(g) = self.ctx.gpu.as_ref() {
+        if let Some(g) = self.ctx.backend.gpu() {
             let st = g.stream(stream);
             // A graph replays without the host, and agrees nowhere; a call
             // that a caller's agreement covers has none of its own; and a
@@ -549,7 +549,7 @@ impl Team {
             return Err(invalid(kind, format!("{what} overlap")));
         }
         let ne = c.experts_per_pe(n);
-        if self.ctx.gpu.is_some() && !Kernels::a2av_fits(n, ne, device_kind(kind)) {
+        if self.ctx.backend.gpu().is_some() && !Kernels::a2av_fits(n, ne, device_kind(kind)) {
             return Err(invalid(
                 kind,
                 format!("{n} PEs × {ne} experts per PE is more than the device kernels' staging takes"),

@@ -41,7 +41,7 @@ impl Context {
     pub fn net_traffic(&self, stream: &Stream) -> Result<NetTraffic> {
         self.inner.check_live("context")?;
         let host = self.inner.net.load();
-        let Some(g) = &self.inner.gpu else { return Ok(host) };
+        let Some(g) = self.inner.backend.gpu() else { return Ok(host) };
         stream.synchronize()?;
         Ok(g.device_net()?.plus(&host))
     }

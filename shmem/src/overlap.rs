@@ -198,7 +198,7 @@ impl Team {
         let rows = self.exchange_call(OP, &desc, local.as_ref().err(), stream)?;
         let (ro, rc, ra, rb, s, own_block) = local?;
         self.agree(&rows)?;
-        match &self.ctx.gpu {
+        match self.ctx.backend.gpu() {
             None => {
                 self.all_gather(a_out, a_shard, stream)?;
                 self.host_gemm::<T>(ro.offset, rb.offset, rc.offset, np * s.m, s.k, s.n);
@@ -297,7 +297,7 @@ impl Team {
         let (rc, ra, rb, rw, s) = local?;
         self.agree(&rows)?;
         let partials = SymSlice { buf: ws.buf, start: ws.start, end: ws.start + s.m * s.n };
-        match &self.ctx.gpu {
+        match self.ctx.backend.gpu() {
             None => {
                 self.host_gemm::<T>(ra.offset, rb.offset, rw.offset, s.m, s.k, s.n);
                 self.reduce_scatter(out, partials, ReduceOp::Sum, stream)
@@ -337,7 +337,7 @@ impl Team {
         err: Option<&Error>,
         stream: &Stream,
     ) -> Result<Vec<[u64; DESC_WORDS]>> {
-        if self.ctx.gpu.as_ref().is_some_and(|g| crate::gpu::capturing(g.stream(stream))) {
+        if self.ctx.backend.gpu().is_some_and(|g| crate::gpu::capturing(g.stream(stream))) {
             return Err(Error::Invalid(format!("{op} cannot be captured in a CUDA graph")));
         }
         self.exchange(desc, err)
@@ -345,14 +345,14 @@ impl Team {
 
     /// Whether every member is reached over NVLink (and RMA is not forced).
     fn nvlink(&self) -> bool {
-        let g = self.ctx.gpu.as_ref().expect("gpu backend");
+        let g = self.ctx.backend.gpu().expect("gpu backend");
         let force = self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner()).force_rma;
         !force && self.state.members.iter().all(|&pe| g.peer_base[pe].is_some())
     }
 
     /// This PE's cuBLAS state, made on first use.
     fn blas(&self) -> Result<std::sync::MutexGuard<'_, Option<Blas>>> {
-        let g = self.ctx.gpu.as_ref().expect("gpu backend");
+        let g = self.ctx.backend.gpu().expect("gpu backend");
         let mut guard = g.blas.lock().unwrap_or_else(|e| e.into_inner());
         if guard.is_none() {
             *guard = Some(Blas::new(g)?);
@@ -407,7 +407,7 @@ impl Team {
         how: Overlap,
         stream: &Stream,
     ) -> Result<()> {
-        let g = self.ctx.gpu.as_ref().expect("gpu backend");
+        let g = self.ctx.backend.gpu().expect("gpu backend");
         let k = g.kernels.as_ref().ok_or_else(crate::gpu::kernels::not_built)?;
         let (np, rank, elem) = (self.n_pes(), self.my_pe(), size_of::<T>());
         let members = &self.state.members;
@@ -499,7 +499,7 @@ impl Team {
         how: Overlap,
         stream: &Stream,
     ) -> Result<()> {
-        let g = self.ctx.gpu.as_ref().expect("gpu backend");
+        let g = self.ctx.backend.gpu().expect("gpu backend");
         let k = g.kernels.as_ref().ok_or_else(crate::gpu::kernels::not_built)?;
         let (np, rank, elem) = (self.n_pes(), self.my_pe(), size_of::<T>());
         let members = &self.state.members;

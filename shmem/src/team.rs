@@ -248,7 +248,7 @@ fn err_reason(code: u64) -> &'static str {
 /// drop their teams in the same order, as they made them.
 fn release_split(inner: Arc<Inner>, slot: usize, nv_team: i32, uid: u64) -> Release {
     Box::new(move || {
-        if let Some(g) = inner.gpu.as_ref().filter(|_| !inner.finalized.load(Ordering::Acquire)) {
+        if let Some(g) = inner.backend.gpu().filter(|_| !inner.finalized.load(Ordering::Acquire)) {
             let _ = g.destroy_team(nv_team);
             if let Some(k) = &g.kernels {
                 k.drop_team(slot);
@@ -372,7 +372,7 @@ impl Team {
         }
         // The kernels' state of the slot, zeroed by every member before the
         // second exchange lets anyone use the team.
-        let added = match &self.ctx.gpu {
+        let added = match self.ctx.backend.gpu() {
             Some(g) if is_member => g.kernels.as_ref().map_or(Ok(()), |k| k.add_team(g, slot, &members, self.ctx.me)),
             _ => Ok(()),
         };
@@ -385,7 +385,7 @@ impl Team {
         self.agree(&rows)?;
         // A team NVSHMEM has no team for (a node of ranks that are not
         // consecutive) has no NVSHMEM sub-teams either: shmem's kernels only.
-        let nv_team = match &self.ctx.gpu {
+        let nv_team = match self.ctx.backend.gpu() {
             Some(g) if self.state.nv_team != crate::gpu::TEAM_INVALID => {
                 g.split_team(self.state.nv_team, start, stride, size)?
             }
@@ -429,7 +429,7 @@ impl Team {
     /// the caller to report.
     pub(crate) fn barrier_unreported(&self, stream: &Stream) -> Result<()> {
         self.check()?;
-        let kernels = self.ctx.gpu.as_ref().and_then(|g| g.kernels.as_ref().map(|k| (g, k)));
+        let kernels = self.ctx.backend.gpu().and_then(|g| g.kernels.as_ref().map(|k| (g, k)));
         // shmem's barrier kernel on the stream (agreeing on the call first
         // where given an agreement), whose waits end (trap) after the
         // device's wait limit: a peer that dies mid-barrier cannot hang the
@@ -458,7 +458,7 @@ impl Team {
         }
         let rows = self.exchange(&Desc::new(OpKind::Barrier), None)?;
         self.agree(&rows)?;
-        let Some(g) = &self.ctx.gpu else { return Ok(()) };
+        let Some(g) = self.ctx.backend.gpu() else { return Ok(()) };
         let st = g.stream(stream);
         if self.state.members.len() == 1 {
             // A one-PE team waits for nobody: the barrier is the quiet.
@@ -509,7 +509,7 @@ impl Team {
     /// shmem's kernels taking the team's collectives, for teams of more
     /// than one. The same on every member (each setting it reads must be).
     pub(crate) fn agrees_on_device(&self, capturing: bool) -> bool {
-        let Some(g) = &self.ctx.gpu else { return false };
+        let Some(g) = self.ctx.backend.gpu() else { return false };
         let n = self.n_pes();
         let implementation = self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner()).implementation;
         !capturing && g.kernels.is_some() && n > 1 && crate::algo::kernels_take(implementation, n)

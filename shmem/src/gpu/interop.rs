@@ -28,8 +28,8 @@ impl<T: Element> SymmetricBuffer<T> {
         self.check(&self.ctx)?;
         let g = self
             .ctx
-            .gpu
-            .as_ref()
+            .backend
+            .gpu()
             .ok_or_else(|| Error::BackendUnavailable("a CUDA view needs the gpu backend".into()))?;
         Ok(CudaView { buf: self, addr: g.addr(self.offset), stream: g.own_stream() })
     }

@@ -14,6 +14,7 @@
 
 pub(crate) mod asan;
 pub(crate) mod nodes;
+pub(crate) mod rma;
 pub(crate) mod shm;
 
 use crate::error::{Error, Result};

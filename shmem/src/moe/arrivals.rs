@@ -141,7 +141,7 @@ impl<T: Element> MoeAllToAll<T> {
         let a = self.arrivals();
         let epoch = a.last_epoch(stream)? + 1;
         let pairs = a.flags.len();
-        if self.team.ctx.gpu.is_some() {
+        if self.team.ctx.backend.gpu().is_some() {
             a.flags.copy_from_host(&vec![epoch; pairs], stream)?;
             return a.epoch.copy_from_host(&[epoch], stream);
         }

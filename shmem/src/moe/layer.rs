@@ -674,7 +674,7 @@ impl<T: Element> MoeAllToAll<T> {
             }
         }
         let pre = self.check_sizes(&sizes);
-        if let Some(gpu) = self.team.ctx.gpu.as_ref() {
+        if let Some(gpu) = self.team.ctx.backend.gpu() {
             return self.dispatch_gpu(gpu, pre, tokens, ids, weights, count, dequantize, stream);
         }
         let n = match pre.and_then(|_| self.host_count(count, stream)) {
@@ -859,7 +859,7 @@ impl<T: CombineElement> MoeAllToAll<T> {
             ("expert_outputs", outputs.len(), self.recv.len, "the receive buffer's rows × hidden"),
             ("out", out.len(), c.max_tokens * c.hidden, "max_tokens × hidden"),
         ]);
-        if let Some(g) = self.team.ctx.gpu.as_ref() {
+        if let Some(g) = self.team.ctx.backend.gpu() {
             return self.combine_gpu(g, pre, outputs, out, stream);
         }
         let layout = self.last.lock().unwrap_or_else(|e| e.into_inner()).clone();

@@ -191,7 +191,7 @@ impl<T: Element> MoeAllToAll<T> {
         desc.dtype = Some(T::DTYPE);
         desc.args =
             [self.send.offset, self.stage.offset, self.recv.offset, r.send.offset, r.stage.offset].map(|x| x as u64);
-        let device = team.ctx.gpu.as_ref().and_then(|g| {
+        let device = team.ctx.backend.gpu().and_then(|g| {
             let k = g.kernels.as_ref().filter(|_| team.n_pes() <= crate::gpu::kernels::MAX_TEAM)?;
             Some((g, k))
         });

@@ -1,0 +1,308 @@
+//! The seam between the public layer and the data plane.
+//!
+//! A public call checks its arguments, agrees through the control plane
+//! (or leaves the agreement to the device) and hands its backend what to
+//! move: heap offsets, byte counts, PEs, a stream. Each backend runs it in
+//! its own folder: [`crate::host`] copies between mapped heaps, and
+//! [`crate::gpu`] issues NVSHMEM calls and shmem's kernels on the stream.
+//! A backend is one variant here and one arm in each method below.
+//!
+//! The one-sided operations, the copies between host memory and a PE's
+//! own heap, and the pointers users' code reads go through it. The
+//! collectives and the MoE ops still reach the gpu backend through
+//! [`Backend::gpu`] and the host one through [`Backend::host`].
+
+use crate::context::Stream;
+use crate::control::Control;
+use crate::dtype::{AtomicElement, AtomicOp, Element};
+use crate::error::Result;
+use crate::gpu::GpuWorld;
+use crate::host::HostHeap;
+use std::sync::atomic::{fence, Ordering};
+
+/// The data plane of a context.
+pub(crate) enum Backend {
+    /// Processes of one machine, every heap mapped by every PE.
+    Host(HostHeap),
+    /// NVSHMEM's symmetric heap and shmem's kernels on CUDA streams.
+    Gpu(Box<GpuWorld>),
+}
+
+/// A one-sided copy between this PE's heap and `pe`'s: `bytes` from heap
+/// offset `src` to heap offset `dst`, from this PE to `pe` where `put`,
+/// else from `pe` to this PE.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Transfer {
+    pub(crate) put: bool,
+    pub(crate) dst: usize,
+    pub(crate) src: usize,
+    pub(crate) bytes: usize,
+    pub(crate) pe: usize,
+}
+
+impl Transfer {
+    /// (PE, offset) of the destination and of the source, for PE `me`.
+    fn ends(&self, me: usize) -> ((usize, usize), (usize, usize)) {
+        match self.put {
+            true => ((self.pe, self.dst), (me, self.src)),
+            false => ((me, self.dst), (self.pe, self.src)),
+        }
+    }
+}
+
+/// A signal update: `value` stored into (or added to, where `add`) the
+/// u64 at heap offset `offset` of PE `pe`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Signal {
+    pub(crate) offset: usize,
+    pub(crate) value: u64,
+    pub(crate) add: bool,
+    pub(crate) pe: usize,
+}
+
+/// Every method takes offsets and PEs that the public layer checked:
+/// regions inside the heap, elements aligned for their type, PEs in range.
+impl Backend {
+    /// The gpu backend, for the paths not yet behind the seam.
+    pub(crate) fn gpu(&self) -> Option<&GpuWorld> {
+        match self {
+            Backend::Gpu(g) => Some(g.as_ref()),
+            Backend::Host(_) => None,
+        }
+    }
+
+    /// The host backend's heaps, for the paths not yet behind the seam.
+    pub(crate) fn host(&self) -> Option<&HostHeap> {
+        match self {
+            Backend::Host(h) => Some(h),
+            Backend::Gpu(_) => None,
+        }
+    }
+
+    /// A put or get ([`Transfer`]); on the gpu backend it is issued on the
+    /// stream, on the host backend it is done when this returns.
+    pub(crate) fn transfer(&self, me: usize, t: Transfer, pool: &rayon::ThreadPool, s: &Stream) -> Result<()> {
+        match self {
+            Backend::Host(h) => {
+                let (dst, src) = t.ends(me);
+                h.copy(pool, dst, src, t.bytes);
+                Ok(())
+            }
+            Backend::Gpu(g) => g.transfer(t.put, g.addr(t.dst), g.addr(t.src), t.bytes, t.pe, g.stream(s)),
+        }
+    }
+
+    /// A put ([`Transfer`] with `put`) and then a signal update at its
+    /// destination PE: a PE that sees the signal sees the data.
+    pub(crate) fn put_signal(
+        &self,
+        me: usize,
+        t: Transfer,
+        sig: Signal,
+        pool: &rayon::ThreadPool,
+        s: &Stream,
+    ) -> Result<()> {
+        match self {
+            Backend::Host(_) => {
+                self.transfer(me, t, pool, s)?;
+                // The signal's SeqCst store or add (a release at least)
+                // makes the data copied above visible to any acquire load
+                // that sees the new value.
+                self.signal(sig, s)
+            }
+            Backend::Gpu(g) => {
+                let (dst, src, at) = (g.addr(t.dst), g.addr(t.src), g.addr(sig.offset));
+                g.put_signal(dst, src, t.bytes, at, sig.value, sig.add, t.pe, g.stream(s))
+            }
+        }
+    }
+
+    /// A signal update with no data.
+    pub(crate) fn signal(&self, sig: Signal, s: &Stream) -> Result<()> {
+        match self {
+            Backend::Host(h) => {
+                let cell = h.signal(sig.pe, sig.offset);
+                if sig.add {
+                    cell.fetch_add(sig.value, Ordering::SeqCst);
+                } else {
+                    cell.store(sig.value, Ordering::SeqCst);
+                }
+                Ok(())
+            }
+            Backend::Gpu(g) => g.signal_op(g.addr(sig.offset), sig.value, sig.add, sig.pe, g.stream(s)),
+        }
+    }
+
+    /// This PE's signal at heap offset `offset`, read once the stream's
+    /// work is done (acquire: the data put before it is visible).
+    pub(crate) fn signal_fetch(&self, me: usize, offset: usize, s: &Stream) -> Result<u64> {
+        match self {
+            Backend::Host(h) => Ok(h.signal(me, offset).load(Ordering::Acquire)),
+            Backend::Gpu(g) => {
+                let mut v = [0u64];
+                g.dtoh(&mut v, g.addr(offset), g.stream(s))?;
+                Ok(v[0])
+            }
+        }
+    }
+
+    /// Waits until `holds` says yes to this PE's signal at heap offset
+    /// `offset`, polled from the host (so that a dead peer ends the wait,
+    /// through `ctl`); returns the value it said yes to.
+    pub(crate) fn signal_wait(
+        &self,
+        ctl: &Control,
+        me: usize,
+        offset: usize,
+        holds: impl Fn(u64) -> bool,
+        what: &dyn Fn() -> String,
+        s: &Stream,
+    ) -> Result<u64> {
+        let (mut seen, mut failed) = (0, None);
+        match self {
+            Backend::Host(h) => {
+                let cell = h.signal(me, offset);
+                ctl.wait_for_anyone(
+                    || {
+                        // Acquire: pairs with the release of the signalling put.
+                        seen = cell.load(Ordering::Acquire);
+                        holds(seen)
+                    },
+                    what,
+                )?;
+            }
+            Backend::Gpu(g) => {
+                let st = g.stream(s);
+                st.synchronize()?;
+                let poll = || {
+                    let mut v = [0u64];
+                    match g.dtoh(&mut v, g.addr(offset), st) {
+                        Ok(()) => {
+                            seen = v[0];
+                            holds(seen)
+                        }
+                        Err(e) => {
+                            failed = Some(e);
+                            true
+                        }
+                    }
+                };
+                ctl.wait_for_anyone(poll, what)?;
+            }
+        }
+        failed.map_or(Ok(seen), Err)
+    }
+
+    /// Writes one element into `pe`'s heap at `offset` (NVSHMEM's `p`).
+    pub(crate) fn store<T: Element>(&self, pe: usize, offset: usize, value: T, s: &Stream) -> Result<()> {
+        match self {
+            Backend::Host(h) => {
+                h.store(pe, offset, value);
+                Ok(())
+            }
+            // SAFETY: a checked element of the symmetric heap.
+            Backend::Gpu(g) => unsafe {
+                crate::gpu::dispatch::p(g.nv, g.addr(offset), value, pe as i32, g.stream(s).cu_stream())
+            },
+        }
+    }
+
+    /// Reads one element of `pe`'s heap at `offset` (NVSHMEM's `g`), once
+    /// the stream's work is done.
+    pub(crate) fn load<T: Element>(&self, pe: usize, offset: usize, s: &Stream) -> Result<T> {
+        match self {
+            Backend::Host(h) => Ok(h.load(pe, offset)),
+            Backend::Gpu(g) => {
+                let st = g.stream(s);
+                // SAFETY: a checked element of the symmetric heap.
+                let v = unsafe { crate::gpu::dispatch::g(g.nv, g.addr(offset), pe as i32, st.cu_stream())? };
+                st.synchronize()?;
+                Ok(v)
+            }
+        }
+    }
+
+    /// Completes every outstanding one-sided operation of this PE (a fence
+    /// too: NVSHMEM has no fence on a stream).
+    pub(crate) fn quiet(&self, s: &Stream) -> Result<()> {
+        match self {
+            Backend::Host(_) => {
+                fence(Ordering::SeqCst);
+                Ok(())
+            }
+            Backend::Gpu(g) => g.quiet(g.stream(s)),
+        }
+    }
+
+    /// Performs `op` on `pe`'s element at heap offset `offset`, after the
+    /// work already on the stream; returns the old value.
+    pub(crate) fn atomic<T: AtomicElement>(&self, pe: usize, offset: usize, op: AtomicOp<T>, s: &Stream) -> Result<T> {
+        match self {
+            Backend::Host(h) => Ok(h.atomic(pe, offset, op)),
+            Backend::Gpu(g) => {
+                // NVSHMEM's host atomics are blocking calls: order them
+                // after the work already on the stream.
+                g.stream(s).synchronize()?;
+                g.atomic(offset, op, pe, g.stream(s))
+            }
+        }
+    }
+
+    /// Copies `data` into this PE's heap at `offset`.
+    pub(crate) fn write_local<T: Element>(&self, me: usize, offset: usize, data: &[T], s: &Stream) -> Result<()> {
+        match self {
+            Backend::Host(h) => {
+                h.write(me, offset, data);
+                Ok(())
+            }
+            Backend::Gpu(g) => g.htod(g.addr(offset), data, g.stream(s)),
+        }
+    }
+
+    /// Copies this PE's heap at `offset` into `out`, once the stream's work
+    /// is done.
+    pub(crate) fn read_local<T: Element>(&self, me: usize, offset: usize, out: &mut [T], s: &Stream) -> Result<()> {
+        match self {
+            Backend::Host(h) => {
+                h.read(me, offset, out);
+                Ok(())
+            }
+            Backend::Gpu(g) => g.dtoh(out, g.addr(offset), g.stream(s)),
+        }
+    }
+
+    /// Zeroes `bytes` of this PE's heap at `offset`; done when it returns.
+    pub(crate) fn zero_local(&self, me: usize, offset: usize, bytes: usize, s: &Stream) -> Result<()> {
+        match self {
+            Backend::Host(h) => {
+                h.zero(me, offset, bytes);
+                Ok(())
+            }
+            Backend::Gpu(g) => g.zero(g.addr(offset), bytes, g.stream(s)),
+        }
+    }
+
+    /// Where `pe`'s heap byte `offset` lies for this PE's loads and stores:
+    /// a host address on the host backend, a device address on the gpu
+    /// backend (`None` where `pe` is not reachable over NVLink).
+    pub(crate) fn peer_ptr(&self, pe: usize, offset: usize) -> Option<*mut u8> {
+        match self {
+            Backend::Host(h) => Some(h.heap_ptr(pe, offset)),
+            Backend::Gpu(g) => g.peer_base[pe].map(|base| (base + offset as u64) as *mut u8),
+        }
+    }
+
+    /// This PE's heap byte `offset` (host or device address, as above).
+    pub(crate) fn local_ptr(&self, me: usize, offset: usize) -> *mut u8 {
+        match self {
+            Backend::Host(h) => h.heap_ptr(me, offset),
+            Backend::Gpu(g) => g.addr(offset) as *mut u8,
+        }
+    }
+
+    /// The device address of this PE's heap byte `offset`, on the gpu
+    /// backend (for users' own kernels).
+    pub(crate) fn device_addr(&self, offset: usize) -> Option<u64> {
+        self.gpu().map(|g| g.addr(offset))
+    }
+}
