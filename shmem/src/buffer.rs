@@ -3,6 +3,7 @@
 use crate::context::{Context, Inner, Stream};
 use crate::dtype::Element;
 use crate::error::{Error, Result};
+pub(crate) use crate::heap::{Region, Scratch};
 use crate::team::{Desc, OpKind};
 use std::fmt;
 use std::marker::PhantomData;
@@ -58,15 +59,6 @@ impl<'a, T: Element> From<&'a SymmetricBuffer<T>> for SymSlice<'a, T> {
     fn from(buf: &'a SymmetricBuffer<T>) -> Self {
         SymSlice { buf, start: 0, end: buf.len }
     }
-}
-
-/// A checked slice: where it lies in every PE's heap.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Region {
-    /// Byte offset in the heap.
-    pub(crate) offset: usize,
-    /// Elements.
-    pub(crate) len: usize,
 }
 
 impl<'a, T: Element> SymSlice<'a, T> {
@@ -226,27 +218,10 @@ impl<T: Element> Drop for SymmetricBuffer<T> {
     }
 }
 
-/// Heap space a collective uses internally, given back on drop.
-///
-/// Every member of the collective's team takes and gives it back at the
-/// same point of the same collective, so their allocators place it alike
-/// without an exchange; it is not counted as an allocation, so the PEs
-/// outside the team, which take none, stay in agreement with them.
-pub(crate) struct Scratch<'a> {
-    ctx: &'a Inner,
-    pub(crate) offset: usize,
-}
-
 impl Inner {
+    /// Scratch space of `bytes` in this PE's heap (see [`Scratch`]).
     pub(crate) fn scratch(&self, bytes: usize) -> Result<Scratch<'_>> {
-        let offset = self.heap.lock().unwrap_or_else(|e| e.into_inner()).take_scratch(bytes)?;
-        Ok(Scratch { ctx: self, offset })
-    }
-}
-
-impl Drop for Scratch<'_> {
-    fn drop(&mut self) {
-        self.ctx.heap.lock().unwrap_or_else(|e| e.into_inner()).give_back_scratch(self.offset);
+        Scratch::take(&self.heap, bytes)
     }
 }
 

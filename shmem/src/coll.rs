@@ -1,44 +1,18 @@
-//! Collectives over a team, on the host backend.
-//!
-//! The algorithms are the device kernels' (one-shot and two-shot
-//! all-reduce, direct all-gather and all-to-all), run by each PE over the
-//! peers' mapped heaps and parallelised with rayon. Reductions combine the
-//! PEs' values in team order, so every PE gets bit-identical results.
-//! Across nodes the host backend takes the node-aware forms where they
-//! apply ([`crate::AcrossNodes`], `host/nodes.rs`).
+//! Collectives over a team: the public calls, their checks and agreement
+//! ([`Team::begin`]), and the hand-over to the backend ([`Team::run`]):
+//! the host's collectives (`host/coll.rs`) or, on the GPU, shmem's kernels
+//! and NVSHMEM's collectives.
 
 use crate::algo::{self, Solo};
-use crate::buffer::{Region, SymSlice};
+use crate::buffer::SymSlice;
 use crate::context::{Context, Stream};
 use crate::control::DescRow;
 use crate::dtype::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::gpu::abi::MAX_TEAM;
 use crate::gpu::{dispatch, CudaCall, GpuWorld, Protocols};
-use crate::net::NetDir;
+use crate::heap::{overlap, Region};
 use crate::team::{Desc, OpKind, Team};
-use rayon::prelude::*;
-
-/// Elements per rayon task.
-pub(crate) const CHUNK: usize = 1 << 15;
-
-/// An address that may cross into rayon tasks.
-#[derive(Clone, Copy)]
-pub(crate) struct Addr(usize);
-
-impl Addr {
-    pub(crate) fn of<T>(p: *const T) -> Addr {
-        Addr(p as usize)
-    }
-    pub(crate) fn ptr<T>(self) -> *mut T {
-        self.0 as *mut T
-    }
-}
-
-/// Whether two non-empty regions of `elem`-byte elements share a byte.
-pub(crate) fn overlap(a: Region, b: Region, elem: usize) -> bool {
-    a.offset < b.offset + b.len * elem && b.offset < a.offset + a.len * elem && a.len > 0 && b.len > 0
-}
 
 /// What a collective needs checked before the agreement.
 struct Call<'a, 'b, T: Element> {
@@ -54,16 +28,6 @@ struct Call<'a, 'b, T: Element> {
 pub(crate) type DeviceAgreement = (u64, DescRow);
 
 impl Team {
-    pub(crate) fn pe_ptr<T>(&self, member: usize, offset: usize) -> *mut T {
-        self.ctx.host_heap().heap_ptr(self.state.members[member], offset).cast()
-    }
-
-    /// Counts a read of `len` elements from `member` (see [`crate::net`]):
-    /// every copy of the host collectives from a peer's heap goes with one.
-    pub(crate) fn count_read<T>(&self, member: usize, len: usize) {
-        self.ctx.net_count(self.state.members[member], len * size_of::<T>(), NetDir::Got);
-    }
-
     /// Checks the call locally and returns (dst, src) with how the team
     /// agrees on it: on the host, by exchanging descriptors with the team
     /// before this returns (`None`); in graph capture, not at all (`None`);
@@ -163,9 +127,11 @@ impl Team {
     /// each other over NVLink and two blocks of a kernel are resident at
     /// once.
     pub fn node_aware(&self) -> bool {
+        let cfg = *self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner());
+        let host = algo::node_aware(self.state.shape, cfg.across_nodes, cfg.force_rma);
         match self.ctx.backend.gpu() {
-            None => self.rails().is_some(),
-            Some(g) => self.gpu_rails(g).is_some(),
+            None => host,
+            Some(g) => host && self.gpu_rails(g).is_some(),
         }
     }
 
@@ -174,12 +140,16 @@ impl Team {
     /// same on every member (the settings, the topology and the resident
     /// blocks agreed at start are).
     fn gpu_rails(&self, g: &GpuWorld) -> Option<usize> {
-        let r = self.rails()?;
         let cfg = *self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner());
+        let shape = self.state.shape;
+        if !algo::node_aware(shape, cfg.across_nodes, cfg.force_rma) {
+            return None;
+        }
         let k = g.kernels.as_ref().filter(|_| algo::kernels_take(cfg.implementation, self.n_pes()))?;
         k.rail_channels()?;
-        let node = &self.state.members[r.node * r.per_node..(r.node + 1) * r.per_node];
-        node.iter().all(|&pe| g.peer_base[pe].is_some()).then_some(r.per_node)
+        let (per_node, node) = (shape.per_node, self.my_pe() / shape.per_node);
+        let members = &self.state.members[node * per_node..(node + 1) * per_node];
+        members.iter().all(|&pe| g.peer_base[pe].is_some()).then_some(per_node)
     }
 
     /// Whether `stream` is being captured into a CUDA graph (GPU backend).
@@ -204,30 +174,7 @@ impl Team {
             }
             Ok(false)
         })?;
-        if let Some(g) = self.ctx.backend.gpu() {
-            return self.ctx.report(self.gpu_collective::<T>(
-                g,
-                OpKind::Broadcast,
-                d,
-                s,
-                None,
-                root,
-                agreement,
-                _stream,
-            ));
-        }
-        if let Some(r) = self.rails() {
-            return self.broadcast_nodes::<T>(r, d, s, root);
-        }
-        if d != s || self.my_pe() != root {
-            self.count_read::<T>(root, d.len);
-            let from: *const T = self.pe_ptr(root, s.offset);
-            let to: *mut T = self.pe_ptr(self.my_pe(), d.offset);
-            // SAFETY: checked regions; root's src is stable until the closing
-            // barrier; `copy` tolerates the root's own overlapping src/dst.
-            unsafe { std::ptr::copy(from, to, d.len) };
-        }
-        self.raw_barrier()
+        self.run::<T>(OpKind::Broadcast, d, s, None, root, agreement, _stream)
     }
 
     /// Gathers every PE's `src` into `dst` (`n_pes × src.len()`
@@ -254,27 +201,7 @@ impl Team {
             }
             Ok(s == mine(d, s) && n > 1)
         })?;
-        if let Some(g) = self.ctx.backend.gpu() {
-            return self.ctx.report(self.gpu_collective::<T>(g, OpKind::AllGather, d, s, None, 0, agreement, _stream));
-        }
-        if let Some(r) = self.rails() {
-            return self.all_gather_nodes::<T>(r, d, s);
-        }
-        let in_place = s == mine(d, s);
-        let dst_addr = Addr::of(self.pe_ptr::<T>(me, d.offset));
-        let blocks: Vec<usize> = (0..n).filter(|&j| !(in_place && j == me)).collect();
-        self.ctx.pool.install(|| {
-            blocks.par_iter().for_each(|&j| {
-                // In place, member j's src is its own block j of dst.
-                let src_offset = if in_place { d.offset + j * s.len * elem } else { s.offset };
-                self.count_read::<T>(j, s.len);
-                let from: *const T = self.pe_ptr(j, src_offset);
-                // SAFETY: block j of this PE's dst and member j's src are
-                // checked regions; nobody writes either until the closing barrier.
-                unsafe { std::ptr::copy_nonoverlapping(from, dst_addr.ptr::<T>().add(j * s.len), s.len) };
-            })
-        });
-        self.raw_barrier()
+        self.run::<T>(OpKind::AllGather, d, s, None, 0, agreement, _stream)
     }
 
     /// Reduces every PE's `src` element-wise into every PE's `dst`.
@@ -299,60 +226,7 @@ impl Team {
             }
             Ok(false)
         })?;
-        if let Some(g) = self.ctx.backend.gpu() {
-            return self.ctx.report(self.gpu_collective::<T>(
-                g,
-                OpKind::AllReduce,
-                d,
-                s,
-                Some(op),
-                0,
-                agreement,
-                _stream,
-            ));
-        }
-        if let Some(r) = self.rails() {
-            return self.all_reduce_nodes::<T>(r, d, s, op);
-        }
-        let in_place = d == s;
-        let n = self.n_pes();
-        if algo::host_all_reduce_one_shot(d.len * elem, d.len, n) {
-            // One-shot: every PE reduces the whole vector.
-            if in_place {
-                let mut tmp = vec_for::<T>(d.len);
-                self.reduce_into::<T>(tmp.as_mut_ptr(), s.offset, 0, d.len, op);
-                self.raw_barrier()?; // everyone has read every src
-                self.write_local(d.offset, &tmp);
-            } else {
-                self.reduce_into::<T>(self.pe_ptr(self.my_pe(), d.offset), s.offset, 0, d.len, op);
-            }
-            return self.raw_barrier();
-        }
-        // Two-shot: PE i reduces block i, then every PE gathers the blocks.
-        let block = |i: usize| (i * d.len / n, (i + 1) * d.len / n);
-        let (lo, hi) = block(self.my_pe());
-        if in_place {
-            let mut tmp = vec_for::<T>(hi - lo);
-            self.reduce_into::<T>(tmp.as_mut_ptr(), s.offset, lo, hi - lo, op);
-            self.raw_barrier()?; // everyone has read block i of every src
-            self.write_local(d.offset + lo * elem, &tmp);
-        } else {
-            self.reduce_into::<T>(self.pe_ptr::<T>(self.my_pe(), d.offset + lo * elem), s.offset, lo, hi - lo, op);
-        }
-        self.raw_barrier()?; // every block is reduced
-        let dst_addr = Addr::of(self.pe_ptr::<T>(self.my_pe(), d.offset));
-        let others: Vec<usize> = (0..n).filter(|&j| j != self.my_pe()).collect();
-        self.ctx.pool.install(|| {
-            others.par_iter().for_each(|&j| {
-                let (lo, hi) = block(j);
-                self.count_read::<T>(j, hi - lo);
-                let from: *const T = self.pe_ptr(j, d.offset + lo * elem);
-                // SAFETY: block j of member j's dst is final until the closing
-                // barrier; block j of this PE's dst is written only here.
-                unsafe { std::ptr::copy_nonoverlapping(from, dst_addr.ptr::<T>().add(lo), hi - lo) };
-            })
-        });
-        self.raw_barrier()
+        self.run::<T>(OpKind::AllReduce, d, s, Some(op), 0, agreement, _stream)
     }
 
     /// Reduces every PE's `src` (`n_pes × dst.len()` elements) and leaves
@@ -380,31 +254,7 @@ impl Team {
             }
             Ok(d == mine && n > 1)
         })?;
-        if let Some(g) = self.ctx.backend.gpu() {
-            return self.ctx.report(self.gpu_collective::<T>(
-                g,
-                OpKind::ReduceScatter,
-                d,
-                s,
-                Some(op),
-                0,
-                agreement,
-                _stream,
-            ));
-        }
-        if let Some(r) = self.rails() {
-            return self.reduce_scatter_nodes::<T>(r, d, s, op);
-        }
-        let lo = me * d.len;
-        if overlap(d, s, elem) {
-            let mut tmp = vec_for::<T>(d.len);
-            self.reduce_into::<T>(tmp.as_mut_ptr(), s.offset, lo, d.len, op);
-            self.raw_barrier()?;
-            self.write_local(d.offset, &tmp);
-        } else {
-            self.reduce_into::<T>(self.pe_ptr(self.my_pe(), d.offset), s.offset, lo, d.len, op);
-        }
-        self.raw_barrier()
+        self.run::<T>(OpKind::ReduceScatter, d, s, Some(op), 0, agreement, _stream)
     }
 
     /// Sends block `j` of this PE's `src` to PE `j`, which stores it as
@@ -433,63 +283,34 @@ impl Team {
             }
             Ok(false)
         })?;
-        if let Some(g) = self.ctx.backend.gpu() {
-            return self.ctx.report(self.gpu_collective::<T>(g, OpKind::AllToAll, d, s, None, 0, agreement, _stream));
-        }
-        if let Some(r) = self.rails() {
-            return self.all_to_all_nodes::<T>(r, d, s);
-        }
-        let c = d.len / n;
-        let me = self.my_pe();
-        let in_place = overlap(d, s, elem);
-        let mut tmp = if in_place { vec_for::<T>(d.len) } else { Vec::new() };
-        let out = Addr::of(if in_place { tmp.as_mut_ptr() } else { self.pe_ptr::<T>(me, d.offset) });
-        self.ctx.pool.install(|| {
-            (0..n).into_par_iter().for_each(|j| {
-                self.count_read::<T>(j, c);
-                let from: *const T = self.pe_ptr(j, s.offset + me * c * elem);
-                // SAFETY: block `me` of member j's src and block j of this
-                // PE's output are checked, disjoint, and stable until the barrier.
-                unsafe { std::ptr::copy_nonoverlapping(from, out.ptr::<T>().add(j * c), c) };
-            })
-        });
-        if in_place {
-            self.raw_barrier()?;
-            self.write_local(d.offset, &tmp);
-        }
-        self.raw_barrier()
+        self.run::<T>(OpKind::AllToAll, d, s, None, 0, agreement, _stream)
     }
 
-    /// `out[i] = op over members m of src_m[lo + i]`, for `i < len`, in team order.
-    fn reduce_into<T: Element>(&self, out: *mut T, src_offset: usize, lo: usize, len: usize, op: ReduceOp) {
-        let elem = size_of::<T>();
-        let inputs: Vec<Addr> = (0..self.n_pes())
-            .map(|m| {
-                self.count_read::<T>(m, len);
-                Addr::of(self.pe_ptr::<T>(m, src_offset + lo * elem))
-            })
-            .collect();
-        let out = Addr::of(out);
-        let tasks = len.div_ceil(CHUNK);
-        let body = |t: usize| {
-            let start = t * CHUNK;
-            let n = CHUNK.min(len - start);
-            // SAFETY: every input holds `len` elements of a checked source
-            // region that no PE writes before the next barrier; `out` holds
-            // `len` elements of which only this task writes `start..start+n`.
-            let (ins, out) = unsafe {
-                let ins: Vec<&[T]> = inputs
-                    .iter()
-                    .map(|a| std::slice::from_raw_parts(a.ptr::<T>().add(start).cast_const(), n))
-                    .collect();
-                (ins, std::slice::from_raw_parts_mut(out.ptr::<T>().add(start), n))
-            };
-            reduce_chunk(op, out, &ins);
+    /// Runs a call that `begin` checked and agreed on (or left to the
+    /// device to agree on) on this team's backend.
+    #[allow(clippy::too_many_arguments)]
+    fn run<T: Element>(
+        &self,
+        kind: OpKind,
+        d: Region,
+        s: Region,
+        op: Option<ReduceOp>,
+        root: usize,
+        agreement: Option<DeviceAgreement>,
+        stream: &Stream,
+    ) -> Result<()> {
+        let Some(t) = self.host() else {
+            let g = self.ctx.backend.gpu().expect("the gpu backend, where not the host's");
+            return self.ctx.report(self.gpu_collective::<T>(g, kind, d, s, op, root, agreement, stream));
         };
-        if tasks <= 1 {
-            (0..tasks).for_each(body);
-        } else {
-            self.ctx.pool.install(|| (0..tasks).into_par_iter().for_each(body));
+        let op = op.unwrap_or(ReduceOp::Sum);
+        match kind {
+            OpKind::Broadcast => t.broadcast::<T>(d, s, root),
+            OpKind::AllGather => t.all_gather::<T>(d, s),
+            OpKind::AllReduce => t.all_reduce::<T>(d, s, op),
+            OpKind::ReduceScatter => t.reduce_scatter::<T>(d, s, op),
+            OpKind::AllToAll => t.all_to_all::<T>(d, s),
+            other => unreachable!("{} is not a data collective", other.name()),
         }
     }
 
@@ -707,49 +528,6 @@ impl Team {
         }
         Ok(())
     }
-
-    fn write_local<T: Element>(&self, offset: usize, data: &[T]) {
-        // SAFETY: `offset` begins a checked region of `data.len()` elements in
-        // this PE's heap, which no peer reads until the next barrier.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.pe_ptr::<T>(self.my_pe(), offset), data.len()) };
-    }
-}
-
-/// `out = ins[0] op ins[1] op …`, element-wise, accumulating in `T::Acc`
-/// and rounding once.
-fn reduce_chunk<T: Element>(op: ReduceOp, out: &mut [T], ins: &[&[T]]) {
-    let mut acc: Vec<T::Acc> = ins[0].iter().map(|x| x.to_acc()).collect();
-    fold_acc(op, &mut acc, &ins[1..]);
-    for (o, a) in out.iter_mut().zip(acc) {
-        *o = T::from_acc(a);
-    }
-}
-
-/// `acc = acc op ins[0] op ins[1] op …`, element-wise, in `T::Acc`: the
-/// left fold every reduction takes, from a running value. The operator is
-/// chosen once, outside the loops, so each loop is a straight vectorisable
-/// pass.
-pub(crate) fn fold_acc<T: Element>(op: ReduceOp, acc: &mut [T::Acc], ins: &[&[T]]) {
-    fn fold<T: Element>(acc: &mut [T::Acc], ins: &[&[T]], f: impl Fn(T::Acc, T::Acc) -> T::Acc) {
-        for input in ins {
-            for (a, x) in acc.iter_mut().zip(input.iter()) {
-                *a = f(*a, x.to_acc());
-            }
-        }
-    }
-    match op {
-        ReduceOp::Sum => fold(acc, ins, |a, b| T::combine(ReduceOp::Sum, a, b)),
-        ReduceOp::Min => fold(acc, ins, |a, b| T::combine(ReduceOp::Min, a, b)),
-        ReduceOp::Max => fold(acc, ins, |a, b| T::combine(ReduceOp::Max, a, b)),
-        ReduceOp::Prod => fold(acc, ins, |a, b| T::combine(ReduceOp::Prod, a, b)),
-        ReduceOp::And => fold(acc, ins, |a, b| T::combine(ReduceOp::And, a, b)),
-        ReduceOp::Or => fold(acc, ins, |a, b| T::combine(ReduceOp::Or, a, b)),
-        ReduceOp::Xor => fold(acc, ins, |a, b| T::combine(ReduceOp::Xor, a, b)),
-    }
-}
-
-fn vec_for<T: Element>(len: usize) -> Vec<T> {
-    crate::dtype::zeroed_vec(len)
 }
 
 /// The world team's collectives.
@@ -830,36 +608,5 @@ impl Context {
     /// # Collective
     pub fn team_split_strided(&self, start: usize, stride: usize, size: usize) -> Result<Option<Team>> {
         self.world().split_strided(start, stride, size)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn regions_overlap_only_when_they_share_a_byte() {
-        let r = |offset, len| Region { offset, len };
-        assert!(overlap(r(0, 4), r(12, 4), 4));
-        assert!(!overlap(r(0, 4), r(16, 4), 4));
-        assert!(!overlap(r(16, 4), r(0, 4), 4));
-        assert!(!overlap(r(0, 0), r(0, 4), 4), "an empty region overlaps nothing");
-        assert!(overlap(r(8, 1), r(0, 4), 4));
-    }
-
-    #[test]
-    fn reduce_chunk_folds_every_input_in_order() {
-        let a = [1i64, -2, 3, i64::MAX];
-        let b = [10i64, 20, -30, 1];
-        let c = [100i64, 200, 300, 0];
-        let mut out = [0i64; 4];
-        reduce_chunk(ReduceOp::Sum, &mut out, &[&a, &b, &c]);
-        assert_eq!(out, [111, 218, 273, i64::MIN]);
-        reduce_chunk(ReduceOp::Max, &mut out, &[&a, &b, &c]);
-        assert_eq!(out, [100, 200, 300, i64::MAX]);
-        let h: Vec<half::f16> = [0.5f32, 1.5, -4.0].iter().map(|&x| half::f16::from_f32(x)).collect();
-        let mut hout = [half::f16::ZERO; 3];
-        reduce_chunk(ReduceOp::Prod, &mut hout, &[&h, &h]);
-        assert_eq!(hout.map(|x| x.to_f32()), [0.25, 2.25, 16.0]);
     }
 }

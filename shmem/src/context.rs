@@ -12,8 +12,8 @@ use crate::error::{Error, Result};
 use crate::gpu::{self, GpuWorld};
 use crate::heap::Allocator;
 use crate::host::{self, shm, HostHeap};
-use crate::net::{NetCounters, NetDir};
 use crate::team::Team;
+use crate::traffic::{NetCounters, NetDir};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -106,9 +106,7 @@ impl Inner {
     /// `dir`, if `peer` is on another node (see [`crate::net`]). Every copy
     /// between PEs that the host makes or issues calls it.
     pub(crate) fn net_count(&self, peer: usize, bytes: usize, dir: NetDir) {
-        if bytes > 0 && self.ctl.other_node(peer) {
-            self.net.add(bytes, dir);
-        }
+        self.net.count(&self.ctl, peer, bytes, dir);
     }
 
     /// Counts a signal to world PE `peer`, if it is on another node.

@@ -10,6 +10,7 @@
 use crate::error::{Error, Result};
 use crate::host::asan::HeapMarks;
 use std::collections::BTreeMap;
+use std::sync::Mutex;
 
 /// Alignment of every allocation: enough for 16-byte vector accesses and
 /// for the GPU's 256-byte transaction granularity.
@@ -21,6 +22,45 @@ fn serial_hash(serial: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
+}
+
+/// A checked slice: where it lies in every PE's heap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Region {
+    /// Byte offset in the heap.
+    pub(crate) offset: usize,
+    /// Elements.
+    pub(crate) len: usize,
+}
+
+/// Whether two non-empty regions of `elem`-byte elements share a byte.
+pub(crate) fn overlap(a: Region, b: Region, elem: usize) -> bool {
+    a.offset < b.offset + b.len * elem && b.offset < a.offset + a.len * elem && a.len > 0 && b.len > 0
+}
+
+/// Heap space a collective uses internally, given back on drop.
+///
+/// Every member of the collective's team takes and gives it back at the
+/// same point of the same collective, so their allocators place it alike
+/// without an exchange; it is not counted as an allocation, so the PEs
+/// outside the team, which take none, stay in agreement with them.
+pub(crate) struct Scratch<'a> {
+    heap: &'a Mutex<Allocator>,
+    pub(crate) offset: usize,
+}
+
+impl<'a> Scratch<'a> {
+    /// Takes `bytes` of scratch from `heap`.
+    pub(crate) fn take(heap: &'a Mutex<Allocator>, bytes: usize) -> Result<Scratch<'a>> {
+        let offset = heap.lock().unwrap_or_else(|e| e.into_inner()).take_scratch(bytes)?;
+        Ok(Scratch { heap, offset })
+    }
+}
+
+impl Drop for Scratch<'_> {
+    fn drop(&mut self) {
+        self.heap.lock().unwrap_or_else(|e| e.into_inner()).give_back_scratch(self.offset);
+    }
 }
 
 pub(crate) struct Allocator {

@@ -47,6 +47,7 @@ pub mod overlap;
 pub mod quant;
 mod rma;
 mod team;
+mod traffic;
 
 pub use algo::{AcrossNodes, AllGatherAlgo, AllReduceAlgo, CollImpl, Collectives, MoeKernels, ReduceOrder, Tuning};
 pub use buffer::{SymSlice, SymmetricBuffer};

@@ -26,12 +26,12 @@
 //! (rayon-parallel, f32-accumulating) matmul: the reference.
 
 use crate::buffer::{Region, SymSlice};
-use crate::coll::overlap;
 use crate::context::Stream;
 use crate::control::DESC_WORDS;
 use crate::dtype::{DType, Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::gpu::blas::Blas;
+use crate::heap::overlap;
 use crate::team::{Desc, OpKind, Team};
 use rayon::prelude::*;
 

@@ -10,7 +10,7 @@ use crate::buffer::{Region, SymSlice, SymmetricBuffer};
 use crate::context::{Context, Stream};
 use crate::dtype::{AtomicElement, AtomicOp, Element};
 use crate::error::{Error, Result};
-use crate::net::NetDir;
+use crate::traffic::NetDir;
 
 /// How a signal is updated by [`Context::put_signal`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -39,6 +39,7 @@ use crate::error::{Error, Result, RoutingFault};
 use crate::gpu::abi::{AGREE_ERROR_SHIFT, AGREE_HEAD_WORD, AGREE_PRIVATE_WORD, AGREE_WORDS};
 use crate::gpu::kernels::{AgreementFailure, Kernels};
 use crate::gpu::GpuWorld;
+use crate::host::team::HostTeam;
 use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -490,6 +491,26 @@ impl Team {
     /// Enters the team's barrier and waits for every member.
     pub(crate) fn raw_barrier(&self) -> Result<()> {
         self.ctx.ctl.barrier(&self.state)
+    }
+
+    /// The team as the host backend's collectives see it (`None` on the
+    /// gpu backend), with the settings as they are now.
+    pub(crate) fn host(&self) -> Option<HostTeam<'_>> {
+        let ctx = &self.ctx;
+        Some(HostTeam {
+            heap: ctx.backend.host()?,
+            ctl: &ctx.ctl,
+            state: &self.state,
+            pool: &ctx.pool,
+            net: &ctx.net,
+            alloc: &ctx.heap,
+            cfg: *ctx.collectives.lock().unwrap_or_else(|e| e.into_inner()),
+        })
+    }
+
+    /// Counts a read of `len` elements from `member` (see [`crate::net`]).
+    pub(crate) fn count_read<T>(&self, member: usize, len: usize) {
+        self.ctx.net_count(self.state.members[member], len * size_of::<T>(), crate::traffic::NetDir::Got);
     }
 
     /// Publishes `desc`, enters the barrier, and returns every member's row.

@@ -157,7 +157,7 @@ const _: () = assert!(offset_of!(TeamSync, net_offset) == 152);
 const _: () = assert!(MAX_TEAM <= 64, "TeamSync::remote has a bit a member");
 
 /// Words of `NetCounters` (`abi.cuh`): bytes put, bytes got, puts, gets,
-/// signals, in that order ([`crate::net::NetTraffic::from_words`]).
+/// signals, in that order ([`crate::traffic::NetTraffic::from_words`]).
 pub(crate) const NET_COUNTER_WORDS: usize = 5;
 
 impl TeamSync {

@@ -523,11 +523,11 @@ impl GpuWorld {
     /// The kernels' counts of traffic with other nodes' PEs
     /// (`NetCounters` of `abi.cuh`), all 0 without the kernels. The caller
     /// has synchronised the streams whose kernels it wants counted.
-    pub(crate) fn device_net(&self) -> Result<crate::net::NetTraffic> {
+    pub(crate) fn device_net(&self) -> Result<crate::traffic::NetTraffic> {
         let Some(k) = &self.kernels else { return Ok(Default::default()) };
         let mut words = [0u64; abi::NET_COUNTER_WORDS];
         self.dtoh(&mut words, self.addr(k.layout.net()), &self.own)?;
-        Ok(crate::net::NetTraffic::from_words(words))
+        Ok(crate::traffic::NetTraffic::from_words(words))
     }
 
     /// Zeroes `bytes` bytes at `dst`; returns when done.

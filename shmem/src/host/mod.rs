@@ -13,9 +13,11 @@
 //! [`crate::control`].
 
 pub(crate) mod asan;
+pub(crate) mod coll;
 pub(crate) mod nodes;
 pub(crate) mod rma;
 pub(crate) mod shm;
+pub(crate) mod team;
 
 use crate::error::{Error, Result};
 use asan::HeapMarks;

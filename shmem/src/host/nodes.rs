@@ -8,7 +8,7 @@
 //! one rail, once, pushed by the PE that holds it into its peer's heap, as
 //! the kernels put; inside a node the PEs load and store each other's
 //! memory, as over NVLink. Every copy between two PEs goes through
-//! [`Team::copy_between`].
+//! [`HostTeam::copy_between`].
 //!
 //! Each form runs in phases separated by barriers of the team. A phase
 //! writes only where no PE reads in it, and reads only what earlier phases
@@ -30,13 +30,13 @@
 //!
 //! [`AcrossNodes`]: crate::AcrossNodes
 
+use super::coll::{fold_acc, Addr, CHUNK};
+use super::team::{HostTeam, Rails};
 use crate::algo::{rail_share, ReduceOrder};
-use crate::buffer::Region;
-use crate::coll::{fold_acc, overlap, Addr, CHUNK};
 use crate::dtype::{Element, ReduceOp};
 use crate::error::Result;
-use crate::net::NetDir;
-use crate::team::Team;
+use crate::heap::{overlap, Region};
+use crate::traffic::NetDir;
 use rayon::prelude::*;
 
 /// One end of a copy between PEs: byte `offset` of team member `member`'s
@@ -47,46 +47,7 @@ pub(crate) struct At {
     pub(crate) offset: usize,
 }
 
-/// Where this PE is in a team laid out node by node.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Rails {
-    /// `N`: the nodes.
-    pub(crate) nodes: usize,
-    /// `L`: members on each node (and rails).
-    pub(crate) per_node: usize,
-    /// This PE's node (`a`) and rail (local rank, `i`).
-    pub(crate) node: usize,
-    pub(crate) rail: usize,
-}
-
-impl Rails {
-    /// The member of node `node` on rail `rail`.
-    fn member(&self, node: usize, rail: usize) -> usize {
-        node * self.per_node + rail
-    }
-
-    /// This PE.
-    fn me(&self) -> usize {
-        self.member(self.node, self.rail)
-    }
-
-    /// The members of this PE's node other than itself.
-    fn node_peers(&self) -> impl Iterator<Item = usize> + '_ {
-        (0..self.per_node).filter(|&k| k != self.rail).map(|k| self.member(self.node, k))
-    }
-
-    /// The members of this PE's rail on the other nodes.
-    fn rail_peers(&self) -> impl Iterator<Item = usize> + '_ {
-        (0..self.nodes).filter(|&b| b != self.node).map(|b| self.member(b, self.rail))
-    }
-
-    /// The members of node `node`, in local rank order.
-    fn node_members(&self, node: usize) -> Vec<usize> {
-        (0..self.per_node).map(|k| self.member(node, k)).collect()
-    }
-}
-
-impl Team {
+impl HostTeam<'_> {
     /// Copies `bytes` from `from` to `to`, one of which is this PE: a put
     /// where `from` is, a get where `to` is (and a local copy where both
     /// are). This is the one place where the node-aware collectives move
@@ -99,9 +60,9 @@ impl Team {
             return;
         }
         if from.member != me {
-            self.ctx.net_count(self.state.members[from.member], bytes, NetDir::Got);
+            self.count(from.member, bytes, NetDir::Got);
         } else if to.member != me {
-            self.ctx.net_count(self.state.members[to.member], bytes, NetDir::Put);
+            self.count(to.member, bytes, NetDir::Put);
         }
         let src: *const u8 = self.pe_ptr(from.member, from.offset);
         let dst: *mut u8 = self.pe_ptr(to.member, to.offset);
@@ -112,22 +73,9 @@ impl Team {
         unsafe { std::ptr::copy(src, dst, bytes) };
     }
 
-    /// This PE's place among the rails where this team's collectives take
-    /// the node-aware forms now (see [`crate::algo::node_aware`]); `None`
-    /// where they run flat.
-    pub(crate) fn rails(&self) -> Option<Rails> {
-        let cfg = *self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner());
-        let shape = self.state.shape;
-        if !crate::algo::node_aware(shape, cfg.across_nodes, cfg.force_rma) {
-            return None;
-        }
-        let (me, per_node) = (self.my_pe(), shape.per_node);
-        Some(Rails { nodes: shape.nodes, per_node, node: me / per_node, rail: me % per_node })
-    }
-
     /// The reduction order the node-aware reductions take now.
-    pub(crate) fn reduce_order(&self) -> ReduceOrder {
-        self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner()).reduce_order
+    fn reduce_order(&self) -> ReduceOrder {
+        self.cfg.reduce_order
     }
 
     /// All-gather of `s` (this PE's block) into every PE's `d`: each PE
@@ -156,7 +104,7 @@ impl Team {
 
     /// Broadcast from `root`: the root stores its source into its node's
     /// outputs; each PE of the root's node sends its rail's share of the
-    /// vector along its rail ([`Team::spread_on_rail`]); each PE of the
+    /// vector along its rail ([`HostTeam::spread_on_rail`]); each PE of the
     /// other nodes stores its share into its node peers' outputs. Bytes
     /// out of the root's node per PE: `(N−1)·S/L` (`S/L` along a ring of
     /// four nodes or more).
@@ -191,7 +139,7 @@ impl Team {
         let elem = size_of::<T>();
         let block = d.len / (r.nodes * r.per_node) * elem;
         let row = r.per_node * block;
-        let scratch = self.ctx.scratch(r.nodes * row)?;
+        let scratch = self.scratch(r.nodes * row)?;
         let inbox = |from_node: usize| scratch.offset + from_node * row;
         let me = r.me();
         for b in 0..r.nodes {
@@ -212,7 +160,7 @@ impl Team {
         Ok(())
     }
 
-    /// All-reduce in the order [`Team::reduce_order`] says (see the module
+    /// All-reduce in the order [`HostTeam::reduce_order`] says (see the module
     /// docs).
     pub(crate) fn all_reduce_nodes<T: Element>(&self, r: Rails, d: Region, s: Region, op: ReduceOp) -> Result<()> {
         match self.reduce_order() {
@@ -221,7 +169,7 @@ impl Team {
         }
     }
 
-    /// Reduce-scatter in the order [`Team::reduce_order`] says (see the
+    /// Reduce-scatter in the order [`HostTeam::reduce_order`] says (see the
     /// module docs).
     pub(crate) fn reduce_scatter_nodes<T: Element>(&self, r: Rails, d: Region, s: Region, op: ReduceOp) -> Result<()> {
         match self.reduce_order() {
@@ -246,7 +194,7 @@ impl Team {
         let elem = size_of::<T>();
         let acc_bytes = size_of::<T::Acc>();
         let largest = (0..r.per_node).map(|i| rail_share(d.len, elem, i, r.per_node).len()).max().unwrap_or(0);
-        let scratch = self.ctx.scratch(largest * acc_bytes)?;
+        let scratch = self.scratch(largest * acc_bytes)?;
         let share = rail_share(d.len, elem, r.rail, r.per_node);
         let len = share.len();
         let me = r.me();
@@ -257,7 +205,7 @@ impl Team {
             if r.node == step && len > 0 {
                 let start = (step > 0).then(|| self.read_local::<T::Acc>(running.offset, len));
                 let acc = self.fold::<T>(op, start, &node_inputs(), len);
-                self.write_local_raw(running.offset, &acc);
+                self.write_local(running.offset, &acc);
                 let next = At { member: r.member(step + 1, r.rail), offset: scratch.offset };
                 self.copy_between(running, next, len * acc_bytes);
             }
@@ -267,7 +215,7 @@ impl Team {
         if r.node == last && len > 0 {
             let acc = self.fold::<T>(op, Some(self.read_local::<T::Acc>(running.offset, len)), &node_inputs(), len);
             let y: Vec<T> = acc.into_iter().map(T::from_acc).collect();
-            self.write_local_raw(at, &y);
+            self.write_local(at, &y);
         }
         self.to_node_peers(r, r.node == last, at, len * elem);
         self.spread_on_rail(r, last, at, len * elem)?;
@@ -292,7 +240,7 @@ impl Team {
     fn all_reduce_grouped<T: Element>(&self, r: Rails, d: Region, s: Region, op: ReduceOp) -> Result<()> {
         let elem = size_of::<T>();
         let largest = (0..r.per_node).map(|i| rail_share(d.len, elem, i, r.per_node).len()).max().unwrap_or(0);
-        let scratch = self.ctx.scratch(r.nodes * largest * elem)?;
+        let scratch = self.scratch(r.nodes * largest * elem)?;
         let slot = |node: usize| scratch.offset + node * largest * elem;
         let share = rail_share(d.len, elem, r.rail, r.per_node);
         // Part `b` of the shard, as elements of the shard.
@@ -301,7 +249,7 @@ impl Team {
         if !share.is_empty() {
             let inputs = self.inputs(&r.node_members(r.node), s.offset + share.start * elem);
             let partial: Vec<T> = self.fold::<T>(op, None, &inputs, share.len()).into_iter().map(T::from_acc).collect();
-            self.write_local_raw(slot(r.node), &partial);
+            self.write_local(slot(r.node), &partial);
             for b in (0..r.nodes).filter(|&b| b != r.node) {
                 let p = part(b);
                 let from = At { member: me, offset: slot(r.node) + p.start * elem };
@@ -316,7 +264,7 @@ impl Team {
             let partials: Vec<At> =
                 (0..r.nodes).map(|a| At { member: me, offset: slot(a) + mine.start * elem }).collect();
             let y: Vec<T> = self.fold::<T>(op, None, &partials, mine.len()).into_iter().map(T::from_acc).collect();
-            self.write_local_raw(at, &y);
+            self.write_local(at, &y);
             for peer in r.rail_peers() {
                 self.copy_between(At { member: me, offset: at }, At { member: peer, offset: at }, mine.len() * elem);
             }
@@ -338,12 +286,12 @@ impl Team {
     ///
     /// In place: a source's block `b·L + i` is read only by its node's PE
     /// of rail `i`, in its step, before any output is written; each PE's
-    /// output is its own block of its source ([`Team::output_of`]).
+    /// output is its own block of its source ([`HostTeam::output_of`]).
     fn reduce_scatter_chain<T: Element>(&self, r: Rails, d: Region, s: Region, op: ReduceOp) -> Result<()> {
         let elem = size_of::<T>();
         let acc_bytes = size_of::<T::Acc>();
         let len = d.len;
-        let scratch = self.ctx.scratch(r.nodes * len * acc_bytes)?;
+        let scratch = self.scratch(r.nodes * len * acc_bytes)?;
         let running = |b: usize| scratch.offset + b * len * acc_bytes;
         let me = r.me();
         let node_inputs = |b: usize| self.inputs(&r.node_members(r.node), s.offset + r.member(b, r.rail) * len * elem);
@@ -353,7 +301,7 @@ impl Team {
                 for b in 0..r.nodes {
                     let start = (step > 0).then(|| self.read_local::<T::Acc>(running(b), len));
                     let acc = self.fold::<T>(op, start, &node_inputs(b), len);
-                    self.write_local_raw(running(b), &acc);
+                    self.write_local(running(b), &acc);
                 }
                 let next = At { member: r.member(step + 1, r.rail), offset: scratch.offset };
                 self.copy_between(At { member: me, offset: scratch.offset }, next, r.nodes * len * acc_bytes);
@@ -365,7 +313,7 @@ impl Team {
                 let acc = self.fold::<T>(op, Some(self.read_local::<T::Acc>(running(b), len)), &node_inputs(b), len);
                 let y: Vec<T> = acc.into_iter().map(T::from_acc).collect();
                 // The rounded block, in T, where its running value was.
-                self.write_local_raw(running(b), &y);
+                self.write_local(running(b), &y);
                 let owner = self.output_of(r.member(b, r.rail), d, s, elem);
                 self.copy_between(At { member: me, offset: running(b) }, owner, len * elem);
             }
@@ -388,7 +336,7 @@ impl Team {
         let len = d.len;
         // The partials this PE sends (by owner's node), then those it
         // receives (by sender's node).
-        let scratch = self.ctx.scratch(2 * r.nodes * len * elem)?;
+        let scratch = self.scratch(2 * r.nodes * len * elem)?;
         let outbox = |b: usize| scratch.offset + b * len * elem;
         let inbox = |a: usize| scratch.offset + (r.nodes + a) * len * elem;
         let me = r.me();
@@ -397,7 +345,7 @@ impl Team {
                 let owner = r.member(b, r.rail);
                 let inputs = self.inputs(&r.node_members(r.node), s.offset + owner * len * elem);
                 let partial: Vec<T> = self.fold::<T>(op, None, &inputs, len).into_iter().map(T::from_acc).collect();
-                self.write_local_raw(outbox(b), &partial);
+                self.write_local(outbox(b), &partial);
                 self.copy_between(
                     At { member: me, offset: outbox(b) },
                     At { member: owner, offset: inbox(r.node) },
@@ -409,7 +357,7 @@ impl Team {
         if len > 0 {
             let partials: Vec<At> = (0..r.nodes).map(|a| At { member: me, offset: inbox(a) }).collect();
             let y: Vec<T> = self.fold::<T>(op, None, &partials, len).into_iter().map(T::from_acc).collect();
-            self.write_local_raw(d.offset, &y);
+            self.write_local(d.offset, &y);
         }
         self.raw_barrier()?;
         drop(scratch);
@@ -482,7 +430,7 @@ impl Team {
             None => (slices(0, len)[0].iter().map(|x| x.to_acc()).collect(), 1),
         };
         debug_assert_eq!(acc.len(), len);
-        self.ctx.pool.install(|| {
+        self.pool.install(|| {
             acc.par_chunks_mut(CHUNK).enumerate().for_each(|(t, chunk)| {
                 let ins = slices(t * CHUNK, chunk.len());
                 fold_acc(op, chunk, &ins[rest..]);
@@ -499,13 +447,5 @@ impl Team {
         // scratch, aligned (scratch offsets are, and its slots are
         // multiples of `U`), written whole before the last barrier.
         unsafe { std::slice::from_raw_parts(p, len).to_vec() }
-    }
-
-    /// Stores `data` at byte `offset` of this PE's heap.
-    fn write_local_raw<U: Copy>(&self, offset: usize, data: &[U]) {
-        let p: *mut U = self.pe_ptr(self.my_pe(), offset);
-        // SAFETY: `offset` begins room for `data` in a checked region or
-        // this call's scratch, which no other PE touches in this phase.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
     }
 }
