@@ -12,13 +12,19 @@
 //! collectives and the MoE ops still reach the gpu backend through
 //! [`Backend::gpu`] and the host one through [`Backend::host`].
 
-use crate::context::Stream;
 use crate::control::Control;
 use crate::dtype::{AtomicElement, AtomicOp, Element};
 use crate::error::Result;
 use crate::gpu::GpuWorld;
 use crate::host::HostHeap;
+use cudarc::driver::CudaStream;
 use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
+
+/// The stream an operation is issued on: the public stream's CUDA stream
+/// ([`crate::Stream::cuda_stream`]), `None` for the context's own. The
+/// host backend has none and completes every operation at once.
+pub(crate) type On<'a> = Option<&'a Arc<CudaStream>>;
 
 /// The data plane of a context.
 pub(crate) enum Backend {
@@ -81,7 +87,7 @@ impl Backend {
 
     /// A put or get ([`Transfer`]); on the gpu backend it is issued on the
     /// stream, on the host backend it is done when this returns.
-    pub(crate) fn transfer(&self, me: usize, t: Transfer, pool: &rayon::ThreadPool, s: &Stream) -> Result<()> {
+    pub(crate) fn transfer(&self, me: usize, t: Transfer, pool: &rayon::ThreadPool, s: On<'_>) -> Result<()> {
         match self {
             Backend::Host(h) => {
                 let (dst, src) = t.ends(me);
@@ -100,7 +106,7 @@ impl Backend {
         t: Transfer,
         sig: Signal,
         pool: &rayon::ThreadPool,
-        s: &Stream,
+        s: On<'_>,
     ) -> Result<()> {
         match self {
             Backend::Host(_) => {
@@ -118,7 +124,7 @@ impl Backend {
     }
 
     /// A signal update with no data.
-    pub(crate) fn signal(&self, sig: Signal, s: &Stream) -> Result<()> {
+    pub(crate) fn signal(&self, sig: Signal, s: On<'_>) -> Result<()> {
         match self {
             Backend::Host(h) => {
                 let cell = h.signal(sig.pe, sig.offset);
@@ -135,7 +141,7 @@ impl Backend {
 
     /// This PE's signal at heap offset `offset`, read once the stream's
     /// work is done (acquire: the data put before it is visible).
-    pub(crate) fn signal_fetch(&self, me: usize, offset: usize, s: &Stream) -> Result<u64> {
+    pub(crate) fn signal_fetch(&self, me: usize, offset: usize, s: On<'_>) -> Result<u64> {
         match self {
             Backend::Host(h) => Ok(h.signal(me, offset).load(Ordering::Acquire)),
             Backend::Gpu(g) => {
@@ -156,7 +162,7 @@ impl Backend {
         offset: usize,
         holds: impl Fn(u64) -> bool,
         what: &dyn Fn() -> String,
-        s: &Stream,
+        s: On<'_>,
     ) -> Result<u64> {
         let (mut seen, mut failed) = (0, None);
         match self {
@@ -194,7 +200,7 @@ impl Backend {
     }
 
     /// Writes one element into `pe`'s heap at `offset` (NVSHMEM's `p`).
-    pub(crate) fn store<T: Element>(&self, pe: usize, offset: usize, value: T, s: &Stream) -> Result<()> {
+    pub(crate) fn store<T: Element>(&self, pe: usize, offset: usize, value: T, s: On<'_>) -> Result<()> {
         match self {
             Backend::Host(h) => {
                 h.store(pe, offset, value);
@@ -209,7 +215,7 @@ impl Backend {
 
     /// Reads one element of `pe`'s heap at `offset` (NVSHMEM's `g`), once
     /// the stream's work is done.
-    pub(crate) fn load<T: Element>(&self, pe: usize, offset: usize, s: &Stream) -> Result<T> {
+    pub(crate) fn load<T: Element>(&self, pe: usize, offset: usize, s: On<'_>) -> Result<T> {
         match self {
             Backend::Host(h) => Ok(h.load(pe, offset)),
             Backend::Gpu(g) => {
@@ -224,7 +230,7 @@ impl Backend {
 
     /// Completes every outstanding one-sided operation of this PE (a fence
     /// too: NVSHMEM has no fence on a stream).
-    pub(crate) fn quiet(&self, s: &Stream) -> Result<()> {
+    pub(crate) fn quiet(&self, s: On<'_>) -> Result<()> {
         match self {
             Backend::Host(_) => {
                 fence(Ordering::SeqCst);
@@ -236,7 +242,7 @@ impl Backend {
 
     /// Performs `op` on `pe`'s element at heap offset `offset`, after the
     /// work already on the stream; returns the old value.
-    pub(crate) fn atomic<T: AtomicElement>(&self, pe: usize, offset: usize, op: AtomicOp<T>, s: &Stream) -> Result<T> {
+    pub(crate) fn atomic<T: AtomicElement>(&self, pe: usize, offset: usize, op: AtomicOp<T>, s: On<'_>) -> Result<T> {
         match self {
             Backend::Host(h) => Ok(h.atomic(pe, offset, op)),
             Backend::Gpu(g) => {
@@ -249,7 +255,7 @@ impl Backend {
     }
 
     /// Copies `data` into this PE's heap at `offset`.
-    pub(crate) fn write_local<T: Element>(&self, me: usize, offset: usize, data: &[T], s: &Stream) -> Result<()> {
+    pub(crate) fn write_local<T: Element>(&self, me: usize, offset: usize, data: &[T], s: On<'_>) -> Result<()> {
         match self {
             Backend::Host(h) => {
                 h.write(me, offset, data);
@@ -261,7 +267,7 @@ impl Backend {
 
     /// Copies this PE's heap at `offset` into `out`, once the stream's work
     /// is done.
-    pub(crate) fn read_local<T: Element>(&self, me: usize, offset: usize, out: &mut [T], s: &Stream) -> Result<()> {
+    pub(crate) fn read_local<T: Element>(&self, me: usize, offset: usize, out: &mut [T], s: On<'_>) -> Result<()> {
         match self {
             Backend::Host(h) => {
                 h.read(me, offset, out);
@@ -272,7 +278,7 @@ impl Backend {
     }
 
     /// Zeroes `bytes` of this PE's heap at `offset`; done when it returns.
-    pub(crate) fn zero_local(&self, me: usize, offset: usize, bytes: usize, s: &Stream) -> Result<()> {
+    pub(crate) fn zero_local(&self, me: usize, offset: usize, bytes: usize, s: On<'_>) -> Result<()> {
         match self {
             Backend::Host(h) => {
                 h.zero(me, offset, bytes);

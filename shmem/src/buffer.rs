@@ -99,7 +99,7 @@ impl<'a, T: Element> SymSlice<'a, T> {
             )));
         }
         let ctx = &self.buf.ctx;
-        ctx.backend.write_local(ctx.me, r.offset, data, stream)
+        ctx.backend.write_local(ctx.me, r.offset, data, stream.cuda_stream())
     }
 
     /// Copies this PE's copy of the slice into `out`.
@@ -131,7 +131,7 @@ impl<'a, T: Element> SymSlice<'a, T> {
             )));
         }
         let ctx = &self.buf.ctx;
-        ctx.backend.read_local(ctx.me, r.offset, out, stream)
+        ctx.backend.read_local(ctx.me, r.offset, out, stream.cuda_stream())
     }
 
     /// [`SymSlice::copy_to_host`] without reporting (see [`SymSlice::read_into`]).
@@ -265,7 +265,7 @@ impl Context {
     pub fn alloc_zeroed<T: Element>(&self, len: usize) -> Result<SymmetricBuffer<T>> {
         let buf = self.alloc::<T>(len)?;
         let inner = &self.inner;
-        inner.backend.zero_local(inner.me, buf.offset, len * size_of::<T>(), &Stream::default())?;
+        inner.backend.zero_local(inner.me, buf.offset, len * size_of::<T>(), None)?;
         // No peer may write into the buffer before this PE has zeroed it.
         self.world().raw_barrier()?;
         Ok(buf)

@@ -105,7 +105,7 @@ impl Team {
         let k = g.kernels.as_ref().expect("the device agrees with shmem's kernels");
         let force = self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner()).force_rma;
         let t = k.team(self.state.slot, &self.state.members, force)?.agreeing(epoch, row);
-        k.agree(t, g.stream(stream).cu_stream())
+        k.agree(t, g.stream(stream.cuda_stream()).cu_stream())
     }
 
     /// The error of this call's agreement, which its kernel found failed
@@ -154,7 +154,7 @@ impl Team {
 
     /// Whether `stream` is being captured into a CUDA graph (GPU backend).
     fn capturing(&self, stream: &Stream) -> bool {
-        self.ctx.backend.gpu().is_some_and(|g| crate::gpu::capturing(g.stream(stream)))
+        self.ctx.backend.gpu().is_some_and(|g| crate::gpu::capturing(g.stream(stream.cuda_stream())))
     }
 
     /// Copies `root`'s `src` into every PE's `dst`.
@@ -332,7 +332,7 @@ impl Team {
         agreement: Option<DeviceAgreement>,
         stream: &Stream,
     ) -> Result<()> {
-        let st = g.stream(stream);
+        let st = g.stream(stream.cuda_stream());
         let elem = size_of::<T>();
         let cfg = *self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner());
         let kernels = g.kernels.as_ref().filter(|_| algo::kernels_take(cfg.implementation, self.n_pes()));

@@ -391,7 +391,7 @@ impl Team {
             ];
         }
         if let Some(g) = self.ctx.backend.gpu() {
-            let st = g.stream(stream);
+            let st = g.stream(stream.cuda_stream());
             // A graph replays without the host, and agrees nowhere; a call
             // that a caller's agreement covers has none of its own; and a
             // team of one, or one the kernels do not take (which fails on

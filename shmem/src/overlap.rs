@@ -208,7 +208,7 @@ impl Team {
                 let nvlink = self.nvlink();
                 if how.comm == OverlapComm::Sequential || !nvlink || np == 1 {
                     self.all_gather(a_out, a_shard, stream)?;
-                    let st = g.stream(stream);
+                    let st = g.stream(stream.cuda_stream());
                     let blas = self.blas()?;
                     let blas = blas.as_ref().expect("made by blas()");
                     // SAFETY: checked regions of this PE's heap.
@@ -317,7 +317,7 @@ impl Team {
                                 s.m,
                                 s.k,
                                 s.n,
-                                g.stream(stream),
+                                g.stream(stream.cuda_stream()),
                             )?
                         };
                     }
@@ -337,7 +337,7 @@ impl Team {
         err: Option<&Error>,
         stream: &Stream,
     ) -> Result<Vec<[u64; DESC_WORDS]>> {
-        if self.ctx.backend.gpu().is_some_and(|g| crate::gpu::capturing(g.stream(stream))) {
+        if self.ctx.backend.gpu().is_some_and(|g| crate::gpu::capturing(g.stream(stream.cuda_stream()))) {
             return Err(Error::Invalid(format!("{op} cannot be captured in a CUDA graph")));
         }
         self.exchange(desc, err)
@@ -412,7 +412,7 @@ impl Team {
         let (np, rank, elem) = (self.n_pes(), self.my_pe(), size_of::<T>());
         let members = &self.state.members;
         let t = k.team(self.state.slot, members, false)?;
-        let st = g.stream(stream);
+        let st = g.stream(stream.cuda_stream());
         let mut guard = self.blas()?;
         let blas = guard.as_mut().expect("made by blas()");
         let (row_bytes, shard_bytes) = (s.k * elem, s.m * s.k * elem);
@@ -504,7 +504,7 @@ impl Team {
         let (np, rank, elem) = (self.n_pes(), self.my_pe(), size_of::<T>());
         let members = &self.state.members;
         let t = k.team(self.state.slot, members, false)?;
-        let st = g.stream(stream);
+        let st = g.stream(stream.cuda_stream());
         let mut guard = self.blas()?;
         let blas = guard.as_mut().expect("made by blas()");
         let m_out = s.m / np;

@@ -119,7 +119,7 @@ impl Context {
         let (d, s) = self.transfer_regions(&dst, &src, pe, if put { "put" } else { "get" })?;
         self.inner.net_count(pe, d.len * size_of::<T>(), if put { NetDir::Put } else { NetDir::Got });
         let t = Transfer { put, dst: d.offset, src: s.offset, bytes: d.len * size_of::<T>(), pe };
-        self.inner.report(self.inner.backend.transfer(self.inner.me, t, &self.inner.pool, stream))
+        self.inner.report(self.inner.backend.transfer(self.inner.me, t, &self.inner.pool, stream.cuda_stream()))
     }
 
     /// Checks a transfer with `pe` and returns (dst, src).
@@ -150,26 +150,26 @@ impl Context {
     ) -> Result<()> {
         let off = self.element_offset(dst, index, pe)?;
         self.inner.net_count(pe, size_of::<T>(), NetDir::Put);
-        self.inner.report(self.inner.backend.store(pe, off, value, stream))
+        self.inner.report(self.inner.backend.store(pe, off, value, stream.cuda_stream()))
     }
 
     /// Reads one element of `pe`'s copy of `src` (NVSHMEM's `g`).
     pub fn g<T: Element>(&self, src: &SymmetricBuffer<T>, index: usize, pe: usize, stream: &Stream) -> Result<T> {
         let off = self.element_offset(src, index, pe)?;
         self.inner.net_count(pe, size_of::<T>(), NetDir::Got);
-        self.inner.report(self.inner.backend.load(pe, off, stream))
+        self.inner.report(self.inner.backend.load(pe, off, stream.cuda_stream()))
     }
 
     /// Completes every outstanding operation of this PE.
     pub fn quiet(&self, stream: &Stream) -> Result<()> {
-        self.inner.report(self.inner.backend.quiet(stream))
+        self.inner.report(self.inner.backend.quiet(stream.cuda_stream()))
     }
 
     /// Orders this PE's operations to each peer: those before the fence are
     /// delivered before those after it.
     pub fn fence(&self, stream: &Stream) -> Result<()> {
         // Quiet is a fence and more.
-        self.inner.report(self.inner.backend.quiet(stream))
+        self.inner.report(self.inner.backend.quiet(stream.cuda_stream()))
     }
 
     /// Puts `src` into `pe`'s `dst`, then updates `pe`'s `signal[sig_index]`;
@@ -193,7 +193,7 @@ impl Context {
         self.inner.net_count(pe, t.bytes, NetDir::Put);
         self.inner.net_signal(pe);
         let sig = Signal { offset: sig, value, add: op == SignalOp::Add, pe };
-        self.inner.report(self.inner.backend.put_signal(self.inner.me, t, sig, &self.inner.pool, stream))
+        self.inner.report(self.inner.backend.put_signal(self.inner.me, t, sig, &self.inner.pool, stream.cuda_stream()))
     }
 
     /// Starts a [`Context::put_signal`]; complete at the next quiet.
@@ -225,14 +225,14 @@ impl Context {
         let sig = self.element_offset(signal, sig_index, pe)?;
         self.inner.net_signal(pe);
         let sig = Signal { offset: sig, value, add: op == SignalOp::Add, pe };
-        self.inner.report(self.inner.backend.signal(sig, stream))
+        self.inner.report(self.inner.backend.signal(sig, stream.cuda_stream()))
     }
 
     /// This PE's `signal[index]`.
     pub fn signal_fetch(&self, signal: &SymmetricBuffer<u64>, index: usize, stream: &Stream) -> Result<u64> {
         let me = self.inner.me;
         let off = self.element_offset(signal, index, me)?;
-        self.inner.report(self.inner.backend.signal_fetch(me, off, stream))
+        self.inner.report(self.inner.backend.signal_fetch(me, off, stream.cuda_stream()))
     }
 
     /// Waits until this PE's `signal[index] cmp value` holds; returns the
@@ -250,7 +250,7 @@ impl Context {
         let what = || format!("waiting for signal[{index}] {cmp:?} {value}");
         let off = self.element_offset(signal, index, me)?;
         let holds = |seen| cmp.holds(seen, value);
-        self.inner.report(self.inner.backend.signal_wait(&self.inner.ctl, me, off, holds, &what, stream))
+        self.inner.report(self.inner.backend.signal_wait(&self.inner.ctl, me, off, holds, &what, stream.cuda_stream()))
     }
 
     fn atomic<T: AtomicElement>(
@@ -262,7 +262,7 @@ impl Context {
         op: AtomicOp<T>,
     ) -> Result<T> {
         let off = self.element_offset(buf, index, pe)?;
-        self.inner.report(self.inner.backend.atomic(pe, off, op, stream))
+        self.inner.report(self.inner.backend.atomic(pe, off, op, stream.cuda_stream()))
     }
 
     /// Reads `pe`'s `buf[index]` atomically.

@@ -441,10 +441,10 @@ impl Team {
             if let Some((epoch, row)) = agreement {
                 t = t.agreeing(epoch, row);
             }
-            k.barrier(t, g.stream(stream).cu_stream())
+            k.barrier(t, g.stream(stream.cuda_stream()).cu_stream())
         };
         if let Some((g, k)) = kernels {
-            let capturing = crate::gpu::capturing(g.stream(stream));
+            let capturing = crate::gpu::capturing(g.stream(stream.cuda_stream()));
             if capturing {
                 // In a CUDA graph: without the host.
                 return kernel_barrier(g, k, None);
@@ -453,14 +453,14 @@ impl Team {
                 // This PE's puts complete (as NVSHMEM's barrier does), then
                 // the barrier kernel, which agrees on the call first.
                 let agreement = self.device_row(&Desc::new(OpKind::Barrier), None);
-                g.quiet(g.stream(stream))?;
+                g.quiet(g.stream(stream.cuda_stream()))?;
                 return kernel_barrier(g, k, Some(agreement));
             }
         }
         let rows = self.exchange(&Desc::new(OpKind::Barrier), None)?;
         self.agree(&rows)?;
         let Some(g) = self.ctx.backend.gpu() else { return Ok(()) };
-        let st = g.stream(stream);
+        let st = g.stream(stream.cuda_stream());
         if self.state.members.len() == 1 {
             // A one-PE team waits for nobody: the barrier is the quiet.
             // (NVSHMEM's barrier kernel on a one-PE team read address 0x10

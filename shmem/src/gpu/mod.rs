@@ -499,8 +499,9 @@ impl GpuWorld {
     }
 
     /// The CUDA stream operations on `s` are issued on.
-    pub(crate) fn stream<'a>(&'a self, s: &'a crate::Stream) -> &'a CudaStream {
-        s.cuda.as_deref().unwrap_or(&self.own)
+    /// `s` is the public stream's ([`crate::Stream::cuda_stream`]).
+    pub(crate) fn stream<'a>(&'a self, s: Option<&'a Arc<CudaStream>>) -> &'a CudaStream {
+        s.map_or(&self.own, |s| s)
     }
 
     /// Copies `data` to device address `dst`; returns when done.

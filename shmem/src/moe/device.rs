@@ -120,7 +120,7 @@ impl<T: Element> MoeAllToAll<T> {
         stream: &Stream,
     ) -> Result<()> {
         let (c, n) = (self.config, self.team.n_pes());
-        let st = g.stream(stream).cu_stream();
+        let st = g.stream(stream.cuda_stream()).cu_stream();
         let fp8 = self.gather_mode();
         if let Some(r) = &self.rails {
             return self.dispatch_nodes_gpu(g, r, pre, tokens, (ids, weights, count), dequantize, stream);
@@ -164,7 +164,7 @@ impl<T: CombineElement> MoeAllToAll<T> {
         stream: &Stream,
     ) -> Result<()> {
         let (c, n, ctx) = (self.config, self.team.n_pes(), &self.team.ctx);
-        let st = g.stream(stream).cu_stream();
+        let st = g.stream(stream.cuda_stream()).cu_stream();
         if let Some(r) = &self.rails {
             return self.combine_nodes_gpu(g, r, pre, outputs, out, stream);
         }
@@ -280,7 +280,7 @@ impl<T: Element> MoeAllToAll<T> {
     ) -> Result<()> {
         let team = &self.team;
         let k = g.kernels.as_ref().ok_or_else(not_built)?;
-        let st = g.stream(stream);
+        let st = g.stream(stream.cuda_stream());
         if crate::gpu::capturing(st) {
             return k.moe_decode(T::DTYPE, t, m?, st.cu_stream());
         }
@@ -347,7 +347,7 @@ impl<T: Element> MoeAllToAll<T> {
         stream: &Stream,
     ) -> Result<()> {
         let (c, w) = (self.config, self.wire);
-        let st = g.stream(stream).cu_stream();
+        let st = g.stream(stream.cuda_stream()).cu_stream();
         let fp8 = self.gather_mode();
         let source = pre.and_then(|()| {
             g.kernels.as_ref().ok_or_else(not_built)?;
@@ -384,7 +384,7 @@ impl<T: CombineElement> MoeAllToAll<T> {
         stream: &Stream,
     ) -> Result<()> {
         let (c, ctx, w) = (self.config, &self.team.ctx, self.wire);
-        let st = g.stream(stream).cu_stream();
+        let st = g.stream(stream.cuda_stream()).cu_stream();
         let regions = pre.and_then(|()| {
             g.kernels.as_ref().ok_or_else(not_built)?;
             Ok((outputs.region(ctx)?.offset as u64, out.region(ctx)?.offset as u64))

@@ -196,7 +196,7 @@ impl<T: Element> MoeAllToAll<T> {
             Some((g, k))
         });
         if let Some((g, k)) = device {
-            let st = g.stream(stream);
+            let st = g.stream(stream.cuda_stream());
             if crate::gpu::capturing(st) {
                 return pre.map(|()| None);
             }
