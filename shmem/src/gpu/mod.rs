@@ -41,7 +41,6 @@ pub(crate) mod amo;
 pub(crate) mod blas;
 mod collectives;
 pub(crate) mod dispatch;
-pub mod interop;
 mod kernel_id;
 pub(crate) mod kernels;
 mod layout;
