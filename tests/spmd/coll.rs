@@ -95,8 +95,8 @@ pub const TESTS: &[(&str, TestFn)] = &[
 const SMALL: &[usize] = &[1, 3, 7, 8, 31, 33, 59, 1000, 4099];
 /// The split teams' share of them.
 const TEAM_SMALL: &[usize] = &[1, 7, 33, 4099];
-/// What the host backend runs under the settings other than the default
-/// (which it ignores).
+/// What the host backend runs under the other settings it follows (forced
+/// RMA; the route across nodes on split teams).
 const HOST_VARIANT_SMALL: &[usize] = &[7, 4099];
 /// What the host backend runs under the settings of the route across
 /// nodes: shares of whole 16-byte vectors that are empty (1 and 3
@@ -194,11 +194,11 @@ impl Placement {
 /// the variant is about the collective (not on split teams); 256 MiB for f32 and bf16 sums of the
 /// world's all-reduce, all-gather and reduce-scatter where the variant is about them.
 ///
-/// Host (CI: two cores; it ignores the settings, so the variants repeat the
-/// default): every dtype and operator at the small sizes under the default
-/// settings (sums and maxima on split teams), two small sizes under the
-/// others; medium and large sums of a few types over the world under the
-/// default settings.
+/// Host (CI: two cores): every dtype and operator at the small sizes under
+/// the default settings (sums and maxima on split teams), two small sizes
+/// under forced RMA; medium and large sums of a few types over the world
+/// under the default settings. The variants that name a GPU form are
+/// ignored there ([`Variant::gpu_form`]).
 struct Plan {
     gpu: bool,
     variant: Variant,
@@ -569,6 +569,7 @@ fn barrier_orders_writes(env: &Env) -> TestResult {
 
 /// One collective over the world under one variant.
 fn world(env: &Env, coll: Coll, v: Variant) -> TestResult {
+    v.on_this_backend(env)?;
     let _settings = Settings::apply(&env.ctx, v);
     let mut rep = Report::new(env);
     if v.about_nodes() {
@@ -605,6 +606,7 @@ fn nodes_taken(env: &Env, v: Variant, rep: &mut Report) -> TestResult {
 
 /// The collectives a variant is about, over split teams.
 fn teams(env: &Env, v: Variant) -> TestResult {
+    v.on_this_backend(env)?;
     let _settings = Settings::apply(&env.ctx, v);
     let groups = split_teams(env)?;
     for g in &groups {

@@ -4,7 +4,7 @@
 //! nodes ([`Variant::about_nodes`]), and cannot capture.
 
 use crate::coll::{input, reduce, Coll, Report};
-use crate::util::{mix, needs_gpu, payload, poison, Env, TestElem, TestResult};
+use crate::util::{self, mix, needs_gpu, payload, poison, Env, TestElem, TestResult};
 use shmem::{
     bf16, AcrossNodes, AllGatherAlgo, AllReduceAlgo, CollImpl, Collectives, Context, ReduceOp, ReduceOrder, Stream,
     SymmetricBuffer, Tuning,
@@ -155,6 +155,39 @@ impl Variant {
     /// is checked out of place only.
     pub fn in_place(self) -> bool {
         self != Variant::Nvshmem
+    }
+
+    /// The form of the GPU's kernels the variant names, which the host
+    /// backend does not have: its collectives take one form whatever these
+    /// settings say, so a run there would repeat the default and pass
+    /// without running the form the test names. `None` for the settings
+    /// the host follows too (the default, forced RMA, the route across
+    /// nodes).
+    pub fn gpu_form(self) -> Option<&'static str> {
+        let form = match self {
+            Variant::Default | Variant::ForceRma | Variant::Flat | Variant::NodeAware | Variant::NodeGrouped => {
+                return None
+            }
+            Variant::OneShot => "the one-shot all-reduce kernel",
+            Variant::TwoShot => "the two-shot all-reduce kernel",
+            Variant::TwoShotStores => "the two-shot all-reduce by stores",
+            Variant::LowLatency => "the low-latency all-reduce kernel",
+            Variant::LowLatency128 => "the low-latency all-reduce in 128-byte lines",
+            Variant::Push => "the push all-reduce kernel",
+            Variant::Sm => "the all-gather kernel on SMs",
+            Variant::CopyEngine => "the all-gather by copy engines",
+            Variant::Nvshmem => "NVSHMEM's collectives",
+            Variant::Tuned => "the kernels' tuned grids and limits",
+            Variant::Lines => "the low-latency kernels in lines",
+            Variant::Pull => "the broadcast pulled over NVLink",
+            Variant::Relay => "the relayed broadcast",
+        };
+        Some(form)
+    }
+
+    /// [`Variant::gpu_form`]'s verdict for this run ([`util::gpu_form`]).
+    pub fn on_this_backend(self, env: &Env) -> TestResult {
+        Ok(self.gpu_form().map_or(Ok(()), |form| util::gpu_form(env, form))?)
     }
 
     /// Whether the variant chooses the route across nodes, which the host

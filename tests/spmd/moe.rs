@@ -11,7 +11,9 @@ pub mod layer;
 
 use layer::*;
 
-use crate::util::{assert_bits_eq, deferred_mismatch, mix, needs_gpu, payload, poison, Env, TestElem, TestResult};
+use crate::util::{
+    assert_bits_eq, deferred_mismatch, gpu_form, mix, needs_gpu, payload, poison, Env, TestElem, TestResult,
+};
 use crate::{assert_err, TestFn};
 use shmem::{
     bf16, f16, BackendKind, Collectives, CombineElement, Error, MoeAllToAll, MoeConfig, MoeKernels, RoutingFault,
@@ -87,6 +89,7 @@ pub const TESTS: &[(&str, TestFn)] = &[
 /// `test` with no MoE input sent in lines: the 2D ops' automatic choice
 /// and the decode form's dispatch and combine take their other forms.
 fn counted(env: &Env, test: TestFn) -> TestResult {
+    gpu_form(env, "the MoE forms that send no rows in lines")?;
     with_settings(
         env,
         |c| {
@@ -162,12 +165,14 @@ fn with_settings(env: &Env, change: impl FnOnce(Collectives) -> Collectives, tes
 /// `test` with the kernels retuned (`crate::kernels::TUNED`: 256 bytes of
 /// rows per working MoE block).
 fn tuned(env: &Env, test: TestFn) -> TestResult {
+    gpu_form(env, "the MoE kernels' tuned grids")?;
     with_settings(env, |c| Collectives { tuning: crate::kernels::TUNED, ..c }, test)
 }
 
 /// `test` with [`MoeKernels::Auto`] taking the line kernel for every input
 /// that fits, 256 bytes of input a block.
 fn tuned_lines(env: &Env, test: TestFn) -> TestResult {
+    gpu_form(env, "the MoE line kernel under the automatic choice")?;
     let tuning = shmem::Tuning { moe_lines_max_bytes: Some(usize::MAX), ..crate::kernels::TUNED };
     with_settings(env, |c| Collectives { moe: MoeKernels::Auto, tuning, ..c }, test)
 }
@@ -199,6 +204,7 @@ fn between_collectives(env: &Env) -> TestResult {
 
 /// `test` with the MoE ops in `form`.
 fn with_form(env: &Env, form: MoeKernels, test: TestFn) -> TestResult {
+    gpu_form(env, &format!("the MoE kernels' form {form:?}"))?;
     with_settings(env, |c| Collectives { moe: form, ..c }, test)
 }
 

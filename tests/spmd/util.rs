@@ -34,6 +34,19 @@ pub fn needs_gpu(env: &Env) -> Result<&Arc<CudaStream>, NotApplicable> {
     })
 }
 
+/// Where a test names a form of the gpu backend (`form`, a kernel or a
+/// setting of its kernels) that the host backend, which takes one form
+/// whatever the settings, does not have: there the test does not apply,
+/// rather than pass without running what it names.
+pub fn gpu_form(env: &Env, form: &str) -> Result<(), NotApplicable> {
+    match env.s.cuda_stream() {
+        Some(_) => Ok(()),
+        None => {
+            Err(NotApplicable(format!("names {form}, a form of the gpu backend; the host backend ignores the setting")))
+        }
+    }
+}
+
 /// Whether the world has at least `pes` PEs; if not, the test does not
 /// apply.
 pub fn needs_pes(env: &Env, pes: usize) -> Result<(), NotApplicable> {
