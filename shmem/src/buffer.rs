@@ -3,7 +3,7 @@
 use crate::context::{Context, Inner, Stream};
 use crate::dtype::Element;
 use crate::error::{Error, Result};
-pub(crate) use crate::heap::{Region, Scratch};
+pub(crate) use crate::heap::Region;
 use crate::team::{Desc, OpKind};
 use std::fmt;
 use std::marker::PhantomData;
@@ -215,13 +215,6 @@ impl<T: Element> Drop for SymmetricBuffer<T> {
         // allocation, which waits for every PE, so no peer still uses it.
         let mut heap = self.ctx.heap.lock().unwrap_or_else(|e| e.into_inner());
         heap.free(self.offset, self.serial);
-    }
-}
-
-impl Inner {
-    /// Scratch space of `bytes` in this PE's heap (see [`Scratch`]).
-    pub(crate) fn scratch(&self, bytes: usize) -> Result<Scratch<'_>> {
-        Scratch::take(&self.heap, bytes)
     }
 }
 

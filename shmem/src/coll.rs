@@ -3,14 +3,12 @@
 //! the host's collectives (`host/coll.rs`) or, on the GPU, shmem's kernels
 //! and NVSHMEM's collectives.
 
-use crate::algo::{self, Solo};
+use crate::algo;
 use crate::buffer::SymSlice;
 use crate::context::{Context, Stream};
-use crate::control::DescRow;
 use crate::dtype::{Element, ReduceOp};
 use crate::error::{Error, Result};
-use crate::gpu::abi::MAX_TEAM;
-use crate::gpu::{dispatch, CudaCall, GpuWorld, Protocols};
+use crate::gpu::coll::GpuTeam;
 use crate::heap::{overlap, Region};
 use crate::team::{Desc, OpKind, Team};
 
@@ -23,9 +21,7 @@ struct Call<'a, 'b, T: Element> {
     root: usize,
 }
 
-/// A call that its kernel agrees on (see `Team::agrees_on_device`): the
-/// agreement's epoch and this PE's row.
-pub(crate) type DeviceAgreement = (u64, DescRow);
+pub(crate) use crate::gpu::coll::DeviceAgreement;
 
 impl Team {
     /// Checks the call locally and returns (dst, src) with how the team
@@ -100,12 +96,9 @@ impl Team {
 
     /// Launches the agreement on the device alone (`shmem_agree`), for a
     /// call this PE does not make: its row carries its error.
-    pub(crate) fn agree_alone(&self, (epoch, row): DeviceAgreement, stream: &Stream) -> Result<()> {
-        let g = self.ctx.backend.gpu().expect("the device agrees on the GPU backend");
-        let k = g.kernels.as_ref().expect("the device agrees with shmem's kernels");
-        let force = self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner()).force_rma;
-        let t = k.team(self.state.slot, &self.state.members, force)?.agreeing(epoch, row);
-        k.agree(t, g.stream(stream.cuda_stream()).cu_stream())
+    pub(crate) fn agree_alone(&self, agreement: DeviceAgreement, stream: &Stream) -> Result<()> {
+        let agree = |t: &GpuTeam<'_>| t.agree_alone(agreement, stream.cuda_stream());
+        self.on_gpu(agree).expect("the device agrees on the GPU backend")
     }
 
     /// The error of this call's agreement, which its kernel found failed
@@ -127,29 +120,13 @@ impl Team {
     /// each other over NVLink and two blocks of a kernel are resident at
     /// once.
     pub fn node_aware(&self) -> bool {
-        let cfg = *self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner());
-        let host = algo::node_aware(self.state.shape, cfg.across_nodes, cfg.force_rma);
-        match self.ctx.backend.gpu() {
-            None => host,
-            Some(g) => host && self.gpu_rails(g).is_some(),
+        match self.on_gpu(|t| t.rails().is_some()) {
+            Some(gpu) => gpu,
+            None => {
+                let cfg = *self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner());
+                algo::node_aware(self.state.shape, cfg.across_nodes, cfg.force_rma)
+            }
         }
-    }
-
-    /// The members on each node where the gpu backend's node-aware kernels
-    /// take this team's collectives now (see [`Team::node_aware`]): the
-    /// same on every member (the settings, the topology and the resident
-    /// blocks agreed at start are).
-    fn gpu_rails(&self, g: &GpuWorld) -> Option<usize> {
-        let cfg = *self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner());
-        let shape = self.state.shape;
-        if !algo::node_aware(shape, cfg.across_nodes, cfg.force_rma) {
-            return None;
-        }
-        let k = g.kernels.as_ref().filter(|_| algo::kernels_take(cfg.implementation, self.n_pes()))?;
-        k.rail_channels()?;
-        let (per_node, node) = (shape.per_node, self.my_pe() / shape.per_node);
-        let members = &self.state.members[node * per_node..(node + 1) * per_node];
-        members.iter().all(|&pe| g.peer_base[pe].is_some()).then_some(per_node)
     }
 
     /// Whether `stream` is being captured into a CUDA graph (GPU backend).
@@ -300,8 +277,9 @@ impl Team {
         stream: &Stream,
     ) -> Result<()> {
         let Some(t) = self.host() else {
-            let g = self.ctx.backend.gpu().expect("the gpu backend, where not the host's");
-            return self.ctx.report(self.gpu_collective::<T>(g, kind, d, s, op, root, agreement, stream));
+            let on = stream.cuda_stream();
+            let r = self.on_gpu(|t| t.collective::<T>(kind, d, s, op, root, agreement, on));
+            return self.ctx.report(r.expect("the gpu backend, where not the host's"));
         };
         let op = op.unwrap_or(ReduceOp::Sum);
         match kind {
@@ -312,221 +290,6 @@ impl Team {
             OpKind::AllToAll => t.all_to_all::<T>(d, s),
             other => unreachable!("{} is not a data collective", other.name()),
         }
-    }
-
-    /// A collective on the GPU backend, on the stream: shmem's kernel, or
-    /// NVSHMEM's team collective where asked ([`crate::CollImpl::Nvshmem`])
-    /// or where no kernel applies (teams larger than the kernels take).
-    /// With `agreement`, the kernel agrees on the call first (and host-issued
-    /// work waits for its verdict). Its callers report a failure the device
-    /// found in an earlier call once it is issued (`Inner::report`).
-    #[allow(clippy::too_many_arguments)]
-    fn gpu_collective<T: Element>(
-        &self,
-        g: &GpuWorld,
-        kind: OpKind,
-        d: Region,
-        s: Region,
-        op: Option<ReduceOp>,
-        root: usize,
-        agreement: Option<DeviceAgreement>,
-        stream: &Stream,
-    ) -> Result<()> {
-        let st = g.stream(stream.cuda_stream());
-        let elem = size_of::<T>();
-        let cfg = *self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner());
-        let kernels = g.kernels.as_ref().filter(|_| algo::kernels_take(cfg.implementation, self.n_pes()));
-        if let Some(k) = kernels {
-            // A team of one: the result is the source as it is (see
-            // `Tuning::solo_copy_engine_min_bytes`); `begin` made both the
-            // same length.
-            if self.n_pes() == 1 {
-                let bytes = d.len * elem;
-                let reduces = matches!(kind, OpKind::AllReduce | OpKind::ReduceScatter);
-                let overlapping = overlap(d, s, elem);
-                match algo::solo(d == s, bytes, overlapping, reduces, self.capturing(stream), &cfg.tuning) {
-                    Solo::Nothing => return Ok(()),
-                    Solo::CopyEngine => return g.copy(g.addr(d.offset), g.addr(s.offset), bytes, st),
-                    Solo::Kernel => {}
-                }
-            }
-            // Every (dtype, op) that `begin` accepted has a kernel.
-            let team = &self.state;
-            let plain = k.team(team.slot, &team.members, cfg.force_rma)?;
-            let t = agreement.map_or(plain, |(epoch, row)| plain.agreeing(epoch, row));
-            let cu = st.cu_stream();
-            let (dt, op) = (T::DTYPE, op.unwrap_or(ReduceOp::Sum));
-            let p = Protocols::new(team.slot == 0, k.lines(), &cfg.tuning);
-            let rails = self.gpu_rails(g);
-            if let Some(per_node) = rails {
-                let order = cfg.reduce_order;
-                match kind {
-                    OpKind::AllGather => {
-                        let (bytes, in_place) = (s.len * elem, overlap(d, s, elem));
-                        return k.all_gather_nodes(t, per_node, d.offset, s.offset, bytes, in_place, cu);
-                    }
-                    OpKind::Broadcast => {
-                        return k.broadcast_nodes(t, per_node, d.offset, s.offset, d.len * elem, root, cu);
-                    }
-                    OpKind::AllReduce => {
-                        return k.all_reduce_nodes(t, per_node, order, dt, op, d.offset, s.offset, d.len, cu);
-                    }
-                    OpKind::ReduceScatter => {
-                        return k.reduce_scatter_nodes(t, per_node, order, dt, op, d.offset, s.offset, d.len, cu);
-                    }
-                    OpKind::AllToAll if !overlap(d, s, elem) => {
-                        let per_pe = d.len / self.n_pes() * elem;
-                        return k.all_to_all_nodes(t, per_node, d.offset, s.offset, per_pe, cu);
-                    }
-                    // The in-place all-to-all: below.
-                    _ => {}
-                }
-            }
-            // Copy engines need every member's NVLink address.
-            let nvlink = !cfg.force_rma && team.members.iter().all(|&pe| g.peer_base[pe].is_some());
-            return match kind {
-                OpKind::AllReduce => k.all_reduce(t, p, cfg.all_reduce, dt, op, d.offset, s.offset, d.len, cu),
-                OpKind::ReduceScatter => k.reduce_scatter(t, p, dt, op, d.offset, s.offset, d.len, cu),
-                OpKind::AllGather => {
-                    let in_place = overlap(d, s, elem);
-                    let bytes = s.len * elem;
-                    if algo::all_gather_by_copy_engine(cfg.all_gather, nvlink) {
-                        // The copies are issued from the host: not before
-                        // the call is agreed (copy engines pay off for large
-                        // all-gathers, where a synchronisation costs
-                        // little). The choice of path reads settings and
-                        // the topology only, the same on every member.
-                        if t.agreement() != 0 {
-                            k.agree(t, cu)?;
-                            st.synchronize().cuda("cuStreamSynchronize")?;
-                            if k.agreement_failed(&t) {
-                                return Err(self.failed_agreement());
-                            }
-                        }
-                        k.all_gather_ce(g, plain, &team.members, d.offset, s.offset, bytes, in_place, cu)
-                    } else {
-                        k.all_gather(t, p, d.offset, s.offset, bytes, in_place, cu)
-                    }
-                }
-                OpKind::Broadcast => {
-                    let bytes = d.len * elem;
-                    let form = algo::broadcast_form(nvlink, self.n_pes(), bytes, &cfg.tuning);
-                    k.broadcast(form, t, p, d.offset, s.offset, bytes, root, cu)
-                }
-                OpKind::AllToAll => {
-                    let per_pe = d.len / self.n_pes() * elem;
-                    if !overlap(d, s, elem) || algo::all_to_all_in_place(p.shape(&t), per_pe, &cfg.tuning) {
-                        return k.all_to_all(t, p, d.offset, s.offset, per_pe, cu);
-                    }
-                    // In place: this PE's blocks go out from a copy, as peers
-                    // write into the same buffer (by the node-aware kernel
-                    // where the world takes it).
-                    if self.capturing(stream) {
-                        return Err(Error::Invalid(
-                            "an in-place all_to_all cannot be captured in a CUDA graph (it goes through a \
-                             temporary copy): use separate source and destination buffers"
-                                .into(),
-                        ));
-                    }
-                    let sc = match self.ctx.scratch(s.len * elem) {
-                        Ok(sc) => sc,
-                        Err(e) => {
-                            // Peers whose calls differ took another path and
-                            // wait for this PE's row (where the calls match,
-                            // every PE fails here alike).
-                            if t.agreement() != 0 {
-                                let _ = k.agree(t, cu);
-                            }
-                            return Err(e);
-                        }
-                    };
-                    g.copy(g.addr(sc.offset), g.addr(s.offset), s.len * elem, st)?;
-                    match rails {
-                        Some(per_node) => k.all_to_all_nodes(t, per_node, d.offset, sc.offset, per_pe, cu)?,
-                        None => k.all_to_all(t, p, d.offset, sc.offset, per_pe, cu)?,
-                    }
-                    st.synchronize().cuda("cuStreamSynchronize")?;
-                    drop(sc);
-                    // Synchronised anyway: the call itself reports its
-                    // failed agreement (peers on another path may report
-                    // it from their next synchronisation).
-                    if k.agreement_failed(&t) {
-                        return Err(self.failed_agreement());
-                    }
-                    Ok(())
-                }
-                other => unreachable!("{} is not a data collective", other.name()),
-            };
-        }
-        debug_assert!(agreement.is_none(), "NVSHMEM's collectives are agreed on the host");
-        let (team, dt) = (self.state.nv_team, T::DTYPE);
-        if team == crate::gpu::TEAM_INVALID {
-            return Err(Error::Invalid(format!(
-                "{} through NVSHMEM's collectives: NVSHMEM has no team for this team (it is within a node whose PEs \
-                 are not consecutive ranks); shmem's own kernels can run it",
-                kind.name()
-            )));
-        }
-        if self.capturing(stream) {
-            return Err(Error::Invalid(format!(
-                "{} through NVSHMEM's collectives cannot be captured in a CUDA graph: they are called from the \
-                 host (shmem's own kernels can, and run unless CollImpl::Nvshmem is chosen or the team has more \
-                 than {} PEs)",
-                kind.name(),
-                MAX_TEAM
-            )));
-        }
-        // NVSHMEM's reduce-scatter stages every member's block in half its
-        // reduce scratch and writes past it where they do not fit (see
-        // `nvshmem_reduce_scratch`). Every member sees the same agreed call
-        // and setting: all refuse it, before anything is written.
-        let most = g.nv_reduce_scratch / 2;
-        if kind == OpKind::ReduceScatter && s.len * elem > most {
-            return Err(Error::Invalid(format!(
-                "reduce_scatter through NVSHMEM's collectives (CollImpl::Nvshmem): a source of {} bytes on a team of \
-                 {} PEs does not fit the half of NVSHMEM's reduce scratch its reduce-scatter uses ({most} bytes), \
-                 and NVSHMEM would write past it; raise NVSHMEM_REDUCE_SCRATCH_SIZE (on every PE) to at least \
-                 twice the source, or let shmem's own kernels run it",
-                s.len * elem,
-                self.n_pes()
-            )));
-        }
-        // NVSHMEM wants source and destination apart (a reduction may be
-        // exactly in place): otherwise the source goes through a copy.
-        let apart = !overlap(d, s, elem) || (kind == OpKind::AllReduce && d == s);
-        let scratch = if apart { None } else { Some(self.ctx.scratch(s.len * elem)?) };
-        let src = match &scratch {
-            Some(sc) => {
-                g.copy(g.addr(sc.offset), g.addr(s.offset), s.len * elem, st)?;
-                g.addr(sc.offset)
-            }
-            None => g.addr(s.offset),
-        };
-        let (dst, cu) = (g.addr(d.offset), st.cu_stream());
-        // SAFETY: symmetric regions checked and agreed by every member; the
-        // element counts match the regions (checked by `begin`).
-        let rc = unsafe {
-            match kind {
-                OpKind::Broadcast => dispatch::broadcast(g.nv, dt, team, dst, src, d.len, root as i32, cu)?,
-                OpKind::AllGather => dispatch::fcollect(g.nv, dt, team, dst, src, s.len, cu)?,
-                OpKind::AllReduce => {
-                    dispatch::reduce(g.nv, dt, op.unwrap_or(ReduceOp::Sum), team, dst, src, d.len, cu)?
-                }
-                OpKind::ReduceScatter => {
-                    dispatch::reducescatter(g.nv, dt, op.unwrap_or(ReduceOp::Sum), team, dst, src, d.len, cu)?
-                }
-                OpKind::AllToAll => dispatch::alltoall(g.nv, dt, team, dst, src, d.len / self.n_pes(), cu)?,
-                other => unreachable!("{} is not a data collective", other.name()),
-            }
-        };
-        crate::gpu::check(kind.name(), rc)?;
-        if let Some(sc) = scratch {
-            // Peers may read this PE's copy until every PE is done with it.
-            st.synchronize().cuda("cuStreamSynchronize")?;
-            self.raw_barrier()?;
-            drop(sc);
-        }
-        Ok(())
     }
 }
 

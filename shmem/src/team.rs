@@ -32,89 +32,19 @@
 //! How a failure the device finds is reported: [`Team`]'s docs.
 
 use crate::context::{Inner, Stream};
+pub(crate) use crate::control::op::OpKind;
 use crate::control::team::{Release, TeamState};
 use crate::control::{DescRow, DESC_WORDS, MAX_TEAMS};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result, RoutingFault};
 use crate::gpu::abi::{AGREE_ERROR_SHIFT, AGREE_HEAD_WORD, AGREE_PRIVATE_WORD, AGREE_WORDS};
+use crate::gpu::coll::GpuTeam;
 use crate::gpu::kernels::{AgreementFailure, Kernels};
 use crate::gpu::GpuWorld;
 use crate::host::team::HostTeam;
 use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-
-/// What a descriptor describes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub(crate) enum OpKind {
-    Barrier = 1,
-    Broadcast,
-    AllGather,
-    AllReduce,
-    ReduceScatter,
-    AllToAll,
-    Alloc,
-    Split,
-    SplitBases,
-    AllToAllV,
-    AllToAllV2d,
-    AllToAllV2dOffset,
-    MoeSetup,
-    AllGatherMatmul,
-    MatmulReduceScatter,
-    MoeDispatch,
-    MoeCombine,
-}
-
-impl OpKind {
-    fn from_u8(v: u8) -> Option<OpKind> {
-        use OpKind::*;
-        [
-            Barrier,
-            Broadcast,
-            AllGather,
-            AllReduce,
-            ReduceScatter,
-            AllToAll,
-            Alloc,
-            Split,
-            SplitBases,
-            AllToAllV,
-            AllToAllV2d,
-            AllToAllV2dOffset,
-            MoeSetup,
-            AllGatherMatmul,
-            MatmulReduceScatter,
-            MoeDispatch,
-            MoeCombine,
-        ]
-        .into_iter()
-        .find(|k| *k as u8 == v)
-    }
-
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            OpKind::Barrier => "barrier",
-            OpKind::Broadcast => "broadcast",
-            OpKind::AllGather => "all_gather",
-            OpKind::AllReduce => "all_reduce",
-            OpKind::ReduceScatter => "reduce_scatter",
-            OpKind::AllToAll => "all_to_all",
-            OpKind::Alloc => "alloc",
-            OpKind::Split => "split_strided",
-            OpKind::SplitBases => "split_strided",
-            OpKind::AllToAllV => "all_to_all_v",
-            OpKind::AllToAllV2d => "all_to_all_v_2d",
-            OpKind::AllToAllV2dOffset => "all_to_all_v_2d_offset",
-            OpKind::MoeSetup => "MoeAllToAll::new",
-            OpKind::AllGatherMatmul => "all_gather_matmul",
-            OpKind::MatmulReduceScatter => "matmul_reduce_scatter",
-            OpKind::MoeDispatch => "MoeAllToAll::dispatch",
-            OpKind::MoeCombine => "MoeAllToAll::combine",
-        }
-    }
-}
 
 /// A collective call as the PEs compare it.
 #[derive(Clone, Copy, Debug)]
@@ -506,6 +436,21 @@ impl Team {
             alloc: &ctx.heap,
             cfg: *ctx.collectives.lock().unwrap_or_else(|e| e.into_inner()),
         })
+    }
+
+    /// `f` of the team as the gpu backend sees it (`None` on the host
+    /// backend), with the settings as they are now.
+    pub(crate) fn on_gpu<R>(&self, f: impl FnOnce(&GpuTeam<'_>) -> R) -> Option<R> {
+        let ctx = &self.ctx;
+        let failed = || self.failed_agreement();
+        Some(f(&GpuTeam {
+            g: ctx.backend.gpu()?,
+            ctl: &ctx.ctl,
+            state: &self.state,
+            alloc: &ctx.heap,
+            cfg: *ctx.collectives.lock().unwrap_or_else(|e| e.into_inner()),
+            failed: &failed,
+        }))
     }
 
     /// Counts a read of `len` elements from `member` (see [`crate::net`]).

@@ -11,6 +11,7 @@
 //! touches the network.
 
 pub(crate) mod node;
+pub(crate) mod op;
 pub(crate) mod team;
 pub(crate) mod topology;
 

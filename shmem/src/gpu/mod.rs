@@ -39,6 +39,7 @@ mod a2av;
 pub(crate) mod abi;
 pub(crate) mod amo;
 pub(crate) mod blas;
+pub(crate) mod coll;
 mod collectives;
 pub(crate) mod dispatch;
 mod kernel_id;
