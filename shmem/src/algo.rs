@@ -73,7 +73,7 @@ pub enum AllReduceAlgo {
 pub enum AllGatherAlgo {
     /// The low-latency kernel up to [`low_latency_max_bytes`] per PE (world
     /// team, NVLink), else the SM kernel, which is as fast as copy engines
-    /// or faster at every size (`docs/perf.md`).
+    /// or faster at every size (`docs/tuning.md`).
     #[default]
     Auto,
     /// An SM kernel writes this PE's block into every peer's output.
@@ -126,8 +126,8 @@ pub const LINE_DATA_BYTES: usize = abi::LINE_DATA_BYTES;
 /// Data bytes of one line with an 8-byte flag in each half: in reductions
 /// of 8-byte elements (f64, i64, u64), so that no element is split between
 /// two lanes' words, and in the MoE line kernel ([`MoeKernels::Lines`]),
-/// which waits on each line's latency more than on the link (one token
-/// and 32 took 0.3–0.55 µs longer in lines of 120 bytes).
+/// which waits on each line's latency more than on the link
+/// (`docs/tuning.md`).
 pub const LINE_DATA_BYTES_WIDE: usize = abi::LINE_DATA_BYTES_WIDE;
 
 /// Data bytes of one line of a reduction of `elem_bytes`-byte elements.
@@ -191,11 +191,9 @@ pub fn low_latency_buffer_bytes(n_pes: usize) -> usize {
 ///
 /// By default each PE sends at most [`LOW_LATENCY_ROOM_BYTES`] of data in
 /// all (`1 MiB / (n_pes - 1)` a peer), and never less than
-/// [`LOW_LATENCY_MAX_BYTES`] a peer: in a pair the low-latency kernels beat
-/// the push kernels up to 1 MiB for every collective (`docs/perf.md`);
-/// their packets carry a flag in every 8-byte word, so a PE's link carries
-/// twice its data, and the limit is set by what each PE sends in all.
-/// Larger worlds were not measured.
+/// [`LOW_LATENCY_MAX_BYTES`] a peer (`docs/tuning.md`): their packets
+/// carry a flag in every 8-byte word, so a PE's link carries twice its
+/// data, and the limit is set by what each PE sends in all.
 pub fn low_latency_max_bytes(n_pes: usize, tuning: &Tuning) -> usize {
     let room = low_latency_room_bytes(n_pes);
     let default = (LOW_LATENCY_ROOM_BYTES / n_pes.saturating_sub(1).max(1)).max(LOW_LATENCY_MAX_BYTES);
@@ -209,11 +207,9 @@ pub fn low_latency_lines_min_bytes(tuning: &Tuning) -> usize {
     tuning.low_latency_lines_min_bytes.unwrap_or(LOW_LATENCY_LINES_MIN_BYTES)
 }
 
-/// From this message a peer the low-latency kernels move lines: in a pair
-/// (graph replays; `docs/perf.md`) the lines are the fastest setting of
-/// every collective at 512 KiB and 1 MiB (the all-reduce of 1 MiB in 7.02
-/// µs against 9.21 by the push kernel), and of the all-reduce from 256
-/// KiB. Each 64-byte half of a line carries its own flag: with one flag a
+/// From this message a peer the low-latency kernels move lines, where they
+/// are the fastest setting (`docs/tuning.md`). Each 64-byte half of a line
+/// carries its own flag: with one flag a
 /// line, a line could be taken on its flag while its first 64 bytes were
 /// still the buffer's older contents.
 pub const LOW_LATENCY_LINES_MIN_BYTES: usize = 256 << 10;
@@ -225,18 +221,15 @@ pub fn moe_lines_max_bytes(tuning: &Tuning) -> Option<usize> {
     tuning.moe_lines_max_bytes.or(MOE_LINES_MAX_BYTES)
 }
 
-/// Every input that fits goes in lines by default: in a pair (graphs, 7168
-/// bf16 a token, 8 experts a PE) the line kernel is the faster form at 1,
-/// 32 and 128 tokens (1 token dispatched in 6.9–7.2 µs against the one
-/// kernel's 8.0; see `docs/perf.md`). Its lines share the protocol of
+/// Every input that fits goes in lines by default, the faster form where
+/// it fits (`docs/tuning.md`). Its lines share the protocol of
 /// [`AllReduceAlgo::LowLatency128`], a flag in each half
 /// ([`LOW_LATENCY_LINES_MIN_BYTES`]).
 pub const MOE_LINES_MAX_BYTES: Option<usize> = Some(usize::MAX);
 
 /// Blocks of the low-latency kernels for a message of `bytes` a peer
-/// under `tuning`: by default 16 below 32 KiB and 128 from there (more
-/// blocks are faster at every size from 32 KiB: 256 KiB all-reduces took
-/// 5.87 µs on 16 blocks, 4.28 on 128).
+/// under `tuning`: by default 16 below 32 KiB and 128 from there, where
+/// more blocks are faster (`docs/tuning.md`).
 pub fn low_latency_blocks(bytes: usize, tuning: &Tuning) -> u32 {
     match tuning.low_latency_blocks {
         Some(b) => b.clamp(1, 128),
@@ -256,10 +249,7 @@ pub const LINES_MAX_THREADS: u32 = abi::LINES_MAX_THREADS;
 /// By default 512 for packets; for lines, the warps that take every line
 /// in one pass (4 lines a warp a pass), at least 8 and at most 20: a
 /// second pass costs more than the warps it saves, and fewer warps start
-/// sooner (the all-reduce of bf16 in graphs took 3.68 µs at 256 KiB
-/// against 3.83 on 512 threads at every size, 4.52 at 512 KiB against
-/// 4.65, 6.38 at 1 MiB against 6.82; at 768 KiB 5.45 on 448 threads,
-/// 5.51–5.59 on 512–640). Tuned: whole warps, 32 to 512 (to 640 for
+/// sooner (`docs/tuning.md`). Tuned: whole warps, 32 to 512 (to 640 for
 /// lines; outside, the nearer end; between, the warp below).
 pub fn low_latency_threads(bytes: usize, blocks: u32, line_bytes: Option<usize>, tuning: &Tuning) -> u32 {
     let most = if line_bytes.is_some() { LINES_MAX_THREADS } else { abi::THREADS };
@@ -278,11 +268,10 @@ pub fn low_latency_threads(bytes: usize, blocks: u32, line_bytes: Option<usize>,
 /// runs as a copy-engine copy (`cuMemcpyAsync` from its source) rather than
 /// by a kernel, under `tuning`; see [`Tuning::solo_copy_engine_min_bytes`].
 ///
-/// By default: every size in a CUDA graph (a captured copy replays in
-/// 1.10–1.50 µs from 8 B to 1 MiB, the kernels in 1.64–2.72); outside one,
-/// from [`SOLO_COPY_ENGINE_MIN_BYTES_REDUCE`] for reductions (`reduces`)
-/// and from [`SOLO_COPY_ENGINE_MIN_BYTES`] for the others, where the
-/// kernels' launch is cheaper below (`docs/perf.md`).
+/// By default: every size in a CUDA graph; outside one, from
+/// [`SOLO_COPY_ENGINE_MIN_BYTES_REDUCE`] for reductions (`reduces`) and
+/// from [`SOLO_COPY_ENGINE_MIN_BYTES`] for the others, where the kernels'
+/// launch is cheaper below (`docs/tuning.md`).
 pub fn solo_copy_engine_min_bytes(reduces: bool, captured: bool, tuning: &Tuning) -> usize {
     match tuning.solo_copy_engine_min_bytes {
         Some(b) => b,
@@ -293,15 +282,12 @@ pub fn solo_copy_engine_min_bytes(reduces: bool, captured: bool, tuning: &Tuning
 }
 
 /// Outside a CUDA graph, the smallest all-gather, broadcast or all-to-all
-/// of a team of one that a copy engine copies: up to 4 MiB a kernel took
-/// 3.4–5.3 µs back to back and a copy 4.8–6.2; at 8 MiB the kernels took
-/// 6.7–6.8 µs, a copy 4.9–6.2.
+/// of a team of one that a copy engine copies (`docs/tuning.md`).
 pub const SOLO_COPY_ENGINE_MIN_BYTES: usize = 8 << 20;
 
 /// As [`SOLO_COPY_ENGINE_MIN_BYTES`] for all-reduce and reduce-scatter:
 /// past the low-latency kernels (1 MiB) the reductions' kernels read and
-/// write as for peers, 6.4–9.4 µs at 2 MiB and 1.5–2.3× a copy's time up
-/// to 256 MiB; up to 1 MiB they took 3.4–4.5 µs, a copy 4.8–6.2.
+/// write as for peers.
 pub const SOLO_COPY_ENGINE_MIN_BYTES_REDUCE: usize = 2 << 20;
 
 /// Smallest broadcast (bytes) that the members pull from the root over
@@ -312,9 +298,8 @@ pub fn broadcast_pull_min_bytes(tuning: &Tuning) -> usize {
 
 /// By default no broadcast is pulled (every member reading the root's
 /// source through NVLink): the root's push kernel stores into the peers
-/// and its own destination in one pass, and in a pair took 736 µs at 256
-/// MiB where pulls took 787 and NCCL 758; it is as fast as pulls or faster
-/// from 32 MiB (at 16 MiB 55.7 µs against 55.1; docs/perf.md).
+/// and its own destination in one pass, and is as fast or faster
+/// (`docs/tuning.md`).
 pub const BROADCAST_PULL_MIN_BYTES: usize = usize::MAX;
 
 /// Smallest broadcast (bytes) that the members relay, under `tuning`; by
@@ -326,11 +311,7 @@ pub fn broadcast_relay_min_bytes(tuning: &Tuning) -> usize {
 /// By default a team of three or more over NVLink relays every broadcast
 /// the push kernels do not take (past [`PUSH_MAX_BYTES`]): the root's
 /// stores send each byte n−1 times through the root's links, the relay
-/// once. On 4 × H200 (f32, eager) the relay took 17.3 µs at 2 MiB against
-/// the root's stores' 27.0, 76.3 at 16 MiB against 147.7 and 814 at 256
-/// MiB against 2216; at 1 MiB 14.1 against the push kernel's 15.3, but at 3
-/// PEs, in two runs on two such machines, 13.9 against 12.1
-/// (graph-replayed: 12.0 against 9.4).
+/// once (`docs/tuning.md`).
 pub const BROADCAST_RELAY_MIN_BYTES: usize = abi::PUSH_MAX_BYTES + 1;
 
 /// Largest all-reduce of the push kernel ([`AllReduceAlgo::Push`]), bytes per PE.
@@ -439,7 +420,7 @@ pub enum ReduceOrder {
 
 /// Knobs of shmem's kernels for measuring them on a machine (`shmem-bench
 /// --ll-max-bytes …`, `gpu-run.sh --tune`); `None` keeps the default
-/// (docs/perf.md). Every PE must set the same: PEs that
+/// (`docs/tuning.md` gives each default's evidence). Every PE must set the same: PEs that
 /// disagree pick different kernels or grids and wait for each other until
 /// the device-side wait traps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -516,18 +497,14 @@ pub(crate) const ONE_SHOT_MAX_BYTES: usize = 256 << 10;
 
 /// From this many bytes per PE the automatic two-shot all-reduce of a pair
 /// over NVLink, out of place, moves both halves by stores
-/// ([`AllReduceAlgo::TwoShotStores`]): it took 57.0 µs at 16 MiB against
-/// the pulling two-shot's 59.6, and 745.3 at 256 MiB against 795.8; at
-/// 2–8 MiB the pulls were 0.2–1.0 µs faster.
+/// ([`AllReduceAlgo::TwoShotStores`]), faster there than the pulling
+/// two-shot (`docs/tuning.md`).
 pub(crate) const TWO_SHOT_STORES_MIN_BYTES: usize = 16 << 20;
 
 /// In a world of 4 to 8 PEs over NVLink the automatic all-reduce takes
 /// the lines from this size per PE, below [`WIDE_TWO_SHOT_MIN_BYTES`], and
 /// the two-shot from there, where a pair takes packets, lines and pushes
-/// (4×H200, graph-replayed, bf16: 3.38 µs in lines at 16 KiB against 3.77
-/// in packets, 4.36 at 128 KiB against 5.79, 7.94 at 512 KiB against the
-/// pushes' 9.84; at 1 MiB the two-shot 12.46 against the lines' 14.15 and
-/// the pushes' 14.82). Only where neither low-latency limit is tuned.
+/// (`docs/tuning.md`). Only where neither low-latency limit is tuned.
 pub(crate) const WIDE_LINES_MIN_BYTES: usize = 16 << 10;
 /// See [`WIDE_LINES_MIN_BYTES`].
 pub(crate) const WIDE_TWO_SHOT_MIN_BYTES: usize = 1 << 20;
@@ -802,7 +779,7 @@ pub(crate) fn solo(
 /// Whether an all-gather runs on copy engines: where asked
 /// ([`AllGatherAlgo::CopyEngine`]) and every member has an NVLink address
 /// (`nvlink`); the SM kernel is as fast or faster at every size, and than
-/// pulls (`docs/perf.md`).
+/// pulls (`docs/tuning.md`).
 pub(crate) fn all_gather_by_copy_engine(asked: AllGatherAlgo, nvlink: bool) -> bool {
     asked == AllGatherAlgo::CopyEngine && nvlink
 }

@@ -21,11 +21,7 @@ const A2AV_BYTES_PER_BLOCK: usize = 32 << 10;
 /// Input bytes per block of the line kernel's grid unless tuned: one pass
 /// of its 16 warps, 4 lines of 112 data bytes each (`MoeLines` in
 /// `moe_lines.cu`), so that a warp's lines leave in one pass where the grid
-/// allows. Against 32 KiB a block (docs/perf.md, tokens of 7168 bf16): at
-/// 1 PE 5–10 % faster at 1 and 32 tokens (but the combine of 1 token 5 %
-/// slower), and at 128 on 128 blocks 3.6–6.8 % faster than on 116 (which
-/// were within 3 % of 32 KiB); at 2 PEs sharing the GPU 13–22 % faster at 1
-/// to 32 tokens, within 1.5 % at 128.
+/// allows (`docs/tuning.md`).
 const A2AV_LINES_BYTES_PER_BLOCK: usize = 16 * 4 * LINE_DATA_BYTES_WIDE;
 
 impl Kernels {

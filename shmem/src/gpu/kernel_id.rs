@@ -336,8 +336,8 @@ impl KernelId {
     /// Whether the kernel is launched by programmatic dependent launch
     /// (`CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`): its launch
     /// overlaps the end of the kernel before it on the stream, which it
-    /// waits for as its first step (`follow_stream` in `team_sync.cuh`); the
-    /// gap between two MoE kernels falls from 2.0 to 0.8 µs. Every kernel
+    /// waits for as its first step (`follow_stream` in `team_sync.cuh`),
+    /// which shortens the gap between kernels (`docs/tuning.md`). Every kernel
     /// this says so of must begin with that wait: the collectives, the MoE
     /// all-to-all-v and `MoeAllToAll`'s route, gather and combine kernels;
     /// not the local kernels outside them.

@@ -95,9 +95,7 @@ impl Kernels {
 
     /// The blocks resident at once on every PE's GPU, agreed by every PE:
     /// the fewest of each PE's SMs, less an eighth where PEs share a GPU
-    /// (under MPS their grids must fit it together: at 2 PEs sharing a GPU
-    /// of 132 SMs, the MoE line kernel took 128 tokens in 9 µs on grids of
-    /// 56 blocks, in 13 on 66).
+    /// (under MPS their grids must fit it together: `docs/tuning.md`).
     pub(crate) fn set_resident_blocks(&mut self, blocks: usize) {
         self.resident_blocks = blocks.max(1);
     }

@@ -201,13 +201,7 @@ impl<T: CombineElement> MoeAllToAll<T> {
 /// partials, and its dispatch's rows, in lines by default. Lines carry a
 /// flag in every 64 bytes and 1/7 more bytes, and nothing waits for a
 /// count of blocks, so they win where latency rules and lose where the
-/// link does. In graph replays (top-8, 8 experts a PE, `docs/perf.md`) the
-/// combine in lines took 0.64× the counted one's time at 1 token on 4 PEs,
-/// 0.79× at 32 tokens (1.8 MB) and 1.03× at 64 (3.7 MB); on 2 PEs 0.82×
-/// at 64 tokens (1.8 MB). The dispatch, which also lays the view out from
-/// every member's head, took 0.75× at 1 token and 0.79× at 8 on 4 PEs
-/// (0.45 MB), 0.96× at 16; on 2 PEs 0.88× at 16 tokens (0.45 MB) and
-/// 1.11× at 32.
+/// link does (`docs/tuning.md`).
 pub(crate) const COMBINE_LINES_MAX_BYTES: usize = 2 << 20;
 pub(crate) const DISPATCH_LINES_MAX_BYTES: usize = 512 << 10;
 
