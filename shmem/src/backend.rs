@@ -15,7 +15,7 @@
 use crate::control::Control;
 use crate::dtype::{AtomicElement, AtomicOp, Element};
 use crate::error::Result;
-use crate::gpu::GpuWorld;
+use crate::gpu::{GpuWorld, TEAM_INVALID};
 use crate::host::HostHeap;
 use cudarc::driver::CudaStream;
 use std::sync::atomic::{fence, Ordering};
@@ -82,6 +82,39 @@ impl Backend {
         match self {
             Backend::Host(h) => Some(h),
             Backend::Gpu(_) => None,
+        }
+    }
+
+    /// Readies the data plane's state of team slot `slot` for a new team
+    /// of `members` (world PEs) on member `me`: the gpu backend zeroes its
+    /// kernels' state of the slot. Every member calls it before the team
+    /// is used.
+    pub(crate) fn add_team(&self, slot: usize, members: &[usize], me: usize) -> Result<()> {
+        match self {
+            Backend::Host(_) => Ok(()),
+            Backend::Gpu(g) => g.kernels.as_ref().map_or(Ok(()), |k| k.add_team(g, slot, members, me)),
+        }
+    }
+
+    /// NVSHMEM's team of PEs `start, start + stride, …` (`size` of them) of
+    /// NVSHMEM's team `parent`, on the gpu backend where the parent has one;
+    /// else [`TEAM_INVALID`]. Collective over the parent.
+    pub(crate) fn split_team(&self, parent: i32, start: usize, stride: usize, size: usize) -> Result<i32> {
+        match self {
+            Backend::Gpu(g) if parent != TEAM_INVALID => g.split_team(parent, start, stride, size),
+            _ => Ok(TEAM_INVALID),
+        }
+    }
+
+    /// Frees what [`Backend::add_team`] and [`Backend::split_team`] made
+    /// for the team of slot `slot` (NVSHMEM's team `nv_team`). Members drop
+    /// their teams in the same order, as they made them.
+    pub(crate) fn drop_team(&self, slot: usize, nv_team: i32) {
+        if let Backend::Gpu(g) = self {
+            let _ = g.destroy_team(nv_team);
+            if let Some(k) = &g.kernels {
+                k.drop_team(slot);
+            }
         }
     }
 

@@ -39,8 +39,7 @@ use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result, RoutingFault};
 use crate::gpu::abi::{AGREE_ERROR_SHIFT, AGREE_HEAD_WORD, AGREE_PRIVATE_WORD, AGREE_WORDS};
 use crate::gpu::coll::GpuTeam;
-use crate::gpu::kernels::{AgreementFailure, Kernels};
-use crate::gpu::GpuWorld;
+use crate::gpu::kernels::AgreementFailure;
 use crate::host::team::HostTeam;
 use std::fmt;
 use std::sync::atomic::Ordering;
@@ -179,11 +178,8 @@ fn err_reason(code: u64) -> &'static str {
 /// drop their teams in the same order, as they made them.
 fn release_split(inner: Arc<Inner>, slot: usize, nv_team: i32, uid: u64) -> Release {
     Box::new(move || {
-        if let Some(g) = inner.backend.gpu().filter(|_| !inner.finalized.load(Ordering::Acquire)) {
-            let _ = g.destroy_team(nv_team);
-            if let Some(k) = &g.kernels {
-                k.drop_team(slot);
-            }
+        if !inner.finalized.load(Ordering::Acquire) {
+            inner.backend.drop_team(slot, nv_team);
         }
         *inner.free_team_slots.lock().unwrap_or_else(|e| e.into_inner()) |= 1 << slot;
         inner.ctl.team_left(uid);
@@ -303,10 +299,7 @@ impl Team {
         }
         // The kernels' state of the slot, zeroed by every member before the
         // second exchange lets anyone use the team.
-        let added = match self.ctx.backend.gpu() {
-            Some(g) if is_member => g.kernels.as_ref().map_or(Ok(()), |k| k.add_team(g, slot, &members, self.ctx.me)),
-            _ => Ok(()),
-        };
+        let added = if is_member { self.ctx.backend.add_team(slot, &members, self.ctx.me) } else { Ok(()) };
         // Second exchange: each member's barrier counter on the chosen slot,
         // read before anyone can enter a barrier of the new team.
         let mut d = Desc::new(OpKind::SplitBases);
@@ -316,12 +309,7 @@ impl Team {
         self.agree(&rows)?;
         // A team NVSHMEM has no team for (a node of ranks that are not
         // consecutive) has no NVSHMEM sub-teams either: shmem's kernels only.
-        let nv_team = match self.ctx.backend.gpu() {
-            Some(g) if self.state.nv_team != crate::gpu::TEAM_INVALID => {
-                g.split_team(self.state.nv_team, start, stride, size)?
-            }
-            _ => crate::gpu::TEAM_INVALID,
-        };
+        let nv_team = self.ctx.backend.split_team(self.state.nv_team, start, stride, size)?;
         if !is_member {
             return Ok(None);
         }
@@ -360,54 +348,14 @@ impl Team {
     /// the caller to report.
     pub(crate) fn barrier_unreported(&self, stream: &Stream) -> Result<()> {
         self.check()?;
-        let kernels = self.ctx.backend.gpu().and_then(|g| g.kernels.as_ref().map(|k| (g, k)));
-        // shmem's barrier kernel on the stream (agreeing on the call first
-        // where given an agreement), whose waits end (trap) after the
-        // device's wait limit: a peer that dies mid-barrier cannot hang the
-        // survivors, as NVSHMEM's barrier, which waits for ever, would.
-        let kernel_barrier = |g: &GpuWorld, k: &Kernels, agreement: Option<(u64, DescRow)>| {
-            let force = self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner()).force_rma;
-            let mut t = k.team(self.state.slot, &self.state.members, force)?;
-            if let Some((epoch, row)) = agreement {
-                t = t.agreeing(epoch, row);
-            }
-            k.barrier(t, g.stream(stream.cuda_stream()).cu_stream())
-        };
-        if let Some((g, k)) = kernels {
-            let capturing = crate::gpu::capturing(g.stream(stream.cuda_stream()));
-            if capturing {
-                // In a CUDA graph: without the host.
-                return kernel_barrier(g, k, None);
-            }
-            if self.agrees_on_device(capturing) {
-                // This PE's puts complete (as NVSHMEM's barrier does), then
-                // the barrier kernel, which agrees on the call first.
-                let agreement = self.device_row(&Desc::new(OpKind::Barrier), None);
-                g.quiet(g.stream(stream.cuda_stream()))?;
-                return kernel_barrier(g, k, Some(agreement));
-            }
+        let on = stream.cuda_stream();
+        let row = || self.device_row(&Desc::new(OpKind::Barrier), None);
+        if let Some(done) = self.on_gpu(|t| t.barrier_on_device(row, on)).flatten() {
+            return done;
         }
         let rows = self.exchange(&Desc::new(OpKind::Barrier), None)?;
         self.agree(&rows)?;
-        let Some(g) = self.ctx.backend.gpu() else { return Ok(()) };
-        let st = g.stream(stream.cuda_stream());
-        if self.state.members.len() == 1 {
-            // A one-PE team waits for nobody: the barrier is the quiet.
-            // (NVSHMEM's barrier kernel on a one-PE team read address 0x10
-            // on the box: invalid reads under memcheck, an illegal address
-            // under racecheck.)
-            return g.quiet(st);
-        }
-        match kernels {
-            // This PE's puts complete first.
-            Some((g, k)) => g.quiet(st).and_then(|()| kernel_barrier(g, k, None)),
-            None if self.state.nv_team == crate::gpu::TEAM_INVALID => Err(Error::BackendUnavailable(
-                "a barrier of a team NVSHMEM has no team for (a node whose PEs are not consecutive ranks) needs the \
-                 device kernels"
-                    .into(),
-            )),
-            None => g.barrier(self.state.nv_team, st),
-        }
+        self.on_gpu(|t| t.barrier_agreed(on)).unwrap_or(Ok(()))
     }
 
     /// Like [`Team::barrier`]; on the GPU backend it orders memory but does
@@ -475,10 +423,7 @@ impl Team {
     /// shmem's kernels taking the team's collectives, for teams of more
     /// than one. The same on every member (each setting it reads must be).
     pub(crate) fn agrees_on_device(&self, capturing: bool) -> bool {
-        let Some(g) = self.ctx.backend.gpu() else { return false };
-        let n = self.n_pes();
-        let implementation = self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner()).implementation;
-        !capturing && g.kernels.is_some() && n > 1 && crate::algo::kernels_take(implementation, n)
+        self.on_gpu(|t| t.agrees_on_device(capturing)).unwrap_or(false)
     }
 
     /// The next agreement on the device of this team: its epoch (from 1)

@@ -5,6 +5,7 @@
 //! where no kernel applies.
 
 use super::abi::MAX_TEAM;
+use super::kernels::Kernels;
 use super::{capturing, check, dispatch, CudaCall, GpuWorld, Protocols, TEAM_INVALID};
 use crate::algo::{self, Collectives, Solo};
 use crate::backend::On;
@@ -60,6 +61,72 @@ impl GpuTeam<'_> {
         let (per_node, node) = (shape.per_node, self.state.my_index / shape.per_node);
         let members = &self.state.members[node * per_node..(node + 1) * per_node];
         members.iter().all(|&pe| g.peer_base[pe].is_some()).then_some(per_node)
+    }
+
+    /// Whether this PE's eager call (not `capturing`) of a collective
+    /// kernel or barrier on this team is agreed on the device, by the
+    /// call's kernel, rather than on the host: shmem's kernels take the
+    /// team's collectives, and the team has more than one PE. The same on
+    /// every member (each setting it reads must be).
+    pub(crate) fn agrees_on_device(&self, capturing: bool) -> bool {
+        let n = self.n_pes();
+        !capturing && self.g.kernels.is_some() && n > 1 && algo::kernels_take(self.cfg.implementation, n)
+    }
+
+    /// shmem's barrier kernel on the stream, agreeing on the call first
+    /// where given an agreement. Its waits end (trap) after the device's
+    /// wait limit: a peer that dies mid-barrier cannot hang the survivors,
+    /// as NVSHMEM's barrier, which waits for ever, would.
+    fn kernel_barrier(&self, k: &Kernels, agreement: Option<DeviceAgreement>, stream: On<'_>) -> Result<()> {
+        let mut t = k.team(self.state.slot, &self.state.members, self.cfg.force_rma)?;
+        if let Some((epoch, row)) = agreement {
+            t = t.agreeing(epoch, row);
+        }
+        k.barrier(t, self.g.stream(stream).cu_stream())
+    }
+
+    /// The barrier where it needs no exchange on the host: in a CUDA graph
+    /// (without the host), or agreed on the device ([`Self::agrees_on_device`];
+    /// `row` gives this PE's agreement), this PE's puts completing first as
+    /// with NVSHMEM's barrier. `None` where the host agrees first.
+    pub(crate) fn barrier_on_device(
+        &self,
+        row: impl FnOnce() -> DeviceAgreement,
+        stream: On<'_>,
+    ) -> Option<Result<()>> {
+        let k = self.g.kernels.as_ref()?;
+        let st = self.g.stream(stream);
+        let capturing = capturing(st);
+        if capturing {
+            return Some(self.kernel_barrier(k, None, stream));
+        }
+        if !self.agrees_on_device(capturing) {
+            return None;
+        }
+        let agreement = row();
+        Some(self.g.quiet(st).and_then(|()| self.kernel_barrier(k, Some(agreement), stream)))
+    }
+
+    /// The barrier of a call the host agreed on: this PE's puts complete,
+    /// then shmem's barrier kernel, or NVSHMEM's without the kernels.
+    pub(crate) fn barrier_agreed(&self, stream: On<'_>) -> Result<()> {
+        let (g, st) = (self.g, self.g.stream(stream));
+        if self.n_pes() == 1 {
+            // A one-PE team waits for nobody: the barrier is the quiet.
+            // (NVSHMEM's barrier kernel on a one-PE team read address 0x10
+            // on the box: invalid reads under memcheck, an illegal address
+            // under racecheck.)
+            return g.quiet(st);
+        }
+        match &g.kernels {
+            Some(k) => g.quiet(st).and_then(|()| self.kernel_barrier(k, None, stream)),
+            None if self.state.nv_team == TEAM_INVALID => Err(Error::BackendUnavailable(
+                "a barrier of a team NVSHMEM has no team for (a node whose PEs are not consecutive ranks) needs the \
+                 device kernels"
+                    .into(),
+            )),
+            None => g.barrier(self.state.nv_team, st),
+        }
     }
 
     /// Launches the agreement on the device alone (`shmem_agree`), for a
