@@ -6,7 +6,7 @@ use super::abi::{
     a2av_lines_shared_bytes, a2av_one_kernel_shared_bytes, a2av_plan_shared_bytes, a2av_work_words, A2av, A2avKind,
     TeamSync, LINE_DATA_BYTES_WIDE, MAX_BLOCKS,
 };
-use super::kernel_id::KernelId;
+use super::kernel_id::{KernelId, Plain};
 use super::kernels::Kernels;
 use super::layout::A2AV_TABLE_WORDS;
 use super::CUstream;
@@ -89,8 +89,8 @@ impl Kernels {
         let shared = a2av_plan_shared_bytes(n, ne, with_offsets);
         a.shared_splits = (shared > 0) as i32;
         // SAFETY: as above.
-        unsafe { self.launch_with(KernelId::A2avPlan, 1, shared as u32, t, a, s) }?;
+        unsafe { self.launch_with(KernelId::Plain(Plain::A2avPlan), 1, shared as u32, t, a, s) }?;
         // SAFETY: as above.
-        unsafe { self.launch_with(KernelId::A2avMove, blocks, 0, t, a, s) }
+        unsafe { self.launch_with(KernelId::Plain(Plain::A2avMove), blocks, 0, t, a, s) }
     }
 }

@@ -4,7 +4,7 @@
 //! ([`KernelId`]) and its grid.
 
 use super::abi::{RailOp, TeamSync, AGREE_DATA_BYTES, AGREE_WORDS, LINE_DATA_BYTES, RAIL_CHANNELS, THREADS};
-use super::kernel_id::{KernelId, Movement, ReduceKernel};
+use super::kernel_id::{KernelId, Movement, Plain, ReduceKernel};
 use super::kernels::Kernels;
 use super::module::Grid;
 use super::{CUstream, CudaCall, GpuWorld};
@@ -226,8 +226,8 @@ impl Kernels {
     ) -> Result<()> {
         let id = match form {
             BroadcastForm::Push => return self.launch_move(Movement::Broadcast, t, p, dst, src, bytes, root as i32, s),
-            BroadcastForm::Pull => KernelId::BroadcastPull,
-            BroadcastForm::Relay => KernelId::BroadcastRelay,
+            BroadcastForm::Pull => KernelId::Plain(Plain::BroadcastPull),
+            BroadcastForm::Relay => KernelId::Plain(Plain::BroadcastRelay),
         };
         debug_assert!(t.nvlink(), "pulls and relays need every member's NVLink address");
         debug_assert!(form != BroadcastForm::Relay || t.n >= 3, "relays need three or more members");
@@ -373,7 +373,7 @@ impl Kernels {
     ) -> Result<()> {
         let src = if in_place { dst + t.rank as usize * bytes } else { src };
         let op = rail_op(dst, src, bytes, per_node, 0);
-        self.launch_nodes(KernelId::AllGatherNodes, t, op, s)
+        self.launch_nodes(KernelId::Plain(Plain::AllGatherNodes), t, op, s)
     }
 
     /// Broadcast across nodes of `bytes` from member `root`'s `src` into
@@ -389,7 +389,7 @@ impl Kernels {
         root: usize,
         s: CUstream,
     ) -> Result<()> {
-        self.launch_nodes(KernelId::BroadcastNodes, t, rail_op(dst, src, bytes, per_node, root), s)
+        self.launch_nodes(KernelId::Plain(Plain::BroadcastNodes), t, rail_op(dst, src, bytes, per_node, root), s)
     }
 
     /// All-to-all across nodes of `bytes` per member, `src` and `dst`
@@ -404,7 +404,7 @@ impl Kernels {
         bytes: usize,
         s: CUstream,
     ) -> Result<()> {
-        self.launch_nodes(KernelId::AllToAllNodes, t, rail_op(dst, src, bytes, per_node, 0), s)
+        self.launch_nodes(KernelId::Plain(Plain::AllToAllNodes), t, rail_op(dst, src, bytes, per_node, 0), s)
     }
 
     /// All-reduce across nodes in `order`, `count` elements (`dst` equal

@@ -156,44 +156,67 @@ impl TeamSize {
     }
 }
 
+/// Declares the kernels without arguments of their own once, in table
+/// order: their names as values ([`Plain`]) and their C symbols. A kernel
+/// added here takes the next number of [`KernelId::index`].
+macro_rules! plain_kernels {
+    ($($(#[$doc:meta])* $name:ident => $symbol:literal,)*) => {
+        /// A kernel without arguments of its own.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub(crate) enum Plain {
+            $($(#[$doc])* $name,)*
+        }
+
+        impl Plain {
+            /// Every plain kernel, in declaration (table) order.
+            const ALL: &[Plain] = &[$(Plain::$name,)*];
+
+            fn symbol(self) -> &'static str {
+                match self {
+                    $(Plain::$name => $symbol,)*
+                }
+            }
+        }
+    };
+}
+
+plain_kernels! {
+    /// The device's idea of this PE and the world.
+    SelfCheck => "shmem_selfcheck",
+    Barrier => "shmem_barrier",
+    /// The agreement of an eager collective call alone.
+    Agree => "shmem_agree",
+    BroadcastPull => "shmem_broadcast_pull",
+    /// Of `overlap.cu`.
+    CopySm => "shmem_copy_sm",
+    /// The two-kernel MoE all-to-all-v.
+    A2avPlan => "shmem_a2av_plan",
+    A2avMove => "shmem_a2av_move",
+    /// Of `moe_layer.cu`.
+    MoeRoute => "shmem_moe_route",
+    MoeGather => "shmem_moe_gather",
+    /// A host-initiated atomic through NVSHMEM.
+    Amo => "shmem_amo",
+    /// The node-aware data movement of `move_nodes.cu`.
+    AllGatherNodes => "shmem_allgather_nodes",
+    BroadcastNodes => "shmem_broadcast_nodes",
+    AllToAllNodes => "shmem_alltoall_nodes",
+    /// The node-aware MoE layer's agreement over the world (`moe_layer.cu`).
+    MoeAgree => "shmem_moe_agree",
+    /// The broadcast relayed by the members.
+    BroadcastRelay => "shmem_broadcast_relay",
+    /// The flat MoE layer's route over many blocks (`moe_layer.cu`), and
+    /// both steps in one launch where its grid is resident at once.
+    MoeRank => "shmem_moe_rank",
+    MoeStamp => "shmem_moe_stamp",
+    MoeRankStamp => "shmem_moe_rank_stamp",
+}
+
 /// One kernel of the cubin.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum KernelId {
-    /// `shmem_selfcheck`: the device's idea of this PE and the world.
-    SelfCheck,
-    /// `shmem_barrier`.
-    Barrier,
-    /// `shmem_agree`: the agreement of an eager collective call alone.
-    Agree,
-    /// `shmem_broadcast_pull`.
-    BroadcastPull,
-    /// `shmem_copy_sm` of `overlap.cu`.
-    CopySm,
-    /// `shmem_a2av_plan`, `shmem_a2av_move`: the two-kernel MoE all-to-all-v.
-    A2avPlan,
-    A2avMove,
-    /// `shmem_moe_route`, `shmem_moe_gather` of `moe_layer.cu`.
-    MoeRoute,
-    MoeGather,
-    /// `shmem_moe_rank`, `shmem_moe_stamp` of `moe_layer.cu`: the flat
-    /// form's route over many blocks; `shmem_moe_rank_stamp`, both in one
-    /// launch where its grid is resident at once.
-    MoeRank,
-    MoeStamp,
-    MoeRankStamp,
-    /// `shmem_moe_agree` of `moe_layer.cu`: the node-aware MoE layer's
-    /// agreement over the world.
-    MoeAgree,
-    /// `shmem_broadcast_relay`: the broadcast relayed by the members.
-    BroadcastRelay,
-    /// `shmem_amo`: a host-initiated atomic through NVSHMEM.
-    Amo,
-    /// `shmem_allgather_nodes`, `shmem_broadcast_nodes`,
-    /// `shmem_alltoall_nodes` of `move_nodes.cu`: the node-aware data
-    /// movement.
-    AllGatherNodes,
-    BroadcastNodes,
-    AllToAllNodes,
+    /// A kernel without arguments of its own ([`Plain`]).
+    Plain(Plain),
     /// `shmem_sum_slots_{dtype}` of `overlap.cu` (f32, f16, bf16).
     SumSlots(DType),
     /// `shmem_moe_combine_{dtype}` (f32, f64, f16, bf16).
@@ -211,32 +234,10 @@ pub(crate) enum KernelId {
     Reduce(ReduceKernel, DType, ReduceOp, TeamSize),
 }
 
-/// Kernels without arguments of their own, in [`KernelId::index`] order.
-const SINGLES: [KernelId; 18] = [
-    KernelId::SelfCheck,
-    KernelId::Barrier,
-    KernelId::Agree,
-    KernelId::BroadcastPull,
-    KernelId::CopySm,
-    KernelId::A2avPlan,
-    KernelId::A2avMove,
-    KernelId::MoeRoute,
-    KernelId::MoeGather,
-    KernelId::Amo,
-    KernelId::AllGatherNodes,
-    KernelId::BroadcastNodes,
-    KernelId::AllToAllNodes,
-    KernelId::MoeAgree,
-    KernelId::BroadcastRelay,
-    KernelId::MoeRank,
-    KernelId::MoeStamp,
-    KernelId::MoeRankStamp,
-];
-
 const DTYPES: usize = DType::ALL.len();
 const OPS: usize = ReduceOp::ALL.len();
 const KINDS: usize = A2avKind::ALL.len();
-const SUM_SLOTS_AT: usize = SINGLES.len();
+const SUM_SLOTS_AT: usize = Plain::ALL.len();
 const MOE_COMBINE_AT: usize = SUM_SLOTS_AT + DTYPES;
 const MOE_DECODE_AT: usize = MOE_COMBINE_AT + DTYPES;
 const A2AV_FUSED_AT: usize = MOE_DECODE_AT + DTYPES;
@@ -264,24 +265,7 @@ impl KernelId {
         let dtype = |d: DType| d as usize - DType::F32 as usize;
         let op = |o: ReduceOp| o as usize - ReduceOp::Sum as usize;
         match self {
-            KernelId::SelfCheck => 0,
-            KernelId::Barrier => 1,
-            KernelId::Agree => 2,
-            KernelId::BroadcastPull => 3,
-            KernelId::CopySm => 4,
-            KernelId::A2avPlan => 5,
-            KernelId::A2avMove => 6,
-            KernelId::MoeRoute => 7,
-            KernelId::MoeGather => 8,
-            KernelId::Amo => 9,
-            KernelId::AllGatherNodes => 10,
-            KernelId::BroadcastNodes => 11,
-            KernelId::AllToAllNodes => 12,
-            KernelId::MoeAgree => 13,
-            KernelId::BroadcastRelay => 14,
-            KernelId::MoeRank => 15,
-            KernelId::MoeStamp => 16,
-            KernelId::MoeRankStamp => 17,
+            KernelId::Plain(p) => p as usize,
             KernelId::SumSlots(d) => SUM_SLOTS_AT + dtype(d),
             KernelId::MoeCombine(d) => MOE_COMBINE_AT + dtype(d),
             KernelId::MoeDecode(d) => MOE_DECODE_AT + dtype(d),
@@ -302,24 +286,7 @@ impl KernelId {
             A2avKind::TwoDOffset => "2d_offset",
         };
         match self {
-            KernelId::SelfCheck => "shmem_selfcheck".into(),
-            KernelId::Barrier => "shmem_barrier".into(),
-            KernelId::Agree => "shmem_agree".into(),
-            KernelId::BroadcastPull => "shmem_broadcast_pull".into(),
-            KernelId::CopySm => "shmem_copy_sm".into(),
-            KernelId::A2avPlan => "shmem_a2av_plan".into(),
-            KernelId::A2avMove => "shmem_a2av_move".into(),
-            KernelId::MoeRoute => "shmem_moe_route".into(),
-            KernelId::MoeGather => "shmem_moe_gather".into(),
-            KernelId::Amo => "shmem_amo".into(),
-            KernelId::AllGatherNodes => "shmem_allgather_nodes".into(),
-            KernelId::BroadcastNodes => "shmem_broadcast_nodes".into(),
-            KernelId::AllToAllNodes => "shmem_alltoall_nodes".into(),
-            KernelId::MoeAgree => "shmem_moe_agree".into(),
-            KernelId::BroadcastRelay => "shmem_broadcast_relay".into(),
-            KernelId::MoeRank => "shmem_moe_rank".into(),
-            KernelId::MoeStamp => "shmem_moe_stamp".into(),
-            KernelId::MoeRankStamp => "shmem_moe_rank_stamp".into(),
+            KernelId::Plain(p) => p.symbol().into(),
             KernelId::SumSlots(d) => format!("shmem_sum_slots_{}", d.name()),
             KernelId::MoeCombine(d) => format!("shmem_moe_combine_{}", d.name()),
             KernelId::MoeDecode(d) => format!("shmem_moe_decode_{}", d.name()),
@@ -342,13 +309,13 @@ impl KernelId {
     /// all-to-all-v and `MoeAllToAll`'s route, gather and combine kernels;
     /// not the local kernels outside them.
     pub(crate) fn follows_stream(self) -> bool {
-        !matches!(self, KernelId::SelfCheck | KernelId::CopySm | KernelId::SumSlots(_) | KernelId::Amo)
+        !matches!(self, KernelId::Plain(Plain::SelfCheck | Plain::CopySm | Plain::Amo) | KernelId::SumSlots(_))
     }
 
     /// Every kernel the cubin defines.
     #[cfg(test)]
     pub(crate) fn all() -> Vec<KernelId> {
-        let mut all = SINGLES.to_vec();
+        let mut all: Vec<KernelId> = Plain::ALL.iter().map(|&p| KernelId::Plain(p)).collect();
         all.extend([DType::F32, DType::F16, DType::BF16].map(KernelId::SumSlots));
         all.extend([DType::F32, DType::F64, DType::F16, DType::BF16].map(KernelId::MoeCombine));
         all.extend([DType::F32, DType::F64, DType::F16, DType::BF16].map(KernelId::MoeDecode));
@@ -382,7 +349,7 @@ mod tests {
 
     /// Every combination of the enums, valid or not.
     fn every_combination() -> Vec<KernelId> {
-        let mut all = SINGLES.to_vec();
+        let mut all: Vec<KernelId> = Plain::ALL.iter().map(|&p| KernelId::Plain(p)).collect();
         all.extend(DType::ALL.map(KernelId::SumSlots));
         all.extend(DType::ALL.map(KernelId::MoeCombine));
         all.extend(DType::ALL.map(KernelId::MoeDecode));
@@ -456,9 +423,9 @@ mod tests {
             r(ReduceScatterGrouped, DType::I64, ReduceOp::Sum, TeamSize::Any),
             "shmem_reducescatter_grouped_i64_sum"
         );
-        assert_eq!(KernelId::AllGatherNodes.symbol(), "shmem_allgather_nodes");
-        assert_eq!(KernelId::BroadcastNodes.symbol(), "shmem_broadcast_nodes");
-        assert_eq!(KernelId::AllToAllNodes.symbol(), "shmem_alltoall_nodes");
+        assert_eq!(KernelId::Plain(Plain::AllGatherNodes).symbol(), "shmem_allgather_nodes");
+        assert_eq!(KernelId::Plain(Plain::BroadcastNodes).symbol(), "shmem_broadcast_nodes");
+        assert_eq!(KernelId::Plain(Plain::AllToAllNodes).symbol(), "shmem_alltoall_nodes");
     }
 
     #[test]

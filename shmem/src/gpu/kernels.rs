@@ -6,7 +6,7 @@
 //! (`moe_layer.cu`) and `overlap.rs` (`overlap.cu`).
 
 use super::abi::{MAX_BLOCKS, RMA_BLOCKS, THREADS};
-use super::kernel_id::KernelId;
+use super::kernel_id::{KernelId, Plain};
 use super::module::{Grid, Module};
 use super::record::{AgreeRecord, HostRecord, PeerDied};
 use super::teams::View;
@@ -122,7 +122,9 @@ impl Kernels {
         let mut p = ptr;
         let grid = Grid { blocks: 1, threads: 1 };
         // SAFETY: one int* argument, pointing at 2 ints.
-        unsafe { self.module.launch(KernelId::SelfCheck, grid, 0, s.cu_stream(), &mut [(&raw mut p).cast()])? };
+        unsafe {
+            self.module.launch(KernelId::Plain(Plain::SelfCheck), grid, 0, s.cu_stream(), &mut [(&raw mut p).cast()])?
+        };
         drop(sync);
         let got = s.clone_dtoh(&out).cuda("CudaStream::clone_dtoh")?;
         if got != [me as i32, n as i32] {
@@ -193,7 +195,7 @@ impl Kernels {
         let mut t = t;
         let grid = Grid { blocks: 1, threads: 32 };
         // SAFETY: (TeamSync) as the kernel declares.
-        unsafe { self.module.launch(KernelId::Barrier, grid, 0, s, &mut [(&raw mut t).cast()]) }
+        unsafe { self.module.launch(KernelId::Plain(Plain::Barrier), grid, 0, s, &mut [(&raw mut t).cast()]) }
     }
 
     /// The agreement of an eager call alone (`shmem_agree`, one block), for
@@ -205,7 +207,7 @@ impl Kernels {
         let grid = Grid { blocks: 1, threads: 256 };
         // SAFETY: (TeamSync) as the kernel declares; it writes only the
         // agreement's state and record.
-        unsafe { self.module.launch(KernelId::Agree, grid, 0, s, &mut [(&raw mut t).cast()]) }
+        unsafe { self.module.launch(KernelId::Plain(Plain::Agree), grid, 0, s, &mut [(&raw mut t).cast()]) }
     }
 
     /// What the MoE kernels' checks found since the last look (cleared).
@@ -260,6 +262,6 @@ impl Kernels {
         // SAFETY: the parameters as the kernel declares them; `sym` is an
         // element of the heap and `old` a device word, both checked by the
         // caller.
-        unsafe { self.module.launch(KernelId::Amo, grid, 0, s, &mut params) }
+        unsafe { self.module.launch(KernelId::Plain(Plain::Amo), grid, 0, s, &mut params) }
     }
 }

@@ -5,7 +5,7 @@ use super::abi::{
     MoeLayer, TeamSync, DECODE_MAX_EXPERTS, DECODE_MAX_PAIRS, DECODE_MAX_TOKENS, DECODE_MAX_TOP_K, FP8_QUANTIZE,
     LAYER_CHUNK_BYTES, LAYER_QUANT_CHUNK, LAYER_SHARED_SLOTS, MAX_BLOCKS, RANK_CHUNK, RANK_KEYS, RANK_TOP_K,
 };
-use super::kernel_id::KernelId;
+use super::kernel_id::{KernelId, Plain};
 use super::kernels::Kernels;
 use super::module::Grid;
 use super::CUstream;
@@ -173,13 +173,13 @@ impl Kernels {
         unsafe {
             match rank_blocks(&m, t.n) {
                 Some(blocks) if blocks <= beside_waiters(self.resident_blocks) => {
-                    self.launch_with(KernelId::MoeRankStamp, blocks, 0, t, m, s)?;
+                    self.launch_with(KernelId::Plain(Plain::MoeRankStamp), blocks, 0, t, m, s)?;
                 }
                 Some(blocks) => {
-                    self.launch_with(KernelId::MoeRank, blocks, 0, t, m, s)?;
-                    self.launch_with(KernelId::MoeStamp, blocks, 0, t, m, s)?;
+                    self.launch_with(KernelId::Plain(Plain::MoeRank), blocks, 0, t, m, s)?;
+                    self.launch_with(KernelId::Plain(Plain::MoeStamp), blocks, 0, t, m, s)?;
                 }
-                None => self.launch_with(KernelId::MoeRoute, 1, 0, t, m, s)?,
+                None => self.launch_with(KernelId::Plain(Plain::MoeRoute), 1, 0, t, m, s)?,
             }
         }
         // The source's gather quantizing to FP8 takes smaller pieces.
@@ -189,7 +189,7 @@ impl Kernels {
         let threads = if blocks > self.resident_blocks { NARROW_GATHER_THREADS } else { super::abi::THREADS };
         let grid = Grid { blocks, threads };
         // SAFETY: as above.
-        unsafe { self.launch_in(KernelId::MoeGather, grid, 0, t, m, s) }
+        unsafe { self.launch_in(KernelId::Plain(Plain::MoeGather), grid, 0, t, m, s) }
     }
 
     /// The node-aware form's agreement over the world (`shmem_moe_agree`,
@@ -200,7 +200,7 @@ impl Kernels {
         // SAFETY: (TeamSync, MoeLayer) as the kernel declares; it writes
         // the agreement's state and record, and `m.state`'s second word
         // (the layer's buffer of two i64s).
-        unsafe { self.launch_with(KernelId::MoeAgree, 1, 0, t, m, s) }
+        unsafe { self.launch_with(KernelId::Plain(Plain::MoeAgree), 1, 0, t, m, s) }
     }
 
     /// The combine kernel (f32, f64, f16, bf16): a block per piece of a

@@ -2,7 +2,7 @@
 //! (`overlap.cu`): a copy by SMs and the sum of slots.
 
 use super::abi::{MAX_BLOCKS, THREADS};
-use super::kernel_id::KernelId;
+use super::kernel_id::{KernelId, Plain};
 use super::kernels::Kernels;
 use super::module::Grid;
 use super::CUstream;
@@ -23,7 +23,7 @@ impl Kernels {
         let (mut d, mut f, mut b) = (dst, src, bytes as u64);
         let mut params: [*mut c_void; 3] = [(&raw mut d).cast(), (&raw mut f).cast(), (&raw mut b).cast()];
         // SAFETY: (u64, u64, u64) as the kernel declares; the caller's contract.
-        unsafe { self.module.launch(KernelId::CopySm, Grid::of(blocks.max(1)), 0, s, &mut params) }
+        unsafe { self.module.launch(KernelId::Plain(Plain::CopySm), Grid::of(blocks.max(1)), 0, s, &mut params) }
     }
 
     /// `out[i] = Σ_j slots[j·stride + i]` over `n` slots, in slot order,
