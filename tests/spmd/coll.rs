@@ -17,76 +17,28 @@
 
 use crate::kernels::{self, Settings, Variant};
 use crate::util::{mix, par_fill, payload, poison, Env, TestElem, TestResult};
-use crate::{each_dtype, TestFn};
+use crate::{each_dtype, Test};
 use shmem::{BackendKind, Context, DType, Element, ReduceOp, Stream, SymSlice, SymmetricBuffer, Team};
 use std::ops::Range;
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    ("coll::barrier_orders_writes", barrier_orders_writes),
-    ("coll::all_reduce::default", |e| world(e, Coll::AllReduce, Variant::Default)),
-    ("coll::reduce_scatter::default", |e| world(e, Coll::ReduceScatter, Variant::Default)),
-    ("coll::all_gather::default", |e| world(e, Coll::AllGather, Variant::Default)),
-    ("coll::broadcast::default", |e| world(e, Coll::Broadcast, Variant::Default)),
-    ("coll::all_to_all::default", |e| world(e, Coll::AllToAll, Variant::Default)),
-    ("coll::teams::default", |e| teams(e, Variant::Default)),
-    ("coll::all_reduce::force_rma", |e| world(e, Coll::AllReduce, Variant::ForceRma)),
-    ("coll::reduce_scatter::force_rma", |e| world(e, Coll::ReduceScatter, Variant::ForceRma)),
-    ("coll::all_gather::force_rma", |e| world(e, Coll::AllGather, Variant::ForceRma)),
-    ("coll::broadcast::force_rma", |e| world(e, Coll::Broadcast, Variant::ForceRma)),
-    ("coll::all_to_all::force_rma", |e| world(e, Coll::AllToAll, Variant::ForceRma)),
-    ("coll::teams::force_rma", |e| teams(e, Variant::ForceRma)),
-    ("coll::all_reduce::one_shot", |e| world(e, Coll::AllReduce, Variant::OneShot)),
-    ("coll::teams::one_shot", |e| teams(e, Variant::OneShot)),
-    ("coll::all_reduce::two_shot", |e| world(e, Coll::AllReduce, Variant::TwoShot)),
-    ("coll::teams::two_shot", |e| teams(e, Variant::TwoShot)),
-    ("coll::all_reduce::two_shot_stores", |e| world(e, Coll::AllReduce, Variant::TwoShotStores)),
-    ("coll::teams::two_shot_stores", |e| teams(e, Variant::TwoShotStores)),
-    ("coll::all_reduce::low_latency", |e| world(e, Coll::AllReduce, Variant::LowLatency)),
-    ("coll::teams::low_latency", |e| teams(e, Variant::LowLatency)),
-    ("coll::all_reduce::low_latency_128", |e| world(e, Coll::AllReduce, Variant::LowLatency128)),
-    ("coll::teams::low_latency_128", |e| teams(e, Variant::LowLatency128)),
-    ("coll::all_reduce::push", |e| world(e, Coll::AllReduce, Variant::Push)),
-    ("coll::all_gather::sm", |e| world(e, Coll::AllGather, Variant::Sm)),
-    ("coll::all_reduce::sm", |e| world(e, Coll::AllReduce, Variant::Sm)),
-    ("coll::teams::sm", |e| teams(e, Variant::Sm)),
-    ("coll::broadcast::pull", |e| world(e, Coll::Broadcast, Variant::Pull)),
-    ("coll::broadcast::relay", |e| world(e, Coll::Broadcast, Variant::Relay)),
-    ("coll::teams::relay", |e| teams(e, Variant::Relay)),
-    ("coll::all_gather::copy_engine", |e| world(e, Coll::AllGather, Variant::CopyEngine)),
-    ("coll::all_reduce::copy_engine", |e| world(e, Coll::AllReduce, Variant::CopyEngine)),
-    ("coll::teams::copy_engine", |e| teams(e, Variant::CopyEngine)),
-    ("coll::all_reduce::nvshmem", |e| world(e, Coll::AllReduce, Variant::Nvshmem)),
-    ("coll::reduce_scatter::nvshmem", |e| world(e, Coll::ReduceScatter, Variant::Nvshmem)),
-    ("coll::all_gather::nvshmem", |e| world(e, Coll::AllGather, Variant::Nvshmem)),
-    ("coll::broadcast::nvshmem", |e| world(e, Coll::Broadcast, Variant::Nvshmem)),
-    ("coll::all_to_all::nvshmem", |e| world(e, Coll::AllToAll, Variant::Nvshmem)),
-    ("coll::teams::nvshmem", |e| teams(e, Variant::Nvshmem)),
-    ("coll::all_reduce::tuned", |e| world(e, Coll::AllReduce, Variant::Tuned)),
-    ("coll::reduce_scatter::tuned", |e| world(e, Coll::ReduceScatter, Variant::Tuned)),
-    ("coll::all_gather::tuned", |e| world(e, Coll::AllGather, Variant::Tuned)),
-    ("coll::broadcast::tuned", |e| world(e, Coll::Broadcast, Variant::Tuned)),
-    ("coll::all_to_all::tuned", |e| world(e, Coll::AllToAll, Variant::Tuned)),
-    ("coll::all_reduce::lines", |e| world(e, Coll::AllReduce, Variant::Lines)),
-    ("coll::reduce_scatter::lines", |e| world(e, Coll::ReduceScatter, Variant::Lines)),
-    ("coll::all_gather::lines", |e| world(e, Coll::AllGather, Variant::Lines)),
-    ("coll::broadcast::lines", |e| world(e, Coll::Broadcast, Variant::Lines)),
-    ("coll::all_to_all::lines", |e| world(e, Coll::AllToAll, Variant::Lines)),
-    ("coll::all_to_all::lines_after_packets", kernels::lines_after_packets),
-    ("coll::all_reduce::flat", |e| world(e, Coll::AllReduce, Variant::Flat)),
-    ("coll::reduce_scatter::flat", |e| world(e, Coll::ReduceScatter, Variant::Flat)),
-    ("coll::all_gather::flat", |e| world(e, Coll::AllGather, Variant::Flat)),
-    ("coll::broadcast::flat", |e| world(e, Coll::Broadcast, Variant::Flat)),
-    ("coll::all_to_all::flat", |e| world(e, Coll::AllToAll, Variant::Flat)),
-    ("coll::all_reduce::node_aware", |e| world(e, Coll::AllReduce, Variant::NodeAware)),
-    ("coll::reduce_scatter::node_aware", |e| world(e, Coll::ReduceScatter, Variant::NodeAware)),
-    ("coll::all_gather::node_aware", |e| world(e, Coll::AllGather, Variant::NodeAware)),
-    ("coll::broadcast::node_aware", |e| world(e, Coll::Broadcast, Variant::NodeAware)),
-    ("coll::all_to_all::node_aware", |e| world(e, Coll::AllToAll, Variant::NodeAware)),
-    ("coll::teams::node_aware", |e| teams(e, Variant::NodeAware)),
-    ("coll::all_reduce::node_grouped", |e| world(e, Coll::AllReduce, Variant::NodeGrouped)),
-    ("coll::reduce_scatter::node_grouped", |e| world(e, Coll::ReduceScatter, Variant::NodeGrouped)),
-    ("coll::graph_replay_gpu_only", kernels::graph_replay),
-];
+/// The collectives' tests: each variant ([`Variant`]) over the world for
+/// every collective it names ([`Variant::world_colls`]) and on split teams
+/// where it says so ([`Variant::on_teams`]), named
+/// `coll::{collective or teams}::{variant}`; and the tests of their own.
+pub fn tests() -> Vec<Test> {
+    let mut t = vec![Test::new("coll::barrier_orders_writes".into(), barrier_orders_writes)];
+    for v in Variant::ALL {
+        for &coll in v.world_colls() {
+            t.push(Test::new(format!("coll::{}::{}", coll.name(), v.name()), move |e| world(e, coll, v)));
+        }
+        if v.on_teams() {
+            t.push(Test::new(format!("coll::teams::{}", v.name()), move |e| teams(e, v)));
+        }
+    }
+    t.push(Test::new("coll::all_to_all::lines_after_packets".into(), kernels::lines_after_packets));
+    t.push(Test::new("coll::graph_replay_gpu_only".into(), kernels::graph_replay));
+    t
+}
 
 /// Elements per PE (per block for the blocked collectives): every dtype and
 /// operator runs these. 59 elements end in the 4-byte pieces of a line's
@@ -128,7 +80,7 @@ pub enum Coll {
 }
 
 impl Coll {
-    const ALL: [Coll; 5] = [Coll::AllReduce, Coll::ReduceScatter, Coll::AllGather, Coll::Broadcast, Coll::AllToAll];
+    pub const ALL: [Coll; 5] = [Coll::AllReduce, Coll::ReduceScatter, Coll::AllGather, Coll::Broadcast, Coll::AllToAll];
 
     fn name(self) -> &'static str {
         match self {

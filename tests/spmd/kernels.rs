@@ -78,6 +78,61 @@ pub const TUNED: Tuning = Tuning {
 };
 
 impl Variant {
+    pub const ALL: [Variant; 18] = [
+        Variant::Default,
+        Variant::ForceRma,
+        Variant::OneShot,
+        Variant::TwoShot,
+        Variant::TwoShotStores,
+        Variant::LowLatency,
+        Variant::LowLatency128,
+        Variant::Push,
+        Variant::Sm,
+        Variant::CopyEngine,
+        Variant::Nvshmem,
+        Variant::Tuned,
+        Variant::Lines,
+        Variant::Pull,
+        Variant::Relay,
+        Variant::Flat,
+        Variant::NodeAware,
+        Variant::NodeGrouped,
+    ];
+
+    /// The collectives the variant is tested on over the world: those it
+    /// chooses a form of, and every one for the settings of every
+    /// collective (the path, the implementation, the tuning, the route).
+    pub fn world_colls(self) -> &'static [Coll] {
+        match self {
+            Variant::Default
+            | Variant::ForceRma
+            | Variant::Nvshmem
+            | Variant::Tuned
+            | Variant::Lines
+            | Variant::Flat
+            | Variant::NodeAware => &Coll::ALL,
+            Variant::OneShot
+            | Variant::TwoShot
+            | Variant::TwoShotStores
+            | Variant::LowLatency
+            | Variant::LowLatency128
+            | Variant::Push => &[Coll::AllReduce],
+            Variant::Sm | Variant::CopyEngine => &[Coll::AllGather],
+            Variant::Pull | Variant::Relay => &[Coll::Broadcast],
+            Variant::NodeGrouped => &[Coll::AllReduce, Coll::ReduceScatter],
+        }
+    }
+
+    /// Whether the variant is tested on split teams too: where its forms
+    /// serve teams other than the world (not the world's protocols' own
+    /// settings: pushes, tuning, lines, pulls, the flat route).
+    pub fn on_teams(self) -> bool {
+        !matches!(
+            self,
+            Variant::Push | Variant::Tuned | Variant::Lines | Variant::Pull | Variant::Flat | Variant::NodeGrouped
+        )
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Variant::Default => "default",

@@ -53,20 +53,35 @@ use util::Env;
 /// [`util::NotApplicable`], which makes it ignored.
 pub type TestFn = fn(&Env) -> util::TestResult;
 
-fn all_tests() -> Vec<(&'static str, TestFn)> {
-    let mut t: Vec<(&'static str, TestFn)> = Vec::new();
-    t.extend(rma::TESTS);
-    t.extend(bytes::TESTS);
-    t.extend(coll::TESTS);
-    t.extend(teams::TESTS);
-    t.extend(errors::TESTS);
-    t.extend(deferred::TESTS);
-    t.extend(moe::TESTS);
-    t.extend(moe::fp8::TESTS);
-    t.extend(moe::arrivals::TESTS);
-    t.extend(nodes::TESTS);
-    t.extend(overlap::TESTS);
-    t.extend(scenarios::TESTS);
+/// A test of the suite: its name and its body, a fixed function or one
+/// of a generated matrix (`coll::tests`).
+pub struct Test {
+    pub name: String,
+    pub body: Box<dyn Fn(&Env) -> util::TestResult + Send + Sync>,
+}
+
+impl Test {
+    pub fn new(name: String, body: impl Fn(&Env) -> util::TestResult + Send + Sync + 'static) -> Test {
+        Test { name, body: Box::new(body) }
+    }
+}
+
+fn all_tests() -> Vec<Test> {
+    let fixed = |list: &[(&str, TestFn)]| -> Vec<Test> {
+        list.iter().map(|&(name, f)| Test::new(name.to_string(), f)).collect()
+    };
+    let mut t = fixed(rma::TESTS);
+    t.extend(fixed(bytes::TESTS));
+    t.extend(coll::tests());
+    t.extend(fixed(teams::TESTS));
+    t.extend(fixed(errors::TESTS));
+    t.extend(fixed(deferred::TESTS));
+    t.extend(fixed(moe::TESTS));
+    t.extend(fixed(moe::fp8::TESTS));
+    t.extend(fixed(moe::arrivals::TESTS));
+    t.extend(fixed(nodes::TESTS));
+    t.extend(fixed(overlap::TESTS));
+    t.extend(fixed(scenarios::TESTS));
     t
 }
 
@@ -81,7 +96,7 @@ fn main() -> ExitCode {
     }
     let mut args = Arguments::from_args();
     if args.list {
-        let trials = all_tests().into_iter().map(|(name, _)| Trial::test(name, || Ok(()))).collect();
+        let trials = all_tests().into_iter().map(|t| Trial::test(t.name, || Ok(()))).collect();
         let _ = libtest_mimic::run(&args, trials);
         return ExitCode::SUCCESS;
     }
@@ -117,8 +132,11 @@ fn main() -> ExitCode {
     ENV.with(|slot| *slot.borrow_mut() = Some(env));
     let trials = all_tests()
         .into_iter()
-        .map(|(name, body)| {
-            Trial::ignorable_test(name, move || ENV.with(|e| run_one(name, body, e.borrow().as_ref().unwrap())))
+        .map(|Test { name, body }| {
+            let trial_name = name.clone();
+            Trial::ignorable_test(trial_name, move || {
+                ENV.with(|e| run_one(&name, &*body, e.borrow().as_ref().unwrap()))
+            })
         })
         .collect();
     let conclusion = libtest_mimic::run(&args, trials);
@@ -143,7 +161,7 @@ const NOT_APPLICABLE: u32 = 2;
 /// Runs `body` on this PE, then agrees with every PE on the outcome: it
 /// failed if it failed on any PE, and is ignored (with the reason) if it
 /// did not apply on every PE.
-fn run_one(name: &str, body: TestFn, env: &Env) -> Result<Completion, Failed> {
+fn run_one(name: &str, body: &dyn Fn(&Env) -> util::TestResult, env: &Env) -> Result<Completion, Failed> {
     if let Some(why) = BROKEN.with(|b| b.borrow().clone()) {
         return Err(format!("not run: {why}").into());
     }
