@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Medians of the phase stamps (kernels/phases.cuh) in bench logs.
+"""Medians of the phase stamps (kernels/core/phases.cuh) in bench logs.
 
 Usage: phases.py LOG...  For each log and kernel, the samples split into the
 eager ones and the graph ones (the bench runs eager first; the last

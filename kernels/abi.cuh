@@ -71,7 +71,7 @@ constexpr int kA2avPacketWords = 1024;
 // destination's chunks a lane each (`A2AV_LINES_MAX_EXPERTS`).
 constexpr int kA2avLinesMaxExperts = 32;
 
-// ---- The rail pipes of the node-aware collectives (prims_rail.cuh) ----
+// ---- The rail pipes of the node-aware collectives (prims/rail.cuh) ----
 
 // Pipe channels between two PEs of one rail, in each direction
 // (`RAIL_CHANNELS`): a node-aware kernel's blocks each take one (a block
@@ -82,7 +82,7 @@ constexpr int kRailChannels = 16;
 constexpr int kRailDepth = 4;
 constexpr uint64_t kRailChunk = 64 << 10;
 
-// ---- The agreement of an eager collective call (agree.cuh) ----
+// ---- The agreement of an eager collective call (core/agree.cuh) ----
 
 // Words of a call's descriptor row (`DESC_WORDS` of the control plane,
 // `Desc::words` in team.rs): the host exchange's sequence number, the
@@ -96,7 +96,7 @@ constexpr int kAgreePrivateWord = 7;
 // Data a call may carry with its row (`AGREE_DATA_BYTES`): an eager
 // all-reduce of at most this many bytes over NVLink sends its source in
 // the agreement's packets, after its row's (`allreduce_agreed` in
-// reduce.cuh), so that agreeing and moving the data are one round trip.
+// coll/reduce.cuh), so that agreeing and moving the data are one round trip.
 constexpr int kAgreeDataBytes = 256;
 // Packets a sender has in the agreement's buffer: its row's, then its data's.
 constexpr int kAgreePackets = kAgreeWords + kAgreeDataBytes / 8;
@@ -110,7 +110,7 @@ constexpr int kAgreePackets = kAgreeWords + kAgreeDataBytes / 8;
 // and packets, then the agreement's state (`agree_base`).
 //
 // `agree`, `report` and `row` are the agreement of an eager collective
-// (agree.cuh): the host passes its call's descriptor row whole, as a
+// (core/agree.cuh): the host passes its call's descriptor row whole, as a
 // kernel argument (80 bytes more to a launch's arguments, no copy to the device),
 // with the agreement's epoch (the team's count of eager calls, the same
 // on every member; 0 for no agreement: graph capture, the kernels after
@@ -214,7 +214,7 @@ static_assert(offsetof(NetCounters, gets) == 24, "NetCounters::gets");
 static_assert(offsetof(NetCounters, signals) == 32, "NetCounters::signals");
 
 // One node-aware collective, the second argument of the `shmem_*_nodes`
-// kernels (move_nodes.cu, reduce.cuh), for the world team laid out node
+// kernels (coll/move_nodes.cu, coll/reduce.cuh), for the world team laid out node
 // by node: member a·L + i is PE (node a, local rank i).
 struct RailOp {
     uint64_t dst, src;  // heap offsets (the same on every member)
@@ -339,10 +339,10 @@ static_assert(offsetof(AgreeFailure, rank) == 44, "AgreeFailure::rank");
 static_assert(offsetof(AgreeFailure, pes) == 48, "AgreeFailure::pes");
 static_assert(offsetof(AgreeFailure, rows) == 304, "AgreeFailure::rows");
 
-// ---- The MoE layer's kernels (moe_layer.cu); heap offsets ----
+// ---- The MoE layer's kernels (moe/layer.cu); heap offsets ----
 
 // The MoE layer's kernels (`shmem_moe_route`, `shmem_moe_gather`,
-// `shmem_moe_combine_<dtype>`), each in two phases; see moe_layer.cu and
+// `shmem_moe_combine_<dtype>`), each in two phases; see moe/layer.cu and
 // shmem/src/moe/layer.rs for the wire row's layout.
 struct MoeLayer {
     uint64_t tokens;  // the caller's tokens: max_tokens rows of data_bytes
@@ -369,7 +369,7 @@ struct MoeLayer {
     int top_k;
     int ne;  // experts per PE
     int major_align;
-    int phase;  // 0: the source side; 1: the receiving side (see moe_layer.cu)
+    int phase;  // 0: the source side; 1: the receiving side (see moe/layer.cu)
     uint64_t token_scales;  // pre-quantized tokens' scales: max_tokens × ⌈hidden/128⌉ f32
     uint64_t partials;  // where the combine's expert side writes its partials (stage in the native format)
     uint64_t recv_codes;  // the FP8 view's codes: rows of hidden bytes
@@ -378,7 +378,7 @@ struct MoeLayer {
     int64_t scales_at;  // where a wire row's scales start (the FP8 format)
     int fp8;  // the wire format: 0 native, kFp8Quantize, kFp8PreQuantized
     int dequantize;  // the receiver's phase of the FP8 format: 1 to write the bf16 view too
-    // The node-aware form (moe_layer.cu); all 0 in the flat form.
+    // The node-aware form (moe/layer.cu); all 0 in the flat form.
     uint64_t forward_in;  // the forwarder's input: the rail stage's rows (the route and gather, phase 0)
     uint64_t forward_so;  // 2 × nodes i64: the rail exchange's out splits/offsets
     uint64_t next_so;  // the forwarder's combine: the rail combine exchange's out splits/offsets, poisoned
@@ -387,11 +387,11 @@ struct MoeLayer {
     int origin;  // the rail route: 1 + this PE, carried in the token field (kOriginShift); 0 in the flat form
     int view_n;  // the node stage's receiver: source PEs of the view (the world); 0: the team's
     uint64_t arrivals;  // ne × n u64 arrival flags (n: the view's sources), entry e × n + source, then the epoch
-    // The decode form (moe_decode.cu); 0 in the exchange form.
+    // The decode form (moe/decode.cu); 0 in the exchange form.
     uint64_t decode;  // kDecodeHeadWords + n (5 + 2 ne) u64: the decode form's words (`DecodeWords`)
     uint64_t views;  // n × max_tokens × top_k i32: the view row of each staged slot, -1 for another PE's
     uint64_t error;  // device address of the host-mapped `A2avError` (the routing faults it finds)
-    int lines;  // 1: the decode form's phase in lines (moe_decode.cu), else 0
+    int lines;  // 1: the decode form's phase in lines (moe/decode.cu), else 0
     int pad;  // (`_pad` in the Rust twin)
 };
 // Where the node-aware form's token field carries its source PE.
@@ -399,7 +399,7 @@ constexpr int kOriginShift = 32;
 // `MoeLayer::fp8`: e4m3 on the wire, quantized from bf16 tokens in the
 // gather, or from codes and scales the caller gave.
 constexpr int kFp8Quantize = 1, kFp8PreQuantized = 2;
-// The MoE layer's row kernels (moe_layer.cu) split a row into pieces of
+// The MoE layer's row kernels (moe/layer.cu) split a row into pieces of
 // this many bytes, a block a piece; the host sizes their grids alike
 // (`LAYER_CHUNK_BYTES` in abi.rs). A multiple of 16 and of kQuantGroup.
 constexpr int64_t kLayerChunkBytes = 8192;
@@ -411,15 +411,15 @@ constexpr int64_t kLayerQuantChunk = 2048;
 // global memory, and the source's gather then works a slot at a time, not
 // a token (`LAYER_SHARED_SLOTS` in abi.rs sizes its grid alike).
 constexpr int kLayerSharedSlots = 64;
-// The flat form's route over many blocks (moe_layer.cu's `shmem_moe_rank`
+// The flat form's route over many blocks (moe/layer.cu's `shmem_moe_rank`
 // and `shmem_moe_stamp`) takes a top-k up to this (kRouteFastSlots in
-// layer.cuh) and experts a PE up to kRankKeys, a chunk of kRankChunk
+// moe/layer_rows.cuh) and experts a PE up to kRankKeys, a chunk of kRankChunk
 // tokens or rows a block (`RANK_TOP_K`, `RANK_KEYS`, `RANK_CHUNK` in
 // abi.rs size its grids and scratch alike).
 constexpr int kRankTopK = 8;
 constexpr int kRankKeys = 64;
 constexpr int kRankChunk = kBlockThreads;
-// The decode form (moe_decode.cu): at most this many tokens a PE, this many
+// The decode form (moe/decode.cu): at most this many tokens a PE, this many
 // experts a PE, this top-k, and this many experts in the team (PEs ×
 // experts a PE: the route's rank tables)
 // (`DECODE_MAX_TOKENS`, `DECODE_MAX_EXPERTS`, `DECODE_MAX_PAIRS` in abi.rs);

@@ -64,12 +64,7 @@ fn main() {
         .map(|a| a.split(',').map(|x| x.trim().to_owned()).filter(|x| !x.is_empty()).collect())
         .filter(|a: &Vec<String>| !a.is_empty())
         .unwrap_or_else(|| vec!["90".into()]);
-    let mut sources: Vec<PathBuf> = std::fs::read_dir(&kernels)
-        .expect("the kernels folder")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "cu"))
-        .collect();
-    sources.sort();
+    let sources = files_under(&kernels, "cu");
     // The cache: `target/shmem-kernels/<hash of the inputs>/` (OUT_DIR is
     // target/<profile>/build/<pkg>/out).
     let mut key = std::collections::hash_map::DefaultHasher::new();
@@ -111,7 +106,7 @@ fn main() {
 }
 
 /// Whether this is a profiling build, with the kernels' phase stamps
-/// (`SHMEM_KERNEL_PHASES=1`; see kernels/phases.cuh).
+/// (`SHMEM_KERNEL_PHASES=1`; see kernels/core/phases.cuh).
 fn phases() -> bool {
     std::env::var_os("SHMEM_KERNEL_PHASES").is_some_and(|v| !v.is_empty() && v != "0")
 }
@@ -130,13 +125,25 @@ fn phase_block() -> String {
 
 /// The `.cuh` headers the sources include.
 fn headers(kernels: &Path) -> Vec<PathBuf> {
-    let mut h: Vec<PathBuf> = std::fs::read_dir(kernels)
-        .expect("the kernels folder")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "cuh"))
-        .collect();
-    h.sort();
-    h
+    files_under(kernels, "cuh")
+}
+
+/// The files of extension `ext` in `dir` and its folders, sorted.
+fn files_under(dir: &Path, ext: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut folders = vec![dir.to_path_buf()];
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(&folder).expect("the kernels folder") {
+            let path = entry.expect("the kernels folder").path();
+            if path.is_dir() {
+                folders.push(path);
+            } else if path.extension().is_some_and(|x| x == ext) {
+                found.push(path);
+            }
+        }
+    }
+    found.sort();
+    found
 }
 
 /// How many nvcc run at once: cargo's job count for this build script
@@ -195,7 +202,7 @@ fn build(
                                         "-lineinfo",
                                         "-Xptxas=-v",
                                     ])
-                                    // A profiling build: phase stamps (kernels/phases.cuh).
+                                    // A profiling build: phase stamps (kernels/core/phases.cuh).
                                     .args(phases.then_some("-DSHMEM_PHASES"))
                                     .args(phases.then(phase_block))
                                     .arg("-I")

@@ -119,7 +119,7 @@ pub enum MoeKernels {
 
 /// Data bytes of one 128-byte line of the collectives' line kernels: a
 /// 4-byte flag in each 64-byte half (`LinesOf` in the kernels'
-/// `prims_lines.cuh`). Reductions of 8-byte elements and the MoE line kernel
+/// `prims/lines.cuh`). Reductions of 8-byte elements and the MoE line kernel
 /// carry [`LINE_DATA_BYTES_WIDE`].
 pub const LINE_DATA_BYTES: usize = abi::LINE_DATA_BYTES;
 
@@ -166,7 +166,7 @@ pub const LOW_LATENCY_ROOM_BYTES: usize = abi::LL_MAX_BYTES_SMALL_TEAM;
 
 /// Room for the low-latency packets per sender in a world of `n_pes`: the
 /// most bytes one PE sends another through them (`ll_max_bytes` in the
-/// kernels' `prims_ll.cuh`, which must agree). The lines of
+/// kernels' `prims/ll.cuh`, which must agree). The lines of
 /// [`AllReduceAlgo::LowLatency128`] share their buffer, which is larger
 /// ([`low_latency_buffer_bytes`]).
 pub fn low_latency_room_bytes(n_pes: usize) -> usize {
@@ -181,7 +181,7 @@ pub fn low_latency_room_bytes(n_pes: usize) -> usize {
 /// two epoch parities) in a world of `n_pes`: its packets (16 bytes for 8
 /// of data) and 64 KiB more that only lines use, so that the MoE line
 /// kernel takes 128 tokens of 7168 bf16 with their splits (`ll_buffer_bytes`
-/// in the kernels' `prims_ll.cuh`, which must agree).
+/// in the kernels' `prims/ll.cuh`, which must agree).
 pub fn low_latency_buffer_bytes(n_pes: usize) -> usize {
     2 * low_latency_room_bytes(n_pes) + abi::LINES_SLACK_BYTES
 }
@@ -630,7 +630,7 @@ pub(crate) fn node_aware(shape: NodeShape, asked: AcrossNodes, force_rma: bool) 
 
 /// The share of rail `i` of `count` elements of `elem_bytes` bytes over
 /// `parts` rails (or nodes): whole 16-byte vectors, split as the two-shot
-/// kernels split a vector among PEs (`split` in `prims_simple.cuh`), the
+/// kernels split a vector among PEs (`split` in `prims/simple.cuh`), the
 /// last share ending at `count`. Shares may be empty.
 pub(crate) fn rail_share(count: usize, elem_bytes: usize, i: usize, parts: usize) -> std::ops::Range<usize> {
     let per_vector = (16 / elem_bytes).max(1);

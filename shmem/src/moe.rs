@@ -201,7 +201,7 @@ fn device_kind(kind: OpKind) -> i32 {
     }
 }
 
-/// The error of a failed device-side check (see `kernels/moe.cuh`).
+/// The error of a failed device-side check (see `kernels/moe/a2av.cuh`).
 pub(crate) fn device_check_error(f: DeviceCheckFailure) -> Error {
     let kind = [OpKind::AllToAllV, OpKind::AllToAllV2d, OpKind::AllToAllV2dOffset]
         .get(f.kind as usize)
@@ -399,7 +399,7 @@ impl Team {
             if !own || crate::gpu::capturing(st) || !self.moe_agrees_on_device(g) {
                 return self.all_to_all_v_gpu::<T>(g, &local?, None, skip_if, st).map(drop);
             }
-            // The first kernel agrees on the call (`kernels/moe.cuh`).
+            // The first kernel agrees on the call (`kernels/moe/a2av.cuh`).
             let agreement = self.device_row(&desc, local.as_ref().err());
             let call = match local {
                 Ok(c) => c,

@@ -16,7 +16,7 @@
 //!   GPU backend's own collective kernels and barrier ([`Team::agrees_on_device`])
 //!   and of its MoE all-to-all-v kernels and layer: the call's row travels
 //!   with its kernel, whose first step compares every member's row
-//!   (`kernels/agree.cuh`), so that no PE waits for another on the host.
+//!   (`kernels/core/agree.cuh`), so that no PE waits for another on the host.
 //!   On a mismatch every member's kernel skips the call (and the kernels
 //!   after it in the same call: the MoE forms' data kernel, the node-aware
 //!   MoE layer's exchanges, which its agreement over the world covers),
@@ -493,7 +493,7 @@ pub(crate) fn agreement_error(f: &AgreementFailure) -> Error {
 mod tests {
     use super::*;
 
-    /// The kernels' verdict (`agree` in `kernels/agree.cuh`): every word of
+    /// The kernels' verdict (`agree` in `kernels/core/agree.cuh`): every word of
     /// every member's row equals this PE's, the per-PE word aside.
     fn device_agrees(rows: &[DescRow], me: usize) -> bool {
         rows.iter().all(|r| (0..AGREE_WORDS).all(|w| w == AGREE_PRIVATE_WORD || r[w] == rows[me][w]))

@@ -42,7 +42,7 @@ pub fn tests() -> Vec<Test> {
 
 /// Elements per PE (per block for the blocked collectives): every dtype and
 /// operator runs these. 59 elements end in the 4-byte pieces of a line's
-/// flag lanes (`LinesOf` in `prims_lines.cuh`): 118 bytes of 2-byte types end
+/// flag lanes (`LinesOf` in `prims/lines.cuh`): 118 bytes of 2-byte types end
 /// inside lane 7's, 236 of 4-byte types at the end of lane 3's.
 const SMALL: &[usize] = &[1, 3, 7, 8, 31, 33, 59, 1000, 4099];
 /// The split teams' share of them.

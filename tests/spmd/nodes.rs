@@ -381,7 +381,7 @@ fn gpu_kernels_count_other_nodes_only(env: &Env) -> TestResult {
 /// and the calls replayed from a CUDA graph with fresh inputs. The bytes
 /// each PE puts to other nodes are [`host_node_traffic`]'s, `(N−1)/N` of
 /// the source: exactly on the host backend and in graph replays; an eager
-/// call on the gpu backend also puts its agreement's rows (`agree.cuh`),
+/// call on the gpu backend also puts its agreement's rows (`core/agree.cuh`),
 /// the same bytes at every size. Nothing is read from other nodes.
 fn node_aware_all_to_all(env: &Env) -> TestResult {
     let shape = shape(env)?;

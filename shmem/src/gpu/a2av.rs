@@ -15,12 +15,12 @@ use crate::error::{Error, Result};
 
 /// Input bytes per block of the data kernel's grid unless tuned (the
 /// kernels keep as many working as the busiest PE's bytes need:
-/// `a2av_active` in `moe.cuh`).
+/// `a2av_active` in `moe/a2av.cuh`).
 const A2AV_BYTES_PER_BLOCK: usize = 32 << 10;
 
 /// Input bytes per block of the line kernel's grid unless tuned: one pass
 /// of its 16 warps, 4 lines of 112 data bytes each (`MoeLines` in
-/// `moe_lines.cu`), so that a warp's lines leave in one pass where the grid
+/// `moe/a2av_lines.cu`), so that a warp's lines leave in one pass where the grid
 /// allows (`docs/tuning.md`).
 const A2AV_LINES_BYTES_PER_BLOCK: usize = 16 * 4 * LINE_DATA_BYTES_WIDE;
 

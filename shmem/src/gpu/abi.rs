@@ -86,10 +86,10 @@ pub(crate) const AGREE_HEAD_WORD: usize = 1;
 pub(crate) const AGREE_ERROR_SHIFT: u32 = 24;
 pub(crate) const AGREE_PRIVATE_WORD: usize = 7;
 /// Bytes an eager all-reduce over NVLink may carry in its agreement's
-/// packets (`kAgreeDataBytes`; `allreduce_agreed` in `reduce.cuh`).
+/// packets (`kAgreeDataBytes`; `allreduce_agreed` in `coll/reduce.cuh`).
 pub(crate) const AGREE_DATA_BYTES: usize = 256;
 
-/// The rail pipes of the node-aware collectives (`prims_rail.cuh`): pipe
+/// The rail pipes of the node-aware collectives (`prims/rail.cuh`): pipe
 /// channels between two PEs of one rail in each direction (a kernel's
 /// blocks of each role take one each, so at most half of them a role),
 /// chunks a pipe holds in flight, and a chunk's most bytes
@@ -100,7 +100,7 @@ pub(crate) const RAIL_CHUNK: usize = 64 << 10;
 
 /// `shmem::k::TeamSync` of `abi.cuh`, passed by value: a team's view
 /// of the heap and of its synchronisation state, and the agreement of an
-/// eager collective call (see `kernels/agree.cuh`).
+/// eager collective call (see `kernels/core/agree.cuh`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct TeamSync {
@@ -421,7 +421,7 @@ pub(crate) const A2AV_PAST_INPUT: u32 = 4;
 pub(crate) const A2AV_PAST_OUTPUT: u32 = 5;
 
 /// The route kernel's marker of a bad routing in the first split
-/// (`kRouteBad` of `moe_layer.cu`, reported as an [`A2AV_NEGATIVE_SPLIT`]):
+/// (`kRouteBad` of `moe/layer.cu`, reported as an [`A2AV_NEGATIVE_SPLIT`]):
 /// `ROUTE_BAD - code`, where code 0 is a bad token count and `fault <<
 /// ROUTE_FAULT_SHIFT | (slot + 1)` names the first bad `token × top_k +
 /// slot`, `fault` one of the `ROUTE_*` faults below.
@@ -524,14 +524,14 @@ pub(crate) struct MoeLayer {
     /// `expert × n + source`), the epoch word, the placement counters
     /// (see `MoeAllToAll::arrivals`).
     pub arrivals: u64,
-    /// The decode form (`moe_decode.cu`; 0 in the exchange form): its
+    /// The decode form (`moe/decode.cu`; 0 in the exchange form): its
     /// words, [`decode_words`] u64, zeroed.
     pub decode: u64,
     /// `n × max_tokens × top_k` i32: the view row of each staged slot.
     pub views: u64,
     /// Device address of the host-mapped [`A2avError`] (set by the launcher).
     pub error: u64,
-    /// 1: the decode form's phase in lines (`moe_decode.cu`; see
+    /// 1: the decode form's phase in lines (`moe/decode.cu`; see
     /// `MoeAllToAll::dispatch_lines` and `combine_lines`), else 0.
     pub lines: i32,
     pub _pad: i32,
@@ -553,7 +553,7 @@ pub(crate) const LAYER_QUANT_CHUNK: usize = 2048;
 pub(crate) const LAYER_SHARED_SLOTS: usize = 64;
 
 /// The flat form's route over many blocks (`shmem_moe_rank`,
-/// `shmem_moe_stamp` of moe_layer.cu) takes a top-k up to [`RANK_TOP_K`]
+/// `shmem_moe_stamp` of moe/layer.cu) takes a top-k up to [`RANK_TOP_K`]
 /// and experts a PE up to [`RANK_KEYS`], a chunk of [`RANK_CHUNK`] tokens
 /// or staged rows a block (`kRankTopK`, `kRankKeys`, `kRankChunk` in
 /// abi.cuh; a test checks they agree).
@@ -573,7 +573,7 @@ pub(crate) const DECODE_MAX_PAIRS: usize = 512;
 pub(crate) const DECODE_HEAD_WORDS: usize = 3;
 
 /// The decode form's words on `n` PEs of `experts_per_pe` experts
-/// (`DecodeWords` in moe_decode.cu): the head, then for each member its
+/// (`DecodeWords` in moe/decode.cu): the head, then for each member its
 /// `start`, `data` and `ready` words and, by the operation's parity, two
 /// `info` records of `1 + experts_per_pe` words.
 pub(crate) fn decode_words(n: usize, experts_per_pe: usize) -> usize {
@@ -631,7 +631,7 @@ const _: () = assert!(offset_of!(MoeLayer, phase) == 180);
 pub(crate) const ROUTE_THREADS: usize = THREADS as usize;
 
 /// 64-bit words of one PE's splits in the MoE all-to-all-v's table
-/// (`split_words` of `moe.cuh`): `n × ne`, twice that with offsets.
+/// (`split_words` of `moe/a2av.cuh`): `n × ne`, twice that with offsets.
 pub(crate) fn a2av_split_words(n: usize, ne: usize, with_offsets: bool) -> usize {
     let m = n.saturating_mul(ne);
     if with_offsets {
@@ -642,7 +642,7 @@ pub(crate) fn a2av_split_words(n: usize, ne: usize, with_offsets: bool) -> usize
 }
 
 /// 64-bit words of every PE's splits and the work arrays of the MoE
-/// all-to-all-v's table (`A2avTable` of `moe.cuh`): `n` PEs' splits, then
+/// all-to-all-v's table (`A2avTable` of `moe/a2av.cuh`): `n` PEs' splits, then
 /// `2n` runs of `n × ne + 1` words.
 pub(crate) fn a2av_work_words(n: usize, ne: usize, with_offsets: bool) -> usize {
     let m = n.saturating_mul(ne);
@@ -655,7 +655,7 @@ pub(crate) fn a2av_work_words(n: usize, ne: usize, with_offsets: bool) -> usize 
 pub(crate) const A2AV_SHARED_MAX_BYTES: usize = 46 << 10;
 
 /// Most experts per PE of the MoE line kernel: a warp works out a
-/// destination's chunks a lane each (`A2avLines::warp_chunks` in `moe_lines.cu`).
+/// destination's chunks a lane each (`A2avLines::warp_chunks` in `moe/a2av_lines.cu`).
 pub(crate) const A2AV_LINES_MAX_EXPERTS: usize = 32;
 
 /// Words a chunk of the send plan (`A2avTable::plan`) and of the line

@@ -1,5 +1,5 @@
-//! Launchers of the collective kernels (`move.cu`, `reduce.cuh`, and the
-//! node-aware `move_nodes.cu`, `reduce_nodes.cuh`): the algorithm and
+//! Launchers of the collective kernels (`coll/move.cu`, `coll/reduce.cuh`, and the
+//! node-aware `coll/move_nodes.cu`, `coll/reduce_nodes.cuh`): the algorithm and
 //! protocol come from [`crate::algo`]; here they become a kernel
 //! ([`KernelId`]) and its grid.
 
@@ -237,7 +237,7 @@ impl Kernels {
         unsafe { self.launch5(id, grid, t, dst, src, bytes, root as i32, s) }
     }
 
-    /// Launches a (TeamSync, dst, src, bytes, int) kernel of `move.cu` by
+    /// Launches a (TeamSync, dst, src, bytes, int) kernel of `coll/move.cu` by
     /// the [`protocol`] of `bytes`.
     #[allow(clippy::too_many_arguments)]
     fn launch_move(
@@ -300,7 +300,7 @@ impl Kernels {
         unsafe { self.module.launch(id, grid, 0, s, &mut params) }
     }
 
-    /// Launches a (TeamSync, dst, src, bytes, int) kernel of `move.cu`.
+    /// Launches a (TeamSync, dst, src, bytes, int) kernel of `coll/move.cu`.
     ///
     /// # Safety
     /// The kernel declares these parameters; `dst` and `src` are heap
@@ -331,7 +331,7 @@ impl Kernels {
 }
 
 /// The node-aware collectives of the world team laid out node by node
-/// (`move_nodes.cu`, `reduce_nodes.cuh`), over the rail pipes: `2C` blocks,
+/// (`coll/move_nodes.cu`, `coll/reduce_nodes.cuh`), over the rail pipes: `2C` blocks,
 /// `C` of each role, every one of them resident at once on every PE's GPU
 /// (blocks of one PE wait on blocks of another, and those on the first's).
 impl Kernels {

@@ -8,7 +8,7 @@ use super::abi::A2avKind;
 use crate::algo::Protocol;
 use crate::dtype::{DType, ReduceOp};
 
-/// A data-movement kernel family of `move.cu`.
+/// A data-movement kernel family of `coll/move.cu`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Movement {
     AllGather,
@@ -41,7 +41,7 @@ fn protocol_suffix(p: Protocol) -> &'static str {
     }
 }
 
-/// A reduction kernel family of `reduce.cuh`.
+/// A reduction kernel family of `coll/reduce.cuh`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ReduceKernel {
     AllReduceLowLatency,
@@ -56,10 +56,10 @@ pub(crate) enum ReduceKernel {
     ReduceScatterLowLatency,
     ReduceScatterLowLatency128,
     ReduceScatterPush,
-    /// The node-aware chain in PE order (`reduce_nodes.cuh`).
+    /// The node-aware chain in PE order (`coll/reduce_nodes.cuh`).
     AllReduceNodes,
     ReduceScatterNodes,
-    /// The node-aware forms in the node-grouped order (`reduce_nodes.cuh`).
+    /// The node-aware forms in the node-grouped order (`coll/reduce_nodes.cuh`).
     AllReduceGrouped,
     ReduceScatterGrouped,
 }
@@ -187,25 +187,25 @@ plain_kernels! {
     /// The agreement of an eager collective call alone.
     Agree => "shmem_agree",
     BroadcastPull => "shmem_broadcast_pull",
-    /// Of `overlap.cu`.
+    /// Of `coll/overlap.cu`.
     CopySm => "shmem_copy_sm",
     /// The two-kernel MoE all-to-all-v.
     A2avPlan => "shmem_a2av_plan",
     A2avMove => "shmem_a2av_move",
-    /// Of `moe_layer.cu`.
+    /// Of `moe/layer.cu`.
     MoeRoute => "shmem_moe_route",
     MoeGather => "shmem_moe_gather",
     /// A host-initiated atomic through NVSHMEM.
     Amo => "shmem_amo",
-    /// The node-aware data movement of `move_nodes.cu`.
+    /// The node-aware data movement of `coll/move_nodes.cu`.
     AllGatherNodes => "shmem_allgather_nodes",
     BroadcastNodes => "shmem_broadcast_nodes",
     AllToAllNodes => "shmem_alltoall_nodes",
-    /// The node-aware MoE layer's agreement over the world (`moe_layer.cu`).
+    /// The node-aware MoE layer's agreement over the world (`moe/layer.cu`).
     MoeAgree => "shmem_moe_agree",
     /// The broadcast relayed by the members.
     BroadcastRelay => "shmem_broadcast_relay",
-    /// The flat MoE layer's route over many blocks (`moe_layer.cu`), and
+    /// The flat MoE layer's route over many blocks (`moe/layer.cu`), and
     /// both steps in one launch where its grid is resident at once.
     MoeRank => "shmem_moe_rank",
     MoeStamp => "shmem_moe_stamp",
@@ -217,11 +217,11 @@ plain_kernels! {
 pub(crate) enum KernelId {
     /// A kernel without arguments of its own ([`Plain`]).
     Plain(Plain),
-    /// `shmem_sum_slots_{dtype}` of `overlap.cu` (f32, f16, bf16).
+    /// `shmem_sum_slots_{dtype}` of `coll/overlap.cu` (f32, f16, bf16).
     SumSlots(DType),
     /// `shmem_moe_combine_{dtype}` (f32, f64, f16, bf16).
     MoeCombine(DType),
-    /// `shmem_moe_decode_{dtype}` of `moe_decode.cu` (f32, f64, f16,
+    /// `shmem_moe_decode_{dtype}` of `moe/decode.cu` (f32, f64, f16,
     /// bf16): the MoE layer's decode form, its dispatch and its combine.
     MoeDecode(DType),
     /// `shmem_a2av_fused_{kind}`: the one-kernel MoE all-to-all-v.
@@ -303,7 +303,7 @@ impl KernelId {
     /// Whether the kernel is launched by programmatic dependent launch
     /// (`CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`): its launch
     /// overlaps the end of the kernel before it on the stream, which it
-    /// waits for as its first step (`follow_stream` in `team_sync.cuh`),
+    /// waits for as its first step (`follow_stream` in `core/team_sync.cuh`),
     /// which shortens the gap between kernels (`docs/tuning.md`). Every kernel
     /// this says so of must begin with that wait: the collectives, the MoE
     /// all-to-all-v and `MoeAllToAll`'s route, gather and combine kernels;
@@ -489,8 +489,19 @@ mod tests {
     fn defined_kernels() -> Vec<Defined> {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels");
         let mut found = Vec::new();
-        for entry in std::fs::read_dir(&dir).expect("kernels/ is beside the crate") {
-            let path = entry.unwrap().path();
+        let mut files = Vec::new();
+        let mut folders = vec![dir];
+        while let Some(folder) = folders.pop() {
+            for entry in std::fs::read_dir(&folder).expect("kernels/ is beside the crate") {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    folders.push(path);
+                } else {
+                    files.push(path);
+                }
+            }
+        }
+        for path in files {
             let text = std::fs::read_to_string(&path).unwrap().replace('\\', " ");
             for (at, _) in text.match_indices("__global__") {
                 let rest = text[at + "__global__".len()..].trim_start();

@@ -2,8 +2,8 @@
 //! them: [`Kernels`] is the loaded cubin with the kernels' state (its
 //! layout after the heap, each team's view, the MoE error record). Their
 //! launchers live beside it, one file per kernel family: `collectives.rs`
-//! (`move.cu`, `reduce.cuh`), `a2av.rs` (`moe_*.cu`), `moe_layer.rs`
-//! (`moe_layer.cu`) and `overlap.rs` (`overlap.cu`).
+//! (`coll/move.cu`, `coll/reduce.cuh`), `a2av.rs` (`moe_*.cu`), `moe_layer.rs`
+//! (`moe/layer.cu`) and `overlap.rs` (`coll/overlap.cu`).
 
 use super::abi::{MAX_BLOCKS, RMA_BLOCKS, THREADS};
 use super::kernel_id::{KernelId, Plain};

@@ -36,7 +36,7 @@ impl Layout {
 
     /// A team's synchronisation slot: the signal arrays and epoch
     /// counters, then the one-kernel MoE all-to-all-v's counters and its
-    /// two buffers of splits packets (`A2avPackets` in `moe.cuh`), then the
+    /// two buffers of splits packets (`A2avPackets` in `moe/a2av.cuh`), then the
     /// agreement's state (`TeamSync::agree_base` in `abi.cuh`).
     pub(super) fn slot_bytes(&self) -> usize {
         ((SIGNAL_ARRAYS * MAX_BLOCKS * self.n + EPOCH_COUNTERS) * 8).next_multiple_of(STATE_ALIGN)
@@ -64,7 +64,7 @@ impl Layout {
         self.slot(TEAM_SLOTS)
     }
 
-    /// The push all-reduce's flags and staging (`Push` in `prims_push.cuh`),
+    /// The push all-reduce's flags and staging (`Push` in `prims/push.cuh`),
     /// for worlds of up to `PUSH_MAX_TEAM` PEs.
     fn push(&self) -> usize {
         self.ll() + 2 * self.n * low_latency_buffer_bytes(self.n)
@@ -82,7 +82,7 @@ impl Layout {
         self.push() + self.push_bytes()
     }
 
-    /// This PE's MoE all-to-all-v table (`A2avTable` in `moe.cuh`).
+    /// This PE's MoE all-to-all-v table (`A2avTable` in `moe/a2av.cuh`).
     pub(super) fn a2av(&self) -> usize {
         self.temp() + RMA_BLOCKS * self.n * RMA_CHUNK
     }
@@ -93,7 +93,7 @@ impl Layout {
         self.a2av() + A2AV_TABLE_WORDS * 8
     }
 
-    /// The rail pipes' state (`Rail` in `prims_rail.cuh`), where the world
+    /// The rail pipes' state (`Rail` in `prims/rail.cuh`), where the world
     /// spans nodes, after everything else: for each of [`RAIL_CHANNELS`]
     /// channels and each node, [`RAIL_DEPTH`] step words, a credit, a sent
     /// and a taken count (rounded up to [`STATE_ALIGN`]); then the inboxes

@@ -1,4 +1,4 @@
-//! Launchers of the MoE layer's own kernels (`moe_layer.cu`): local, on
+//! Launchers of the MoE layer's own kernels (`moe/layer.cu`): local, on
 //! the world's view, each in the phase its [`MoeLayer`] names.
 
 use super::abi::{
@@ -74,7 +74,7 @@ const DECODE_WIDE_COMBINE_TOKENS: usize = 32;
 
 /// Whether a layer of `max_tokens` tokens a PE, `top_k` and
 /// `experts_per_pe` on `n` PEs fits the decode form's kernels
-/// (`moe_decode.cu`): their limits, the team's experts (PEs × experts a PE)
+/// (`moe/decode.cu`): their limits, the team's experts (PEs × experts a PE)
 /// among them. The team's links and the GPUs' blocks are the caller's to
 /// check ([`Kernels::decode_blocks`]).
 pub(crate) fn decode_fits(max_tokens: usize, top_k: usize, experts_per_pe: usize, n: usize) -> bool {
@@ -86,7 +86,7 @@ pub(crate) fn decode_fits(max_tokens: usize, top_k: usize, experts_per_pe: usize
 
 /// Whether the decode form's combine of `max_tokens` tokens a PE, rows of
 /// `row_bytes`, may send its partials in lines on a world of `n` PEs
-/// (`MoeLayer::lines`, `decode_combine_lines` in moe_decode.cu): a head
+/// (`MoeLayer::lines`, `decode_combine_lines` in moe/decode.cu): a head
 /// line and a member's partials for one source (at most `max_tokens`
 /// rows, each from a fresh line) within one sender's low-latency buffer.
 pub(crate) fn combine_lines_fit(n: usize, max_tokens: usize, row_bytes: usize) -> bool {
@@ -98,7 +98,7 @@ pub(crate) fn combine_lines_fit(n: usize, max_tokens: usize, row_bytes: usize) -
 /// Whether the decode form's dispatch of `max_tokens` tokens a PE, rows
 /// of `row_bytes` in the native format, `experts_per_pe` experts a PE, may
 /// send its rows in lines on a world of `n` PEs (`decode_dispatch_lines`
-/// in moe_decode.cu): the head (`1 + experts_per_pe` words) and this PE's
+/// in moe/decode.cu): the head (`1 + experts_per_pe` words) and this PE's
 /// rows for one member (at most `max_tokens` records, each a metadata
 /// line and the row's lines) within one sender's low-latency buffer.
 pub(crate) fn dispatch_lines_fit(n: usize, max_tokens: usize, row_bytes: usize, experts_per_pe: usize) -> bool {

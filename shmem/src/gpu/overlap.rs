@@ -1,5 +1,5 @@
 //! Launchers of the local kernels of the overlapped matmuls
-//! (`overlap.cu`): a copy by SMs and the sum of slots.
+//! (`coll/overlap.cu`): a copy by SMs and the sum of slots.
 
 use super::abi::{MAX_BLOCKS, THREADS};
 use super::kernel_id::{KernelId, Plain};

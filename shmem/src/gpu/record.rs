@@ -99,7 +99,7 @@ impl Drop for Mapped {
 }
 
 /// The word the kernels' waits look at to give up on a dead peer
-/// (`shmem_peer_died` in the kernels' `team_sync.cuh`): the host sets it
+/// (`shmem_peer_died` in the kernels' `core/team_sync.cuh`): the host sets it
 /// once it sees a PE of the job die ([`PeerDied::set`]).
 pub(super) struct PeerDied {
     mapped: Mapped,
@@ -245,7 +245,7 @@ mod tests {
 
     #[test]
     fn a_record_unpacks_as_the_kernels_pack_it() {
-        // `err_code` of moe.cuh, with the kind added by `a2av_report`.
+        // `err_code` of moe/a2av.cuh, with the kind added by `a2av_report`.
         let code = (A2AV_PAST_OUTPUT as u64) << 56 | 5 << 32 | 7 | (A2avKind::TwoD as u64) << 52;
         let f = DeviceCheckFailure::of(&A2avError { code, value: -3, count: 2, limit: 9 });
         assert_eq!(

@@ -1,7 +1,7 @@
 //! [`MoeAllToAll`]'s device path on the GPU backend: the route and gather
 //! kernels, the 1D all-to-all-v of wire rows, the receiver's expansion,
-//! the combine's two phases (see `kernels/moe_layer.cu`); and the decode
-//! form, a kernel for each (`kernels/moe_decode.cu`), where every PE is
+//! the combine's two phases (see `kernels/moe/layer.cu`); and the decode
+//! form, a kernel for each (`kernels/moe/decode.cu`), where every PE is
 //! reached over NVLink and the configuration fits it. Nothing waits on
 //! the host, so a dispatch and a combine can be captured in a CUDA graph.
 

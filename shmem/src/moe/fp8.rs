@@ -115,7 +115,7 @@ impl MoeAllToAll<bf16> {
 
     /// [`MoeAllToAll::dispatch_fp8`] with everything on the device (as
     /// [`MoeAllToAll::dispatch_on_device`]; capturable): on the GPU backend
-    /// the gather kernel quantizes each token (`kernels/quant.cuh`, bit for
+    /// the gather kernel quantizes each token (`kernels/moe/quant.cuh`, bit for
     /// bit [`quant`]) and the expansion places codes and scales and, with
     /// [`Fp8Out::Bf16`], dequantizes. Returns the whole receive buffers;
     /// [`MoeAllToAll::device_layout`] says where each expert's rows lie.
