@@ -13,18 +13,12 @@
 //! [`Backend::gpu`] and the host one through [`Backend::host`].
 
 use crate::control::Control;
+pub(crate) use crate::desc::{On, Signal, Transfer};
 use crate::dtype::{AtomicElement, AtomicOp, Element};
 use crate::error::Result;
 use crate::gpu::{GpuWorld, TEAM_INVALID};
 use crate::host::HostHeap;
-use cudarc::driver::CudaStream;
 use std::sync::atomic::{fence, Ordering};
-use std::sync::Arc;
-
-/// The stream an operation is issued on: the public stream's CUDA stream
-/// ([`crate::Stream::cuda_stream`]), `None` for the context's own. The
-/// host backend has none and completes every operation at once.
-pub(crate) type On<'a> = Option<&'a Arc<CudaStream>>;
 
 /// The data plane of a context.
 pub(crate) enum Backend {
@@ -32,38 +26,6 @@ pub(crate) enum Backend {
     Host(HostHeap),
     /// NVSHMEM's symmetric heap and shmem's kernels on CUDA streams.
     Gpu(Box<GpuWorld>),
-}
-
-/// A one-sided copy between this PE's heap and `pe`'s: `bytes` from heap
-/// offset `src` to heap offset `dst`, from this PE to `pe` where `put`,
-/// else from `pe` to this PE.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Transfer {
-    pub(crate) put: bool,
-    pub(crate) dst: usize,
-    pub(crate) src: usize,
-    pub(crate) bytes: usize,
-    pub(crate) pe: usize,
-}
-
-impl Transfer {
-    /// (PE, offset) of the destination and of the source, for PE `me`.
-    fn ends(&self, me: usize) -> ((usize, usize), (usize, usize)) {
-        match self.put {
-            true => ((self.pe, self.dst), (me, self.src)),
-            false => ((me, self.dst), (self.pe, self.src)),
-        }
-    }
-}
-
-/// A signal update: `value` stored into (or added to, where `add`) the
-/// u64 at heap offset `offset` of PE `pe`.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Signal {
-    pub(crate) offset: usize,
-    pub(crate) value: u64,
-    pub(crate) add: bool,
-    pub(crate) pe: usize,
 }
 
 /// Every method takes offsets and PEs that the public layer checked:

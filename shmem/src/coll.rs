@@ -6,6 +6,7 @@
 use crate::algo;
 use crate::buffer::SymSlice;
 use crate::context::{Context, Stream};
+use crate::desc::Collective;
 use crate::dtype::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::gpu::coll::GpuTeam;
@@ -21,7 +22,7 @@ struct Call<'a, 'b, T: Element> {
     root: usize,
 }
 
-pub(crate) use crate::gpu::coll::DeviceAgreement;
+pub(crate) use crate::desc::DeviceAgreement;
 
 impl Team {
     /// Checks the call locally and returns (dst, src) with how the team
@@ -151,7 +152,8 @@ impl Team {
             }
             Ok(false)
         })?;
-        self.run::<T>(OpKind::Broadcast, d, s, None, root, agreement, _stream)
+        let c = Collective { kind: OpKind::Broadcast, dst: d, src: s, op: None, root, agreement };
+        self.run::<T>(c, _stream)
     }
 
     /// Gathers every PE's `src` into `dst` (`n_pes × src.len()`
@@ -178,7 +180,8 @@ impl Team {
             }
             Ok(s == mine(d, s) && n > 1)
         })?;
-        self.run::<T>(OpKind::AllGather, d, s, None, 0, agreement, _stream)
+        let c = Collective { kind: OpKind::AllGather, dst: d, src: s, op: None, root: 0, agreement };
+        self.run::<T>(c, _stream)
     }
 
     /// Reduces every PE's `src` element-wise into every PE's `dst`.
@@ -203,7 +206,8 @@ impl Team {
             }
             Ok(false)
         })?;
-        self.run::<T>(OpKind::AllReduce, d, s, Some(op), 0, agreement, _stream)
+        let c = Collective { kind: OpKind::AllReduce, dst: d, src: s, op: Some(op), root: 0, agreement };
+        self.run::<T>(c, _stream)
     }
 
     /// Reduces every PE's `src` (`n_pes × dst.len()` elements) and leaves
@@ -231,7 +235,8 @@ impl Team {
             }
             Ok(d == mine && n > 1)
         })?;
-        self.run::<T>(OpKind::ReduceScatter, d, s, Some(op), 0, agreement, _stream)
+        let c = Collective { kind: OpKind::ReduceScatter, dst: d, src: s, op: Some(op), root: 0, agreement };
+        self.run::<T>(c, _stream)
     }
 
     /// Sends block `j` of this PE's `src` to PE `j`, which stores it as
@@ -260,30 +265,21 @@ impl Team {
             }
             Ok(false)
         })?;
-        self.run::<T>(OpKind::AllToAll, d, s, None, 0, agreement, _stream)
+        let c = Collective { kind: OpKind::AllToAll, dst: d, src: s, op: None, root: 0, agreement };
+        self.run::<T>(c, _stream)
     }
 
     /// Runs a call that `begin` checked and agreed on (or left to the
     /// device to agree on) on this team's backend.
-    #[allow(clippy::too_many_arguments)]
-    fn run<T: Element>(
-        &self,
-        kind: OpKind,
-        d: Region,
-        s: Region,
-        op: Option<ReduceOp>,
-        root: usize,
-        agreement: Option<DeviceAgreement>,
-        stream: &Stream,
-    ) -> Result<()> {
+    fn run<T: Element>(&self, c: Collective, stream: &Stream) -> Result<()> {
         let Some(t) = self.host() else {
             let on = stream.cuda_stream();
-            let r = self.on_gpu(|t| t.collective::<T>(kind, d, s, op, root, agreement, on));
+            let r = self.on_gpu(|t| t.collective::<T>(c, on));
             return self.ctx.report(r.expect("the gpu backend, where not the host's"));
         };
-        let op = op.unwrap_or(ReduceOp::Sum);
-        match kind {
-            OpKind::Broadcast => t.broadcast::<T>(d, s, root),
+        let (d, s, op) = (c.dst, c.src, c.op.unwrap_or(ReduceOp::Sum));
+        match c.kind {
+            OpKind::Broadcast => t.broadcast::<T>(d, s, c.root),
             OpKind::AllGather => t.all_gather::<T>(d, s),
             OpKind::AllReduce => t.all_reduce::<T>(d, s, op),
             OpKind::ReduceScatter => t.reduce_scatter::<T>(d, s, op),

@@ -29,6 +29,7 @@ mod coll;
 pub mod config;
 mod context;
 mod control;
+mod desc;
 mod dtype;
 mod error;
 pub mod fp8;

@@ -8,18 +8,14 @@ use super::abi::MAX_TEAM;
 use super::kernels::Kernels;
 use super::{capturing, check, dispatch, CudaCall, GpuWorld, Protocols, TEAM_INVALID};
 use crate::algo::{self, Collectives, Solo};
-use crate::backend::On;
 use crate::control::op::OpKind;
 use crate::control::team::TeamState;
-use crate::control::{Control, DescRow};
+use crate::control::Control;
+use crate::desc::{Collective, DeviceAgreement, On};
 use crate::dtype::{Element, ReduceOp};
 use crate::error::{Error, Result};
-use crate::heap::{overlap, Allocator, Region, Scratch};
+use crate::heap::{overlap, Allocator, Scratch};
 use std::sync::Mutex;
-
-/// A call that its kernel agrees on (see `Team::agrees_on_device`): the
-/// agreement's epoch and this PE's row.
-pub(crate) type DeviceAgreement = (u64, DescRow);
 
 /// One PE's view of a team on the gpu backend, for the length of one call.
 pub(crate) struct GpuTeam<'a> {
@@ -143,17 +139,8 @@ impl GpuTeam<'_> {
     /// With `agreement`, the kernel agrees on the call first (and host-issued
     /// work waits for its verdict). Its callers report a failure the device
     /// found in an earlier call once it is issued (`Inner::report`).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn collective<T: Element>(
-        &self,
-        kind: OpKind,
-        d: Region,
-        s: Region,
-        op: Option<ReduceOp>,
-        root: usize,
-        agreement: Option<DeviceAgreement>,
-        stream: On<'_>,
-    ) -> Result<()> {
+    pub(crate) fn collective<T: Element>(&self, c: Collective, stream: On<'_>) -> Result<()> {
+        let Collective { kind, dst: d, src: s, op, root, agreement } = c;
         let (g, cfg) = (self.g, self.cfg);
         let st = g.stream(stream);
         let elem = size_of::<T>();
