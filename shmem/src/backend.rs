@@ -283,6 +283,32 @@ impl Backend {
         }
     }
 
+    /// `c = a · b` on this PE's heap (`a` is `rows × k`, `b` `k × n`, at
+    /// heap offsets `a`, `b`, `c`; f32, f16, bf16, accumulated in f32):
+    /// cuBLAS on the stream on the gpu backend, the rayon pool on the host.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gemm<T: Element>(
+        &self,
+        me: usize,
+        (a, b, c): (usize, usize, usize),
+        (rows, k, n): (usize, usize, usize),
+        pool: &rayon::ThreadPool,
+        s: On<'_>,
+    ) -> Result<()> {
+        match self {
+            Backend::Host(h) => {
+                h.gemm::<T>(pool, me, (a, b, c), (rows, k, n));
+                Ok(())
+            }
+            Backend::Gpu(g) => {
+                let blas = g.blas()?;
+                let blas = blas.as_ref().expect("made by blas()");
+                // SAFETY: checked regions of this PE's heap.
+                unsafe { blas.gemm(T::DTYPE, g.addr(a), g.addr(b), g.addr(c), rows, k, n, g.stream(s)) }
+            }
+        }
+    }
+
     /// Where `pe`'s heap byte `offset` lies for this PE's loads and stores:
     /// a host address on the host backend, a device address on the gpu
     /// backend (`None` where `pe` is not reachable over NVLink).

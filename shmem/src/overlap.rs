@@ -30,10 +30,9 @@ use crate::context::Stream;
 use crate::control::DESC_WORDS;
 use crate::dtype::{DType, Element, ReduceOp};
 use crate::error::{Error, Result};
-use crate::gpu::blas::Blas;
+use crate::gpu::coll::GpuTeam;
 use crate::heap::overlap;
 use crate::team::{Desc, OpKind, Team};
-use rayon::prelude::*;
 
 /// Blocks of the SM copy kernel beside a GEMM: few, so that the GEMM keeps
 /// most of the 132 SMs.
@@ -93,30 +92,6 @@ fn supported<T: Element>(op: &'static str) -> Result<()> {
     match T::DTYPE {
         DType::F32 | DType::F16 | DType::BF16 => Ok(()),
         other => Err(Error::UnsupportedOp { op, dtype: other.name() }),
-    }
-}
-
-fn to_f32<T: Element>(x: T) -> f32 {
-    // SAFETY: T is the type DTYPE names (the Element contract).
-    unsafe {
-        match T::DTYPE {
-            DType::F32 => std::mem::transmute_copy::<T, f32>(&x),
-            DType::F16 => std::mem::transmute_copy::<T, half::f16>(&x).to_f32(),
-            DType::BF16 => std::mem::transmute_copy::<T, half::bf16>(&x).to_f32(),
-            _ => unreachable!("checked by `supported`"),
-        }
-    }
-}
-
-fn from_f32<T: Element>(x: f32) -> T {
-    // SAFETY: as in to_f32.
-    unsafe {
-        match T::DTYPE {
-            DType::F32 => std::mem::transmute_copy::<f32, T>(&x),
-            DType::F16 => std::mem::transmute_copy::<half::f16, T>(&half::f16::from_f32(x)),
-            DType::BF16 => std::mem::transmute_copy::<half::bf16, T>(&half::bf16::from_f32(x)),
-            _ => unreachable!("checked by `supported`"),
-        }
     }
 }
 
@@ -198,37 +173,20 @@ impl Team {
         let rows = self.exchange_call(OP, &desc, local.as_ref().err(), stream)?;
         let (ro, rc, ra, rb, s, own_block) = local?;
         self.agree(&rows)?;
-        match self.ctx.backend.gpu() {
-            None => {
-                self.all_gather(a_out, a_shard, stream)?;
-                self.host_gemm::<T>(ro.offset, rb.offset, rc.offset, np * s.m, s.k, s.n);
-                Ok(())
-            }
-            Some(g) => {
-                let nvlink = self.nvlink();
-                if how.comm == OverlapComm::Sequential || !nvlink || np == 1 {
-                    self.all_gather(a_out, a_shard, stream)?;
-                    let st = g.stream(stream.cuda_stream());
-                    let blas = self.blas()?;
-                    let blas = blas.as_ref().expect("made by blas()");
-                    // SAFETY: checked regions of this PE's heap.
-                    return unsafe {
-                        blas.gemm(
-                            T::DTYPE,
-                            g.addr(ro.offset),
-                            g.addr(rb.offset),
-                            g.addr(rc.offset),
-                            np * s.m,
-                            s.k,
-                            s.n,
-                            st,
-                        )
-                    };
-                }
-                // The sequential forms report through their collective.
-                self.ctx.report(self.gpu_all_gather_matmul::<T>(ro, rc, ra, rb, s, own_block, how, stream))
-            }
+        if !self.fused(how) {
+            self.all_gather(a_out, a_shard, stream)?;
+            let me = self.ctx.me;
+            let on = stream.cuda_stream();
+            return self.ctx.backend.gemm::<T>(
+                me,
+                (ro.offset, rb.offset, rc.offset),
+                (np * s.m, s.k, s.n),
+                &self.ctx.pool,
+                on,
+            );
         }
+        // The sequential forms report through their collective.
+        self.ctx.report(self.gpu_all_gather_matmul::<T>(ro, rc, ra, rb, s, own_block, how, stream))
     }
 
     /// Multiplies this PE's `a` (`m × k`) by its `b` (`k × n`) and
@@ -297,35 +255,13 @@ impl Team {
         let (rc, ra, rb, rw, s) = local?;
         self.agree(&rows)?;
         let partials = SymSlice { buf: ws.buf, start: ws.start, end: ws.start + s.m * s.n };
-        match self.ctx.backend.gpu() {
-            None => {
-                self.host_gemm::<T>(ra.offset, rb.offset, rw.offset, s.m, s.k, s.n);
-                self.reduce_scatter(out, partials, ReduceOp::Sum, stream)
-            }
-            Some(g) => {
-                if how.comm == OverlapComm::Sequential || !self.nvlink() || np == 1 {
-                    {
-                        let blas = self.blas()?;
-                        let blas = blas.as_ref().expect("made by blas()");
-                        // SAFETY: checked regions of this PE's heap.
-                        unsafe {
-                            blas.gemm(
-                                T::DTYPE,
-                                g.addr(ra.offset),
-                                g.addr(rb.offset),
-                                g.addr(rw.offset),
-                                s.m,
-                                s.k,
-                                s.n,
-                                g.stream(stream.cuda_stream()),
-                            )?
-                        };
-                    }
-                    return self.reduce_scatter(out, partials, ReduceOp::Sum, stream);
-                }
-                self.ctx.report(self.gpu_matmul_reduce_scatter::<T>(rc, ra, rb, rw, s, how, stream))
-            }
+        if !self.fused(how) {
+            let me = self.ctx.me;
+            let on = stream.cuda_stream();
+            self.ctx.backend.gemm::<T>(me, (ra.offset, rb.offset, rw.offset), (s.m, s.k, s.n), &self.ctx.pool, on)?;
+            return self.reduce_scatter(out, partials, ReduceOp::Sum, stream);
         }
+        self.ctx.report(self.gpu_matmul_reduce_scatter::<T>(rc, ra, rb, rw, s, how, stream))
     }
 
     /// The descriptor exchange of an overlapped matmul: every PE's rows,
@@ -343,56 +279,13 @@ impl Team {
         self.exchange(desc, err)
     }
 
-    /// Whether every member is reached over NVLink (and RMA is not forced).
-    fn nvlink(&self) -> bool {
-        let g = self.ctx.backend.gpu().expect("gpu backend");
-        let force = self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner()).force_rma;
-        !force && self.state.members.iter().all(|&pe| g.peer_base[pe].is_some())
-    }
-
-    /// This PE's cuBLAS state, made on first use.
-    fn blas(&self) -> Result<std::sync::MutexGuard<'_, Option<Blas>>> {
-        let g = self.ctx.backend.gpu().expect("gpu backend");
-        let mut guard = g.blas.lock().unwrap_or_else(|e| e.into_inner());
-        if guard.is_none() {
-            *guard = Some(Blas::new(g)?);
-        }
-        Ok(guard)
-    }
-
-    /// `c = a · b` on this PE's heap (host backend): rows in parallel, each
-    /// element accumulated in f32 over k in order.
-    fn host_gemm<T: Element>(&self, a: usize, b: usize, c: usize, rows: usize, k: usize, n: usize) {
-        let me = self.state.members[self.my_pe()];
-        let base = self.ctx.host_heap().heap_ptr(me, 0) as usize;
-        // SAFETY: checked, non-overlapping regions of this PE's heap that no
-        // peer writes during the call.
-        let (a, b) = unsafe {
-            (
-                std::slice::from_raw_parts((base + a) as *const T, rows * k),
-                std::slice::from_raw_parts((base + b) as *const T, k * n),
-            )
-        };
-        let bf: Vec<f32> = b.iter().map(|&x| to_f32(x)).collect();
-        // SAFETY: as above; `c` is written by this PE only.
-        let c = unsafe { std::slice::from_raw_parts_mut((base + c) as *mut T, rows * n) };
-        if n == 0 {
-            return;
-        }
-        self.ctx.pool.install(|| {
-            c.par_chunks_mut(n).enumerate().for_each(|(i, row)| {
-                let mut acc = vec![0f32; n];
-                for (kk, &x) in a[i * k..(i + 1) * k].iter().enumerate() {
-                    let x = to_f32(x);
-                    for (acc, &y) in acc.iter_mut().zip(&bf[kk * n..(kk + 1) * n]) {
-                        *acc += x * y;
-                    }
-                }
-                for (o, v) in row.iter_mut().zip(acc) {
-                    *o = from_f32(v);
-                }
-            })
-        });
+    /// Whether the call takes a fused form: the gpu backend, asked for one,
+    /// a team of two or more, every member over NVLink (RMA not forced);
+    /// else the collective and one GEMM in sequence.
+    fn fused(&self, how: Overlap) -> bool {
+        let nvlink =
+            |t: &GpuTeam<'_>| !t.cfg.force_rma && t.state.members.iter().all(|&pe| t.g.peer_base[pe].is_some());
+        how.comm != OverlapComm::Sequential && self.n_pes() > 1 && self.on_gpu(nvlink).unwrap_or(false)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -413,7 +306,7 @@ impl Team {
         let members = &self.state.members;
         let t = k.team(self.state.slot, members, false)?;
         let st = g.stream(stream.cuda_stream());
-        let mut guard = self.blas()?;
+        let mut guard = g.blas()?;
         let blas = guard.as_mut().expect("made by blas()");
         let (row_bytes, shard_bytes) = (s.k * elem, s.m * s.k * elem);
         let c = how.chunks.min(s.m).max(1);
@@ -505,7 +398,7 @@ impl Team {
         let members = &self.state.members;
         let t = k.team(self.state.slot, members, false)?;
         let st = g.stream(stream.cuda_stream());
-        let mut guard = self.blas()?;
+        let mut guard = g.blas()?;
         let blas = guard.as_mut().expect("made by blas()");
         let m_out = s.m / np;
         let slot_bytes = m_out * s.n * elem;

@@ -493,6 +493,15 @@ unsafe fn peer_ptr(nv: &Nv, addr: u64, pe: usize) -> Result<u64> {
 /// Host-initiated operations on this PE's stream (the caller's, or the
 /// context's own when the caller passed a host stream).
 impl GpuWorld {
+    /// This PE's cuBLAS state, made on first use.
+    pub(crate) fn blas(&self) -> Result<std::sync::MutexGuard<'_, Option<blas::Blas>>> {
+        let mut guard = self.blas.lock().unwrap_or_else(|e| e.into_inner());
+        if guard.is_none() {
+            *guard = Some(blas::Blas::new(self)?);
+        }
+        Ok(guard)
+    }
+
     /// The context's own stream.
     pub(crate) fn own_stream(&self) -> &Arc<CudaStream> {
         &self.own

@@ -14,6 +14,7 @@
 
 pub(crate) mod asan;
 pub(crate) mod coll;
+pub(crate) mod gemm;
 pub(crate) mod nodes;
 pub(crate) mod rma;
 pub(crate) mod shm;
