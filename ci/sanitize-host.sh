@@ -4,7 +4,7 @@
 #   1. AddressSanitizer (with LeakSanitizer): the unit tests of shmem and
 #      shmem-sys, then the SPMD suite on 1-4 PEs, whose PEs are the same ASan
 #      build. In ASan builds every PE also poisons the bytes of the symmetric
-#      heap that no live buffer covers (shmem/src/host/asan.rs), so an access
+#      heap that no live buffer covers (shmem/src/heap/asan.rs), so an access
 #      outside a buffer is an ASan error even inside the shared mapping.
 #   2. Miri: the unit tests that Miri can run (pure logic and the unsafe code
 #      that needs no sockets, processes or mappings; the others are ignored

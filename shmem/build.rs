@@ -17,7 +17,7 @@
 //!
 //! A build with AddressSanitizer (`-Zsanitizer=address` in the target's
 //! rustflags) also gets cfg `shmem_asan`: the host backend then tells ASan
-//! which bytes of the symmetric heap no buffer covers (`src/host/asan.rs`).
+//! which bytes of the symmetric heap no buffer covers (`src/heap/asan.rs`).
 
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};

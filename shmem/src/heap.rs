@@ -7,8 +7,10 @@
 //! PEs at each allocation, so a PE that allocated or freed differently is
 //! caught there rather than corrupting the heap.
 
+pub(crate) mod asan;
+
 use crate::error::{Error, Result};
-use crate::host::asan::HeapMarks;
+use crate::heap::asan::HeapMarks;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 

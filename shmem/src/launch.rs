@@ -568,7 +568,7 @@ fn remove_host_heap_leftovers(pids: &[u32], since: std::time::SystemTime) {
     for entry in dir.flatten() {
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        if !pids.iter().any(|&pid| crate::host::shm::is_object_of(name, pid)) {
+        if !pids.iter().any(|&pid| crate::shm::is_object_of(name, pid)) {
             continue;
         }
         let Ok(meta) = entry.metadata() else { continue };

@@ -48,6 +48,7 @@ pub mod net;
 pub mod overlap;
 pub mod quant;
 mod rma;
+mod shm;
 mod team;
 mod traffic;
 

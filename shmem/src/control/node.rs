@@ -18,7 +18,7 @@
 //! across processes.
 
 use crate::error::{Error, Result};
-use crate::host::shm::Mapping;
+use crate::shm::Mapping;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Team slots per PE (world and node take two).

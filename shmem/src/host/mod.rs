@@ -12,16 +12,15 @@
 //! The control plane (barriers, agreement, liveness) is not here: see
 //! [`crate::control`].
 
-pub(crate) mod asan;
 pub(crate) mod coll;
 pub(crate) mod gemm;
 pub(crate) mod nodes;
 pub(crate) mod rma;
-pub(crate) mod shm;
 pub(crate) mod team;
 
 use crate::error::{Error, Result};
-use asan::HeapMarks;
+use crate::heap::asan::HeapMarks;
+use crate::shm;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The launcher watches its children as the control plane watches peers.

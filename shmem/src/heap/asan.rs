@@ -69,7 +69,7 @@ fn mark(_addr: usize, _len: usize, _poison: bool) {}
 #[cfg(all(test, shmem_asan))]
 mod tests {
     use crate::heap::{Allocator, ALIGN};
-    use crate::host::shm::Mapping;
+    use crate::shm::Mapping;
 
     extern "C" {
         fn __asan_address_is_poisoned(addr: *const std::ffi::c_void) -> i32;
