@@ -60,11 +60,6 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
-    /// The host backend's heaps; only the host backend's paths call it.
-    pub(crate) fn host_heap(&self) -> &HostHeap {
-        self.backend.host().expect("the host backend's heaps, asked for on the GPU backend")
-    }
-
     /// See [`Context::check_device`].
     pub(crate) fn check_device(&self) -> Result<()> {
         self.take_device_failure().map_or(Ok(()), Err)

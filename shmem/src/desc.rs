@@ -64,3 +64,31 @@ pub(crate) struct Signal {
     pub(crate) add: bool,
     pub(crate) pe: usize,
 }
+
+/// One all-to-all-v call (`all_to_all_v`, `_2d`, `_2d_offset`), checked
+/// locally.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AllToAllV {
+    pub(crate) kind: OpKind,
+    pub(crate) input: Region,
+    pub(crate) output: Region,
+    /// `in_splits`, or `in_splits_offsets` for the offset variant.
+    pub(crate) splits: Region,
+    pub(crate) out_splits_offsets: Region,
+    pub(crate) row_len: usize,
+    /// 0 for the operations that do not pad.
+    pub(crate) major_align: usize,
+    /// Entries per PE of splits (and of offsets): `n_pes × ne`.
+    pub(crate) entries: usize,
+}
+
+impl AllToAllV {
+    pub(crate) fn experts_per_pe(&self, n: usize) -> usize {
+        self.entries / n
+    }
+
+    /// Rows of `row_len` elements in `r`.
+    pub(crate) fn rows(&self, r: Region) -> u64 {
+        (r.len / self.row_len) as u64
+    }
+}

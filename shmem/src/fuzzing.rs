@@ -4,7 +4,7 @@
 use crate::error::Result;
 use crate::team::OpKind;
 
-pub use crate::moe::plan::{Chunk, Plan};
+pub use crate::host::a2av::{Chunk, Plan};
 
 /// Which all-to-all-v operation to plan.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,5 +34,5 @@ pub fn plan_exchange(
         A2av::TwoD => OpKind::AllToAllV2d,
         A2av::TwoDOffset => OpKind::AllToAllV2dOffset,
     };
-    crate::moe::plan::plan_exchange(kind, me, splits, entries, in_rows, out_rows, major_align)
+    crate::host::a2av::plan_exchange(kind, me, splits, entries, in_rows, out_rows, major_align)
 }

@@ -92,6 +92,8 @@
 use crate::buffer::{Region, SymSlice};
 use crate::coll::DeviceAgreement;
 use crate::context::{Context, Stream};
+use crate::control::op::{invalid, mismatch};
+use crate::desc::AllToAllV as Call;
 use crate::dtype::Element;
 use crate::error::{Error, Result, RoutingFault};
 use crate::gpu::abi::TeamSync;
@@ -102,27 +104,17 @@ use crate::gpu::abi::{
 use crate::gpu::kernels::{A2av, DeviceCheckFailure, Kernels};
 use crate::gpu::{CudaCall, GpuWorld};
 use crate::team::{Desc, OpKind, Team};
-use rayon::prelude::*;
 
 mod arrivals;
 mod device;
 mod fp8;
 mod layer;
 mod nodes;
-pub(crate) mod plan;
 mod route;
 mod wire;
 pub use arrivals::{Arrivals, DeviceMoeArrivals};
 pub use fp8::{Fp8DeviceTokens, Fp8Out, Fp8Tokens, Fp8View};
 pub use layer::{CombineElement, Layout, MoeAllToAll, MoeConfig, WireFormat};
-use plan::Plan;
-
-/// Elements per rayon task when copying.
-const PIECE: usize = 1 << 15;
-
-/// An address that may cross into rayon tasks.
-#[derive(Clone, Copy)]
-struct Addr(usize);
 
 /// How the PEs of an all-to-all-v call's team agree on it.
 pub(crate) enum Agreement {
@@ -148,39 +140,6 @@ impl Agreement {
     pub(crate) fn own(pre: Result<()>) -> Agreement {
         Agreement::Own { pre, wait: false }
     }
-}
-
-/// One all-to-all-v call, checked locally.
-struct Call {
-    kind: OpKind,
-    input: Region,
-    output: Region,
-    /// `in_splits`, or `in_splits_offsets` for the offset variant.
-    splits: Region,
-    out_splits_offsets: Region,
-    row_len: usize,
-    /// 0 for the operations that do not pad.
-    major_align: usize,
-    /// Entries per PE of splits (and of offsets): `n_pes × ne`.
-    entries: usize,
-}
-
-impl Call {
-    fn experts_per_pe(&self, n: usize) -> usize {
-        self.entries / n
-    }
-
-    fn rows(&self, r: Region) -> u64 {
-        (r.len / self.row_len) as u64
-    }
-}
-
-fn invalid(kind: OpKind, msg: impl std::fmt::Display) -> Error {
-    Error::Invalid(format!("{}: {msg}", kind.name()))
-}
-
-fn mismatch(kind: OpKind, msg: impl std::fmt::Display) -> Error {
-    Error::LengthMismatch(format!("{}: {msg}", kind.name()))
 }
 
 /// Byte range of `r` with elements of `elem` bytes.
@@ -423,11 +382,7 @@ impl Team {
         let rows = self.exchange(&desc, local.as_ref().err())?;
         let call = local?;
         self.agree(&rows)?;
-        // Every PE validates every PE's splits: the same data, the same
-        // order, so the same verdict everywhere, before anything is written.
-        let plan = self.plan(&call)?;
-        self.execute::<T>(&call, &plan);
-        self.raw_barrier()
+        self.host().expect("the host backend, where not the GPU's").all_to_all_v::<T>(&call)
     }
 
     /// Whether an eager call on this team agrees on the device (its first
@@ -556,67 +511,6 @@ impl Team {
             ));
         }
         Ok(c)
-    }
-
-    /// `member`'s `len` i64s at heap offset `offset`.
-    fn peer_i64s(&self, member: usize, offset: usize, len: usize) -> Vec<i64> {
-        let from = self.ctx.host_heap().heap_ptr(self.state.members[member], offset).cast::<i64>();
-        self.count_read::<i64>(member, len);
-        let mut v = vec![0i64; len];
-        // SAFETY: a checked region of i64s (aligned: allocations are
-        // 256-aligned, slices start at element boundaries) in `member`'s
-        // heap, which its owner passed as input and nobody writes until the
-        // closing barrier; the exchange's SeqCst barrier made it visible.
-        unsafe { std::ptr::copy_nonoverlapping(from.cast_const(), v.as_mut_ptr(), len) };
-        v
-    }
-
-    /// Reads every PE's splits (and offsets), validates them all and returns
-    /// this PE's part (see [`plan::plan_exchange`]).
-    fn plan(&self, c: &Call) -> Result<Plan> {
-        let n = self.n_pes();
-        let splits: Vec<Vec<i64>> = (0..n).map(|s| self.peer_i64s(s, c.splits.offset, c.splits.len)).collect();
-        let (in_rows, out_rows) = (c.rows(c.input), c.rows(c.output));
-        plan::plan_exchange(c.kind, self.my_pe(), &splits, c.entries, in_rows, out_rows, c.major_align)
-    }
-
-    /// Pulls this PE's chunks from the peers' inputs and writes its
-    /// `out_splits_offsets`.
-    fn execute<T: Element>(&self, c: &Call, plan: &Plan) {
-        let (elem, row) = (size_of::<T>(), c.row_len);
-        let me = self.my_pe();
-        let out = Addr(self.ctx.host_heap().heap_ptr(self.state.members[me], c.output.offset) as usize);
-        // (source address, destination address, elements) in pieces of at most PIECE.
-        let mut pieces = Vec::new();
-        for ch in &plan.chunks {
-            let from = self.ctx.host_heap().heap_ptr(self.state.members[ch.src], c.input.offset) as usize;
-            let (from, to) = (from + ch.from as usize * row * elem, out.0 + ch.to as usize * row * elem);
-            let len = ch.rows as usize * row;
-            self.count_read::<T>(ch.src, len);
-            for k in (0..len).step_by(PIECE) {
-                pieces.push((Addr(from + k * elem), Addr(to + k * elem), PIECE.min(len - k)));
-            }
-        }
-        let copy = |&(from, to, len): &(Addr, Addr, usize)| {
-            // SAFETY: `plan` checked that each chunk lies inside the source's
-            // input and this PE's output (same regions on every PE); the
-            // output's chunks are disjoint and it overlaps no input (checked by
-            // `shape`); nobody writes an input until the closing barrier.
-            unsafe { std::ptr::copy_nonoverlapping(from.0 as *const T, to.0 as *mut T, len) };
-        };
-        if pieces.len() <= 1 {
-            pieces.iter().for_each(copy);
-        } else {
-            self.ctx.pool.install(|| pieces.par_iter().for_each(copy));
-        }
-        let so = self.ctx.host_heap().heap_ptr(self.state.members[me], c.out_splits_offsets.offset).cast::<i64>();
-        // SAFETY: this PE's out_splits_offsets holds 2 × entries i64s
-        // (checked by `shape`), overlaps nothing read here, and no peer
-        // reads it during the operation.
-        unsafe {
-            std::ptr::copy_nonoverlapping(plan.out_splits.as_ptr(), so, c.entries);
-            std::ptr::copy_nonoverlapping(plan.out_offsets.as_ptr(), so.add(c.entries), c.entries);
-        }
     }
 }
 

@@ -401,11 +401,6 @@ impl Team {
         }))
     }
 
-    /// Counts a read of `len` elements from `member` (see [`crate::net`]).
-    pub(crate) fn count_read<T>(&self, member: usize, len: usize) {
-        self.ctx.net_count(self.state.members[member], len * size_of::<T>(), crate::traffic::NetDir::Got);
-    }
-
     /// Publishes `desc`, enters the barrier, and returns every member's row.
     pub(crate) fn exchange(&self, desc: &Desc, my_error: Option<&Error>) -> Result<Vec<[u64; DESC_WORDS]>> {
         let seq = self.state.seq.fetch_add(1, Ordering::Relaxed);

@@ -1,6 +1,8 @@
 //! The kinds of call the PEs agree on: the first word of a descriptor row
 //! names one.
 
+use crate::error::Error;
+
 /// Declares the kinds once, in wire order from 1: the values, the names
 /// the errors give, and the decoding of a row's word.
 macro_rules! op_kinds {
@@ -50,6 +52,16 @@ op_kinds! {
     MatmulReduceScatter => "matmul_reduce_scatter",
     MoeDispatch => "MoeAllToAll::dispatch",
     MoeCombine => "MoeAllToAll::combine",
+}
+
+/// An invalid-arguments error of a `kind` call, named as the call.
+pub(crate) fn invalid(kind: OpKind, msg: impl std::fmt::Display) -> Error {
+    Error::Invalid(format!("{}: {msg}", kind.name()))
+}
+
+/// A length-mismatch error of a `kind` call, named as the call.
+pub(crate) fn mismatch(kind: OpKind, msg: impl std::fmt::Display) -> Error {
+    Error::LengthMismatch(format!("{}: {msg}", kind.name()))
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@
 //! The control plane (barriers, agreement, liveness) is not here: see
 //! [`crate::control`].
 
+pub(crate) mod a2av;
 pub(crate) mod coll;
 pub(crate) mod gemm;
 pub(crate) mod nodes;

@@ -1,11 +1,20 @@
-//! The pure part of an all-to-all-v: validating every PE's splits (and
-//! offsets) and laying out what one PE receives. No team, no memory: the
-//! caller reads the peers' splits; the fuzz targets (`fuzz/`) call it through
-//! [`crate::fuzzing`].
+//! The host backend's MoE all-to-all-v: its pure part, validating every
+//! PE's splits (and offsets) and laying out what one PE receives
+//! ([`plan_exchange`], which the fuzz targets in `fuzz/` call through
+//! [`crate::fuzzing`]), and the exchange itself over a [`HostTeam`], which
+//! reads the peers' splits, plans, and copies its chunks from the peers'
+//! inputs.
 
-use super::{invalid, mismatch};
+use super::coll::Addr;
+use super::team::HostTeam;
+use crate::control::op::{invalid, mismatch, OpKind};
+use crate::desc::AllToAllV;
+use crate::dtype::Element;
 use crate::error::Result;
-use crate::team::OpKind;
+use rayon::prelude::*;
+
+/// Elements per rayon task when copying.
+const PIECE: usize = 1 << 15;
 
 /// One validated chunk of rows a PE receives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -144,6 +153,80 @@ pub(crate) fn plan_exchange(
 
 /// Cases the `moe_plan` fuzz target checks against its reference, kept here
 /// so that CI runs them: the module docs' pictures and the edges.
+impl HostTeam<'_> {
+    /// The exchange of a call the team agreed on: every PE validates every
+    /// PE's splits (the same data in the same order, so the same verdict
+    /// everywhere, before anything is written), then pulls its chunks.
+    pub(crate) fn all_to_all_v<T: Element>(&self, c: &AllToAllV) -> Result<()> {
+        let plan = self.plan(c)?;
+        self.execute::<T>(c, &plan);
+        self.raw_barrier()
+    }
+
+    /// `member`'s `len` i64s at heap offset `offset`.
+    fn peer_i64s(&self, member: usize, offset: usize, len: usize) -> Vec<i64> {
+        let from = self.pe_ptr::<u8>(member, offset).cast::<i64>();
+        self.count_read::<i64>(member, len);
+        let mut v = vec![0i64; len];
+        // SAFETY: a checked region of i64s (aligned: allocations are
+        // 256-aligned, slices start at element boundaries) in `member`'s
+        // heap, which its owner passed as input and nobody writes until the
+        // closing barrier; the exchange's SeqCst barrier made it visible.
+        unsafe { std::ptr::copy_nonoverlapping(from.cast_const(), v.as_mut_ptr(), len) };
+        v
+    }
+
+    /// Reads every PE's splits (and offsets), validates them all and returns
+    /// this PE's part (see [`plan::plan_exchange`]).
+    fn plan(&self, c: &AllToAllV) -> Result<Plan> {
+        let n = self.n_pes();
+        let splits: Vec<Vec<i64>> = (0..n).map(|s| self.peer_i64s(s, c.splits.offset, c.splits.len)).collect();
+        let (in_rows, out_rows) = (c.rows(c.input), c.rows(c.output));
+        plan_exchange(c.kind, self.my_pe(), &splits, c.entries, in_rows, out_rows, c.major_align)
+    }
+
+    /// Pulls this PE's chunks from the peers' inputs and writes its
+    /// `out_splits_offsets`.
+    fn execute<T: Element>(&self, c: &AllToAllV, plan: &Plan) {
+        let (elem, row) = (size_of::<T>(), c.row_len);
+        let me = self.my_pe();
+        let out: *mut u8 = self.pe_ptr(me, c.output.offset);
+        // (source address, destination address, elements) in pieces of at most PIECE.
+        let mut pieces = Vec::new();
+        for ch in &plan.chunks {
+            let input: *mut u8 = self.pe_ptr(ch.src, c.input.offset);
+            let from = input.wrapping_add(ch.from as usize * row * elem);
+            let to = out.wrapping_add(ch.to as usize * row * elem);
+            let len = ch.rows as usize * row;
+            self.count_read::<T>(ch.src, len);
+            for k in (0..len).step_by(PIECE) {
+                let piece = (from.wrapping_add(k * elem), to.wrapping_add(k * elem));
+                pieces.push((Addr::of(piece.0), Addr::of(piece.1), PIECE.min(len - k)));
+            }
+        }
+        let copy = |&(from, to, len): &(Addr, Addr, usize)| {
+            // SAFETY: `plan` checked that each chunk lies inside the source's
+            // input and this PE's output (same regions on every PE); the
+            // output's chunks are disjoint and it overlaps no input (checked by
+            // `shape`); nobody writes an input until the closing barrier.
+            unsafe { std::ptr::copy_nonoverlapping(from.ptr::<T>().cast_const(), to.ptr::<T>(), len) };
+        };
+        if pieces.len() <= 1 {
+            pieces.iter().for_each(copy);
+        } else {
+            self.pool.install(|| pieces.par_iter().for_each(copy));
+        }
+        let so = self.pe_ptr::<u8>(me, c.out_splits_offsets.offset).cast::<i64>();
+        // SAFETY: this PE's out_splits_offsets holds 2 × entries i64s
+        // (checked by `shape`), overlaps nothing read here, and no peer
+        // reads it during the operation.
+        unsafe {
+            std::ptr::copy_nonoverlapping(plan.out_splits.as_ptr(), so, c.entries);
+            std::ptr::copy_nonoverlapping(plan.out_offsets.as_ptr(), so.add(c.entries), c.entries);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
