@@ -90,19 +90,17 @@
 //! checked).
 
 use crate::buffer::{Region, SymSlice};
-use crate::coll::DeviceAgreement;
 use crate::context::{Context, Stream};
 use crate::control::op::{invalid, mismatch};
 use crate::desc::AllToAllV as Call;
 use crate::dtype::Element;
 use crate::error::{Error, Result, RoutingFault};
-use crate::gpu::abi::TeamSync;
+use crate::gpu::a2av::{a2av_kind, Launch};
 use crate::gpu::abi::{
-    A2avKind, A2AV_NEGATIVE_OFFSET, A2AV_NEGATIVE_SPLIT, A2AV_OFFSET_BACKWARDS, A2AV_PAST_INPUT, ROUTE_BAD,
-    ROUTE_BAD_WEIGHT, ROUTE_EXPERT_OUT_OF_RANGE, ROUTE_FAULT_SHIFT, ROUTE_REPEATED_EXPERT,
+    A2AV_NEGATIVE_OFFSET, A2AV_NEGATIVE_SPLIT, A2AV_OFFSET_BACKWARDS, A2AV_PAST_INPUT, ROUTE_BAD, ROUTE_BAD_WEIGHT,
+    ROUTE_EXPERT_OUT_OF_RANGE, ROUTE_FAULT_SHIFT, ROUTE_REPEATED_EXPERT,
 };
-use crate::gpu::kernels::{A2av, DeviceCheckFailure, Kernels};
-use crate::gpu::{CudaCall, GpuWorld};
+use crate::gpu::kernels::{DeviceCheckFailure, Kernels};
 use crate::team::{Desc, OpKind, Team};
 
 mod arrivals;
@@ -149,15 +147,6 @@ fn bytes(r: Region, elem: usize) -> (usize, usize) {
 
 fn overlap(a: (usize, usize), b: (usize, usize)) -> bool {
     a.0 < b.1 && b.0 < a.1 && a.0 < a.1 && b.0 < b.1
-}
-
-/// The `kind` of `abi.cuh`'s `A2av`.
-fn device_kind(kind: OpKind) -> i32 {
-    match kind {
-        OpKind::AllToAllV => A2avKind::V as i32,
-        OpKind::AllToAllV2d => A2avKind::TwoD as i32,
-        _ => A2avKind::TwoDOffset as i32,
-    }
 }
 
 /// The error of a failed device-side check (see `kernels/moe/a2av.cuh`).
@@ -349,92 +338,16 @@ impl Team {
                 hash,
             ];
         }
-        if let Some(g) = self.ctx.backend.gpu() {
-            let st = g.stream(stream.cuda_stream());
-            // A graph replays without the host, and agrees nowhere; a call
-            // that a caller's agreement covers has none of its own; and a
-            // team of one, or one the kernels do not take (which fails on
-            // every PE alike), has nothing to agree on.
-            if !own || crate::gpu::capturing(st) || !self.moe_agrees_on_device(g) {
-                return self.all_to_all_v_gpu::<T>(g, &local?, None, skip_if, st).map(drop);
-            }
-            // The first kernel agrees on the call (`kernels/moe/a2av.cuh`).
-            let agreement = self.device_row(&desc, local.as_ref().err());
-            let call = match local {
-                Ok(c) => c,
-                Err(e) => {
-                    // The peers' kernels wait for this PE's row (should the
-                    // launch fail, the context is lost anyway): the
-                    // caller's error first.
-                    let _ = self.agree_alone(agreement, stream);
-                    return Err(e);
-                }
-            };
-            let t = self.all_to_all_v_gpu::<T>(g, &call, Some(agreement), None, st)?;
-            if wait {
-                st.synchronize().cuda("cuStreamSynchronize")?;
-                if g.kernels.as_ref().is_some_and(|k| k.agreement_failed(&t)) {
-                    return Err(self.failed_agreement());
-                }
-            }
-            return Ok(());
+        if let Some(host) = self.host() {
+            let rows = self.exchange(&desc, local.as_ref().err())?;
+            let call = local?;
+            self.agree(&rows)?;
+            return host.all_to_all_v::<T>(&call);
         }
-        let rows = self.exchange(&desc, local.as_ref().err())?;
-        let call = local?;
-        self.agree(&rows)?;
-        self.host().expect("the host backend, where not the GPU's").all_to_all_v::<T>(&call)
-    }
-
-    /// Whether an eager call on this team agrees on the device (its first
-    /// kernel compares the members' rows): where shmem's kernels take the
-    /// team and it has peers. The same on every member.
-    fn moe_agrees_on_device(&self, g: &GpuWorld) -> bool {
-        g.kernels.is_some() && (2..=crate::gpu::kernels::MAX_TEAM).contains(&self.n_pes())
-    }
-
-    /// The device kernels (`kernels/moe_*.cu`), agreeing first on the call
-    /// where given its `agreement`, skipping it where the word at heap
-    /// offset `skip_if` is set: splits are read and checked on the device,
-    /// every PE reaching the same verdict; a bad exchange writes nothing
-    /// and is reported by the first call that can see it (see [`Team`]).
-    /// Returns the view the kernels were launched with.
-    fn all_to_all_v_gpu<T: Element>(
-        &self,
-        g: &GpuWorld,
-        c: &Call,
-        agreement: Option<DeviceAgreement>,
-        skip_if: Option<usize>,
-        st: &cudarc::driver::CudaStream,
-    ) -> Result<TeamSync> {
-        let k = g.kernels.as_ref().ok_or_else(crate::gpu::kernels::not_built)?;
-        let n = self.n_pes();
-        if n > crate::gpu::kernels::MAX_TEAM {
-            return Err(invalid(
-                c.kind,
-                format!(
-                    "the device kernels take teams of up to {} PEs, this one has {n}",
-                    crate::gpu::kernels::MAX_TEAM
-                ),
-            ));
-        }
-        let settings = *self.ctx.collectives.lock().unwrap_or_else(|e| e.into_inner());
-        let plain = k.team(self.state.slot, &self.state.members, settings.force_rma)?;
-        let t = agreement.map_or(plain, |(epoch, row)| plain.agreeing(epoch, row));
-        let mut a = A2av::new(
-            device_kind(c.kind),
-            c.input.offset,
-            c.output.offset,
-            c.splits.offset,
-            c.out_splits_offsets.offset,
-            c.row_len * size_of::<T>(),
-            c.input.len / c.row_len,
-            c.output.len / c.row_len,
-            c.experts_per_pe(n),
-            c.major_align.max(1),
-        );
-        a.skip_if = skip_if.unwrap_or(0) as u64;
-        k.all_to_all_v(t, self.state.slot == 0, a, &settings, st.cu_stream())?;
-        Ok(t)
+        let row = |err: Option<&Error>| self.device_row(&desc, err);
+        let on = stream.cuda_stream();
+        let r = self.on_gpu(|t| t.all_to_all_v::<T>(local, Launch { own, wait, skip_if }, row, on));
+        r.expect("the gpu backend, where not the host's")
     }
 
     /// Checks sizes and overlaps of this PE's arguments; fills `entries`.
@@ -504,7 +417,7 @@ impl Team {
             return Err(invalid(kind, format!("{what} overlap")));
         }
         let ne = c.experts_per_pe(n);
-        if self.ctx.backend.gpu().is_some() && !Kernels::a2av_fits(n, ne, device_kind(kind)) {
+        if self.ctx.backend.gpu().is_some() && !Kernels::a2av_fits(n, ne, a2av_kind(kind)) {
             return Err(invalid(
                 kind,
                 format!("{n} PEs × {ne} experts per PE is more than the device kernels' staging takes"),

@@ -31,7 +31,7 @@ pub(crate) struct GpuTeam<'a> {
 }
 
 impl GpuTeam<'_> {
-    fn n_pes(&self) -> usize {
+    pub(crate) fn n_pes(&self) -> usize {
         self.state.members.len()
     }
 

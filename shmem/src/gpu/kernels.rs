@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Mutex;
 
-pub(crate) use super::abi::{decode_words, A2av, MoeLayer, TeamSync, MAX_TEAM, ROUTE_THREADS};
+pub(crate) use super::abi::{decode_words, MoeLayer, TeamSync, MAX_TEAM, ROUTE_THREADS};
 pub(crate) use super::layout::Layout;
 pub(crate) use super::module::not_built;
 pub(crate) use super::moe_layer::{combine_lines_fit, decode_fits, dispatch_lines_fit, rank_scratch_len, source_units};

@@ -35,7 +35,7 @@ macro_rules! call {
         }
     };
 }
-mod a2av;
+pub(crate) mod a2av;
 pub(crate) mod abi;
 pub(crate) mod amo;
 pub(crate) mod blas;
