@@ -12,11 +12,14 @@
 //! collectives and the MoE ops still reach the gpu backend through
 //! [`Backend::gpu`] and the host one through [`Backend::host`].
 
+use crate::bootstrap::Bootstrap;
+use crate::control::topology::Topology;
 use crate::control::Control;
 pub(crate) use crate::desc::{On, Signal, Transfer};
 use crate::dtype::{AtomicElement, AtomicOp, Element};
 use crate::error::Result;
 use crate::gpu::{GpuWorld, TEAM_INVALID};
+use crate::heap::asan::HeapMarks;
 use crate::host::HostHeap;
 use std::sync::atomic::{fence, Ordering};
 
@@ -31,6 +34,37 @@ pub(crate) enum Backend {
 /// Every method takes offsets and PEs that the public layer checked:
 /// regions inside the heap, elements aligned for their type, PEs in range.
 impl Backend {
+    /// The host backend of a job of `n` PEs (see [`HostHeap::start`]).
+    ///
+    /// # Collective
+    pub(crate) fn start_host(
+        boot: &mut Bootstrap,
+        me: usize,
+        n: usize,
+        heap_size: usize,
+        owner: (u32, u64),
+    ) -> Result<Backend> {
+        Ok(Backend::Host(HostHeap::start(boot, me, n, heap_size, owner)?))
+    }
+
+    /// The gpu backend: NVSHMEM and shmem's kernels (see [`GpuWorld::start`]).
+    ///
+    /// # Collective
+    pub(crate) fn start_gpu(
+        boot: &mut Bootstrap,
+        topo: &Topology,
+        pes_per_gpu: usize,
+        heap_size: usize,
+    ) -> Result<Backend> {
+        Ok(Backend::Gpu(Box::new(GpuWorld::start(boot, topo, pes_per_gpu, heap_size)?)))
+    }
+
+    /// AddressSanitizer's marks of the host heaps, in ASan builds of the
+    /// host backend.
+    pub(crate) fn heap_marks(&self) -> Option<HeapMarks> {
+        self.host().and_then(HostHeap::marks)
+    }
+
     /// The gpu backend, for the paths not yet behind the seam.
     pub(crate) fn gpu(&self) -> Option<&GpuWorld> {
         match self {

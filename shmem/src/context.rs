@@ -9,9 +9,8 @@ use crate::control::team::TeamState;
 use crate::control::topology::{Hello, Topology};
 use crate::control::{Control, PeState};
 use crate::error::{Error, Result};
-use crate::gpu::{self, GpuWorld};
+use crate::gpu;
 use crate::heap::Allocator;
-use crate::host::{self, HostHeap};
 use crate::shm;
 use crate::team::Team;
 use crate::traffic::{NetCounters, NetDir};
@@ -290,59 +289,6 @@ fn agree_settings(boot: &mut Bootstrap, mine: Result<(usize, bool), String>) -> 
     Ok(heap)
 }
 
-/// Makes one shared-memory object per group of PEs and maps it on each
-/// group's PEs: `creator` (this PE's group's) runs `create`, which names,
-/// creates and initialises the object; its name travels with its "ok";
-/// every PE maps its group's object (`wrap` checks the mapping), all agree
-/// that they did, and every PE unlinks the name (all but the first find it
-/// gone), so that it goes also when its creator died during that agreement.
-/// A creator dead before its peers learnt the name leaves it to the
-/// launcher (`shmemrun` removes `shmem-<pid of PE 0>-…` after a failed job).
-///
-/// # Collective
-/// Every PE of the job calls it, once per kind of object.
-fn share_object<T>(
-    boot: &mut Bootstrap,
-    me: usize,
-    creator: usize,
-    len: usize,
-    what: &str,
-    create: impl FnOnce() -> Result<(String, shm::Mapping)>,
-    wrap: impl FnOnce(shm::Mapping) -> Result<T>,
-) -> Result<T> {
-    let created = if me == creator { create().map(Some) } else { Ok(None) };
-    let (mine, created) = match created {
-        Ok(Some((name, map))) => (Ok(name.clone().into_bytes()), Some((name, map))),
-        Ok(None) => (Ok(Vec::new()), None),
-        Err(e) => (Err(e), None),
-    };
-    let names = match boot.agree_ok(mine, &format!("creating the {what}")) {
-        Ok(names) => names,
-        Err(e) => {
-            // Another group's creator failed, or a PE left: nobody opens ours.
-            if let Some((name, _)) = &created {
-                shm::Mapping::unlink(name);
-            }
-            return Err(e);
-        }
-    };
-    let name = String::from_utf8_lossy(&names[creator]).into_owned();
-    let map = match created {
-        Some((_, map)) => Ok(map),
-        None => shm::Mapping::open(&name, len),
-    };
-    let wrapped = map.and_then(wrap);
-    let (mine, wrapped) = match wrapped {
-        Ok(w) => (Ok(Vec::new()), Some(w)),
-        Err(e) => (Err(e), None),
-    };
-    let outcome = boot.agree_ok(mine, &format!("mapping the {what}"));
-    // Everyone has mapped it (or failed): the name is no longer needed.
-    shm::Mapping::unlink(&name);
-    outcome?;
-    Ok(wrapped.expect("the agreement passed, so this PE mapped the object"))
-}
-
 impl Context {
     pub(crate) fn start(config: Config) -> Result<Context> {
         if LIVE.compare_exchange(0, STARTING, Ordering::AcqRel, Ordering::Relaxed).is_err() {
@@ -406,8 +352,7 @@ impl Context {
         let remote_pes = if topo.nodes.len() > 1 { n } else { 0 };
         let total = node::object_size(local_size, remote_pes)
             .ok_or_else(|| Error::config(format!("a control area for {local_size} PEs overflows the address space")))?;
-        let node_area = share_object(
-            &mut boot,
+        let node_area = boot.share_object(
             me,
             leader,
             total,
@@ -421,39 +366,11 @@ impl Context {
             |map| NodeArea::new(map, me, n, &node_members, remote_pes),
         )?;
 
-        // The host backend's heaps: PE 0 creates their object.
-        let heap_area = if use_gpu {
-            None
-        } else {
-            let total = host::object_size(n, heap_size)
-                .ok_or_else(|| Error::config(format!("{n} heaps of {heap_size} bytes overflow the address space")))?;
-            let area = share_object(
-                &mut boot,
-                me,
-                0,
-                total,
-                "shared heap",
-                || match shm::shm_space_available() {
-                    Some(free) if (free as u128) < total as u128 => Err(Error::config(format!(
-                        "{n} PEs × {heap_size}-byte heaps need {total} bytes of /dev/shm, only {free} are free \
-                         (lower SHMEM_HEAP_SIZE)"
-                    ))),
-                    _ => {
-                        let name = shm::object_name(hellos[0].pid, unique << 1);
-                        let map = shm::Mapping::create(&name, total)?;
-                        HostHeap::init_header(&map, n, heap_size);
-                        Ok((name, map))
-                    }
-                },
-                |map| HostHeap::new(map, n, heap_size),
-            )?;
-            Some(area)
+        let backend = match use_gpu {
+            true => Backend::start_gpu(&mut boot, &topo, config.pes_per_gpu, heap_size)?,
+            false => Backend::start_host(&mut boot, me, n, heap_size, (hellos[0].pid, unique << 1))?,
         };
-        let marks = heap_area.as_ref().and_then(HostHeap::marks);
-        let backend = match heap_area {
-            Some(heap) => Backend::Host(heap),
-            None => Backend::Gpu(Box::new(GpuWorld::start(&mut boot, &topo, config.pes_per_gpu, heap_size)?)),
-        };
+        let marks = backend.heap_marks();
         // A job of more than one node keeps the bootstrap's channel for the
         // control plane's tier between nodes.
         let (net, boot) = if topo.nodes.len() > 1 {

@@ -15,6 +15,7 @@
 //! - neither: a world of one PE.
 
 use crate::error::{Error, Result};
+use crate::shm::Mapping;
 pub(crate) use relay::Incoming;
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -73,6 +74,59 @@ pub fn started_by_launcher() -> bool {
 }
 
 impl Bootstrap {
+    /// Makes one shared-memory object per group of PEs and maps it on each
+    /// group's PEs: `creator` (this PE's group's) runs `create`, which names,
+    /// creates and initialises the object; its name travels with its "ok";
+    /// every PE maps its group's object (`wrap` checks the mapping), all agree
+    /// that they did, and every PE unlinks the name (all but the first find it
+    /// gone), so that it goes also when its creator died during that agreement.
+    /// A creator dead before its peers learnt the name leaves it to the
+    /// launcher (`shmemrun` removes `shmem-<pid of PE 0>-…` after a failed job).
+    ///
+    /// # Collective
+    /// Every PE of the job calls it, once per kind of object.
+    pub(crate) fn share_object<T>(
+        &mut self,
+        me: usize,
+        creator: usize,
+        len: usize,
+        what: &str,
+        create: impl FnOnce() -> Result<(String, Mapping)>,
+        wrap: impl FnOnce(Mapping) -> Result<T>,
+    ) -> Result<T> {
+        let created = if me == creator { create().map(Some) } else { Ok(None) };
+        let (mine, created) = match created {
+            Ok(Some((name, map))) => (Ok(name.clone().into_bytes()), Some((name, map))),
+            Ok(None) => (Ok(Vec::new()), None),
+            Err(e) => (Err(e), None),
+        };
+        let names = match self.agree_ok(mine, &format!("creating the {what}")) {
+            Ok(names) => names,
+            Err(e) => {
+                // Another group's creator failed, or a PE left: nobody opens ours.
+                if let Some((name, _)) = &created {
+                    Mapping::unlink(name);
+                }
+                return Err(e);
+            }
+        };
+        let name = String::from_utf8_lossy(&names[creator]).into_owned();
+        let map = match created {
+            Some((_, map)) => Ok(map),
+            None => Mapping::open(&name, len),
+        };
+        let wrapped = map.and_then(wrap);
+        let (mine, wrapped) = match wrapped {
+            Ok(w) => (Ok(Vec::new()), Some(w)),
+            Err(e) => (Err(e), None),
+        };
+        let outcome = self.agree_ok(mine, &format!("mapping the {what}"));
+        // Everyone has mapped it (or failed): the name is no longer needed.
+        Mapping::unlink(&name);
+        outcome?;
+        Ok(wrapped.expect("the agreement passed, so this PE mapped the object"))
+    }
+
     /// Exchanges "ok" with a payload, or an error message; fails on every PE
     /// if any PE failed, else returns every PE's payload.
     pub(crate) fn agree_ok(&mut self, mine: Result<Vec<u8>>, step: &str) -> Result<Vec<Vec<u8>>> {

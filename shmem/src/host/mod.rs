@@ -19,6 +19,7 @@ pub(crate) mod nodes;
 pub(crate) mod rma;
 pub(crate) mod team;
 
+use crate::bootstrap::Bootstrap;
 use crate::error::{Error, Result};
 use crate::heap::asan::HeapMarks;
 use crate::shm;
@@ -84,6 +85,42 @@ impl HostHeap {
             return Err(Error::bootstrap("shared heap header does not match this job"));
         }
         Ok(heap)
+    }
+
+    /// The heaps of a job of `n` PEs of `heap_size` bytes each: PE 0
+    /// creates their object (named after `owner`: PE 0's pid and a number
+    /// unique to the context) and every PE maps it.
+    ///
+    /// # Collective
+    /// Every PE of the job calls it.
+    pub(crate) fn start(
+        boot: &mut Bootstrap,
+        me: usize,
+        n: usize,
+        heap_size: usize,
+        (pid, unique): (u32, u64),
+    ) -> Result<HostHeap> {
+        let total = object_size(n, heap_size)
+            .ok_or_else(|| Error::config(format!("{n} heaps of {heap_size} bytes overflow the address space")))?;
+        boot.share_object(
+            me,
+            0,
+            total,
+            "shared heap",
+            || match shm::shm_space_available() {
+                Some(free) if (free as u128) < total as u128 => Err(Error::config(format!(
+                    "{n} PEs × {heap_size}-byte heaps need {total} bytes of /dev/shm, only {free} are free \
+                     (lower SHMEM_HEAP_SIZE)"
+                ))),
+                _ => {
+                    let name = shm::object_name(pid, unique);
+                    let map = shm::Mapping::create(&name, total)?;
+                    HostHeap::init_header(&map, n, heap_size);
+                    Ok((name, map))
+                }
+            },
+            |map| HostHeap::new(map, n, heap_size),
+        )
     }
 
     /// Address of byte `offset` of `pe`'s symmetric heap.
