@@ -18,6 +18,7 @@ use crate::control::Control;
 pub(crate) use crate::desc::{On, Signal, Transfer};
 use crate::dtype::{AtomicElement, AtomicOp, Element};
 use crate::error::Result;
+use crate::gpu::kernels::{AgreementFailure, DeviceCheckFailure};
 use crate::gpu::{GpuWorld, TEAM_INVALID};
 use crate::heap::asan::HeapMarks;
 use crate::host::HostHeap;
@@ -63,6 +64,37 @@ impl Backend {
     /// host backend.
     pub(crate) fn heap_marks(&self) -> Option<HeapMarks> {
         self.host().and_then(HostHeap::marks)
+    }
+
+    /// Whether `s` is being captured into a CUDA graph (never on the host).
+    pub(crate) fn capturing(&self, s: On<'_>) -> bool {
+        self.gpu().is_some_and(|g| crate::gpu::capturing(g.stream(s)))
+    }
+
+    /// Whether shmem's device kernels run here (the gpu backend with its
+    /// cubin loaded).
+    pub(crate) fn has_kernels(&self) -> bool {
+        self.gpu().is_some_and(|g| g.kernels.is_some())
+    }
+
+    /// The kernels' records of failures found on the device, each taken
+    /// (cleared) as it is read: the MoE exchange's check first, then the
+    /// agreement's. No CUDA call, no synchronisation; never on the host
+    /// backend, which checks before it writes.
+    pub(crate) fn take_a2av_failure(&self) -> Option<DeviceCheckFailure> {
+        self.gpu()?.kernels.as_ref()?.take_a2av_error()
+    }
+
+    /// See [`Backend::take_a2av_failure`].
+    pub(crate) fn take_agreement_failure(&self) -> Option<AgreementFailure> {
+        self.gpu()?.kernels.as_ref()?.take_agreement_failure()
+    }
+
+    /// Tells the device's waits that a peer died, so that they give up.
+    pub(crate) fn peer_died(&self) {
+        if let Some(k) = self.gpu().and_then(|g| g.kernels.as_ref()) {
+            k.peer_died();
+        }
     }
 
     /// The gpu backend, for the paths not yet behind the seam.

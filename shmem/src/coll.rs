@@ -132,7 +132,7 @@ impl Team {
 
     /// Whether `stream` is being captured into a CUDA graph (GPU backend).
     fn capturing(&self, stream: &Stream) -> bool {
-        self.ctx.backend.gpu().is_some_and(|g| crate::gpu::capturing(g.stream(stream.cuda_stream())))
+        self.ctx.backend.capturing(stream.cuda_stream())
     }
 
     /// Copies `root`'s `src` into every PE's `dst`.

@@ -71,11 +71,10 @@ impl Inner {
     /// with no call into CUDA and no synchronisation; `None` on the host
     /// backend, which checks before it writes.
     pub(crate) fn take_device_failure(&self) -> Option<Error> {
-        let k = self.backend.gpu()?.kernels.as_ref()?;
-        if let Some(f) = k.take_a2av_error() {
-            return Some(crate::moe::device_check_error(f));
+        match self.backend.take_a2av_failure() {
+            Some(f) => Some(crate::moe::device_check_error(f)),
+            None => self.take_agreement_error(),
         }
-        self.take_agreement_error()
     }
 
     /// `r`, the call's own result, unless it is `Ok` and the kernels
@@ -93,7 +92,7 @@ impl Inner {
     /// The first collective call whose agreement the kernels found failed
     /// since the last look, as its error (cleared); see [`crate::Team`].
     pub(crate) fn take_agreement_error(&self) -> Option<Error> {
-        let failure = self.backend.gpu()?.kernels.as_ref()?.take_agreement_failure()?;
+        let failure = self.backend.take_agreement_failure()?;
         Some(crate::team::agreement_error(&failure))
     }
 
@@ -145,8 +144,7 @@ const WATCH_EVERY: Duration = Duration::from_millis(50);
 /// waits see a death by themselves. It ends with the context, or once it
 /// has fired.
 fn watch_liveness(inner: &Arc<Inner>) -> Result<()> {
-    let kernels = inner.backend.gpu().is_some_and(|g| g.kernels.is_some());
-    if !kernels || inner.n == 1 {
+    if !inner.backend.has_kernels() || inner.n == 1 {
         return Ok(());
     }
     let weak = Arc::downgrade(inner);
@@ -159,9 +157,7 @@ fn watch_liveness(inner: &Arc<Inner>) -> Result<()> {
                 return;
             }
             if inner.ctl.died_peer().is_some() {
-                if let Some(k) = inner.backend.gpu().and_then(|g| g.kernels.as_ref()) {
-                    k.peer_died();
-                }
+                inner.backend.peer_died();
                 return;
             }
         })

@@ -273,7 +273,7 @@ impl Team {
         err: Option<&Error>,
         stream: &Stream,
     ) -> Result<Vec<[u64; DESC_WORDS]>> {
-        if self.ctx.backend.gpu().is_some_and(|g| crate::gpu::capturing(g.stream(stream.cuda_stream()))) {
+        if self.ctx.backend.capturing(stream.cuda_stream()) {
             return Err(Error::Invalid(format!("{op} cannot be captured in a CUDA graph")));
         }
         self.exchange(desc, err)
