@@ -13,6 +13,7 @@
 //! [`Backend::gpu`] and the host one through [`Backend::host`].
 
 use crate::bootstrap::Bootstrap;
+use crate::config::BackendKind;
 use crate::control::topology::Topology;
 use crate::control::Control;
 pub(crate) use crate::desc::{On, Signal, Transfer};
@@ -22,7 +23,9 @@ use crate::gpu::kernels::{AgreementFailure, DeviceCheckFailure};
 use crate::gpu::{GpuWorld, TEAM_INVALID};
 use crate::heap::asan::HeapMarks;
 use crate::host::HostHeap;
+use cudarc::driver::CudaStream;
 use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
 
 /// The data plane of a context.
 pub(crate) enum Backend {
@@ -95,6 +98,26 @@ impl Backend {
         if let Some(k) = self.gpu().and_then(|g| g.kernels.as_ref()) {
             k.peer_died();
         }
+    }
+
+    /// Which backend this is.
+    pub(crate) fn kind(&self) -> BackendKind {
+        match self {
+            Backend::Host(_) => BackendKind::Host,
+            Backend::Gpu(_) => BackendKind::Gpu,
+        }
+    }
+
+    /// A new CUDA stream of this PE's GPU (`None` on the host backend, or
+    /// where one cannot be made: operations then go on the context's own
+    /// stream, which is as ordered).
+    pub(crate) fn new_stream(&self) -> Option<Arc<CudaStream>> {
+        self.gpu().and_then(|g| g.new_stream().ok())
+    }
+
+    /// Ends the data plane's part (NVSHMEM's, on the gpu backend).
+    pub(crate) fn finalize(&self) -> Result<()> {
+        self.gpu().map_or(Ok(()), GpuWorld::finalize)
     }
 
     /// The gpu backend, for the paths not yet behind the seam.

@@ -486,11 +486,7 @@ impl Context {
 
     /// The backend in use.
     pub fn backend(&self) -> BackendKind {
-        if self.inner.backend.gpu().is_some() {
-            BackendKind::Gpu
-        } else {
-            BackendKind::Host
-        }
+        self.inner.backend.kind()
     }
 
     /// On the GPU backend: this PE's CUDA context (for users' own kernels).
@@ -511,11 +507,9 @@ impl Context {
     /// A stream to order operations on (see [`Stream`]): on the GPU
     /// backend a new CUDA stream of this PE's GPU.
     pub fn stream(&self) -> Stream {
-        match self.inner.backend.gpu() {
-            // A stream that cannot be made leaves operations on the
-            // context's own stream, which is as ordered.
-            Some(g) => Stream { cuda: g.new_stream().ok(), owner: Some(Arc::downgrade(&self.inner)) },
-            None => Stream::default(),
+        match self.inner.backend.kind() {
+            BackendKind::Host => Stream::default(),
+            _ => Stream { cuda: self.inner.backend.new_stream(), owner: Some(Arc::downgrade(&self.inner)) },
         }
     }
 
@@ -544,9 +538,7 @@ impl Context {
         // A failure the device found that nobody asked about yet: reported,
         // after NVSHMEM finalizes.
         let unreported = self.inner.take_device_failure();
-        if let Some(g) = self.inner.backend.gpu() {
-            result = result.and_then(|_| g.finalize());
-        }
+        result = result.and_then(|_| self.inner.backend.finalize());
         let result = result.and_then(|()| unreported.map_or(Ok(()), Err));
         self.inner.finalized.store(true, Ordering::Release);
         self.inner.ctl.set_state(PeState::Finalized);
