@@ -7,10 +7,16 @@
 //! [`crate::gpu`] issues NVSHMEM calls and shmem's kernels on the stream.
 //! A backend is one variant here and one arm in each method below.
 //!
-//! The one-sided operations, the copies between host memory and a PE's
-//! own heap, and the pointers users' code reads go through it. The
-//! collectives and the MoE ops still reach the gpu backend through
-//! [`Backend::gpu`] and the host one through [`Backend::host`].
+//! Through it go the backends' start and end, the one-sided operations,
+//! the copies between host memory and a PE's own heap, the pointers users'
+//! code reads, a team's data-plane state, the sequential matmuls' GEMM and
+//! the device's failure records. A team's collectives and MoE all-to-all-v
+//! take a view of the team on one backend (`Team::host`, `Team::on_gpu`:
+//! [`crate::host::team::HostTeam`], [`crate::gpu::coll::GpuTeam`]) with
+//! their descriptor ([`crate::desc`]). What still reaches a backend's world
+//! directly ([`Backend::gpu`]): `MoeAllToAll`'s device forms
+//! (`moe/device.rs`, `moe/layer.rs`, `moe/nodes.rs`), the fused overlapped
+//! matmuls, the peer handles and the context's GPU accessors.
 
 use crate::bootstrap::Bootstrap;
 use crate::config::BackendKind;
