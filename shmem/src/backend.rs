@@ -22,7 +22,7 @@ use crate::bootstrap::Bootstrap;
 use crate::config::BackendKind;
 use crate::control::topology::Topology;
 use crate::control::Control;
-pub(crate) use crate::desc::{On, Signal, Transfer};
+use crate::desc::{On, Signal, Transfer};
 use crate::dtype::{AtomicElement, AtomicOp, Element};
 use crate::error::Result;
 use crate::gpu::kernels::{AgreementFailure, DeviceCheckFailure};

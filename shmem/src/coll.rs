@@ -22,7 +22,7 @@ struct Call<'a, 'b, T: Element> {
     root: usize,
 }
 
-pub(crate) use crate::desc::DeviceAgreement;
+use crate::desc::DeviceAgreement;
 
 impl Team {
     /// Checks the call locally and returns (dst, src) with how the team

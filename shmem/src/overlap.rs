@@ -30,7 +30,6 @@ use crate::context::Stream;
 use crate::control::DESC_WORDS;
 use crate::dtype::{DType, Element, ReduceOp};
 use crate::error::{Error, Result};
-use crate::gpu::coll::GpuTeam;
 use crate::heap::overlap;
 use crate::team::{Desc, OpKind, Team};
 
@@ -283,9 +282,7 @@ impl Team {
     /// a team of two or more, every member over NVLink (RMA not forced);
     /// else the collective and one GEMM in sequence.
     fn fused(&self, how: Overlap) -> bool {
-        let nvlink =
-            |t: &GpuTeam<'_>| !t.cfg.force_rma && t.state.members.iter().all(|&pe| t.g.peer_base[pe].is_some());
-        how.comm != OverlapComm::Sequential && self.n_pes() > 1 && self.on_gpu(nvlink).unwrap_or(false)
+        how.comm != OverlapComm::Sequential && self.n_pes() > 1 && self.on_gpu(|t| t.nvlink()).unwrap_or(false)
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -5,9 +5,9 @@
 //! programs written against them are the programs that run on the GPU
 //! backend, where `_nbi` operations complete at `quiet`.
 
-use crate::backend::{Signal, Transfer};
 use crate::buffer::{Region, SymSlice, SymmetricBuffer};
 use crate::context::{Context, Stream};
+use crate::desc::{Signal, Transfer};
 use crate::dtype::{AtomicElement, AtomicOp, Element};
 use crate::error::{Error, Result};
 use crate::traffic::NetDir;

@@ -5,11 +5,10 @@
 use super::{Control, Span};
 use crate::algo::NodeShape;
 use std::sync::atomic::AtomicU64;
-use std::sync::Mutex;
 
 /// What runs when the last holder of a split team lets it go: the data
 /// plane frees what it made for the team, then the slot is given back.
-pub(crate) type Release = Box<dyn FnOnce() + Send>;
+pub(crate) type Release = Box<dyn FnOnce() + Send + Sync>;
 
 /// The per-process state of one team.
 pub(crate) struct TeamState {
@@ -29,7 +28,7 @@ pub(crate) struct TeamState {
     pub(crate) agreements: AtomicU64,
     /// For split teams: what frees the team's slot and its data plane's
     /// resources when it is dropped.
-    release: Mutex<Option<Release>>,
+    release: Option<Release>,
     /// NVSHMEM's handle of the team, on the GPU backend.
     pub(crate) nv_team: i32,
     /// The same on every member, different for every team: what a PE
@@ -69,7 +68,7 @@ impl TeamState {
             arrivals,
             seq,
             agreements,
-            release: Mutex::new(release),
+            release,
             nv_team,
             uid,
             span,
@@ -80,7 +79,7 @@ impl TeamState {
 
 impl Drop for TeamState {
     fn drop(&mut self) {
-        if let Some(release) = self.release.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some(release) = self.release.take() {
             release();
         }
     }

@@ -31,6 +31,11 @@ pub(crate) struct GpuTeam<'a> {
 }
 
 impl GpuTeam<'_> {
+    /// Whether every member is reached over NVLink (RMA not forced).
+    pub(crate) fn nvlink(&self) -> bool {
+        !self.cfg.force_rma && self.state.members.iter().all(|&pe| self.g.peer_base[pe].is_some())
+    }
+
     pub(crate) fn n_pes(&self) -> usize {
         self.state.members.len()
     }
@@ -192,7 +197,7 @@ impl GpuTeam<'_> {
                 }
             }
             // Copy engines need every member's NVLink address.
-            let nvlink = !cfg.force_rma && team.members.iter().all(|&pe| g.peer_base[pe].is_some());
+            let nvlink = self.nvlink();
             return match kind {
                 OpKind::AllReduce => k.all_reduce(t, p, cfg.all_reduce, dt, op, d.offset, s.offset, d.len, cu),
                 OpKind::ReduceScatter => k.reduce_scatter(t, p, dt, op, d.offset, s.offset, d.len, cu),
